@@ -1,0 +1,8 @@
+"""zeptograd: a small tensor compiler. A lazy Tensor, one IR of UOps, rewrites, C code generation."""
+
+from zeptograd.device import Device, GlobalCounters
+from zeptograd.dtype import dtypes
+from zeptograd.helpers import Context, getenv
+from zeptograd.tensor import Tensor
+
+__all__ = ["Tensor", "dtypes", "Device", "Context", "getenv", "GlobalCounters"]

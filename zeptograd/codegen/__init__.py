@@ -1,0 +1,28 @@
+"""Codegen: a kernel graph -> an ordered list of UOps a renderer turns into source. The passes, in order."""
+
+from __future__ import annotations
+
+from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
+from zeptograd.codegen.linearize import linearize
+from zeptograd.codegen.lower import pm_lower
+from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.symbolic import symbolic
+from zeptograd.uop.upat import graph_rewrite
+
+
+def full_rewrite(ast: UOp) -> list[UOp]:
+    sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
+    sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
+    sink = graph_rewrite(sink, pm_reduce_to_acc, ctx=AccContext(range_scopes(sink)))  # REDUCE -> accumulator
+    return linearize(sink)  # loops explicit, invariant work hoisted before them
+
+
+def kernel_name(ast: UOp) -> str:
+    """E_ for elementwise, r_ for kernels with a reduce; then the loop sizes, outputs' first."""
+    nodes = ast.toposort()
+    reduce = any(u.op is Ops.REDUCE for u in nodes)
+    ends = [u for u in nodes if u.op is Ops.END]
+    out_ranges = list(ends[-1].src[1:]) if ends else []
+    red_ranges = [r for u in nodes if u.op is Ops.REDUCE for r in u.src[1:]]
+    sizes = [str(r.src[0].arg) for r in out_ranges + red_ranges if r.src[0].op is Ops.CONST]
+    return ("r_" if reduce else "E_") + ("_".join(sizes) if sizes else "1")

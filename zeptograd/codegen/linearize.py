@@ -1,0 +1,60 @@
+"""Linearize: a kernel graph -> an ordered list of UOps with explicit loops (RANGE ... END).
+
+A priority toposort: loops open as late as possible (so loop-invariant work is placed before them, i.e. hoisted)
+and close as early as possible. One extra ordering edge: a reduce's loops open after its accumulator is
+initialised (the init is AFTER(acc, init, *ranges)'s second source).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from zeptograd.uop.ops import Ops, UOp
+
+
+class LinearizeError(RuntimeError):
+    pass
+
+
+def linearize(sink: UOp) -> list[UOp]:
+    nodes = list(sink.toposort())
+    order = {u: i for i, u in enumerate(nodes)}
+    deps: dict[UOp, set[UOp]] = {u: set(u.src) for u in nodes}
+    for u in nodes:  # a loop opens only after the accumulator it updates is initialised
+        if u.op is Ops.AFTER:
+            ranges = [s for s in u.src[1:] if s.op is Ops.RANGE]
+            others = [s for s in u.src[1:] if s.op is not Ops.RANGE]
+            for r in ranges:
+                deps[r].update(others)
+    users: dict[UOp, list[UOp]] = {u: [] for u in nodes}
+    for u, ds in deps.items():
+        for d in ds:
+            users[d].append(u)
+    pending = {u: len(ds) for u, ds in deps.items()}
+
+    def priority(u: UOp) -> tuple[int, int]:
+        rank = 0 if u.op is Ops.END else 2 if u.op is Ops.RANGE else 1
+        return (rank, order[u])
+
+    ready = [(priority(u), order[u], u) for u, n in pending.items() if n == 0]
+    heapq.heapify(ready)
+    out: list[UOp] = []
+    open_loops: list[UOp] = []
+    while ready:
+        _, _, u = heapq.heappop(ready)
+        if u.op is Ops.RANGE:
+            open_loops.append(u)
+        elif u.op is Ops.END:
+            for r in reversed([s for s in u.src[1:] if s.op is Ops.RANGE]):
+                if not open_loops or open_loops[-1] is not r:
+                    raise LinearizeError(f"END closes loop {r.arg} but the innermost open loop is "
+                                         f"{open_loops[-1].arg if open_loops else None}")
+                open_loops.pop()
+        out.append(u)
+        for v in users[u]:
+            pending[v] -= 1
+            if pending[v] == 0:
+                heapq.heappush(ready, (priority(v), order[v], v))
+    if len(out) != len(nodes):
+        raise LinearizeError("the kernel graph has a cycle")
+    return [u for u in out if u.op not in (Ops.SINK,)]

@@ -1,0 +1,49 @@
+"""Late lowering: what the targets can't compute directly becomes what they can."""
+
+from __future__ import annotations
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+_HALF = (dtypes.float16, dtypes.bfloat16)
+_TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC}
+
+
+def compute_in_float(x: UOp) -> UOp | None:
+    """# bf16 math (and half transcendentals) -> cast to float32, compute, cast back"""
+    if x.dtype.count != 1 or (x.dtype != dtypes.bfloat16 and x.op not in _TRANSCENDENTAL):
+        return None
+    srcs = tuple(s.cast(dtypes.float32) if s.dtype in _HALF else s for s in x.src)
+    return UOp(x.op, dtypes.float32, srcs).cast(x.dtype)
+
+
+def compare_in_float(x: UOp) -> UOp | None:
+    """# cmp(bf16, bf16) -> cmp(float, float)"""
+    if not any(s.dtype == dtypes.bfloat16 for s in x.src):
+        return None
+    return UOp(x.op, x.dtype, tuple(s.cast(dtypes.float32) if s.dtype == dtypes.bfloat16 else s for s in x.src))
+
+
+def guard_int_division(x: UOp, a: UOp, b: UOp) -> UOp | None:
+    """# a // b -> a // (b == 0 ? 1 : b) for a divisor that may be zero (a trap in C, not a value)"""
+    if b.op is Ops.CONST or not dtypes.is_int(b.dtype) or b.vmin > 0 or b.vmax < 0:
+        return None
+    safe = b.eq(UOp.const(b.dtype, 0)).where(UOp.const(b.dtype, 1), b)
+    return UOp(x.op, x.dtype, (a, safe))
+
+
+def cast_via_float(c: UOp, x: UOp) -> UOp | None:
+    """# cast(bf16 -> int/bool) -> cast(cast(bf16 -> float32) -> int/bool): the renderers convert bf16 only to float"""
+    if (x.dtype == dtypes.bfloat16) == (c.dtype == dtypes.bfloat16) or dtypes.float32 in (x.dtype, c.dtype):
+        return None
+    return x.cast(dtypes.float32).cast(c.dtype)
+
+
+pm_lower = PatternMatcher([
+    (UPat(GroupOp.ALU - GroupOp.Comparison - {Ops.WHERE}, name="x"), compute_in_float),
+    (UPat(Ops.WHERE, dtype=dtypes.bfloat16, name="x"), compute_in_float),
+    (UPat(GroupOp.Comparison, name="x"), compare_in_float),
+    (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), guard_int_division),
+    (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
+])

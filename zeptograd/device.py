@@ -1,0 +1,163 @@
+"""Devices, buffers and allocators, and the interfaces a backend implements (Compiler, Program)."""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zeptograd.dtype import DType, dtypes, to_numpy_dtype
+
+
+class GlobalCounters:
+    """Totals since the last reset(): kernels run, operations, bytes moved, seconds spent in kernels."""
+
+    kernel_count: int = 0
+    global_ops: int = 0
+    global_mem: int = 0
+    time_sum_s: float = 0.0
+    mem_used: int = 0  # bytes held by live buffers now
+    mem_peak: int = 0  # the most bytes held at once since reset()
+
+    @staticmethod
+    def reset():
+        GlobalCounters.kernel_count = GlobalCounters.global_ops = GlobalCounters.global_mem = 0
+        GlobalCounters.time_sum_s = 0.0
+        GlobalCounters.mem_peak = GlobalCounters.mem_used
+
+
+ALIGN = 64  # bytes: a whole AVX-512 vector, so vector loads at aligned offsets never straddle a cache line
+
+
+class Allocator:
+    """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault)."""
+
+    def __init__(self):
+        self.free_cache: dict[int, list[np.ndarray]] = {}
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        if cached := self.free_cache.get(nbytes):
+            return cached.pop()
+        raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
+        off = (-raw.ctypes.data) % ALIGN
+        return raw[off : off + nbytes]
+
+    def free(self, mem: np.ndarray):
+        self.free_cache.setdefault(mem.nbytes, []).append(mem)
+
+
+class Buffer:
+    """`size` elements of `dtype` on `device`; memory is allocated on first use and returned on deletion."""
+
+    def __init__(self, device: str, size: int, dtype: DType):
+        self.device, self.size, self.dtype = device, size, dtype
+        self._mem: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def ensure_allocated(self) -> Buffer:
+        if self._mem is None:
+            self._mem = Device[self.device].allocator.alloc(self.nbytes)
+            GlobalCounters.mem_used += self.nbytes
+            GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        return self
+
+    @property
+    def is_allocated(self) -> bool:
+        return self._mem is not None
+
+    @property
+    def ptr(self) -> int:
+        return self.ensure_allocated()._mem.ctypes.data  # type: ignore[union-attr]
+
+    def copyin(self, data: np.ndarray) -> Buffer:
+        self.ensure_allocated()
+        self._mem[:] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)  # type: ignore[index]
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the contents as a flat numpy array."""
+        self.ensure_allocated()
+        raw = self._mem.view(to_numpy_dtype(self.dtype)).copy()  # type: ignore[union-attr]
+        if self.dtype == dtypes.bfloat16:
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        return raw
+
+    def __del__(self):
+        if self._mem is not None:
+            GlobalCounters.mem_used -= self.nbytes
+            try:
+                Device[self.device].allocator.free(self._mem)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def __repr__(self):
+        return f"<Buffer {self.device} {self.size} {self.dtype}>"
+
+
+# ***** the interfaces of a backend *****
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+class Compiler:
+    """Source -> binary, cached on disk by (compiler key, source)."""
+
+    key = "base"
+
+    def compile(self, src: str) -> bytes:
+        raise NotImplementedError
+
+
+@dataclass
+class CompiledDevice:
+    name: str
+    renderer: object  # renderer.Renderer
+    compiler: Compiler
+    runtime: type  # a Program class: runtime(name, lib) -> callable(*buffers, global_size=..., vals=...)
+    allocator: Allocator = field(default_factory=Allocator)
+
+
+# ***** the registry: Device["CPU"] opens a backend on first use *****
+
+_BACKENDS = {"CPU": "zeptograd.runtime.ops_cpu", "PYTHON": "zeptograd.runtime.ops_python",
+             "NULL": "zeptograd.runtime.ops_null"}
+
+
+class _Device:
+    def __init__(self):
+        self._opened: dict[str, CompiledDevice] = {}
+
+    def canonicalize(self, device: str | None) -> str:
+        if device is None:
+            return self.DEFAULT
+        d = device.upper()
+        base = d.split(":")[0]
+        if base not in _BACKENDS:
+            raise ValueError(f"unknown device {device!r}; available: {', '.join(sorted(_BACKENDS))}")
+        return d
+
+    def __getitem__(self, device: str) -> CompiledDevice:
+        device = self.canonicalize(device)
+        if device not in self._opened:
+            module = importlib.import_module(_BACKENDS[device.split(":")[0]])
+            self._opened[device] = module.open_device(device)
+        return self._opened[device]
+
+    @property
+    def DEFAULT(self) -> str:
+        return self.canonicalize(os.getenv("DEV") or "CPU")
+
+
+Device = _Device()
+
+
+def c_void_p_args(buffers: list[Buffer]) -> list[ctypes.c_void_p]:
+    return [ctypes.c_void_p(b.ptr) for b in buffers]

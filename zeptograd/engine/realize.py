@@ -1,0 +1,133 @@
+"""Running a schedule: compile each kernel once (cached by its graph), allocate its buffers, call it."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.device import Device, GlobalCounters
+from zeptograd.dtype import dtypes
+from zeptograd.engine.buffers import buffers
+from zeptograd.helpers import DEBUG, prod
+from zeptograd.schedule.fold import uniform_const
+from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
+from zeptograd.uop.ops import Ops, UOp, pretty
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+# a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
+realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    program: object
+    n_ops: int  # estimated operations per run, for GFLOPS
+    src: str
+
+
+_kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
+
+
+def get_kernel(device: str, ast: UOp) -> CompiledKernel:
+    key = (device, ast)
+    if key in _kernel_cache:
+        return _kernel_cache[key]
+    dev = Device[device]
+    if DEBUG >= 5:
+        print(pretty(ast))
+    uops = full_rewrite(ast)
+    if DEBUG >= 6:
+        for i, u in enumerate(uops):
+            print(f"{i:4d} {u.op.name:<14} {str(u.dtype):<20} {[uops.index(s) for s in u.src]} {u.arg!r}")
+    name = kernel_name(ast)
+    spec = dev.renderer.render(name, uops)  # type: ignore[attr-defined]
+    if DEBUG >= 4:
+        print(spec.src)
+    ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src)  # type: ignore[attr-defined]
+    _kernel_cache[key] = ck
+    return ck
+
+
+_COUNTED_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.MULACC}
+
+
+def estimate_ops(ast: UOp) -> int:
+    """Float ALU ops executed per run: each counts once per iteration of the loops it depends on."""
+    iters: dict[UOp, int] = {}  # the product of the sizes of the ranges a node depends on
+    ranges: dict[UOp, frozenset[UOp]] = {}
+    total = 0
+    for u in ast.toposort():
+        rs = frozenset().union(*[ranges[s] for s in u.src]) | ({u} if u.op is Ops.RANGE else frozenset())
+        ranges[u] = rs
+        if u.op in _COUNTED_OPS and not dtypes.is_int(u.dtype):
+            if rs not in iters:
+                iters[rs] = prod(r.src[0].arg for r in rs if r.src[0].op is Ops.CONST)
+            total += iters[rs] * (2 if u.op is Ops.MULACC else 1)
+    return total
+
+
+def run_schedule(items: list[ScheduleItem]):
+    for item in items:
+        kernel = get_kernel(item.device, item.ast)
+        for b in item.bufs:
+            b.ensure_allocated()
+        t0 = time.perf_counter()
+        kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
+        dt = time.perf_counter() - t0
+        GlobalCounters.kernel_count += 1
+        GlobalCounters.time_sum_s += dt
+        GlobalCounters.global_ops += kernel.n_ops
+        mem = sum(b.nbytes for b in item.bufs)
+        GlobalCounters.global_mem += mem
+        if DEBUG >= 2:
+            print(f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
+                  f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
+                  f"{mem / dt * 1e-9 if dt else 0:8.2f} GB/s")
+
+
+def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+    outs = substitute_realized([t.uop for t in tensors], realized)
+    t0 = time.perf_counter()
+    items, becomes = create_schedule(outs)
+    if DEBUG >= 1:
+        n, ms = len(items), (time.perf_counter() - t0) * 1e3
+        print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")
+    return items, outs, becomes
+
+
+def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
+    """The kernels that would realize `tensors`, in order, without running them."""
+    return _schedule(tensors)[0]
+
+
+def realize_tensors(tensors: list[Tensor]):
+    items, outs, becomes = _schedule(tensors)
+    run_schedule(items)
+    for t, out in zip(tensors, outs):
+        new = becomes.get(out, out)
+        if new is not t.uop:
+            realized[t.uop] = new
+            t.uop = new
+    for old, new in becomes.items():
+        realized[old] = new
+
+
+def tensor_to_numpy(t: Tensor) -> np.ndarray:
+    from zeptograd.dtype import to_numpy_dtype
+
+    t.realize()
+    u = t.uop
+    np_dtype = np.float32 if t.dtype.name == "bfloat16" else to_numpy_dtype(t.dtype)
+    if (c := uniform_const(u)) is not None:
+        return np.full(t.shape, c.arg, dtype=np_dtype)
+    base = u.src[0] if u.op is Ops.RESHAPE else u
+    assert base.op is Ops.BUFFER, f"realize left {base.op}, not a buffer"
+    return buffers[base].numpy().reshape(t.shape)

@@ -1,0 +1,114 @@
+"""Knobs (environment variables and `Context`), and small utilities shared by every stage."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from typing import Any, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+@functools.cache
+def getenv(key: str, default: Any = 0) -> Any:
+    """An environment variable converted to the type of `default`."""
+    return type(default)(os.getenv(key, default))
+
+
+class ContextVar:
+    """A knob read from the environment once, changeable for a block with `Context(NAME=value)`."""
+
+    _cache: dict[str, ContextVar] = {}
+
+    def __init__(self, key: str, default: int | str):
+        self.key, self.value = key, getenv(key, default)
+        ContextVar._cache[key] = self
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __ge__(self, x: int) -> bool:
+        return self.value >= x
+
+    def __gt__(self, x: int) -> bool:
+        return self.value > x
+
+    def __lt__(self, x: int) -> bool:
+        return self.value < x
+
+    def __le__(self, x: int) -> bool:
+        return self.value <= x
+
+    def __eq__(self, x: object) -> bool:
+        return self.value == x
+
+    __hash__ = object.__hash__
+
+
+class Context(contextlib.ContextDecorator):
+    """`with Context(DEBUG=2, NOOPT=1): ...` sets knobs for a block and restores them after it."""
+
+    def __init__(self, **kwargs: Any):
+        unknown = [k for k in kwargs if k not in ContextVar._cache]
+        if unknown:
+            raise KeyError(f"unknown Context variable(s) {unknown}; known: {sorted(ContextVar._cache)}")
+        self.kwargs = kwargs
+
+    def __enter__(self):
+        self.old = {k: ContextVar._cache[k].value for k in self.kwargs}
+        for k, v in self.kwargs.items():
+            ContextVar._cache[k].value = v
+
+    def __exit__(self, *exc):
+        for k, v in self.old.items():
+            ContextVar._cache[k].value = v
+
+
+DEBUG = ContextVar("DEBUG", 0)
+NOOPT = ContextVar("NOOPT", 0)
+SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1)
+TRACK_MATCH_STATS = ContextVar("TRACK_MATCH_STATS", 0)
+SPEC = ContextVar("SPEC", 0)
+
+
+def prod(xs: Iterable[Any], start: Any = 1) -> Any:
+    return functools.reduce(lambda a, b: a * b, xs, start)
+
+
+def argsort(xs: list) -> list[int]:
+    return sorted(range(len(xs)), key=xs.__getitem__)
+
+
+def all_same(xs: list | tuple) -> bool:
+    return all(x == xs[0] for x in xs)
+
+
+def dedup(xs: Iterable[T]) -> list[T]:
+    return list(dict.fromkeys(xs))
+
+
+def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
+    return [x for xs in xss for x in xs]
+
+
+def strides_for_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major (C-contiguous) strides of `shape`, in elements."""
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= s
+    return tuple(reversed(strides))
+
+
+def ceildiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cache_dir() -> str:
+    return os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "zeptograd")
+
+
+def is_finite_number(x: float) -> bool:
+    return not (math.isinf(x) or math.isnan(x))

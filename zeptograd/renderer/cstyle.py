@@ -1,0 +1,155 @@
+"""A C renderer in the style of seed 002: each linear UOp becomes one line (or an inline expression)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from zeptograd.dtype import DType, PtrDType, dtypes
+from zeptograd.renderer import ProgramSpec, Renderer
+from zeptograd.uop.ops import Ops, UOp
+
+C_TYPES = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+           dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
+           dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16",
+           dtypes.bfloat16: "unsigned short", dtypes.float32: "float", dtypes.float64: "double"}
+
+PRELUDE = """#include <math.h>
+static inline float zg_bf16_to_f(unsigned short x) { unsigned int u = (unsigned int)x << 16; float f;
+  __builtin_memcpy(&f, &u, 4); return f; }
+static inline unsigned short zg_f_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+"""
+
+
+def _float_fn(name: str) -> Callable[[DType, str], str]:
+    return lambda dt, a: f"{name}f({a})" if dt == dtypes.float32 else f"{name}({a})" if dt == dtypes.float64 else \
+        f"({C_TYPES[dt]}){name}f((float){a})"
+
+
+class CStyleRenderer(Renderer):
+    device = "CPU"
+    kernel_prefix = ""
+    code_for_op: dict[Ops, Callable[..., str]] = {
+        Ops.EXP2: _float_fn("exp2"), Ops.LOG2: _float_fn("log2"), Ops.SIN: _float_fn("sin"),
+        Ops.SQRT: _float_fn("sqrt"), Ops.TRUNC: _float_fn("trunc"),
+        Ops.RECIPROCAL: lambda dt, a: f"(({C_TYPES[dt]})1/{a})",
+        Ops.NEG: lambda dt, a: f"(-{a})",
+        Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})",
+        Ops.MUL: lambda dt, a, b: f"({a}*{b})", Ops.FDIV: lambda dt, a, b: f"({a}/{b})",
+        Ops.IDIV: lambda dt, a, b: f"({a}/{b})", Ops.MOD: lambda dt, a, b: f"({a}%{b})",
+        Ops.MAX: lambda dt, a, b: f"(({a}>{b})?{a}:{b})",
+        Ops.CMPLT: lambda dt, a, b: f"({a}<{b})", Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
+        Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})",
+        Ops.AND: lambda dt, a, b: f"({a}&{b})", Ops.OR: lambda dt, a, b: f"({a}|{b})",
+        Ops.XOR: lambda dt, a, b: f"({a}^{b})", Ops.SHL: lambda dt, a, b: f"({a}<<{b})",
+        Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
+        Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
+        Ops.MULACC: lambda dt, a, b, c: f"(({a}*{b})+{c})",
+    }
+
+    def render_dtype(self, dt: DType) -> str:
+        if isinstance(dt, PtrDType):
+            return f"{self.render_dtype(dt.base)}*"  # type: ignore[arg-type]
+        return C_TYPES[dt]
+
+    def render_const(self, x, dt: DType) -> str:
+        if dtypes.is_float(dt):
+            if math.isnan(x):
+                v = "NAN"
+            elif math.isinf(x):
+                v = "INFINITY" if x > 0 else "(-INFINITY)"
+            else:
+                v = repr(float(x)) + ("" if dt == dtypes.float64 else "f")
+            if dt == dtypes.bfloat16:
+                return f"zg_f_to_bf16({v})"
+            return v if dt in (dtypes.float32, dtypes.float64) else f"(({C_TYPES[dt]}){v})"
+        if dt == dtypes.bool:
+            return "1" if x else "0"
+        if dt == dtypes.int64:
+            return f"{x}ll" if x != dtypes.min(dt) else "(-9223372036854775807ll-1)"
+        if dt == dtypes.uint64:
+            return f"{x}ull"
+        if dt == dtypes.uint32:
+            return f"{x}u"
+        if dt == dtypes.int32 and x == dtypes.min(dt):
+            return "(-2147483647-1)"
+        return str(x) if dt == dtypes.int32 else f"(({C_TYPES[dt]}){x})"
+
+    def render_cast(self, to: DType, frm: DType, x: str) -> str:
+        if frm == dtypes.bfloat16:
+            return f"zg_bf16_to_f({x})"  # codegen routes every other bf16 cast through float32
+        if to == dtypes.bfloat16:
+            return f"zg_f_to_bf16({x})"
+        return f"({C_TYPES[to]})({x})"
+
+    def render_bitcast(self, to: DType, frm: DType, x: str, name: str) -> list[str]:
+        return [f"{C_TYPES[to]} {name}; {{ {C_TYPES[frm]} t_ = {x}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}"]
+
+    def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
+        r: dict[UOp, str] = {}  # each UOp's C expression or variable name
+        lines: list[str] = []
+        args: list[tuple[int, str]] = []
+        var_names: list[str] = []
+        counts: dict[str, int] = {}
+        depth = 1
+
+        def new_name(prefix: str) -> str:
+            counts[prefix] = counts.get(prefix, 0) + 1
+            return f"{prefix}{counts[prefix] - 1}"
+
+        def emit(line: str):
+            lines.append("  " * depth + line)
+
+        for u in uops:
+            op, dt, src = u.op, u.dtype, u.src
+            if op is Ops.DEFINE_GLOBAL:
+                r[u] = f"data{u.arg}"
+                args.append((u.arg, f"{self.render_dtype(dt)} restrict data{u.arg}"))
+            elif op is Ops.DEFINE_VAR:
+                r[u] = u.arg[0]
+                var_names.append(u.arg[0])
+            elif op is Ops.CONST:
+                r[u] = self.render_const(u.arg, dt)
+            elif op is Ops.DEFINE_REG:
+                r[u] = new_name("acc")
+                emit(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")  # type: ignore[attr-defined]
+            elif op is Ops.RANGE:
+                r[u] = f"ridx{u.arg[0]}"
+                emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                depth += 1
+            elif op is Ops.END:
+                for _ in [s for s in src[1:] if s.op is Ops.RANGE]:
+                    depth -= 1
+                    emit("}")
+            elif op is Ops.AFTER:
+                r[u] = r[src[0]]
+            elif op is Ops.INDEX:
+                r[u] = f"({r[src[0]]}+{r[src[1]]})" if src[1].op is not Ops.CONST or src[1].arg != 0 else r[src[0]]
+            elif op is Ops.LOAD:
+                idx = src[0]
+                load = f"(*{r[idx]})"
+                if len(idx.src) > 2:  # gated: an index outside the valid region reads 0
+                    load = f"({r[idx.src[2]]}?{load}:{self.render_const(0, dt)})"
+                r[u] = new_name("val")
+                emit(f"{self.render_dtype(dt)} {r[u]} = {load};")
+            elif op is Ops.STORE:
+                idx = src[0]
+                store = f"*{r[idx]} = {r[src[1]]};"
+                emit(f"if ({r[idx.src[2]]}) {store}" if len(idx.src) > 2 else store)
+            elif op is Ops.CAST:
+                r[u] = new_name("cast")
+                emit(f"{self.render_dtype(dt)} {r[u]} = {self.render_cast(dt, src[0].dtype, r[src[0]])};")
+            elif op is Ops.BITCAST:
+                r[u] = new_name("bits")
+                for line in self.render_bitcast(dt, src[0].dtype, r[src[0]], r[u]):
+                    emit(line)
+            elif op in self.code_for_op:
+                r[u] = new_name("alu")
+                emit(f"{self.render_dtype(dt)} {r[u]} = {self.code_for_op[op](dt, *[r[s] for s in src])};")
+            else:
+                raise NotImplementedError(f"the C renderer has no rule for {op}")
+        params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names]
+        code = PRELUDE + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n" + "\n".join(lines) + "\n}\n"
+        return ProgramSpec(name, code, len(args), tuple(var_names))

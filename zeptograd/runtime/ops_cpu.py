@@ -1,0 +1,77 @@
+"""The CPU device: C source from the C renderer, compiled by the system C compiler, loaded with ctypes."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.helpers import cache_dir
+from zeptograd.renderer import ProgramSpec
+from zeptograd.renderer.cstyle import CStyleRenderer
+
+CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off"]
+
+
+class NoCompilerError(RuntimeError):
+    pass
+
+
+class CCompiler(Compiler):
+    """cc (or $CC) into a shared library, cached on disk by the hash of compiler, flags and source."""
+
+    def __init__(self):
+        self.cc = os.getenv("CC", "cc")
+        self.key = f"{self.cc} {' '.join(CFLAGS)}"
+
+    def compile(self, src: str) -> bytes:
+        path = self.compile_to_file(src)
+        with open(path, "rb") as f:
+            return f.read()
+
+    def compile_to_file(self, src: str) -> str:
+        digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
+        out_dir = os.path.join(cache_dir(), "cpu")
+        path = os.path.join(out_dir, f"{digest}.so")
+        if os.path.exists(path):
+            return path
+        if shutil.which(self.cc) is None:
+            raise NoCompilerError(f"no C compiler found ({self.cc!r} is not on PATH): install one "
+                                  f"(e.g. `apt-get install gcc`) or set CC to its path")
+        os.makedirs(out_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
+        os.close(fd)
+        proc = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-o", tmp, "-lm"], input=src.encode(),
+                              capture_output=True)
+        if proc.returncode != 0:
+            os.unlink(tmp)
+            raise CompileError(f"internal error: the generated C did not compile:\n{proc.stderr.decode()}\n{src}")
+        os.replace(tmp, path)  # atomic: parallel test workers never see a half-written library
+        return path
+
+
+class CPUProgram:
+    def __init__(self, spec: ProgramSpec, path: str):
+        self.spec = spec
+        self.lib = ctypes.CDLL(path)
+        self.fxn = self.lib[spec.name]
+        self.fxn.restype = None
+
+    def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
+        # ctypes releases the GIL during the call, so kernels on worker threads run in parallel
+        self.fxn(*[ctypes.c_void_p(p) for p in ptrs], *[ctypes.c_int(v) for v in vals])
+
+
+class CPUDevice(CompiledDevice):
+    def build(self, spec: ProgramSpec) -> CPUProgram:
+        return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
+
+
+def open_device(name: str) -> CPUDevice:
+    if name not in ("CPU", "CPU:C"):
+        raise ValueError(f"unknown CPU backend {name!r}; available: CPU, CPU:C")
+    return CPUDevice(name, CStyleRenderer(), CCompiler(), CPUProgram, Allocator())

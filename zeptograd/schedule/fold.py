@@ -1,0 +1,73 @@
+"""Tensor-graph folding before rangeify: constants never become buffers (seed 004).
+
+`Tensor.ones(10)*15 + Tensor.ones(10)*30` folds to one constant broadcast to (10,), so it schedules no kernel.
+"""
+
+from __future__ import annotations
+
+from zeptograd.dtype import DType, dtypes
+from zeptograd.helpers import prod
+from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+_UNIFORM_MOVES = {Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  # PAD is not: it adds zeros
+
+
+def const_broadcast(value, dtype: DType, device: str, shape: tuple[int, ...]) -> UOp:
+    """A constant broadcast to `shape`: CONST -> RESHAPE to all ones -> EXPAND. It owns no buffer."""
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), UOp.const(dtype, value).arg)
+    if not shape:
+        return c
+    c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
+    return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
+
+
+def uniform_const(u: UOp) -> UOp | None:
+    """The CONST under a chain of movement ops that keep every element equal to it, else None."""
+    while u.op in _UNIFORM_MOVES:
+        u = u.src[0]
+    return u if u.op is Ops.CONST else None
+
+
+def _fold_alu(x: UOp) -> UOp | None:
+    """# alu(const, const, ...) -> const, at the node's shape"""
+    consts = [uniform_const(s) for s in x.src]
+    if any(c is None for c in consts):
+        return None
+    device = consts[0].src[0].arg  # type: ignore[union-attr]
+    return const_broadcast(exec_alu(x.op, x.dtype, [c.arg for c in consts]), x.dtype, device, x.shape)  # type: ignore
+
+
+def _fold_reduce(x: UOp) -> UOp | None:
+    """# sum(const) -> const*N ; max(const) -> const"""
+    c = uniform_const(x.src[0])
+    if c is None:
+        return None
+    op, axes = x.arg
+    n = prod(x.src[0].shape[a] for a in axes)
+    if op is Ops.ADD:
+        value = exec_alu(Ops.MUL, x.dtype, [c.arg, n])
+    elif op is Ops.MAX:
+        value = c.arg if n else dtypes.min(x.dtype)
+    else:
+        return None
+    return const_broadcast(value, x.dtype, c.src[0].arg, x.shape)
+
+
+def _canonical_const(x: UOp) -> UOp | None:
+    """# movement(const) -> the canonical broadcast of that const, so equal constants are one UOp"""
+    c = uniform_const(x)
+    if c is None:
+        return None
+    return const_broadcast(c.arg, c.dtype, c.src[0].arg, x.shape)
+
+
+tensor_fold = PatternMatcher([
+    (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_alu),
+    (UPat(Ops.REDUCE_AXIS, name="x"), _fold_reduce),
+    (UPat(_UNIFORM_MOVES, name="x"), _canonical_const),
+    # detach(x) -> x: it only matters to gradients
+    (UPat(Ops.DETACH, src=(UPat.var("x"),)), lambda x: x),
+    # contiguous(contiguous(x)) -> contiguous(x)
+    (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.CONTIGUOUS, name="c"),)), lambda c: c),
+])

@@ -1,0 +1,542 @@
+"""The one IR: `UOp(op, dtype, src, arg)`, immutable and interned, and the `Ops` it is made of."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from enum import Enum, auto
+from typing import Any, Callable, Iterator
+
+from zeptograd.dtype import DType, PtrDType, dtypes, truncate
+from zeptograd.helpers import prod
+
+
+class Ops(Enum):
+    # tensor graph: buffers, constants and movement
+    BUFFER = auto()  # arg=(uid, size, device); shape (size,)
+    CONST = auto()  # arg=value; shape (); in the tensor graph src=(DEVICE,)
+    DEVICE = auto()  # arg=device name
+    IOTA = auto()  # arg=n; shape (n,): the values 0..n-1, an index-only tensor (arange builds on it)
+    RESHAPE = auto()  # arg=new shape
+    PERMUTE = auto()  # arg=order
+    EXPAND = auto()  # arg=new shape
+    PAD = auto()  # arg=((before, after), ...)
+    SHRINK = auto()  # arg=((start, end), ...)
+    FLIP = auto()  # arg=(bool per axis)
+    REDUCE_AXIS = auto()  # arg=(alu op, axes); keeps reduced axes as size 1
+    CONTIGUOUS = auto()  # force a buffer
+    DETACH = auto()  # stops gradients; otherwise the identity
+    ASSIGN = auto()  # src=(target, value)
+    # scheduling
+    BUFFERIZE = auto()  # src=(value, *ranges): a value that may be materialized
+    SINK = auto()  # groups outputs
+    KERNEL = auto()  # arg=Kernel; src=buffers it reads and writes
+    # kernel graph
+    DEFINE_GLOBAL = auto()  # arg=argument slot; dtype is a PtrDType
+    DEFINE_VAR = auto()  # arg=(name, min, max): a symbolic integer
+    DEFINE_REG = auto()  # arg=register id; an accumulator
+    RANGE = auto()  # src=(end,), arg=(axis id, AxisType)
+    REDUCE = auto()  # src=(value, *ranges), arg=alu op
+    INDEX = auto()  # src=(buffer, index[, valid])
+    LOAD = auto()  # src=(index,) or (index, alt) for a gated load
+    STORE = auto()  # src=(index, value)
+    AFTER = auto()  # src=(x, *deps): x, ordered after deps
+    END = auto()  # src=(store, *ranges): closes the loops of ranges
+    VECTORIZE = auto()  # src=scalars -> one vector
+    GEP = auto()  # arg=(lane, ...): lanes of a vector
+    SPECIAL = auto()  # arg=name: a thread id
+    NOOP = auto()
+    # alu
+    CAST = auto()
+    BITCAST = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    SQRT = auto()
+    RECIPROCAL = auto()
+    NEG = auto()
+    TRUNC = auto()
+    ADD = auto()
+    SUB = auto()
+    MUL = auto()
+    FDIV = auto()
+    IDIV = auto()  # truncates toward zero, as C does
+    MOD = auto()  # the sign of the dividend, as C does
+    MAX = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    CMPEQ = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    SHL = auto()
+    SHR = auto()
+    WHERE = auto()
+    MULACC = auto()
+
+    def __repr__(self):
+        return f"Ops.{self.name}"
+
+
+class GroupOp:
+    Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
+    Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+              Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+    Ternary = {Ops.WHERE, Ops.MULACC}
+    ALU = Unary | Binary | Ternary
+    Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
+    Commutative = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+    Comparison = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+    Movement = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+    Idempotent = {Ops.AND, Ops.OR, Ops.MAX}
+
+
+class AxisType(Enum):
+    """How a RANGE will be emitted; optimizer actions change it."""
+
+    LOOP = auto()  # an output axis, a plain loop
+    REDUCE = auto()  # an axis a reduce consumes
+    UPCAST = auto()  # an output axis turned into vector lanes
+    UNROLL = auto()  # a reduce axis turned into vector lanes
+    THREAD = auto()  # split across CPU cores
+    GLOBAL = auto()
+    LOCAL = auto()
+    GROUP = auto()
+
+    def __repr__(self):
+        return f"AxisType.{self.name}"
+
+
+# ***** the arithmetic shared by UOp and UPat: operators build ALU nodes *****
+
+
+class MathMixin:
+    __slots__ = ()
+
+    def alu(self, op: Ops, *src: Any) -> Any:
+        raise NotImplementedError
+
+    def const_like(self, b: Any) -> Any:
+        raise NotImplementedError
+
+    def _binop(self, op: Ops, x: Any, reverse: bool) -> Any:
+        x = x if isinstance(x, MathMixin) else self.const_like(x)
+        return x.alu(op, self) if reverse else self.alu(op, x)
+
+    def __add__(self, x):
+        return self._binop(Ops.ADD, x, False)
+
+    def __radd__(self, x):
+        return self._binop(Ops.ADD, x, True)
+
+    def __mul__(self, x):
+        return self._binop(Ops.MUL, x, False)
+
+    def __rmul__(self, x):
+        return self._binop(Ops.MUL, x, True)
+
+    def __sub__(self, x):
+        return self._binop(Ops.SUB, x, False)
+
+    def __rsub__(self, x):
+        return self._binop(Ops.SUB, x, True)
+
+    def __floordiv__(self, x):
+        return self._binop(Ops.IDIV, x, False)
+
+    def __mod__(self, x):
+        return self._binop(Ops.MOD, x, False)
+
+    def __truediv__(self, x):
+        return self._binop(Ops.FDIV, x, False)
+
+    def __neg__(self):
+        return self.alu(Ops.NEG)
+
+    def __and__(self, x):
+        return self._binop(Ops.AND, x, False)
+
+    def __or__(self, x):
+        return self._binop(Ops.OR, x, False)
+
+    def __xor__(self, x):
+        return self._binop(Ops.XOR, x, False)
+
+    def __lt__(self, x):
+        return self._binop(Ops.CMPLT, x, False)
+
+    def __gt__(self, x):
+        return self._binop(Ops.CMPLT, x, True)
+
+    def __ge__(self, x):
+        return self._binop(Ops.CMPLT, x, False).alu(Ops.CMPNE, self.const_like(True))
+
+    def __le__(self, x):
+        return self._binop(Ops.CMPLT, x, True).alu(Ops.CMPNE, self.const_like(True))
+
+    def ne(self, x):
+        return self._binop(Ops.CMPNE, x, False)
+
+    def eq(self, x):
+        return self._binop(Ops.CMPEQ, x, False)
+
+    def maximum(self, x):
+        return self._binop(Ops.MAX, x, False)
+
+    def minimum(self, x):
+        return -((-self).maximum(-x)) if not isinstance(x, MathMixin) else -((-self).maximum(-x))
+
+    def where(self, x, y):
+        x = x if isinstance(x, MathMixin) else self.const_like(x)
+        y = y if isinstance(y, MathMixin) else x.const_like(y)
+        return self.alu(Ops.WHERE, x, y)
+
+    def logical_not(self):
+        return self.alu(Ops.CMPNE, self.const_like(True))
+
+
+# ***** UOp *****
+
+_uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class UOpMeta(type):
+    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+        key = (op, dtype, src, arg)
+        try:
+            ret = _uop_cache.get(key)
+        except TypeError as e:  # an unhashable arg
+            raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
+        if ret is not None:
+            return ret
+        ret = super().__call__(op, dtype, src, arg)
+        _uop_cache[key] = ret
+        return ret
+
+
+class UOp(MathMixin, metaclass=UOpMeta):
+    """A node of every graph zeptograd builds. Equal UOps are the same object, so `is` is equality."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "__weakref__")
+
+    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+        self.shape = _infer_shape(self)  # O(1): the sources' shapes are already known
+        self._vrange: tuple[Any, Any] | None = None
+
+    def __reduce__(self):
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def __repr__(self):
+        return pretty(self)
+
+    # --- construction helpers ---
+    def alu(self, op: Ops, *src: UOp) -> UOp:
+        out_dtype = (self, *src)[-1].dtype
+        if op in GroupOp.Comparison:
+            out_dtype = dtypes.bool.vec(self.dtype.count)
+        if op is Ops.WHERE:
+            out_dtype = src[0].dtype
+        return UOp(op, out_dtype, (self, *src))
+
+    def const_like(self, b: Any) -> UOp:
+        return UOp.const(self.dtype, b)
+
+    @staticmethod
+    def const(dtype: DType, b: Any) -> UOp:
+        if isinstance(b, UOp):
+            return b
+        if dtype.count > 1:
+            return UOp(Ops.VECTORIZE, dtype, (UOp.const(dtype.scalar, b),) * dtype.count)
+        return UOp(Ops.CONST, dtype, (), truncate(dtype, b))
+
+    @staticmethod
+    def variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.index) -> UOp:
+        return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+
+    @staticmethod
+    def range(end: int | UOp, axis: int, kind: AxisType = AxisType.LOOP) -> UOp:
+        end = end if isinstance(end, UOp) else UOp.const(dtypes.index, end)
+        return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> UOp:
+        return UOp(Ops.BITCAST, dtype, (self,))
+
+    def index(self, idx: UOp, valid: UOp | None = None) -> UOp:
+        return UOp(Ops.INDEX, self.dtype, (self, idx) if valid is None else (self, idx, valid))
+
+    def load(self, *src: UOp, dtype: DType | None = None) -> UOp:
+        base = self.dtype.base if isinstance(self.dtype, PtrDType) else self.dtype
+        return UOp(Ops.LOAD, dtype or base, (self, *src))
+
+    def store(self, val: UOp) -> UOp:
+        return UOp(Ops.STORE, dtypes.void, (self, val))
+
+    def after(self, *deps: UOp) -> UOp:
+        return UOp(Ops.AFTER, self.dtype, (self, *deps))
+
+    def end(self, *ranges: UOp) -> UOp:
+        return UOp(Ops.END, dtypes.void, (self, *ranges)) if ranges else self
+
+    def sink(self, *src: UOp) -> UOp:
+        return UOp(Ops.SINK, dtypes.void, (self, *src))
+
+    def replace(self, **kwargs) -> UOp:
+        args = {"op": self.op, "dtype": self.dtype, "src": self.src, "arg": self.arg} | kwargs
+        return UOp(args["op"], args["dtype"], tuple(args["src"]), args["arg"])
+
+    # --- properties ---
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def vmin(self):
+        return self.vrange[0]
+
+    @property
+    def vmax(self):
+        return self.vrange[1]
+
+    @property
+    def vrange(self) -> tuple[Any, Any]:
+        if self._vrange is None:
+            for u in self.toposort():  # fill the sources first, so no recursion
+                if u._vrange is None:
+                    u._vrange = _value_range(u)
+        return self._vrange
+
+    # --- graph walks, all iterative ---
+    def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
+        """Every UOp this one depends on, sources before users (a dict used as an ordered set)."""
+        visited: dict[UOp, None] = {}
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            u, expanded = stack.pop()
+            if u in visited:
+                continue
+            if expanded:
+                visited[u] = None
+                continue
+            stack.append((u, True))
+            if gate is None or gate(u):
+                for s in reversed(u.src):
+                    if s not in visited:
+                        stack.append((s, False))
+        return visited
+
+    def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+        from zeptograd.uop.upat import graph_substitute
+
+        return graph_substitute(self, mapping)
+
+    def simplify(self) -> UOp:
+        from zeptograd.uop.symbolic import symbolic
+        from zeptograd.uop.upat import graph_rewrite
+
+        return graph_rewrite(self, symbolic)
+
+    @property
+    def ranges(self) -> list[UOp]:
+        return [u for u in self.toposort() if u.op is Ops.RANGE]
+
+
+def _infer_shape(u: UOp) -> tuple[int, ...] | None:
+    """The shape of a tensor-graph node from its sources' shapes; None for kernel-graph nodes."""
+    op, src, arg = u.op, u.src, u.arg
+    if op is Ops.BUFFER:
+        return (arg[1],)
+    if op is Ops.CONST:
+        return ()
+    if op is Ops.IOTA:
+        return (arg,)
+    if not src or src[0].shape is None:
+        return None
+    if op in (Ops.RESHAPE, Ops.EXPAND):
+        return tuple(arg)
+    if op is Ops.PERMUTE:
+        return tuple(src[0].shape[i] for i in arg)
+    if op is Ops.PAD:
+        return tuple(s + b + a for s, (b, a) in zip(src[0].shape, arg))
+    if op is Ops.SHRINK:
+        return tuple(e - b for b, e in arg)
+    if op is Ops.REDUCE_AXIS:
+        return tuple(1 if i in arg[1] else s for i, s in enumerate(src[0].shape))
+    if op in GroupOp.Elementwise or op in (Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH):
+        return src[-1].shape if op is not Ops.WHERE else src[1].shape
+    if op is Ops.ASSIGN:
+        return src[0].shape
+    return None
+
+
+# ***** evaluating ALU ops on Python values (constant folding, value ranges, the PYTHON device) *****
+
+
+def _idiv(a, b):
+    return 0 if b == 0 else abs(a) // abs(b) * (1 if (a < 0) == (b < 0) else -1)
+
+
+def _mod(a, b):
+    return 0 if b == 0 else a - _idiv(a, b) * b
+
+
+def _safe(fn: Callable) -> Callable:
+    def wrapped(*x):
+        try:
+            return fn(*x)
+        except (OverflowError, ValueError, ZeroDivisionError):
+            return math.nan
+
+    return wrapped
+
+
+python_alu: dict[Ops, Callable] = {
+    Ops.EXP2: _safe(lambda x: 2.0**x if x < 1024 else math.inf),
+    Ops.LOG2: lambda x: math.log2(x) if x > 0 else -math.inf if x == 0 else math.nan,
+    Ops.SIN: lambda x: math.sin(x) if not math.isinf(x) else math.nan,
+    Ops.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan,
+    Ops.RECIPROCAL: lambda x: 1 / x if x != 0 else math.copysign(math.inf, x),
+    Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x,
+    Ops.TRUNC: lambda x: x if math.isinf(x) or math.isnan(x) else float(math.trunc(x)),
+    Ops.ADD: lambda a, b: a + b,
+    Ops.SUB: lambda a, b: a - b,
+    Ops.MUL: lambda a, b: a * b,
+    Ops.FDIV: lambda a, b: a / b if b != 0 else (math.nan if a == 0 or a != a else math.copysign(math.inf, a * b) if
+                                               math.copysign(1, b) > 0 else -math.copysign(math.inf, a)),
+    Ops.IDIV: _idiv,
+    Ops.MOD: _mod,
+    Ops.MAX: lambda a, b: a if a != a else b if b != b else max(a, b),
+    Ops.CMPLT: lambda a, b: a < b,
+    Ops.CMPNE: lambda a, b: a != b,
+    Ops.CMPEQ: lambda a, b: a == b,
+    Ops.AND: lambda a, b: a & b,
+    Ops.OR: lambda a, b: a | b,
+    Ops.XOR: lambda a, b: a ^ b,
+    Ops.SHL: lambda a, b: a << b if 0 <= b < 64 else 0,
+    Ops.SHR: lambda a, b: a >> b if 0 <= b < 64 else 0,
+    Ops.WHERE: lambda c, a, b: a if c else b,
+    Ops.MULACC: lambda a, b, c: a * b + c,
+}
+
+
+def exec_alu(op: Ops, dtype: DType, operands: list) -> Any:
+    if op is Ops.CAST:
+        return truncate(dtype, operands[0])
+    return truncate(dtype, python_alu[op](*operands))
+
+
+# ***** value ranges: the smallest and largest value a UOp can take *****
+
+
+def _value_range(u: UOp) -> tuple[Any, Any]:
+    dt = u.dtype.scalar if not isinstance(u.dtype, PtrDType) else dtypes.int64
+    lo, hi = dtypes.min(dt), dtypes.max(dt)
+    if u.op is Ops.CONST:
+        return u.arg, u.arg
+    if u.op is Ops.DEFINE_VAR:
+        return u.arg[1], u.arg[2]
+    if u.op is Ops.RANGE:
+        return 0, u.src[0].vmax - 1
+    if u.op is Ops.VECTORIZE and u.src:
+        return min(s.vmin for s in u.src), max(s.vmax for s in u.src)
+    if u.op is Ops.SPECIAL:
+        return 0, u.src[0].vmax - 1 if u.src else hi
+    if not (dtypes.is_int(dt) or dt == dtypes.bool):
+        return lo, hi
+    if u.op is Ops.CAST and u.src and (dtypes.is_int(u.src[0].dtype) or u.src[0].dtype == dtypes.bool):
+        s0 = u.src[0]
+        if lo <= s0.vmin and s0.vmax <= hi:
+            return int(s0.vmin), int(s0.vmax)
+        return lo, hi
+    if u.op not in GroupOp.ALU or any(s.dtype.scalar not in dtypes.ints + (dtypes.bool,) for s in u.src[-2:]):
+        return lo, hi
+    r = _alu_range(u.op, [s.vrange for s in u.src])
+    if r is None or r[0] < lo or r[1] > hi:
+        return lo, hi
+    return r
+
+
+def _alu_range(op: Ops, rs: list[tuple[Any, Any]]) -> tuple[Any, Any] | None:
+    if op is Ops.ADD:
+        return rs[0][0] + rs[1][0], rs[0][1] + rs[1][1]
+    if op is Ops.SUB:
+        return rs[0][0] - rs[1][1], rs[0][1] - rs[1][0]
+    if op is Ops.NEG:
+        return -rs[0][1], -rs[0][0]
+    if op is Ops.MUL:
+        c = [a * b for a in rs[0] for b in rs[1]]
+        return min(c), max(c)
+    if op is Ops.MAX:
+        return max(rs[0][0], rs[1][0]), max(rs[0][1], rs[1][1])
+    if op is Ops.IDIV and rs[1][0] > 0:
+        (a0, a1), (b0, b1) = rs
+        c = [_idiv(a, b) for a in (a0, a1) for b in (b0, b1)]
+        return min(c), max(c)
+    if op is Ops.IDIV and rs[1][1] < 0:
+        (a0, a1), (b0, b1) = rs
+        c = [_idiv(a, b) for a in (a0, a1) for b in (b0, b1)]
+        return min(c), max(c)
+    if op is Ops.MOD and rs[1][0] > 0:
+        (a0, a1), (b0, b1) = rs
+        if a0 >= 0:
+            return (a0, a1) if a1 < b0 else (0, min(a1, b1 - 1))
+        return (-(b1 - 1), b1 - 1) if a1 > 0 else (-(b1 - 1), 0)
+    if op is Ops.CMPLT:
+        (a0, a1), (b0, b1) = rs
+        return (a1 < b0, a0 < b1)
+    if op is Ops.CMPNE:
+        (a0, a1), (b0, b1) = rs
+        if a1 < b0 or b1 < a0:
+            return True, True
+        if a0 == a1 == b0 == b1:
+            return False, False
+        return False, True
+    if op is Ops.CMPEQ:
+        (a0, a1), (b0, b1) = rs
+        if a1 < b0 or b1 < a0:
+            return False, False
+        if a0 == a1 == b0 == b1:
+            return True, True
+        return False, True
+    if op is Ops.WHERE:
+        (c0, c1), (a0, a1), (b0, b1) = rs
+        if c0 == c1:
+            return (a0, a1) if c0 else (b0, b1)
+        return min(a0, b0), max(a1, b1)
+    if op is Ops.AND and rs[0][0] >= 0 and rs[1][0] >= 0:
+        return 0, min(rs[0][1], rs[1][1])
+    if op is Ops.OR and isinstance(rs[0][0], bool):
+        return rs[0][0] or rs[1][0], rs[0][1] or rs[1][1]
+    return None
+
+
+# ***** printing *****
+
+
+def pretty(u: UOp, max_nodes: int = 200) -> str:
+    """A UOp graph as numbered lines, sources first; shared nodes are printed once and referenced."""
+    nodes = list(u.toposort())
+    if len(nodes) > max_nodes:
+        return f"UOp({u.op}, {u.dtype}, <{len(nodes)} nodes>, arg={u.arg!r})"
+    names = {n: f"%{i}" for i, n in enumerate(nodes)}
+    lines = []
+    for n in nodes:
+        srcs = ", ".join(names[s] for s in n.src)
+        arg = "" if n.arg is None else f" arg={n.arg!r}"
+        lines.append(f"{names[n]:>5} = {n.op.name:<13} {str(n.dtype):<16} ({srcs}){arg}")
+    return "\n".join(lines)
+
+
+def sint_to_uop(x: int | UOp) -> UOp:
+    return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
+
+
+def all_ops(u: UOp) -> Iterator[Ops]:
+    return (x.op for x in u.toposort())

@@ -1,0 +1,190 @@
+"""Algebra on UOps: constant folding, identities, like terms, and folds decided by value ranges.
+
+Integer rules keep index arithmetic small: the scheduler writes every movement op as index math and relies on
+these rules to make a reshape, a permute or a shrink cost nothing at run time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+
+def is_int(u: UOp) -> bool:
+    return u.dtype.count == 1 and dtypes.is_int(u.dtype)
+
+
+def is_intlike(u: UOp) -> bool:
+    return u.dtype.count == 1 and (dtypes.is_int(u.dtype) or u.dtype == dtypes.bool)
+
+
+# ***** sums as (term, coefficient) lists *****
+
+
+def split_sum(x: UOp) -> tuple[list[tuple[UOp, int]], int]:
+    """x == sum(base*coef for base, coef in terms) + const, for an integer x (walked without recursion)."""
+    terms: dict[UOp, int] = {}
+    const, stack = 0, [x]
+    while stack:
+        u = stack.pop()
+        if u.op is Ops.ADD:
+            stack.extend(reversed(u.src))  # keep first-seen order of terms
+            continue
+        if u.op is Ops.CONST:
+            const += u.arg
+            continue
+        base, coef = u, 1
+        if u.op is Ops.MUL and u.src[1].op is Ops.CONST:
+            base, coef = u.src[0], u.src[1].arg
+        terms[base] = terms.get(base, 0) + coef
+    return [(b, c) for b, c in terms.items() if c != 0], const
+
+
+def build_sum(terms: list[tuple[UOp, int]], const: int, like: UOp) -> UOp:
+    ret: UOp | None = None
+    for base, coef in terms:
+        t = base if coef == 1 else base * UOp.const(like.dtype, coef)
+        ret = t if ret is None else ret + t
+    if ret is None:
+        return UOp.const(like.dtype, const)
+    return ret if const == 0 else ret + UOp.const(like.dtype, const)
+
+
+def fold_like_terms(x: UOp) -> UOp | None:
+    """# a*2 + b + a*3 + 1 + 2 -> a*5 + b + 3 (and the sum in canonical left-nested order)"""
+    if not is_int(x):
+        return None
+    terms, const = split_sum(x)
+    return build_sum(terms, const, x)
+
+
+def fold_vrange(x: UOp) -> UOp | None:
+    """# an integer or bool whose smallest and largest possible values are equal is that constant"""
+    if is_intlike(x) and x.op is not Ops.CONST and x.vmin == x.vmax:
+        return UOp.const(x.dtype, x.vmin)
+    return None
+
+
+def fold_const_alu(x: UOp) -> UOp | None:
+    """# CONST op CONST -> CONST"""
+    if x.dtype.count != 1 or not all(s.op is Ops.CONST for s in x.src):
+        return None
+    return UOp.const(x.dtype, exec_alu(x.op, x.dtype, [s.arg for s in x.src]))
+
+
+def fold_div(x: UOp, c: UOp) -> UOp | None:
+    """# (a*c + b)//c -> a + b//c when a*c+b >= 0 and b >= 0; and drop terms too small to reach the next multiple"""
+    if not is_int(x) or c.arg <= 0 or x.vmin < 0:
+        return None
+    d = c.arg
+    terms, const = split_sum(x)
+    quotient = [(b, k // d) for b, k in terms if k % d == 0]
+    rest = [(b, k) for b, k in terms if k % d != 0]
+    q_const, r_const = divmod(const, d)
+    rem = build_sum(rest, r_const, x)
+    if rem.vmin < 0:
+        return None
+    if rem.vmax < d:
+        return build_sum(quotient, q_const, x)
+    g = math.gcd(d, r_const, *[k for _, k in rest])
+    if g > 1:  # (g*a + g*b) // (g*e) -> (a + b) // e
+        inner = build_sum([(b, k // g) for b, k in rest], r_const // g, x)
+        return build_sum(quotient, q_const, x) + inner // UOp.const(x.dtype, d // g)
+    # terms with small coefficients whose sum stays below the gcd of the others never carry
+    rest.sort(key=lambda t: abs(t[1]))
+    for i in range(1, len(rest)):
+        small, big = rest[:i], rest[i:]
+        g = math.gcd(d, *[k for _, k in big])
+        small_sum = build_sum(small, r_const, x)
+        if g > 1 and small_sum.vmin >= 0 and small_sum.vmax < g:
+            return build_sum(quotient, q_const, x) + build_sum(big, 0, x) // c
+    if quotient or q_const:
+        return build_sum(quotient, q_const, x) + rem // c
+    return None
+
+
+def fold_mod(x: UOp, c: UOp) -> UOp | None:
+    """# (a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c"""
+    if not is_int(x) or c.arg <= 0 or x.vmin < 0:
+        return None
+    d = c.arg
+    if x.vmax < d:
+        return x
+    terms, const = split_sum(x)
+    rest = [(b, k) for b, k in terms if k % d != 0]
+    if len(rest) == len(terms) and 0 <= const < d:
+        return None
+    rem = build_sum(rest, const % d, x)
+    if rem.vmin < 0:
+        return None
+    return rem if rem.vmax < d else rem % c
+
+
+def lift_cmplt(x: UOp, c: UOp) -> UOp | None:
+    """# a + k < c -> a < c - k ; a*k < c -> a < ceil(c/k) for k > 0"""
+    if not is_int(x):
+        return None
+    if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
+        return x.src[0] < UOp.const(x.dtype, c.arg - x.src[1].arg)
+    if x.op is Ops.MUL and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
+        return x.src[0] < UOp.const(x.dtype, -((-c.arg) // x.src[1].arg))
+    return None
+
+
+symbolic = PatternMatcher([
+    # CONST op CONST -> CONST
+    (UPat(GroupOp.ALU | {Ops.CAST}, name="x", src=UPat(Ops.CONST), allow_any_len=True), fold_const_alu),
+    # an integer fixed by its value range -> CONST
+    (UPat(GroupOp.ALU, name="x"), fold_vrange),
+    # c + x -> x + c ; c * x -> x * c
+    (UPat((Ops.ADD, Ops.MUL), src=(UPat(Ops.CONST, name="c"), UPat(name="x")), name="u"),
+     lambda u, c, x: None if x.op is Ops.CONST else UOp(u.op, u.dtype, (x, c))),
+    # x + 0 -> x ; x * 1 -> x ; x // 1 -> x ; x / 1 -> x ; x - 0 -> x
+    (UPat.var("x") + 0, lambda x: x),
+    (UPat.var("x") * 1, lambda x: x),
+    (UPat.var("x") // 1, lambda x: x),
+    (UPat.var("x") / 1.0, lambda x: x),
+    (UPat.var("x") - 0, lambda x: x),
+    # x * 0 -> 0 (ints only: for floats inf*0 is nan)
+    (UPat.var("x") * 0, lambda x: UOp.const(x.dtype, 0) if is_intlike(x) else None),
+    # x % 1 -> 0
+    (UPat.var("x") % 1, lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
+    # x - y -> x + y*-1 (ints), so like terms meet in one sum
+    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("y"))), lambda x, y: x + y * -1 if is_int(x) else None),
+    # -x -> x*-1 (ints)
+    (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda x: x * -1 if is_int(x) else None),
+    # x - x -> 0 (ints)
+    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("x"))), lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
+    # (x*c1)*c2 -> x*(c1*c2)
+    ((UPat.var("x") * UPat.cvar("c1")) * UPat.cvar("c2"),
+     lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if is_int(x) else None),
+    # (x + y)*c -> x*c + y*c (ints)
+    ((UPat.var("x") + UPat.var("y")) * UPat.cvar("c"), lambda x, y, c: x * c + y * c if is_int(x) else None),
+    # like terms: x*c1 + x*c2 -> x*(c1+c2), constants gathered, canonical order
+    (UPat(Ops.ADD, name="x"), fold_like_terms),
+    # (a*c + b)//c -> a + b//c ; (a*c + b)%c -> b%c
+    (UPat.var("x") // UPat.cvar("c"), fold_div),
+    (UPat.var("x") % UPat.cvar("c"), fold_mod),
+    # (x//a)//b -> x//(a*b) for x >= 0
+    ((UPat.var("x") // UPat.cvar("a")) // UPat.cvar("b"),
+     lambda x, a, b: x // UOp.const(x.dtype, a.arg * b.arg) if is_int(x) and x.vmin >= 0 and a.arg > 0 and b.arg > 0
+     else None),
+    # a + k < c -> a < c-k ; a*k < c -> a < ceil(c/k)
+    (UPat.var("x") < UPat.cvar("c"), lift_cmplt),
+    # where(True, a, b) -> a ; where(False, a, b) -> b ; where(c, a, a) -> a
+    (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
+    (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
+    # x & True -> x ; x & False -> False ; x | False -> x ; x | True -> True (bools)
+    (UPat(Ops.AND, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: x if c.arg else c),
+    (UPat(Ops.OR, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: c if c.arg else x),
+    # x & x -> x ; x | x -> x ; max(x, x) -> x
+    (UPat(GroupOp.Idempotent, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
+    # max(x, y) -> x when the ranges decide it (ints)
+    (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))),
+     lambda x, y: (x if x.vmin >= y.vmax else y if y.vmin >= x.vmax else None) if is_int(x) else None),
+    # cast(x) to x's own dtype -> x
+    (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), lambda c, x: x if c.dtype == x.dtype else None),
+])
