@@ -62,8 +62,7 @@ class Rangeify:
         self.kernel_ranges: dict[UOp, tuple[UOp, ...]] = {}
         self.has_reduce: dict[UOp, bool] = {}
         self.device: dict[UOp, str] = {}
-        for u in self.nodes:  # forward facts: holds a reduce, and which device
-            self.has_reduce[u] = u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)
+        for u in self.nodes:  # which device each node is computed on
             srcs_dev = (self.device[s] for s in u.src if self.device[s])
             self.device[u] = u.arg if u.op is Ops.DEVICE else next(srcs_dev, "")
 
@@ -119,9 +118,29 @@ class Rangeify:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
         return False
 
+    def broadcast_reduces(self) -> set[UOp]:
+        """Reduces whose result is expanded later (softmax's max): computed once, never per element of the expand."""
+        found: set[UOp] = set()
+        seen: set[UOp] = set()
+        stack = [u.src[0] for u in self.nodes if u.op is Ops.EXPAND]
+        while stack:
+            u = stack.pop()
+            if u in seen or u.op is Ops.BUFFER or u in self.realize:
+                continue
+            seen.add(u)
+            if u.op is Ops.REDUCE_AXIS:
+                found.add(u)
+            elif u.op in GroupOp.Movement or u.op in GroupOp.Elementwise:
+                stack.extend(u.src)
+        return found
+
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
         self.realize |= outputs | {u for u in self.nodes if u.op is Ops.CONTIGUOUS}
+        self.realize |= self.broadcast_reduces()
+        for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
+            self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
+                not (u in self.realize and u.op is Ops.REDUCE_AXIS)
         for x in reversed(self.nodes):
             if x.op in (Ops.SINK, Ops.DEVICE, Ops.BUFFER) or uniform_const(x) is not None:
                 continue
