@@ -11,8 +11,10 @@ from typing import Union
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
+    """A scalar, vector or pointer type. Instances are unique (vec/ptr are cached), so `==` is identity."""
+
     priority: int  # orders dtypes of the same kind; larger is wider
     itemsize: int  # bytes of one scalar
     name: str
@@ -24,12 +26,18 @@ class DType:
     def scalar(self) -> DType:
         return self._scalar if self._scalar is not None else self
 
+    @functools.cache
     def vec(self, n: int) -> DType:
         assert self.count == 1, f"can't vectorize {self}"
         return self if n == 1 else DType(self.priority, self.itemsize * n, f"{self.name}{n}", None, n, self)
 
     def ptr(self, size: int = -1, local: bool = False) -> PtrDType:
-        return PtrDType(self.priority, self.itemsize, self.name, self.fmt, self.count, self._scalar, self, size, local)
+        return _ptr(self, size, local)
+
+    def __reduce__(self):
+        if self._scalar is not None:
+            return (DType.vec, (self._scalar, self.count))
+        return (getattr, (dtypes, self.name))
 
     @property
     def nbytes_scalar(self) -> int:
@@ -42,7 +50,7 @@ class DType:
         return (self.priority, self.itemsize, self.name) < (other.priority, other.itemsize, other.name)
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class PtrDType(DType):
     base: DType | None = None  # what the pointer points to
     size: int = -1  # number of elements, -1 when unknown
@@ -50,6 +58,14 @@ class PtrDType(DType):
 
     def __repr__(self):
         return f"{self.base}.ptr({self.size})"
+
+    def __reduce__(self):
+        return (_ptr, (self.base, self.size, self.local))
+
+
+@functools.cache
+def _ptr(base: DType, size: int, local: bool) -> PtrDType:
+    return PtrDType(base.priority, base.itemsize, base.name, base.fmt, base.count, base._scalar, base, size, local)
 
 
 DTypeLike = Union[str, DType]

@@ -23,7 +23,7 @@ def linearize(sink: UOp) -> list[UOp]:
     for u in nodes:  # a loop opens only after the accumulator it updates is initialised
         if u.op is Ops.AFTER:
             ranges = [s for s in u.src[1:] if s.op is Ops.RANGE]
-            others = [s for s in u.src[1:] if s.op is not Ops.RANGE]
+            others = [s for s in u.src[1:] if s.op is Ops.STORE]  # the accumulator init
             for r in ranges:
                 deps[r].update(others)
     users: dict[UOp, list[UOp]] = {u: [] for u in nodes}

@@ -21,6 +21,7 @@ from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
+MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
 
 Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity or None)
@@ -134,10 +135,22 @@ class Rangeify:
                 stack.extend(u.src)
         return found
 
+    def long_chains(self) -> set[UOp]:
+        """Nodes at which a fused chain of elementwise ops reaches MAX_KERNEL_OPS: materialized to cut it."""
+        cut: set[UOp] = set()
+        ops: dict[UOp, int] = {}
+        for u in self.nodes:
+            n = (u.op in GroupOp.ALU) + sum(ops[s] for s in u.src if s not in cut)
+            if n > MAX_KERNEL_OPS and u.op in GroupOp.ALU:
+                cut.add(u)
+            ops[u] = min(n, MAX_KERNEL_OPS + 1)
+        return cut
+
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
         self.realize |= outputs | {u for u in self.nodes if u.op is Ops.CONTIGUOUS}
         self.realize |= self.broadcast_reduces()
+        self.realize |= self.long_chains()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
             self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
                 not (u in self.realize and u.op is Ops.REDUCE_AXIS)
@@ -185,7 +198,7 @@ class Rangeify:
         value = memo[(root, (rngs, None))]
         store = out_dg.index(flat_index(rngs, root.shape)).store(value)
         ast = store.end(*[r for r in rngs if r.op is Ops.RANGE]).sink()
-        return ast, list(slots)
+        return renumber_ranges(ast), list(slots)
 
     def lower_leaf(self, x: UOp, req: Request, root: UOp, bufs: dict[UOp, Buffer], define_global) -> UOp | None:
         idx, valid = req
@@ -211,6 +224,13 @@ class Rangeify:
         if x.op in GroupOp.Elementwise:
             return UOp(x.op, x.dtype, tuple(srcs))
         raise NotImplementedError(f"rangeify can't lower {x.op} yet")
+
+
+def renumber_ranges(ast: UOp) -> UOp:
+    """Axis ids 0, 1, ... in nesting order, so equal kernels are equal graphs (and hit the compile cache)."""
+    ranges = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    mapping = {r: UOp.range(r.src[0], i, r.arg[1]) for i, r in enumerate(ranges)}
+    return graph_substitute(ast, {k: v for k, v in mapping.items() if k is not v})
 
 
 def pad_validity(x: UOp, idx: tuple[UOp, ...]) -> UOp | None:

@@ -77,6 +77,8 @@ class Ops(Enum):
     def __repr__(self):
         return f"Ops.{self.name}"
 
+    __hash__ = object.__hash__  # members are singletons; Enum's own hash hashes the name on every dict lookup
+
 
 class GroupOp:
     Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
@@ -308,7 +310,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
     @property
     def vrange(self) -> tuple[Any, Any]:
         if self._vrange is None:
-            for u in self.toposort():  # fill the sources first, so no recursion
+            for u in self.toposort(gate=lambda x: x._vrange is None):  # sources first, no recursion
                 if u._vrange is None:
                     u._vrange = _value_range(u)
         return self._vrange

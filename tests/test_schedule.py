@@ -1,0 +1,161 @@
+"""Kernel counts: what the scheduler fuses, checked together with the values."""
+
+import numpy as np
+import pytest
+
+from zeptograd import GlobalCounters, Tensor
+
+rng = np.random.default_rng(0)
+
+
+def realized(*shape):
+    x = rng.standard_normal(shape).astype(np.float32)
+    return Tensor(x), x
+
+
+def count_kernels(t: Tensor) -> int:
+    return len(t.schedule())
+
+
+def run(t: Tensor) -> tuple[int, np.ndarray]:
+    GlobalCounters.reset()
+    out = t.numpy()
+    return GlobalCounters.kernel_count, out
+
+
+def test_constants_schedule_no_kernel():
+    t = Tensor.ones(10) * 15 + Tensor.ones(10) * 30
+    assert count_kernels(t) == 0
+    n, out = run(t)
+    assert n == 0
+    np.testing.assert_equal(out, np.full(10, 45, np.float32))
+
+
+def test_const_reduce_folds():
+    t = Tensor.full((4, 5), 2.0).sum(axis=1)
+    assert count_kernels(t) == 0
+    np.testing.assert_equal(t.numpy(), np.full(4, 10, np.float32))
+
+
+def test_elementwise_chain_is_one_kernel():
+    (a, an), (b, bn), (c, cn) = realized(8, 8), realized(8, 8), realized(8, 8)
+    t = ((a + b) * c).exp2()
+    assert count_kernels(t) == 1
+    n, out = run(t)
+    assert n == 1
+    np.testing.assert_allclose(out, np.exp2((an + bn) * cn), rtol=1e-5)
+
+
+def test_reduce_with_prologue_is_one_kernel():
+    x, xn = realized(16, 32)
+    t = (x * 2 + 1).sum(axis=1)
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), (xn * 2 + 1).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_with_epilogue_is_one_kernel():
+    x, xn = realized(16, 32)
+    t = x.max(axis=1).exp2() + 1
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), np.exp2(xn.max(axis=1)) + 1, rtol=1e-5)
+
+
+def test_broadcasting_chain_is_one_kernel():
+    (a, an), (b, bn) = realized(4, 1), realized(1, 5)
+    t = (a + b) * b - a
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), (an + bn) * bn - an, rtol=1e-6)
+
+
+def test_movement_ops_make_no_kernel_of_their_own():
+    x, xn = realized(6, 4)
+    t = (x.permute(1, 0).flip(0).pad(((1, 1), (0, 2))).reshape(2, 3, 8)[:, 1:, ::2] + 1).exp2()
+    assert count_kernels(t) == 1
+    ref = np.exp2(np.pad(xn.T[::-1], ((1, 1), (0, 2))).reshape(2, 3, 8)[:, 1:, ::2] + 1)
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-6)
+
+
+def test_lerp_is_one_kernel():
+    (a, an), (b, bn), (w, wn) = realized(32), realized(32), realized(32)
+    t = a * (1 - w) + b * w
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), an * (1 - wn) + bn * wn, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_is_three_kernels():
+    x, xn = realized(8, 50)
+    e = (x - x.max(axis=1, keepdim=True)).exp()
+    t = e / e.sum(axis=1, keepdim=True)
+    assert count_kernels(t) == 3
+    ref = np.exp(xn - xn.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(t.numpy(), ref / ref.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_layernorm_is_at_most_three_kernels():
+    x, xn = realized(8, 64)
+    mean = x.mean(axis=1, keepdim=True)
+    var = ((x - mean) * (x - mean)).mean(axis=1, keepdim=True)
+    t = (x - mean) / (var + 1e-5).sqrt()
+    assert count_kernels(t) <= 3
+    ref = (xn - xn.mean(1, keepdims=True)) / np.sqrt(xn.var(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_bias_relu_is_one_kernel():
+    (a, an), (b, bn), (bias, biasn) = realized(8, 16), realized(16, 12), realized(12)
+    t = ((a.reshape(8, 1, 16) * b.permute(1, 0).reshape(1, 12, 16)).sum(axis=2) + bias).relu()
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), np.maximum(an @ bn + biasn, 0), rtol=1e-4, atol=1e-5)
+
+
+def test_arange_feeds_its_consumer_without_a_kernel():
+    x, xn = realized(10)
+    t = x * Tensor.arange(10).float()
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), xn * np.arange(10), rtol=1e-6)
+    assert count_kernels(Tensor.arange(10) * 2) == 1  # a realize of arange itself is a kernel: its output
+
+
+def test_two_reduces_over_the_same_rows_fuse():
+    x, xn = realized(8, 32)
+    t = x.sum(axis=1) + x.max(axis=1)
+    assert count_kernels(t) == 1
+    np.testing.assert_allclose(t.numpy(), xn.sum(1) + xn.max(1), rtol=1e-5, atol=1e-5)
+
+
+def test_nested_reduce():
+    x, xn = realized(4, 5, 6)
+    t = x.sum(axis=2).max(axis=1)
+    np.testing.assert_allclose(t.numpy(), xn.sum(2).max(1), rtol=1e-5, atol=1e-5)
+
+
+def test_contiguous_forces_a_kernel():
+    x, xn = realized(4, 4)
+    t = (x + 1).contiguous() * 2
+    assert count_kernels(t) == 2
+    np.testing.assert_allclose(t.numpy(), (xn + 1) * 2, rtol=1e-6)
+
+
+def test_realized_results_are_reused():
+    x, xn = realized(4, 4)
+    y = (x + 1).realize()
+    GlobalCounters.reset()
+    z = y * 2
+    np.testing.assert_allclose(z.numpy(), (xn + 1) * 2, rtol=1e-6)
+    assert GlobalCounters.kernel_count == 1
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_full_sum(n):
+    x, xn = realized(n, 3)
+    np.testing.assert_allclose(x.sum().numpy(), xn.sum(), rtol=1e-5, atol=1e-5)
+
+
+def test_realize_several_at_once():
+    x, xn = realized(4, 4)
+    a, b = x + 1, x * 2
+    GlobalCounters.reset()
+    a.realize(b)
+    assert GlobalCounters.kernel_count == 2
+    np.testing.assert_allclose(a.numpy(), xn + 1)
+    np.testing.assert_allclose(b.numpy(), xn * 2)
