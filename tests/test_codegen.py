@@ -1,0 +1,71 @@
+"""Codegen: the REDUCE -> accumulator graph of seed 000, linearized loops, and the rendered C."""
+
+import numpy as np
+
+from zeptograd import Tensor
+from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
+from zeptograd.engine.realize import get_kernel
+from zeptograd.uop.ops import Ops
+from zeptograd.uop.upat import graph_rewrite
+
+
+def kernel_of(t: Tensor):
+    (item,) = t.schedule()
+    return item
+
+
+def test_sum_axis1_graph_before_and_after_reduce_to_acc():
+    a = Tensor(np.ones((2, 3), np.float32))
+    ast = kernel_of(a.sum(axis=1)).ast
+    ops_before = {u.op for u in ast.toposort()}
+    assert Ops.REDUCE in ops_before and Ops.DEFINE_REG not in ops_before
+    after = graph_rewrite(ast, pm_reduce_to_acc, ctx=AccContext(range_scopes(ast)))
+    nodes = list(after.toposort())
+    ops_after = [u.op for u in nodes]
+    assert Ops.REDUCE not in ops_after
+    assert ops_after.count(Ops.DEFINE_REG) == 1
+    r0, r1 = sorted((u for u in nodes if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    afters = [u for u in nodes if u.op is Ops.AFTER]
+    # init: acc.after(r0).index(0).store(0) -- once per outer iteration
+    init_after = next(u for u in afters if u.src[1:] == (r0,))
+    init_store = next(u for u in nodes if u.op is Ops.STORE and u.src[0].src[0] is init_after)
+    assert init_store.src[1].op is Ops.CONST and init_store.src[1].arg == 0.0
+    # inside the loop: acc.after(init, r1) is read, added to, stored; END closes r1; the result is read after it
+    loop_after = next(u for u in afters if r1 in u.src[1:])
+    assert init_store in loop_after.src
+    end = next(u for u in nodes if u.op is Ops.END and u.src[1:] == (r1,))
+    assert end.src[0].op is Ops.STORE and end.src[0].src[1].op is Ops.ADD
+    assert any(u.src[1:] == (end,) for u in afters)
+
+
+def test_linearized_loops_nest_and_hoist():
+    x = Tensor(np.ones((4, 8), np.float32))
+    uops = full_rewrite(kernel_of((x * 2).sum(axis=1)).ast)
+    ops = [u.op for u in uops]
+    assert ops.count(Ops.RANGE) == 2
+    first_range, second_range = [i for i, o in enumerate(ops) if o is Ops.RANGE]
+    init = next(i for i, u in enumerate(uops) if u.op is Ops.STORE and u.src[1].op is Ops.CONST)
+    assert first_range < init < second_range  # the accumulator is reset inside the outer loop, before the inner
+
+
+def test_rendered_c_for_a_row_sum():
+    x = Tensor(np.ones((4, 8), np.float32))
+    item = kernel_of(x.sum(axis=1))
+    src = get_kernel(item.device, item.ast).src
+    assert kernel_name(item.ast) == "r_4_8"
+    assert "void r_4_8(float* restrict data0, float* restrict data1)" in src
+    assert src.count("for (int ridx") == 2
+    assert "float acc0[1];" in src
+    assert "*acc0 = 0.0f;" in src
+
+
+def test_elementwise_kernel_name():
+    x = Tensor(np.ones((3, 5), np.float32))
+    assert kernel_name(kernel_of(x + 1).ast) == "E_3_5"
+
+
+def test_identical_kernels_share_one_compile():
+    a, b = Tensor(np.ones(16, np.float32)), Tensor(np.ones(16, np.float32))
+    ka, kb = kernel_of(a * 3 + 1), kernel_of(b * 3 + 1)
+    assert ka.ast is kb.ast  # same graph over different buffers: one compiled program

@@ -1,0 +1,54 @@
+"""The CPU runtime: compile cache, a clear error without a compiler, DEBUG output, GlobalCounters."""
+
+import os
+
+import numpy as np
+import pytest
+
+from zeptograd import Context, GlobalCounters, Tensor
+from zeptograd.runtime.ops_cpu import CCompiler, NoCompilerError
+
+
+def test_missing_compiler_is_one_clear_sentence(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "zeptograd-no-such-cc")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(NoCompilerError, match="no C compiler found.*apt-get install gcc.*CC"):
+        CCompiler().compile_to_file("void f(void) {}\n")
+
+
+def test_compile_cache_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    src = "void zg_cache_probe(float* restrict a) { a[0] = 1.0f; }\n"
+    path = CCompiler().compile_to_file(src)
+    assert os.path.exists(path) and path.startswith(str(tmp_path))
+    mtime = os.path.getmtime(path)
+    assert CCompiler().compile_to_file(src) == path and os.path.getmtime(path) == mtime  # not rebuilt
+
+
+def test_debug_levels_print(capsys):
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    with Context(DEBUG=4):
+        (x * 3 + 0.5).sum(axis=1).realize()
+    out = capsys.readouterr().out
+    assert "scheduled 1 kernel" in out  # DEBUG=1
+    assert "r_2_3" in out and "us" in out  # DEBUG=2: a line per kernel with its time
+    assert "void r_2_3(" in out  # DEBUG=4: the source
+
+
+def test_global_counters_count_kernels_and_ops():
+    x = Tensor(np.ones((32, 32), np.float32))
+    GlobalCounters.reset()
+    (x + 2).realize()
+    assert GlobalCounters.kernel_count == 1
+    assert GlobalCounters.global_ops == 32 * 32
+    assert GlobalCounters.global_mem == 2 * 32 * 32 * 4
+    assert GlobalCounters.time_sum_s > 0
+
+
+def test_freed_buffers_are_reused():
+    x = Tensor(np.ones(1 << 16, np.float32))
+    (x + 1).realize()
+    used = GlobalCounters.mem_used
+    for _ in range(5):
+        (x + 1).realize()  # each result dies at once: its memory goes back to the allocator
+    assert GlobalCounters.mem_used == used
