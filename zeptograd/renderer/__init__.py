@@ -13,6 +13,8 @@ class ProgramSpec:
     src: str
     n_bufs: int  # pointer arguments, in DEFINE_GLOBAL order
     vars: tuple[str, ...] = ()  # int arguments after the pointers, in DEFINE_VAR order
+    global_size: tuple[int, int, int] = (1, 1, 1)  # GPU groups; on CPU, global_size[0] is the number of cores
+    local_size: tuple[int, int, int] = (1, 1, 1)  # GPU work-group size
 
 
 class Renderer:
