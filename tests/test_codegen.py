@@ -6,6 +6,7 @@ from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
 from zeptograd.engine.realize import get_kernel
+from zeptograd.renderer.cstyle import CStyleRenderer
 from zeptograd.uop.ops import Ops
 from zeptograd.uop.upat import graph_rewrite
 
@@ -41,7 +42,7 @@ def test_sum_axis1_graph_before_and_after_reduce_to_acc():
 
 def test_linearized_loops_nest_and_hoist():
     x = Tensor(np.ones((4, 8), np.float32))
-    uops = full_rewrite(kernel_of((x * 2).sum(axis=1)).ast)
+    uops, _ = full_rewrite(kernel_of((x * 2).sum(axis=1)).ast, CStyleRenderer(), opts=[])
     ops = [u.op for u in uops]
     assert ops.count(Ops.RANGE) == 2
     first_range, second_range = [i for i, o in enumerate(ops) if o is Ops.RANGE]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import importlib
 import os
@@ -125,6 +126,25 @@ class CompiledDevice:
     allocator: Allocator = field(default_factory=Allocator)
 
 
+# ***** running a CPU kernel on several cores: one call per core_id, on a persistent pool *****
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def run_on_cores(fn, n: int):
+    """Call fn(core_id) for core_id in 0..n-1 in parallel; compiled kernels release the GIL while they run."""
+    global _pool
+    if n == 1:
+        fn(0)
+        return
+    if _pool is None or _pool._max_workers < n - 1:  # type: ignore[attr-defined]
+        _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(n - 1, 1), thread_name_prefix="zg-core")
+    futures = [_pool.submit(fn, i) for i in range(1, n)]
+    fn(0)
+    for f in futures:
+        f.result()
+
+
 # ***** the registry: Device["CPU"] opens a backend on first use *****
 
 _BACKENDS = {"CPU": "zeptograd.runtime.ops_cpu", "PYTHON": "zeptograd.runtime.ops_python",
@@ -153,7 +173,8 @@ class _Device:
 
     @property
     def DEFAULT(self) -> str:
-        return self.canonicalize(os.getenv("DEV") or "CPU")
+        """DEV if set, else CPU (LLVM; CPU_LLVM=1 names it CPU:LLVM), read from the environment at each call."""
+        return self.canonicalize(os.getenv("DEV") or ("CPU:LLVM" if os.getenv("CPU_LLVM") == "1" else "CPU"))
 
 
 Device = _Device()

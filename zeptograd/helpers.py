@@ -71,6 +71,8 @@ NOOPT = ContextVar("NOOPT", 0)
 SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1)
 TRACK_MATCH_STATS = ContextVar("TRACK_MATCH_STATS", 0)
 SPEC = ContextVar("SPEC", 0)
+DEVECTORIZE = ContextVar("DEVECTORIZE", 1)
+THREADS = ContextVar("THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
 def prod(xs: Iterable[Any], start: Any = 1) -> Any:

@@ -2,19 +2,39 @@
 
 from __future__ import annotations
 
-from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
+from zeptograd.codegen.accumulator import AccContext, merge_ends, pm_reduce_to_acc, range_scopes
+from zeptograd.codegen.devectorizer import pm_devectorize
+from zeptograd.codegen.expander import expand
 from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import pm_lower
+from zeptograd.codegen.opt import Opt, apply_opts
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.helpers import NOOPT
+from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
 
 
-def full_rewrite(ast: UOp) -> list[UOp]:
+def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
+    """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
     sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
+    if opts is not None:
+        return apply_opts(sink, opts), opts
+    if NOOPT:
+        return sink, []
+    return hand_coded_optimizations(sink, renderer.simd_bytes, None if renderer.has_threads else 1)
+
+
+def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[list[UOp], list[Opt]]:
+    sink, opts = optimize(ast, renderer, opts)
+    sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
+    sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
     sink = graph_rewrite(sink, pm_reduce_to_acc, ctx=AccContext(range_scopes(sink)))  # REDUCE -> accumulator
-    return linearize(sink)  # loops explicit, invariant work hoisted before them
+    sink = merge_ends(sink)  # accumulators over the same loops share them
+    sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
+    return linearize(sink), opts  # loops explicit, invariant work hoisted before them
 
 
 def kernel_name(ast: UOp) -> str:

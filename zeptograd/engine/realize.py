@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
 realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1]
+capturing: list[list[ScheduleItem]] = []
 
 
 @dataclass
@@ -43,7 +45,9 @@ def get_kernel(device: str, ast: UOp) -> CompiledKernel:
     dev = Device[device]
     if DEBUG >= 5:
         print(pretty(ast))
-    uops = full_rewrite(ast)
+    uops, opts = full_rewrite(ast, dev.renderer)  # type: ignore[arg-type]
+    if DEBUG >= 3:
+        print(f"{kernel_name(ast)}: {opts}")
     if DEBUG >= 6:
         for i, u in enumerate(uops):
             print(f"{i:4d} {u.op.name:<14} {str(u.dtype):<20} {[uops.index(s) for s in u.src]} {u.arg!r}")
@@ -76,6 +80,8 @@ def estimate_ops(ast: UOp) -> int:
 
 def run_schedule(items: list[ScheduleItem]):
     for item in items:
+        if capturing:
+            capturing[-1].append(item)
         kernel = get_kernel(item.device, item.ast)
         for b in item.bufs:
             b.ensure_allocated()
@@ -94,7 +100,8 @@ def run_schedule(items: list[ScheduleItem]):
 
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-    outs = substitute_realized([t.uop for t in tensors], realized)
+    # while capturing, values realized before the capture are recomputed: the replay must compute them too
+    outs = substitute_realized([t.uop for t in tensors], realized if not capturing else {})
     t0 = time.perf_counter()
     items, becomes = create_schedule(outs)
     if DEBUG >= 1:
@@ -123,6 +130,9 @@ def realize_tensors(tensors: list[Tensor]):
 def tensor_to_numpy(t: Tensor) -> np.ndarray:
     from zeptograd.dtype import to_numpy_dtype
 
+    if capturing:
+        raise RuntimeError("TinyJit: reading a tensor's values on the host (numpy/item/tolist) inside a jitted "
+                           "function is not supported: replays would not refresh them")
     t.realize()
     u = t.uop
     np_dtype = np.float32 if t.dtype.name == "bfloat16" else to_numpy_dtype(t.dtype)

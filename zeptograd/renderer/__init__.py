@@ -19,6 +19,12 @@ class ProgramSpec:
 
 class Renderer:
     device = "base"
+    simd_bytes = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
+    has_threads = True  # kernels may take a core_id and run on several cores
+
+    def keeps_vector(self, x: UOp) -> bool:
+        """Whether the target computes x (an ALU, CAST or BITCAST with a vector dtype) as one vector op."""
+        return True
 
     def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
         raise NotImplementedError

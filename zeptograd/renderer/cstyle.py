@@ -52,7 +52,21 @@ class CStyleRenderer(Renderer):
     def render_dtype(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):
             return f"{self.render_dtype(dt.base)}*"  # type: ignore[arg-type]
+        if dt.count > 1:
+            return f"zg_{C_TYPES[dt.scalar].replace(' ', '_')}x{dt.count}"
         return C_TYPES[dt]
+
+    def keeps_vector(self, x: UOp) -> bool:
+        """gcc's vector extensions: arithmetic and conversions; no bool vectors, no vector select or max."""
+        dts = [x.dtype.scalar] + [s.dtype.scalar for s in x.src]
+        if any(d in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for d in dts):
+            return False
+        return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.CAST)
+
+    def render_typedefs(self, uops: list[UOp]) -> str:
+        vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
+        return "".join(f"typedef {C_TYPES[d.scalar]} {self.render_dtype(d)} __attribute__((vector_size({d.itemsize})));\n"
+                       for d in sorted((d for d in vecs if d.count > 1), key=lambda d: d.name))
 
     def render_const(self, x, dt: DType) -> str:
         if dtypes.is_float(dt):
@@ -92,6 +106,7 @@ class CStyleRenderer(Renderer):
         lines: list[str] = []
         args: list[tuple[int, str]] = []
         var_names: list[str] = []
+        special: list[UOp] = []
         counts: dict[str, int] = {}
         depth = 1
 
@@ -110,6 +125,9 @@ class CStyleRenderer(Renderer):
             elif op is Ops.DEFINE_VAR:
                 r[u] = u.arg[0]
                 var_names.append(u.arg[0])
+            elif op is Ops.SPECIAL:
+                r[u] = u.arg
+                special.append(u)
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, dt)
             elif op is Ops.DEFINE_REG:
@@ -129,18 +147,40 @@ class CStyleRenderer(Renderer):
                 r[u] = f"({r[src[0]]}+{r[src[1]]})" if src[1].op is not Ops.CONST or src[1].arg != 0 else r[src[0]]
             elif op is Ops.LOAD:
                 idx = src[0]
+                r[u] = new_name("val")
+                if dt.count > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL:  # a vector from a scalar pointer
+                    copy = f"__builtin_memcpy(&{r[u]}, {r[idx]}, {dt.itemsize});"
+                    emit(f"{self.render_dtype(dt)} {r[u]} = {{0}};")
+                    emit(f"if ({r[idx.src[2]]}) {copy}" if len(idx.src) > 2 else copy)
+                    continue
                 load = f"(*{r[idx]})"
                 if len(idx.src) > 2:  # gated: an index outside the valid region reads 0
                     load = f"({r[idx.src[2]]}?{load}:{self.render_const(0, dt)})"
-                r[u] = new_name("val")
                 emit(f"{self.render_dtype(dt)} {r[u]} = {load};")
             elif op is Ops.STORE:
-                idx = src[0]
-                store = f"*{r[idx]} = {r[src[1]]};"
+                idx, val = src
+                if val.dtype.count > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL:
+                    store = f"{{ {self.render_dtype(val.dtype)} t_ = {r[val]}; __builtin_memcpy({r[idx]}, &t_, " \
+                            f"{val.dtype.itemsize}); }}"
+                else:
+                    store = f"*{r[idx]} = {r[val]};"
                 emit(f"if ({r[idx.src[2]]}) {store}" if len(idx.src) > 2 else store)
+            elif op is Ops.VECTORIZE:
+                r[u] = new_name("vec")
+                vt = self.render_dtype(dt)
+                if all(s is src[0] for s in src):
+                    emit(f"{vt} {r[u]} = (({vt}){{0}}) + {r[src[0]]};")  # a splat
+                else:
+                    emit(f"{vt} {r[u]} = ({vt}){{{', '.join(r[s] for s in src)}}};")
+            elif op is Ops.GEP:
+                r[u] = f"{r[src[0]]}[{u.arg[0]}]"
+            elif op in (Ops.GROUP, Ops.NOOP):
+                pass
             elif op is Ops.CAST:
                 r[u] = new_name("cast")
-                emit(f"{self.render_dtype(dt)} {r[u]} = {self.render_cast(dt, src[0].dtype, r[src[0]])};")
+                cast = f"__builtin_convertvector({r[src[0]]}, {self.render_dtype(dt)})" if dt.count > 1 else \
+                    self.render_cast(dt, src[0].dtype, r[src[0]])
+                emit(f"{self.render_dtype(dt)} {r[u]} = {cast};")
             elif op is Ops.BITCAST:
                 r[u] = new_name("bits")
                 for line in self.render_bitcast(dt, src[0].dtype, r[src[0]], r[u]):
@@ -150,6 +190,8 @@ class CStyleRenderer(Renderer):
                 emit(f"{self.render_dtype(dt)} {r[u]} = {self.code_for_op[op](dt, *[r[s] for s in src])};")
             else:
                 raise NotImplementedError(f"the C renderer has no rule for {op}")
-        params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names]
-        code = PRELUDE + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n" + "\n".join(lines) + "\n}\n"
-        return ProgramSpec(name, code, len(args), tuple(var_names))
+        params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names] + [f"int {s.arg}" for s in special]
+        code = PRELUDE + self.render_typedefs(uops) + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n" + \
+            "\n".join(lines) + "\n}\n"
+        cores = special[0].src[0].arg if special else 1
+        return ProgramSpec(name, code, len(args), tuple(var_names), global_size=(cores, 1, 1))

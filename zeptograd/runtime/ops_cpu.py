@@ -1,4 +1,7 @@
-"""The CPU device: C source from the C renderer, compiled by the system C compiler, loaded with ctypes."""
+"""The CPU device. CPU:C: C source from the C renderer, compiled by the system C compiler, loaded with ctypes.
+
+CPU (the default) and CPU:LLVM open the LLVM backend instead: `runtime/ops_llvm.py`.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +12,12 @@ import shutil
 import subprocess
 import tempfile
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
 from zeptograd.helpers import cache_dir
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.cstyle import CStyleRenderer
 
-CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off"]
+CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
 
 
 class NoCompilerError(RuntimeError):
@@ -62,8 +65,11 @@ class CPUProgram:
         self.fxn.restype = None
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
-        # ctypes releases the GIL during the call, so kernels on worker threads run in parallel
-        self.fxn(*[ctypes.c_void_p(p) for p in ptrs], *[ctypes.c_int(v) for v in vals])
+        args = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(v) for v in vals]
+        if self.spec.global_size[0] == 1:
+            self.fxn(*args)
+        else:  # one call per core; ctypes releases the GIL during each
+            run_on_cores(lambda core: self.fxn(*args, ctypes.c_int(core)), self.spec.global_size[0])
 
 
 class CPUDevice(CompiledDevice):
@@ -71,7 +77,12 @@ class CPUDevice(CompiledDevice):
         return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
 
 
-def open_device(name: str) -> CPUDevice:
-    if name not in ("CPU", "CPU:C"):
-        raise ValueError(f"unknown CPU backend {name!r}; available: CPU, CPU:C")
+def open_device(name: str) -> CompiledDevice:
+    """CPU and CPU:LLVM: LLVM IR compiled in-process (CPU_LLVM=0 makes plain CPU the C backend); CPU:C: C and cc."""
+    if name not in ("CPU", "CPU:C", "CPU:LLVM"):
+        raise ValueError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C")
+    if name == "CPU:LLVM" or (name == "CPU" and os.getenv("CPU_LLVM", "1") != "0"):
+        from zeptograd.runtime.ops_llvm import LLVMDevice  # imports llvmlite only now
+
+        return LLVMDevice(name)
     return CPUDevice(name, CStyleRenderer(), CCompiler(), CPUProgram, Allocator())

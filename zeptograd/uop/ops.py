@@ -45,6 +45,7 @@ class Ops(Enum):
     VECTORIZE = auto()  # src=scalars -> one vector
     GEP = auto()  # arg=(lane, ...): lanes of a vector
     SPECIAL = auto()  # arg=name: a thread id
+    GROUP = auto()  # src=statements (stores) that belong together, e.g. the lanes of an expanded store
     NOOP = auto()
     # alu
     CAST = auto()

@@ -1,0 +1,46 @@
+"""Devectorize: split the vector ops a target can't express into lanes, and fold lane shuffles away."""
+
+from __future__ import annotations
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+
+def split_vector_alu(ctx, x: UOp) -> UOp | None:
+    """# op(vector a, vector b) -> VECTORIZE(op(a[0], b[0]), op(a[1], b[1]), ...) where the target lacks it"""
+    n = max([x.dtype.count] + [s.dtype.count for s in x.src])
+    if n == 1 or ctx.keeps_vector(x):
+        return None
+    lanes = tuple(UOp(x.op, x.dtype.scalar, tuple(_lane(s, i) for s in x.src), x.arg) for i in range(n))
+    return UOp(Ops.VECTORIZE, x.dtype.scalar.vec(n), lanes)
+
+
+def _lane(x: UOp, i: int) -> UOp:
+    return x if x.dtype.count == 1 else UOp(Ops.GEP, x.dtype.scalar, (x,), (i,))
+
+
+def fold_gep_vectorize(g: UOp, v: UOp) -> UOp:
+    """# VECTORIZE(a, b, c)[1] -> b"""
+    return v.src[g.arg[0]]
+
+
+def fold_vectorize_gep(v: UOp) -> UOp | None:
+    """# VECTORIZE(x[0], x[1], ..., x[n-1]) -> x"""
+    first = v.src[0]
+    if first.op is not Ops.GEP or first.src[0].dtype != v.dtype:
+        return None
+    if all(s.op is Ops.GEP and s.src[0] is first.src[0] and s.arg == (i,) for i, s in enumerate(v.src)):
+        return first.src[0]
+    return None
+
+
+pm_devectorize = PatternMatcher([
+    (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), split_vector_alu),
+    (UPat(Ops.GEP, name="g", src=(UPat(Ops.VECTORIZE, name="v"),)), fold_gep_vectorize),
+    (UPat(Ops.VECTORIZE, name="v"), fold_vectorize_gep),
+])
+
+
+def is_bool_vector(x: UOp) -> bool:
+    return any(s.dtype.scalar == dtypes.bool and s.dtype.count > 1 for s in (x, *x.src))

@@ -1,0 +1,217 @@
+"""Expander: UPCAST/UNROLL ranges become vector lanes and unrolled copies.
+
+One expanded range (the one most loads and stores walk contiguously, at most a SIMD register wide) becomes the
+lanes of vector values: `RANGE(16, UPCAST)` -> `[0, 1, ..., 15]`, a load whose index steps by 1 along it becomes
+one vector load, ALU ops become vector ops. Every other expanded range is unrolled: each value that depends on
+it exists once per position of it (a register tile for matmul: rows as copies, columns as vectors).
+
+A REDUCE over expanded ranges keeps one accumulator per input copy (several independent accumulators hide the
+add latency, seed 001) unless the output already has several copies (a register tile), in which case the
+copies are added before the accumulator. Vector lanes of a reduced axis are folded once, after the loop
+(seed 000's horizontal reduce).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.symbolic import split_sum, symbolic
+from zeptograd.uop.upat import graph_rewrite
+
+_EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
+CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
+
+
+@dataclass
+class Expanded:
+    axes: tuple[UOp, ...]  # the unrolled ranges this value depends on, by axis id
+    vals: dict[tuple[int, ...], UOp]  # one UOp per position of those ranges
+    vec: bool  # the values are vectors over the vector range's lanes
+
+
+def _size(r: UOp) -> int:
+    return r.src[0].arg
+
+
+def is_contiguous(idx: UOp, r: UOp) -> bool:
+    """idx == (something without r) + r: consecutive lanes of r read consecutive elements."""
+    terms, _ = split_sum(idx)
+    return (r, 1) in terms and all(r not in t.toposort() for t, _ in terms if t is not r)
+
+
+def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | None:
+    scores: dict[UOp, int] = {}
+    for u in ast.toposort():
+        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
+            idx = u.src[1]
+            for r in expanded:
+                if _size(r) <= max_width and is_contiguous(idx, r) and (len(u.src) < 3 or r not in u.src[2].toposort()):
+                    scores[r] = scores.get(r, 0) + 1
+    if not scores:
+        return None
+    return max(scores, key=lambda r: (scores[r], _size(r), -r.arg[0]))
+
+
+class Expander:
+    def __init__(self, ast: UOp, max_vec_bytes: int):
+        self.ast = ast
+        nodes = list(ast.toposort())
+        expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
+        itemsize = max((u.dtype.base.itemsize for u in nodes if u.op is Ops.DEFINE_GLOBAL), default=4)
+        self.v = choose_vector_range(ast, expanded, max(1, max_vec_bytes // itemsize))
+        self.width = _size(self.v) if self.v is not None else 1
+        self.unrolled = [r for r in expanded if r is not self.v]
+        self.deps: dict[UOp, frozenset[UOp]] = {}
+        for u in nodes:
+            own = frozenset([u]) if u in expanded else frozenset()
+            self.deps[u] = own.union(*[self.deps[s] for s in u.src])
+        self.nodes = nodes
+        self.exp: dict[UOp, Expanded] = {}
+
+    # --- helpers ---
+    def axes_of(self, *us: UOp) -> tuple[UOp, ...]:
+        deps = frozenset().union(*[self.deps[u] for u in us])
+        return tuple(r for r in self.unrolled if r in deps)
+
+    def keys(self, axes: tuple[UOp, ...]):
+        return itertools.product(*[range(_size(r)) for r in axes])
+
+    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], vec: bool) -> UOp:
+        e = self.exp[u]
+        val = e.vals[tuple(key[axes.index(a)] for a in e.axes)]
+        return self.broadcast(val) if vec and not e.vec else val
+
+    def broadcast(self, x: UOp) -> UOp:
+        return UOp(Ops.VECTORIZE, x.dtype.vec(self.width), (x,) * self.width)
+
+    def substitute(self, x: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], lane: int | None = None) -> UOp:
+        mapping = {r: UOp.const(dtypes.index, k) for r, k in zip(axes, key)}
+        if lane is not None and self.v is not None:
+            mapping[self.v] = UOp.const(dtypes.index, lane)
+        return graph_rewrite(x.substitute(mapping), symbolic) if mapping else x
+
+    # --- the expansion of each op ---
+    def expand(self) -> UOp:
+        if self.v is None and not self.unrolled:
+            return self.ast
+        for u in self.nodes:
+            self.exp[u] = self.expand_node(u)
+        return self.exp[self.ast].vals[()]
+
+    def expand_node(self, u: UOp) -> Expanded:
+        if u in self.unrolled:
+            return Expanded((u,), {(i,): UOp.const(dtypes.index, i) for i in range(_size(u))}, False)
+        if u is self.v:
+            lanes = tuple(UOp.const(dtypes.index, i) for i in range(self.width))
+            return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(self.width), lanes)}, True)
+        if not self.deps[u]:
+            return Expanded((), {(): u}, False)
+        if u.op is Ops.INDEX:
+            return Expanded((), {(): u}, False)  # LOAD and STORE expand their INDEX themselves
+        if u.op is Ops.LOAD:
+            return self.expand_load(u)
+        if u.op is Ops.STORE:
+            return self.expand_store(u)
+        if u.op is Ops.REDUCE:
+            return self.expand_reduce(u)
+        if u.op is Ops.END:  # the expanded stores end together; expanded ranges are no loops any more
+            keep = [r for r in u.src[1:] if r not in self.unrolled and r is not self.v]
+            return Expanded((), {(): self.exp[u.src[0]].vals[()].end(*keep)}, False)
+        if u.op is Ops.SINK:
+            return Expanded((), {(): UOp(Ops.SINK, dtypes.void, tuple(self.flat_vals(u.src)))}, False)
+        axes = self.axes_of(*u.src)
+        vec = any(self.exp[s].vec for s in u.src)
+        dtype = u.dtype.vec(self.width) if vec else u.dtype
+        vals = {key: UOp(u.op, dtype, tuple(self.get(s, axes, key, vec) for s in u.src), u.arg) for key in self.keys(axes)}
+        return Expanded(axes, vals, vec)
+
+    def flat_vals(self, srcs: tuple[UOp, ...]) -> list[UOp]:
+        return [self.exp[s].vals[k] for s in srcs for k in sorted(self.exp[s].vals)]
+
+    def scalar_index(self, index: UOp, axes, key, lane: int | None = None) -> UOp:
+        return UOp(Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane) for s in index.src[1:]]))
+
+    def lane_indices(self, index: UOp, axes, key) -> list[UOp]:
+        return [self.scalar_index(index, axes, key, lane) for lane in range(self.width)]
+
+    def vector_index(self, index: UOp, axes, key) -> UOp | None:
+        """INDEX(buf, base) for a contiguous vector access of this copy, None if the lanes are not contiguous."""
+        idx = self.substitute(index.src[1], axes, key)
+        valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
+        if not is_contiguous(idx, self.v) or (valid is not None and self.v in valid.toposort()):  # type: ignore[arg-type]
+            return None
+        base = self.substitute(idx, (), (), lane=0)
+        return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
+
+    def expand_load(self, u: UOp) -> Expanded:
+        index = u.src[0]
+        axes, vec = self.axes_of(index), self.v in self.deps[index]
+        vals = {}
+        for key in self.keys(axes):
+            if not vec:
+                vals[key] = UOp(Ops.LOAD, u.dtype, (self.scalar_index(index, axes, key),))
+            elif (vidx := self.vector_index(index, axes, key)) is not None:
+                vals[key] = UOp(Ops.LOAD, u.dtype.vec(self.width), (vidx,))
+            else:  # a gather: one scalar load per lane
+                lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in self.lane_indices(index, axes, key)]
+                vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width), tuple(lanes))
+        return Expanded(axes, vals, vec)
+
+    def expand_store(self, u: UOp) -> Expanded:
+        index, value = u.src
+        axes = self.axes_of(index, value)
+        vec = self.v in self.deps[index]
+        if self.exp[value].vec and not vec:
+            raise RuntimeError("internal error: a vector value stored to one address")
+        stores = []
+        for key in self.keys(axes):
+            val = self.get(value, axes, key, vec)
+            if not vec:
+                stores.append(self.scalar_index(index, axes, key).store(val))
+            elif (vidx := self.vector_index(index, axes, key)) is not None:
+                stores.append(vidx.store(val))
+            else:  # a scatter: one scalar store per lane
+                for lane, i in enumerate(self.lane_indices(index, axes, key)):
+                    stores.append(i.store(UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))))
+        return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))}, False)
+
+    def expand_reduce(self, u: UOp) -> Expanded:
+        x, ranges, op = u.src[0], u.src[1:], u.arg
+        loops = tuple(r for r in ranges if r not in self.unrolled and r is not self.v)
+        red_axes = tuple(r for r in self.unrolled if r in ranges)
+        lanes_reduced = self.v in ranges
+        x_axes = tuple(r for r in self.unrolled if r in self.exp[x].axes or r in red_axes)
+        out_axes = tuple(r for r in x_axes if r not in red_axes)
+        x_vec = self.exp[x].vec or lanes_reduced
+        n_out = 1
+        for r in out_axes:
+            n_out *= _size(r)
+        chain = n_out >= CHAIN_COPIES
+        vals = {}
+        for out_key in self.keys(out_axes):
+            copies = []
+            for red_key in self.keys(red_axes):
+                full = dict(zip(out_axes, out_key)) | dict(zip(red_axes, red_key))
+                copies.append(self.get(x, x_axes, tuple(full[a] for a in x_axes), x_vec))
+            parts = [_fold(copies, op)] if chain else copies
+            dtype = parts[0].dtype
+            accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
+            res = _fold(accs, op)
+            if lanes_reduced:  # one horizontal reduce, after the loop
+                res = _fold([UOp(Ops.GEP, res.dtype.scalar, (res,), (i,)) for i in range(self.width)], op)
+            vals[out_key] = res
+        return Expanded(out_axes, vals, x_vec and not lanes_reduced)
+
+
+def _fold(xs: list[UOp], op: Ops) -> UOp:
+    ret = xs[0]
+    for x in xs[1:]:
+        ret = UOp(op, ret.dtype, (ret, x))
+    return ret
+
+
+def expand(ast: UOp, max_vec_bytes: int = 64) -> UOp:
+    return Expander(ast, max_vec_bytes).expand()

@@ -1,0 +1,102 @@
+"""Optimizer actions: each one changes how a RANGE is emitted, never what the kernel computes.
+
+An action names an axis: an index into `kernel_axes(ast)`, the kernel's RANGEs ordered by axis id (outputs
+first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of seed 003's range splitting:
+
+    RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
+    RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+
+
+class OptOps(Enum):
+    UPCAST = auto()  # an output axis -> vector lanes / unrolled copies
+    UNROLL = auto()  # a reduce axis -> vector lanes / unrolled copies (several accumulators)
+    THREAD = auto()  # an output axis split across CPU cores
+    LOCAL = auto()  # an output axis -> GPU local (work-group) ids
+    GROUP = auto()  # a reduce axis -> GPU local ids, reduced through shared memory
+
+    def __repr__(self):
+        return f"OptOps.{self.name}"
+
+
+@dataclass(frozen=True)
+class Opt:
+    op: OptOps
+    axis: int
+    arg: int
+
+    def __repr__(self):
+        return f"Opt({self.op.name}, {self.axis}, {self.arg})"
+
+
+class OptError(ValueError):
+    pass
+
+
+_EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
+
+
+def kernel_axes(ast: UOp) -> list[UOp]:
+    """The kernel's loops an action can name: RANGEs not yet expanded, by axis id (nesting order)."""
+    return sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] not in _EXPANDED),
+                  key=lambda r: r.arg[0])
+
+
+def _range_size(r: UOp) -> int:
+    if r.src[0].op is not Ops.CONST:
+        raise OptError(f"axis {r.arg[0]} has a symbolic size")
+    return r.src[0].arg
+
+
+def _fix_range_lists(x: UOp) -> UOp | None:
+    """# END/REDUCE(x, ..., outer*amt + inner, ...) -> END/REDUCE(x, ..., outer, inner, ...): ranges stay ranges"""
+    if all(s.op is Ops.RANGE for s in x.src[1:]):
+        return None
+    new: list[UOp] = []
+    for s in x.src[1:]:
+        for r in ([s] if s.op is Ops.RANGE else sorted(s.ranges, key=lambda r: r.arg[0])):
+            if r not in new:
+                new.append(r)
+    return UOp(x.op, x.dtype, (x.src[0], *new), x.arg)
+
+
+pm_fix_range_lists = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _fix_range_lists)])
+
+
+def apply_opt(ast: UOp, opt: Opt) -> UOp:
+    axes = kernel_axes(ast)
+    if not 0 <= opt.axis < len(axes):
+        raise OptError(f"{opt}: the kernel has {len(axes)} axes")
+    r = axes[opt.axis]
+    n, kind = _range_size(r), r.arg[1]
+    if opt.arg <= 0 or n % opt.arg:
+        raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
+    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+        if (opt.op is OptOps.UPCAST) != (kind in (AxisType.LOOP, AxisType.THREAD, AxisType.GLOBAL)):
+            raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
+        inner = UOp.range(opt.arg, next_id, AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL)
+        new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
+    elif opt.op is OptOps.THREAD:
+        if kind is not AxisType.LOOP:
+            raise OptError(f"{opt}: only an output loop can be split across cores")
+        core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
+        new = core * (n // opt.arg) + (UOp.range(n // opt.arg, r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
+    else:
+        raise OptError(f"{opt.op} is not supported on this target")
+    return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
+
+
+def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
+    for opt in opts:
+        ast = apply_opt(ast, opt)
+    return ast

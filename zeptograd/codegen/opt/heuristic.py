@@ -1,0 +1,100 @@
+"""The hand-coded optimizer: which actions to take for a kernel on a CPU with SIMD and several cores.
+
+- the vector axis: the loop most loads and stores walk with stride 1 -> UPCAST (an output axis) or UNROLL
+  (a reduce axis) by the SIMD width (16 floats with AVX-512);
+- a reduce over a vector axis: 4 copies of the vector -> 4 independent accumulators (seed 001);
+- a matmul-like kernel (a reduce whose loads each miss an output axis): a register tile, rows as copies and
+  two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
+- the outermost output loop with enough work -> THREAD across the cores.
+"""
+
+from __future__ import annotations
+
+from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
+from zeptograd.helpers import THREADS, prod
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.symbolic import split_sum
+
+MIN_THREAD_WORK = 1 << 15  # loop iterations below which a second core costs more than it saves
+
+
+def accesses(ast: UOp) -> list[UOp]:
+    """The INDEX nodes of loads and stores into buffers."""
+    return [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL]
+
+
+def stride(idx: UOp, r: UOp) -> int | None:
+    """The coefficient of r in idx when idx is linear in r, 0 if idx does not use r, None otherwise."""
+    terms, _ = split_sum(idx)
+    coef = [c for t, c in terms if t is r]
+    if any(r in t.toposort() for t, _ in terms if t is not r):
+        return None
+    return coef[0] if coef else 0
+
+
+def size(r: UOp) -> int:
+    return r.src[0].arg if r.src[0].op is Ops.CONST else 0
+
+
+def largest_divisor(n: int, options: tuple[int, ...]) -> int:
+    return next((o for o in options if n % o == 0), 1)
+
+
+def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
+    threads = THREADS.value if threads is None else threads
+    opts: list[Opt] = []
+
+    def take(opt: Opt) -> bool:
+        nonlocal ast
+        try:
+            ast = apply_opt(ast, opt)
+        except OptError:
+            return False
+        opts.append(opt)
+        return True
+
+    axes = kernel_axes(ast)
+    if not axes or any(size(r) == 0 for r in axes):
+        return ast, opts
+    idxs = accesses(ast)
+    itemsize = max(u.src[0].dtype.base.itemsize for u in idxs) if idxs else 4
+    width = max(1, simd_bytes // itemsize)
+    total_work = prod(size(r) for r in axes)
+
+    # the vector axis: stride 1 in the most accesses
+    def contiguous_count(r: UOp) -> int:
+        return sum(1 for u in idxs if stride(u.src[1], r) == 1)
+
+    vec_i = max(range(len(axes)), key=lambda i: (contiguous_count(axes[i]), axes[i].arg[1] is AxisType.LOOP, i))
+    vec_r = axes[vec_i]
+    is_reduce = vec_r.arg[1] is AxisType.REDUCE
+    vec_amt = largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4, 2) if w <= width))
+    if contiguous_count(vec_r) and vec_amt > 1:
+        take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
+        axes = kernel_axes(ast)
+        if is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
+            # several independent accumulators hide the add latency
+            take(Opt(OptOps.UNROLL, vec_i, largest_divisor(size(axes[vec_i]), (4, 2))))
+
+    # a register tile when loads each skip an output axis (matmul, conv)
+    has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(ast))
+    loop_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.LOOP]
+    if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(opts) == 1:
+        row = next((r for r in loop_axes if r.arg[0] != vec_r.arg[0] and
+                    any(stride(u.src[1], r) == 0 for u in idxs)), None)
+        if row is not None:
+            axes = kernel_axes(ast)
+            vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
+            if vi is not None:
+                take(Opt(OptOps.UPCAST, vi, largest_divisor(size(axes[vi]), (2,))))
+            axes = kernel_axes(ast)
+            ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
+            take(Opt(OptOps.UPCAST, ri, largest_divisor(size(axes[ri]), (8, 6, 4, 2))))
+
+    # threads: the outermost output loop that splits evenly
+    if threads > 1 and total_work >= MIN_THREAD_WORK:
+        for i, r in enumerate(kernel_axes(ast)):
+            if r.arg[1] is AxisType.LOOP and size(r) % threads == 0:
+                take(Opt(OptOps.THREAD, i, threads))
+                break
+    return ast, opts
