@@ -1,0 +1,352 @@
+"""TinyJit: run a function's kernels again without running the function.
+
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        return ((x @ w) - y).square().mean()
+
+Call 1 runs the function normally (compiling its kernels). Call 2 runs it again while engine/realize.py's
+`capturing` hook records every ScheduleItem that runs. Calls 3+ do not run the function: they replay the
+captured kernels, a pre-built list of (program, pointers) calls in which only the pointers of the input buffers
+change. So the function body runs exactly twice, whatever the number of calls.
+
+What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
+a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
+captured ones. Tensors the function reaches otherwise (a model's weights) are used by their captured buffers.
+
+Outputs (as tinygrad does): the returned tensors are realized; on replay they are fresh Tensor objects backed
+by the captured output buffers, not copies. Call N+1 overwrites the values returned by call N: copy a result
+(`.contiguous().realize()` or `.numpy()`) before the next call if you keep it. Passing a returned tensor back
+in (h = step(h, x)) is safe: an input that aliases a buffer the replay writes is copied first.
+
+Never a silent wrong answer: a JitError when an input's shape, dtype or device changes from the capture, when a
+captured Tensor argument is not a Tensor (or the reverse), when a non-Tensor argument changes, when one buffer
+is passed as two inputs, when tensors are nested in a list/dict argument, when the function returns anything
+but a Tensor or a tuple/list of Tensors (or None), when the capture draws random numbers (a replay would repeat
+them) and (from realize.py) when the function reads tensor values on the host while capturing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from zeptograd.device import Buffer, GlobalCounters
+from zeptograd.engine import realize as _realize
+from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
+from zeptograd.helpers import DEBUG, prod
+from zeptograd.schedule.fold import uniform_const
+from zeptograd.uop.ops import Ops, UOp
+
+
+class JitError(RuntimeError):
+    pass
+
+
+ArgKey = tuple[str, Any]  # ("arg", position) or ("kw", name)
+
+
+def _split_args(args: tuple, kwargs: dict) -> tuple[dict[ArgKey, Any], dict[ArgKey, Any]]:
+    """(the Tensor arguments, the other arguments), each keyed by position or keyword name."""
+    from zeptograd.tensor import Tensor
+
+    tensors: dict[ArgKey, Any] = {}
+    others: dict[ArgKey, Any] = {}
+    items = [(("arg", i), a) for i, a in enumerate(args)] + [(("kw", k), kwargs[k]) for k in sorted(kwargs)]
+    for key, a in items:
+        if isinstance(a, Tensor):
+            tensors[key] = a
+        else:
+            if _holds_tensor(a):
+                raise JitError(f"TinyJit: argument {_name(key)} is a {type(a).__name__} holding tensors; pass each "
+                               f"input tensor as its own argument")
+            others[key] = a
+    return tensors, others
+
+
+def _holds_tensor(a: Any, depth: int = 0) -> bool:
+    from zeptograd.tensor import Tensor
+
+    if isinstance(a, Tensor):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(a, (list, tuple, set, frozenset)):
+        return any(_holds_tensor(x, depth + 1) for x in a)
+    if isinstance(a, dict):
+        return any(_holds_tensor(x, depth + 1) for x in a.values())
+    return False
+
+
+def _name(key: ArgKey) -> str:
+    return f"#{key[1]}" if key[0] == "arg" else repr(key[1])
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        eq = a == b
+        if isinstance(eq, bool):
+            return eq
+        import numpy as np
+
+        return bool(np.array_equal(a, b))
+    except Exception:
+        return False
+
+
+def _outputs(ret: Any) -> list:
+    from zeptograd.tensor import Tensor
+
+    if ret is None:
+        return []
+    if isinstance(ret, Tensor):
+        return [ret]
+    if isinstance(ret, (tuple, list)) and all(isinstance(t, Tensor) for t in ret):
+        return list(ret)
+    raise JitError(f"TinyJit: the function must return a Tensor, a tuple/list of Tensors or None, "
+                   f"not {_describe(ret)}")
+
+
+def _describe(ret: Any) -> str:
+    if isinstance(ret, (tuple, list)):
+        return f"a {type(ret).__name__} of ({', '.join(type(x).__name__ for x in ret)})"
+    return f"a {type(ret).__name__}"
+
+
+def _wrap(ret: Any, outs: list) -> Any:
+    """The outputs in the structure the function returned them."""
+    if ret is None:
+        return None
+    if isinstance(ret, (tuple, list)):
+        return type(ret)(outs)
+    return outs[0]
+
+
+def _whole_buffer(u: UOp) -> Buffer | None:
+    """The Buffer behind a realized tensor's uop (a BUFFER or a reshape of one), else None."""
+    base = u.src[0] if u.op is Ops.RESHAPE else u
+    return buffers[base] if base.op is Ops.BUFFER and base.arg[1] == prod(u.shape) else None
+
+
+def _input_buffer(t) -> Buffer:
+    """The Buffer holding a realized input tensor; a constant tensor is given one (the capture must read memory)."""
+    from zeptograd.tensor import Tensor
+
+    if (b := _whole_buffer(t.uop)) is not None:
+        return b
+    if uniform_const(t.uop) is not None:
+        t.uop = Tensor(t.numpy(), device=t.device, dtype=t.dtype).uop
+        if (b := _whole_buffer(t.uop)) is not None:
+            return b
+    raise JitError(f"TinyJit: an input realized to {t.uop.op.name}, not a whole buffer")
+
+
+def _realized_inputs(tensors: dict[ArgKey, Any]) -> dict[ArgKey, Buffer]:
+    """Each input's Buffer, realizing lazy inputs first; one buffer passed as two inputs is an error."""
+    bufs = {k: b for k, t in tensors.items() if (b := _whole_buffer(t.uop)) is not None}
+    if len(bufs) < len(tensors):
+        from zeptograd.tensor import Tensor
+
+        lazy = [t for k, t in tensors.items() if k not in bufs]
+        Tensor.realize(*lazy)
+        bufs = {k: _input_buffer(t) for k, t in tensors.items()}
+    if len({id(b) for b in bufs.values()}) < len(bufs):
+        seen: dict[int, ArgKey] = {}
+        for k, b in bufs.items():
+            if id(b) in seen:
+                raise JitError(f"TinyJit: arguments {_name(seen[id(b)])} and {_name(k)} are the same buffer; pass "
+                               f"distinct tensors (e.g. x.contiguous() for one of them)")
+            seen[id(b)] = k
+    return bufs
+
+
+def _copy_buffer(b: Buffer) -> Buffer:
+    new = Buffer(b.device, b.size, b.dtype)
+    ctypes.memmove(new.ptr, b.ptr, b.nbytes)
+    return new
+
+
+def _buffer_tensor(buf: Buffer, shape: tuple[int, ...], device: str):
+    from zeptograd.tensor import Tensor
+
+    return Tensor(reshape_uop(new_buffer_uop(buf.device, buf.size, buf.dtype, buf), shape), device=device)
+
+
+@dataclass
+class CapturedJit:
+    """The kernels of one capture, ready to replay."""
+
+    calls: list[tuple[Callable, list[int]]]  # (program, pointer arguments); input slots are patched per call
+    input_slots: list[tuple[int, int, ArgKey]]  # (call index, argument position, the input that goes there)
+    held: list[Buffer]  # intermediate and output buffers (and those the function reached), kept alive
+    written: set[int]  # ids of the buffers the kernels write
+    signature: dict[ArgKey, tuple]  # input -> (shape, dtype, device)
+    others: dict[ArgKey, Any]  # the non-Tensor arguments of the capture
+    outputs: list[tuple]  # ("const", uop, device) | ("in", key, shape, device) | ("buf", Buffer, shape, device)
+    ret: Any  # the capture's return value, for its structure
+    names: list[str] = field(default_factory=list)
+    n_ops: int = 0
+    mem: int = 0
+
+    def replay(self, in_bufs: dict[ArgKey, Buffer]):
+        calls = self.calls
+        for ci, pos, key in self.input_slots:
+            calls[ci][1][pos] = in_bufs[key].ptr
+        if DEBUG >= 2:
+            print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
+        for program, ptrs in calls:
+            program(*ptrs)
+        GlobalCounters.kernel_count += len(calls)
+        GlobalCounters.global_ops += self.n_ops
+        GlobalCounters.global_mem += self.mem
+
+    def drop_inputs(self):
+        """Forget the input pointers between calls (the inputs' memory may be freed and reused)."""
+        for ci, pos, _ in self.input_slots:
+            self.calls[ci][1][pos] = 0
+
+
+class TinyJit:
+    """Decorator: call 1 runs the function, call 2 captures its kernels, calls 3+ replay them (see module doc)."""
+
+    def __init__(self, fxn: Callable):
+        self.fxn = fxn
+        self.cnt = 0  # calls so far
+        self.captured: CapturedJit | None = None
+        functools.update_wrapper(self, fxn)
+
+    def reset(self):
+        """Forget the capture: the next call runs the function again (and the one after captures)."""
+        self.cnt, self.captured = 0, None
+
+    def __get__(self, obj, objtype=None):  # a jitted method: the instance is a (non-Tensor) argument
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def __call__(self, *args, **kwargs):
+        tensors, others = _split_args(args, kwargs)
+        if self.cnt == 0:
+            _realized_inputs(tensors)
+            ret = self.fxn(*args, **kwargs)
+            outs = _outputs(ret)
+            from zeptograd.tensor import Tensor
+
+            if outs or tensors:
+                Tensor.realize(*outs, *tensors.values())
+            self.cnt = 1
+            return ret
+        if self.cnt == 1:
+            ret = self._capture(args, kwargs, tensors, others)
+            self.cnt = 2
+            return ret
+        self.cnt += 1
+        return self._replay(tensors, others)
+
+    # --- call 2 ---
+    def _capture(self, args, kwargs, tensors, others):
+        from zeptograd.tensor import Tensor, _rng_state
+
+        in_bufs = _realized_inputs(tensors)
+        rng_before = dict(_rng_state)
+        items: list = []
+        _realize.capturing.append(items)
+        try:
+            ret = self.fxn(*args, **kwargs)
+            outs = _outputs(ret)
+            if outs or tensors:  # an assign to an input is realized (and captured) too
+                Tensor.realize(*outs, *tensors.values())
+        finally:
+            _realize.capturing.pop()
+        if _rng_state != rng_before:
+            raise JitError("TinyJit: the function draws random numbers (Tensor.rand/randn/...); a replay would repeat "
+                           "the captured ones. Draw them outside and pass them in as inputs")
+        for k, t in tensors.items():
+            if _input_buffer(t) is not in_bufs[k]:
+                raise JitError(f"TinyJit: input {_name(k)} was given a new buffer by the function (an assign that "
+                               f"does not write in place); a replay could not update it")
+        slot_of = {id(b): k for k, b in in_bufs.items()}
+        calls, input_slots, held, written, names = [], [], {}, set(), []
+        n_ops = mem = 0
+        for ci, item in enumerate(items):
+            kernel = _realize.get_kernel(item.device, item.ast)
+            ptrs = []
+            for pos, b in enumerate(item.bufs):
+                if id(b) in slot_of:
+                    input_slots.append((ci, pos, slot_of[id(b)]))
+                    ptrs.append(0)
+                else:
+                    held[id(b)] = b
+                    ptrs.append(b.ptr)
+            for o in getattr(item, "outputs", [0]):
+                if id(item.bufs[o]) not in slot_of:  # ids of held buffers only: they stay unique while held
+                    written.add(id(item.bufs[o]))
+            calls.append((kernel.program, ptrs))
+            names.append(kernel.name)
+            n_ops += kernel.n_ops
+            mem += sum(b.nbytes for b in item.bufs)
+        out_specs = []
+        for t in outs:
+            u = t.uop
+            if uniform_const(u) is not None:
+                out_specs.append(("const", u, t.device))
+                continue
+            base = u.src[0] if u.op is Ops.RESHAPE else u
+            if base.op is not Ops.BUFFER:
+                raise JitError(f"TinyJit: an output realized to {base.op.name}, not a buffer")
+            b = buffers[base]
+            if id(b) in slot_of:
+                out_specs.append(("in", slot_of[id(b)], t.shape, t.device))
+            else:
+                held[id(b)] = b
+                out_specs.append(("buf", b, t.shape, t.device))
+        self.captured = CapturedJit(
+            calls, input_slots, list(held.values()), written,
+            {k: (t.shape, t.dtype, t.device) for k, t in tensors.items()}, others, out_specs, ret, names, n_ops, mem)
+        if DEBUG >= 1:
+            print(f"TinyJit: captured {len(calls)} kernels")
+        return ret
+
+    # --- calls 3+ ---
+    def _replay(self, tensors, others):
+        cap = self.captured
+        assert cap is not None
+        self._check(cap, tensors, others)
+        in_bufs = _realized_inputs(tensors)
+        for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
+            if id(b) in cap.written:
+                in_bufs[k] = _copy_buffer(b)
+        cap.replay(in_bufs)
+        cap.drop_inputs()
+        outs = []
+        for spec in cap.outputs:
+            if spec[0] == "const":
+                from zeptograd.tensor import Tensor
+
+                outs.append(Tensor(spec[1], device=spec[2]))
+            elif spec[0] == "in":  # the function returned an input: the caller's tensor, as an eager call would
+                outs.append(tensors[spec[1]])
+            else:
+                outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
+        return _wrap(cap.ret, outs)
+
+    @staticmethod
+    def _check(cap: CapturedJit, tensors: dict, others: dict):
+        for k in cap.signature.keys() | tensors.keys() | cap.others.keys() | others.keys():
+            if k in cap.signature and k not in tensors:
+                got = type(others[k]).__name__ if k in others else "nothing"
+                raise JitError(f"TinyJit: argument {_name(k)} was a Tensor when the function was captured, now {got}")
+            if k in tensors and k not in cap.signature:
+                raise JitError(f"TinyJit: argument {_name(k)} is a Tensor now but was not one when captured")
+            if k in cap.signature:
+                t = tensors[k]
+                shape, dtype, device = cap.signature[k]
+                if (t.shape, t.dtype, t.device) != (shape, dtype, device):
+                    raise JitError(f"TinyJit: input {_name(k)} is {t.shape} {t.dtype} on {t.device}, but was captured "
+                                   f"as {shape} {dtype} on {device}; use a new TinyJit (or .reset()) for new shapes")
+            elif k not in others or k not in cap.others or not _same_value(others[k], cap.others[k]):
+                raise JitError(f"TinyJit: non-Tensor argument {_name(k)} is {others.get(k, 'missing')!r}, but was "
+                               f"{cap.others.get(k, 'missing')!r} when captured; the capture depends on it")
