@@ -128,12 +128,14 @@ class dtypes:
 
     @staticmethod
     def min(d: DType):
+        d = d.scalar
         if dtypes.is_int(d):
             return 0 if dtypes.is_unsigned(d) else -(2 ** (8 * d.itemsize - 1))
         return False if d == dtypes.bool else -math.inf
 
     @staticmethod
     def max(d: DType):
+        d = d.scalar
         if dtypes.is_int(d):
             return 2 ** (8 * d.itemsize) - 1 if dtypes.is_unsigned(d) else 2 ** (8 * d.itemsize - 1) - 1
         return True if d == dtypes.bool else math.inf

@@ -60,7 +60,8 @@ def get_kernel(device: str, ast: UOp) -> CompiledKernel:
     return ck
 
 
-_COUNTED_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.MULACC}
+_COUNTED_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.MULACC,
+                Ops.REDUCE}
 
 
 def estimate_ops(ast: UOp) -> int:

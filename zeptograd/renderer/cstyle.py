@@ -65,7 +65,9 @@ class CStyleRenderer(Renderer):
 
     def render_typedefs(self, uops: list[UOp]) -> str:
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
-        return "".join(f"typedef {C_TYPES[d.scalar]} {self.render_dtype(d)} __attribute__((vector_size({d.itemsize})));\n"
+        # bool vectors are vectors of bytes (0 or 1): gcc has no _Bool vectors
+        return "".join(f"typedef {'unsigned char' if d.scalar == dtypes.bool else C_TYPES[d.scalar]} "
+                       f"{self.render_dtype(d)} __attribute__((vector_size({d.itemsize})));\n"
                        for d in sorted((d for d in vecs if d.count > 1), key=lambda d: d.name))
 
     def render_const(self, x, dt: DType) -> str:
@@ -168,10 +170,7 @@ class CStyleRenderer(Renderer):
             elif op is Ops.VECTORIZE:
                 r[u] = new_name("vec")
                 vt = self.render_dtype(dt)
-                if all(s is src[0] for s in src):
-                    emit(f"{vt} {r[u]} = (({vt}){{0}}) + {r[src[0]]};")  # a splat
-                else:
-                    emit(f"{vt} {r[u]} = ({vt}){{{', '.join(r[s] for s in src)}}};")
+                emit(f"{vt} {r[u]} = ({vt}){{{', '.join(r[s] for s in src)}}};")
             elif op is Ops.GEP:
                 r[u] = f"{r[src[0]]}[{u.arg[0]}]"
             elif op in (Ops.GROUP, Ops.NOOP):

@@ -61,9 +61,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     width = max(1, simd_bytes // itemsize)
     total_work = prod(size(r) for r in axes)
 
-    # the vector axis: stride 1 in the most accesses
+    # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce outweighs the store)
+    weight = {u: prod(size(r) for r in u.src[1].ranges) for u in idxs}
+
     def contiguous_count(r: UOp) -> int:
-        return sum(1 for u in idxs if stride(u.src[1], r) == 1)
+        return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
 
     vec_i = max(range(len(axes)), key=lambda i: (contiguous_count(axes[i]), axes[i].arg[1] is AxisType.LOOP, i))
     vec_r = axes[vec_i]

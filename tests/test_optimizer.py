@@ -1,0 +1,113 @@
+"""Optimizer actions, the expander and vector accumulators: the code they make, and that values never change."""
+
+import re
+
+import numpy as np
+import pytest
+
+from zeptograd import Context, Tensor
+from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.renderer.cstyle import CStyleRenderer
+from zeptograd.uop.ops import AxisType, Ops
+
+rng = np.random.default_rng(0)
+
+
+def c_source(t: Tensor, opts=None) -> str:
+    (item,) = t.schedule()
+    uops, _ = full_rewrite(item.ast, CStyleRenderer(), opts)
+    return CStyleRenderer().render(kernel_name(item.ast), uops).src
+
+
+def test_upcast_splits_a_range():
+    x = Tensor(np.ones(64, np.float32))
+    (item,) = (x + 1).schedule()
+    before = kernel_axes(item.ast)
+    assert [r.src[0].arg for r in before] == [64]
+    after = apply_opt(item.ast, Opt(OptOps.UPCAST, 0, 16))
+    ranges = sorted((u for u in after.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    assert [(r.src[0].arg, r.arg[1]) for r in ranges] == [(4, AxisType.LOOP), (16, AxisType.UPCAST)]
+    store = next(u for u in after.toposort() if u.op is Ops.STORE)
+    outer, inner = ranges
+    assert store.src[0].src[1] is outer * 16 + inner  # RANGE(64) -> RANGE(4)*16 + RANGE(16, UPCAST)
+
+
+def test_bad_actions_raise():
+    x = Tensor(np.ones(12, np.float32))
+    (item,) = (x + 1).schedule()
+    with pytest.raises(OptError, match="does not divide"):
+        apply_opt(item.ast, Opt(OptOps.UPCAST, 0, 5))
+    with pytest.raises(OptError, match="UNROLL reduce axes"):
+        apply_opt(item.ast, Opt(OptOps.UNROLL, 0, 4))
+    with pytest.raises(OptError, match="axes"):
+        apply_opt(item.ast, Opt(OptOps.UPCAST, 3, 2))
+
+
+def test_seed000_vector_accumulator_in_the_c():
+    x = Tensor.rand(1 << 16).realize()
+    src = c_source(x.sum())
+    loop = src[src.index("for (") : src.rindex("}\n  ")]
+    after = src[src.rindex("}\n  ") :]
+    assert re.search(r"zg_floatx16 alu\d+ = \(val\d+\+val\d+\);", loop)  # acc = acc + val, 16 lanes at once
+    assert not re.search(r"\[\d+\]", loop)  # never a lane of a vector inside the loop
+    assert re.search(r"alu\d+\[15\]", after)  # the lanes are summed once, after it
+    assert src.count("zg_floatx16 acc") == 4  # four accumulators hide the add latency
+
+
+def test_matmul_register_tile():
+    a, b = Tensor(rng.standard_normal((64, 32), dtype=np.float32)), Tensor(rng.standard_normal((32, 64), np.float32))
+    (item,) = (a.reshape(64, 1, 32) * b.permute(1, 0).reshape(1, 64, 32)).sum(2).schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    upcasts = [o for o in opts if o.op is OptOps.UPCAST]
+    assert len(upcasts) == 3  # 16-wide columns, two of them, and several rows
+    src = c_source((a.reshape(64, 1, 32) * b.permute(1, 0).reshape(1, 64, 32)).sum(2))
+    inner = src[src.rindex("for (") :]
+    assert len(re.findall(r"zg_floatx16 alu\d+ = \(\(.*\*.*\)\+val\d+\);", inner)) >= 8  # FMAs into the tile
+
+
+def test_debug3_prints_the_actions(capsys):
+    x = Tensor(rng.standard_normal((64, 64), dtype=np.float32))
+    with Context(DEBUG=3):
+        (x * 3).sum(axis=1).realize()
+    assert "Opt(UNROLL" in capsys.readouterr().out
+
+
+CASES = {
+    "add": lambda a, b: a + b,
+    "fma_relu": lambda a, b: (a * b + a).relu(),
+    "row_sum": lambda a, b: (a * b).sum(axis=-1),
+    "col_max": lambda a, b: a.max(axis=0),
+    "full_sum": lambda a, b: a.sum(),
+    "softmax": lambda a, b: (a - a.max(-1, keepdim=True)).exp() / (a - a.max(-1, keepdim=True)).exp().sum(-1, keepdim=True),
+    "matmul": lambda a, b: (a.reshape(a.shape[0], 1, a.shape[1]) * b.permute(1, 0).reshape(1, *b.shape[::-1])).sum(2),
+    "int_sum": lambda a, b: (a * 100).cast("int").sum(axis=0),
+}
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (17, 33), (48, 16), (1, 100)])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_optimized_noopt_and_one_thread_agree(case, shape):
+    an = rng.standard_normal(shape, dtype=np.float32)
+    bn = rng.standard_normal(shape, dtype=np.float32)
+    if case == "matmul":
+        bn = rng.standard_normal(shape[::-1], dtype=np.float32)
+    fn = CASES[case]
+    outs = []
+    for ctx in ({}, {"NOOPT": 1}, {"THREADS": 1}):
+        with Context(**ctx):
+            outs.append(fn(Tensor(an), Tensor(bn)).numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[0], outs[2], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1 << 15, (1 << 15) + 16, 3 * 5 * 7 * 64])
+def test_threaded_kernels_match_one_thread(n):
+    x = rng.standard_normal(n, dtype=np.float32)
+    with Context(THREADS=2):
+        two = (Tensor(x) * 2 + 1).numpy()
+    with Context(THREADS=1):
+        one = (Tensor(x) * 2 + 1).numpy()
+    np.testing.assert_array_equal(two, one)
+    np.testing.assert_allclose(two, x * 2 + 1, rtol=1e-6)
