@@ -1,0 +1,1 @@
+"""Benchmarks: zeptograd against numpy and torch (`python -m bench`, see bench/run.py)."""

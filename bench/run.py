@@ -1,0 +1,637 @@
+"""zeptograd against numpy and torch on the same machine, in one process.
+
+    python -m bench                      # every case, a table on stdout (a few minutes)
+    python -m bench --only softmax --only matmul --json out.json
+    python -m bench --quick              # tiny sizes: checks that the harness runs, times mean nothing
+
+Each case is timed for each implementation: one warm-up call (zeptograd compiles its kernels there), then the
+median of several calls. zeptograd is timed end to end as a user sees it (build the graph, schedule, run, realize;
+the CPU runtime is synchronous), with the time spent inside kernels alongside. torch runs with
+torch.set_num_threads(THREADS) (env THREADS, default os.cpu_count()), the count zeptograd's threads read.
+Two probes measure the machine: memory bandwidth (numpy and zeptograd copy/sum of 256 MiB, the best of them is
+the limit) and FMA throughput (numpy/torch matmul, the practical peak); each case's ratio to its limit is printed.
+Benchmarks are never tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+if __package__ in (None, ""):  # `python bench/run.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np
+
+IMPLS = ("zeptograd", "numpy", "torch")
+BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def threads() -> int:
+    return int(os.getenv("THREADS") or os.cpu_count() or 1)
+
+
+# ***** timing *****
+
+
+@dataclass
+class Timing:
+    median_s: float
+    runs: int
+    kernel_s: float | None = None  # zeptograd: median time inside kernels (GlobalCounters.time_sum_s)
+
+
+def measure(fn: Callable[[], Any], quick: bool, budget_s: float = 2.0, max_runs: int = 10,
+            counters: bool = False) -> Timing:
+    """One warm-up call, then the median of several calls (fewer when one call is slow)."""
+    from zeptograd import GlobalCounters
+
+    t0 = time.perf_counter()
+    fn()
+    warm = time.perf_counter() - t0
+    if quick:
+        budget_s, max_runs = 0.05, 2
+    min_runs = 1 if warm > 3.0 else min(3, max_runs)
+    times, kernel = [], []
+    start = time.perf_counter()
+    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < budget_s):
+        k0 = GlobalCounters.time_sum_s
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        kernel.append(GlobalCounters.time_sum_s - k0)
+    return Timing(statistics.median(times), len(times), statistics.median(kernel) if counters else None)
+
+
+def measure_loop(fn: Callable[[], Any], n: int) -> float:
+    """Seconds per call of a cheap fn: the median of 5 batches of n calls, after a warm-up batch."""
+    for _ in range(n):
+        fn()
+    batches = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        batches.append((time.perf_counter() - t) / n)
+    return statistics.median(batches)
+
+
+# ***** cases *****
+
+
+@dataclass
+class Spec:
+    """What one case runs: a callable per implementation (None: n/a), and how to turn seconds into a rate."""
+
+    runners: dict[str, Callable[[], Any] | None]
+    kind: str  # "bw" (GB/s from nbytes), "flops" (GFLOPS from flops), "rate" (per second), "latency" (time)
+    nbytes: int = 0
+    flops: int = 0
+    note: str = ""
+    loop: int = 0  # >0: cheap calls, timed as batches of `loop` calls
+
+
+@dataclass
+class CaseResult:
+    name: str
+    kind: str
+    note: str = ""
+    seconds: dict[str, float | None] = field(default_factory=dict)
+    kernel_seconds: float | None = None
+    metric: dict[str, float | None] = field(default_factory=dict)  # GB/s, GFLOPS or per second
+    unit: str = ""
+    ratio_to_best_peer: float | None = None  # zeptograd time / the best peer's time (>1: slower)
+    fraction_of_limit: float | None = None  # zeptograd's GB/s or GFLOPS / the machine's probe
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _np(shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+
+
+def _zg(arr):
+    from zeptograd import Tensor
+
+    return Tensor(arr).realize()
+
+
+def _torch():
+    try:
+        import torch
+
+        torch.set_num_threads(threads())
+        return torch
+    except ImportError:
+        return None
+
+
+def _peers(np_fn, torch_fn):
+    return {"numpy": np_fn, "torch": torch_fn if _torch() is not None else None}
+
+
+def case_sum(q):
+    n = 2**12 if q else 2**24
+    a = _np(n)
+    za, ta = _zg(a), _torch().from_numpy(a) if _torch() else None
+    return Spec({"zeptograd": lambda: za.sum().realize(), **_peers(lambda: a.sum(), lambda: ta.sum())},
+                "bw", nbytes=a.nbytes, note=f"{n} f32")
+
+
+def case_add(q):
+    n = 2**12 if q else 2**24
+    a, b = _np(n, 1), _np(n, 2)
+    za, zb = _zg(a), _zg(b)
+    t = _torch()
+    ta, tb = (t.from_numpy(a), t.from_numpy(b)) if t else (None, None)
+    return Spec({"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
+                "bw", nbytes=3 * a.nbytes, note=f"{n} f32")
+
+
+def case_mul_add_relu(q):
+    n = 2**12 if q else 2**24
+    a, b, c = _np(n, 1), _np(n, 2), _np(n, 3)
+    za, zb, zc = _zg(a), _zg(b), _zg(c)
+    t = _torch()
+    ta, tb, tc = (t.from_numpy(a), t.from_numpy(b), t.from_numpy(c)) if t else (None,) * 3
+    return Spec({"zeptograd": lambda: (za * zb + zc).relu().realize(),
+                 **_peers(lambda: np.maximum(a * b + c, 0), lambda: (ta * tb + tc).relu())},
+                "bw", nbytes=4 * a.nbytes, note=f"(a*b+c).relu() {n} f32")
+
+
+def _square(q):
+    return 64 if q else 4096
+
+
+def case_sum_last_axis(q):
+    n = _square(q)
+    x = _np((n, n))
+    zx = _zg(x)
+    t = _torch()
+    tx = t.from_numpy(x) if t else None
+    return Spec({"zeptograd": lambda: zx.sum(axis=1).realize(), **_peers(lambda: x.sum(axis=1), lambda: tx.sum(1))},
+                "bw", nbytes=x.nbytes + n * 4, note=f"({n},{n})")
+
+
+def _zg_softmax(x):
+    if hasattr(x, "softmax"):
+        return x.softmax(-1)
+    e = (x - x.max(axis=-1, keepdim=True)).exp()
+    return e / e.sum(axis=-1, keepdim=True)
+
+
+def _np_softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def case_softmax(q):
+    n = _square(q)
+    x = _np((n, n))
+    zx = _zg(x)
+    t = _torch()
+    tx = t.from_numpy(x) if t else None
+    from zeptograd import Tensor
+
+    how = "Tensor.softmax" if hasattr(Tensor, "softmax") else "composed max/exp/sum"
+    return Spec({"zeptograd": lambda: _zg_softmax(zx).realize(),
+                 **_peers(lambda: _np_softmax(x), lambda: t.softmax(tx, -1))},
+                "bw", nbytes=2 * x.nbytes, note=f"({n},{n}) {how}")
+
+
+def _zg_layernorm(x, eps=1e-5):
+    if hasattr(x, "layernorm"):
+        return x.layernorm(axis=-1, eps=eps)
+    mean = x.mean(axis=-1, keepdim=True)
+    xc = x - mean
+    var = (xc * xc).mean(axis=-1, keepdim=True)
+    return xc * (var + eps).rsqrt()
+
+
+def _np_layernorm(x, eps=1e-5):
+    mean = x.mean(axis=-1, keepdims=True)
+    xc = x - mean
+    return xc / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
+
+
+def case_layernorm(q):
+    n = _square(q)
+    x = _np((n, n))
+    zx = _zg(x)
+    t = _torch()
+    tx = t.from_numpy(x) if t else None
+    from zeptograd import Tensor
+
+    how = "Tensor.layernorm" if hasattr(Tensor, "layernorm") else "composed mean/var"
+    return Spec({"zeptograd": lambda: _zg_layernorm(zx).realize(),
+                 **_peers(lambda: _np_layernorm(x), lambda: t.nn.functional.layer_norm(tx, (n,)))},
+                "bw", nbytes=2 * x.nbytes, note=f"({n},{n}) {how}")
+
+
+def _zg_matmul(a, b):
+    from zeptograd import Tensor
+
+    if hasattr(Tensor, "__matmul__"):
+        return a @ b
+    (m, k), n = a.shape, b.shape[1]
+    bt = b.T if hasattr(b, "T") else b.permute(1, 0)
+    return (a.reshape(m, 1, k) * bt.reshape(1, n, k)).sum(2)
+
+
+def matmul_how() -> str:
+    from zeptograd import Tensor
+
+    return "a @ b" if hasattr(Tensor, "__matmul__") else "(a.reshape(M,1,K)*b.T.reshape(1,N,K)).sum(2)"
+
+
+def _case_matmul(n_full):
+    def case(q):
+        n = max(n_full // 32, 16) if q else n_full
+        a, b = _np((n, n), 1), _np((n, n), 2)
+        za, zb = _zg(a), _zg(b)
+        t = _torch()
+        ta, tb = (t.from_numpy(a), t.from_numpy(b)) if t else (None, None)
+        return Spec({"zeptograd": lambda: _zg_matmul(za, zb).realize(), **_peers(lambda: a @ b, lambda: ta @ tb)},
+                    "flops", flops=2 * n**3, note=f"{n}^3 via {matmul_how()}")
+
+    return case
+
+
+def _np_conv2d(x, w):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))  # N,C,H,W,3,3
+    return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+
+
+def case_conv2d(q):
+    from zeptograd import Tensor
+
+    bs, c, hw = (2, 8, 8) if q else (8, 64, 56)
+    x, w = _np((bs, c, hw, hw), 1), _np((c, c, 3, 3), 2) * 0.1
+    t = _torch()
+    tx, tw = (t.from_numpy(x), t.from_numpy(w)) if t else (None, None)
+    flops = 2 * bs * c * hw * hw * c * 9
+    zg = None
+    if hasattr(Tensor, "conv2d"):
+        zx, zw = _zg(x), _zg(w)
+        zg = lambda: zx.conv2d(zw, padding=1).realize()  # noqa: E731
+    peers = _peers(lambda: _np_conv2d(x, w), lambda: t.nn.functional.conv2d(tx, tw, padding=1))
+    return Spec({"zeptograd": zg, **peers},
+                "flops", flops=flops, note=f"({bs},{c},{hw},{hw})x({c},{c},3,3) pad 1" +
+                ("" if zg else "; zeptograd: n/a (not implemented)"))
+
+
+def _mlp_data(bs, q):
+    d_in, d_h, d_out = (32, 16, 10) if q else (784, 512, 10)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((bs, d_in), dtype=np.float32)
+    y = np.eye(d_out, dtype=np.float32)[rng.integers(0, d_out, bs)]
+    ws = [(rng.standard_normal(s, dtype=np.float32) * 0.05) for s in ((d_in, d_h), (d_h,), (d_h, d_out), (d_out,))]
+    return x, y, ws
+
+
+def _np_mlp_step(x, y, ws, lr=0.01):
+    w1, b1, w2, b2 = ws
+    h = np.maximum(x @ w1 + b1, 0)
+    logits = h @ w2 + b2
+    e = np.exp(logits - logits.max(1, keepdims=True))
+    p = e / e.sum(1, keepdims=True)
+    g = (p - y) / x.shape[0]  # d(mean cross-entropy)/d logits
+    gw2, gb2 = h.T @ g, g.sum(0)
+    gh = (g @ w2.T) * (h > 0)
+    gw1, gb1 = x.T @ gh, gh.sum(0)
+    for w, gw in zip(ws, (gw1, gb1, gw2, gb2)):
+        w -= lr * gw
+
+
+def _zg_mlp(x, y, ws, lr=0.01):
+    from zeptograd import Tensor
+
+    params = [Tensor(w.copy(), requires_grad=True).realize() for w in ws]
+    zx, zy = _zg(x), _zg(y)
+    has_assign = hasattr(Tensor, "assign")
+
+    def step():
+        w1, b1, w2, b2 = params
+        h = (_zg_matmul(zx, w1) + b1).relu()
+        logits = _zg_matmul(h, w2) + b2
+        m = logits.max(axis=1, keepdim=True)
+        logp = logits - m - (logits - m).exp().sum(axis=1, keepdim=True).log()
+        loss = -(logp * zy).sum(axis=1).mean()
+        loss.backward()
+        new = [(p.detach() - lr * p.grad).realize() for p in params]
+        for i, (p, n) in enumerate(zip(params, new)):
+            if has_assign:
+                p.assign(n).realize()
+                p.grad = None
+            else:
+                params[i] = Tensor(n.uop, requires_grad=True)
+        return loss
+
+    return step
+
+
+def case_mlp_step(q):
+    from zeptograd import Tensor
+
+    bs = 16 if q else 256
+    x, y, ws = _mlp_data(bs, q)
+    np_ws = [w.copy() for w in ws]
+    t = _torch()
+    tstep = None
+    if t:
+        tws = [t.tensor(w, requires_grad=True) for w in ws]
+        tx, ty = t.from_numpy(x), t.from_numpy(y)
+
+        def tstep():
+            w1, b1, w2, b2 = tws
+            logits = t.relu(tx @ w1 + b1) @ w2 + b2
+            loss = -(t.log_softmax(logits, 1) * ty).sum(1).mean()
+            loss.backward()
+            with t.no_grad():
+                for w in tws:
+                    w -= 0.01 * w.grad
+                    w.grad = None
+
+    zg = _zg_mlp(x, y, ws) if hasattr(Tensor, "backward") else None
+    note = f"{x.shape[1]}-{ws[0].shape[1]}-10 batch {bs} SGD" + ("" if zg else "; zeptograd: n/a (no autograd)")
+    return Spec({"zeptograd": zg, "numpy": lambda: _np_mlp_step(x, y, np_ws), "torch": tstep}, "rate", note=note)
+
+
+def case_first_call(q):
+    """A never-compiled elementwise kernel: unique constants, so neither the kernel cache nor the disk cache hit."""
+    n = 1024
+    x = np.abs(_np(n))
+    zx = _zg(x)
+    t = _torch()
+    tx = t.from_numpy(x) if t else None
+    rng = random.Random(time.time_ns())
+
+    def zg():
+        c1, c2 = rng.randint(1, 2**22) / 64.0, rng.randint(1, 2**22) / 128.0
+        (zx * c1 + c2).sqrt().exp2().numpy()
+
+    c = 1.2345
+    return Spec({"zeptograd": zg, **_peers(lambda: np.exp2(np.sqrt(x * c + c)), lambda: (tx * c + c).sqrt().exp2())},
+                "latency", note=f"build+schedule+compile+run+numpy, {n} f32")
+
+
+def _small(q):
+    a, b = _np(16, 1), _np(16, 2)
+    t = _torch()
+    return a, b, _zg(a), _zg(b), t, (t.from_numpy(a), t.from_numpy(b)) if t else (None, None)
+
+
+def case_overhead(q):
+    a, b, za, zb, t, (ta, tb) = _small(q)
+    return Spec({"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
+                "latency", note="(a+b).realize() on 16 f32, eager", loop=20 if q else 300)
+
+
+def case_overhead_jit(q):
+    import zeptograd
+
+    a, b, za, zb, t, (ta, tb) = _small(q)
+    jit = getattr(zeptograd, "TinyJit", None)
+    f = jit(lambda x, y: x + y) if jit else None
+    return Spec({"zeptograd": (lambda: f(za, zb)) if f else None, **_peers(lambda: a + b, lambda: ta + tb)},
+                "latency", note="TinyJit(a+b) replay on 16 f32" + ("" if f else "; n/a (no TinyJit)"),
+                loop=20 if q else 2000)
+
+
+CASES: dict[str, Callable[[bool], Spec]] = {
+    "sum": case_sum,
+    "add": case_add,
+    "mul_add_relu": case_mul_add_relu,
+    "sum_last_axis": case_sum_last_axis,
+    "softmax": case_softmax,
+    "layernorm": case_layernorm,
+    "matmul_512": _case_matmul(512),
+    "matmul_1024": _case_matmul(1024),
+    "matmul_2048": _case_matmul(2048),
+    "conv2d": case_conv2d,
+    "mlp_step": case_mlp_step,
+    "first_call": case_first_call,
+    "overhead": case_overhead,
+    "overhead_jit": case_overhead_jit,
+}
+
+
+def select(only: list[str] | None) -> list[str]:
+    """Case names for --only values: an exact name, else every case it prefixes ('matmul' -> matmul_*)."""
+    if not only:
+        return list(CASES)
+    wanted = [w for o in only for w in o.split(",") if w]
+    match = {w: [w] if w in CASES else [n for n in CASES if n.startswith(w + "_")] for w in wanted}
+    unknown = [w for w, names in match.items() if not names]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; cases: {', '.join(CASES)}")
+    chosen = {n for names in match.values() for n in names}
+    return [n for n in CASES if n in chosen]
+
+
+def run_case(name: str, quick: bool) -> CaseResult:
+    spec = CASES[name](quick)
+    res = CaseResult(name, spec.kind, spec.note)
+    for impl in IMPLS:
+        fn = spec.runners.get(impl)
+        if fn is None:
+            res.seconds[impl] = None
+            continue
+        try:
+            if spec.loop:
+                res.seconds[impl] = measure_loop(fn, spec.loop)
+            elif spec.kind == "latency":  # every call is a first call: no warm-up to drop
+                ts = []
+                for _ in range(2 if quick else 5):
+                    t = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t)
+                res.seconds[impl] = statistics.median(ts)
+            else:
+                tm = measure(fn, quick, counters=impl == "zeptograd")
+                res.seconds[impl] = tm.median_s
+                if impl == "zeptograd":
+                    res.kernel_seconds = tm.kernel_s
+        except Exception as e:  # a broken implementation is a row in the table, not a crash
+            res.seconds[impl] = None
+            res.errors[impl] = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+    res.unit = {"bw": "GB/s", "flops": "GFLOPS", "rate": "steps/s", "latency": "us"}[spec.kind]
+    for impl, s in res.seconds.items():
+        if s is None or s <= 0:
+            res.metric[impl] = None
+        elif spec.kind == "bw":
+            res.metric[impl] = spec.nbytes / s / 1e9
+        elif spec.kind == "flops":
+            res.metric[impl] = spec.flops / s / 1e9
+        elif spec.kind == "rate":
+            res.metric[impl] = 1 / s
+        else:
+            res.metric[impl] = s * 1e6
+    peers = [s for i, s in res.seconds.items() if i != "zeptograd" and s]
+    if res.seconds.get("zeptograd") and peers:
+        res.ratio_to_best_peer = res.seconds["zeptograd"] / min(peers)
+    return res
+
+
+# ***** probes: the machine's limits *****
+
+
+def _bw_numpy(a: np.ndarray, quick: bool) -> dict[str, float]:
+    dst = np.empty_like(a)
+    return {"numpy_copy_GBps": 2 * a.nbytes / measure(lambda: np.copyto(dst, a), quick).median_s / 1e9,
+            "numpy_read_GBps": a.nbytes / measure(lambda: a.sum(), quick).median_s / 1e9}
+
+
+def _bw_zeptograd(a: np.ndarray, quick: bool) -> dict[str, Any]:
+    try:
+        za = _zg(a)
+        return {"zeptograd_copy_GBps": 2 * a.nbytes / measure(lambda: za.contiguous().realize(), quick).median_s / 1e9,
+                "zeptograd_read_GBps": a.nbytes / measure(lambda: za.sum().realize(), quick).median_s / 1e9}
+    except Exception as e:
+        return {"zeptograd_probe_error": f"{type(e).__name__}: {e}"}
+
+
+def probes(quick: bool) -> dict[str, Any]:
+    """Bandwidth: a copy (read + write counted) and a read of 256 MiB; FMA: a 2048^3 matmul."""
+    a = np.ones((2**20 if quick else 2**28) // 4, np.float32)
+    out: dict[str, Any] = {**_bw_numpy(a, quick), **_bw_zeptograd(a, quick)}
+    del a
+    gc.collect()
+    bw = [v for k, v in out.items() if k.endswith("GBps")]
+    out["bandwidth_limit_GBps"] = max(bw)
+    m = 256 if quick else 2048
+    x, y = _np((m, m), 1), _np((m, m), 2)
+    out["numpy_matmul_GFLOPS"] = 2 * m**3 / measure(lambda: x @ y, quick).median_s / 1e9
+    t = _torch()
+    if t:
+        tx, ty = t.from_numpy(x), t.from_numpy(y)
+        out["torch_matmul_GFLOPS"] = 2 * m**3 / measure(lambda: tx @ ty, quick).median_s / 1e9
+    out["fma_peak_GFLOPS"] = max(v for k, v in out.items() if k.endswith("GFLOPS"))
+    return out
+
+
+# ***** the whole run *****
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    t = _torch()
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads(), "python": platform.python_version(),
+            "numpy": np.__version__, "torch": t.__version__ if t else None,
+            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ}}
+
+
+def run_bench(only: list[str] | None = None, quick: bool = False, progress: bool = True,
+              with_probes: bool = True) -> dict[str, Any]:
+    """Run the selected cases (and the probes); returns {"machine", "limits", "cases": [CaseResult as dict]}."""
+    from tqdm import tqdm
+
+    names = select(only)
+    steps = (["probes"] if with_probes else []) + names
+    results, limits = [], {}
+    bar = tqdm(steps, desc="bench", unit="case", disable=not progress, file=sys.stderr, leave=False)
+    for step in bar:
+        bar.set_postfix_str(step)
+        if step == "probes":
+            limits = probes(quick)
+            continue
+        res = run_case(step, quick)
+        zg = res.metric.get("zeptograd")
+        if zg and limits:
+            lim = {"bw": limits["bandwidth_limit_GBps"], "flops": limits["fma_peak_GFLOPS"]}.get(res.kind)
+            res.fraction_of_limit = zg / lim if lim else None
+        results.append(res)
+        gc.collect()
+    bar.close()
+    return {"machine": machine_info(), "quick": quick, "limits": limits, "cases": [asdict(r) for r in results]}
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def _fmt_num(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    m, lim = report["machine"], report["limits"]
+    lines = [f"zeptograd bench: {m['cpu']}, {m['cpu_count']} cpus, THREADS={m['threads']} "
+             f"(torch.set_num_threads), numpy {m['numpy']}, torch {m['torch']}, python {m['python']}"
+             + (" [--quick: tiny sizes, times mean nothing]" if report.get("quick") else "")]
+    for k, v in m["blas_env"].items():
+        lines.append(f"WARNING: {k}={v} is set: it can slow numpy's BLAS (left as is)")
+    if lim:
+        bw = ", ".join(f"{k.removesuffix('_GBps')} {v:.1f}" for k, v in lim.items()
+                       if k.endswith("GBps") and k != "bandwidth_limit_GBps")
+        fl = ", ".join(f"{k.removesuffix('_GFLOPS')} {v:.0f}" for k, v in lim.items()
+                       if k.endswith("GFLOPS") and k != "fma_peak_GFLOPS")
+        lines.append(f"limits: bandwidth {lim['bandwidth_limit_GBps']:.1f} GB/s ({bw}); "
+                     f"FMA peak {lim['fma_peak_GFLOPS']:.0f} GFLOPS ({fl})")
+        if "zeptograd_probe_error" in lim:
+            lines.append(f"  zeptograd probe failed: {lim['zeptograd_probe_error']}")
+    hdr = (f"{'case':<14} {'zeptograd':>10} {'(kernels)':>10} {'numpy':>10} {'torch':>10}  {'unit':<7} "
+           f"{'zg':>7} {'numpy':>7} {'torch':>7} {'zg/best':>8} {'zg/limit':>8}  note")
+    lines += [hdr, "-" * len(hdr)]
+    for c in report["cases"]:
+        s, mt = c["seconds"], c["metric"]
+        r = c["ratio_to_best_peer"]
+        ratio = "-" if not r else f"{r:.2f}x" if r < 10 else f"{r:.1f}x" if r < 100 else f"{r:.0f}x"
+        frac = f"{c['fraction_of_limit'] * 100:.0f}%" if c["fraction_of_limit"] else "-"
+        kern = _fmt_time(c["kernel_seconds"]) if c["kernel_seconds"] else ""
+        metric = [_fmt_num(mt.get(i)) if c["unit"] != "us" else "" for i in IMPLS]
+        note = c["note"] + "".join(f"; {i} error: {e}" for i, e in c["errors"].items())
+        lines.append(f"{c['name']:<14} {_fmt_time(s.get('zeptograd')):>10} {kern:>10} {_fmt_time(s.get('numpy')):>10} "
+                     f"{_fmt_time(s.get('torch')):>10}  {c['unit'] if c['unit'] != 'us' else 'time':<7} "
+                     f"{metric[0]:>7} {metric[1]:>7} {metric[2]:>7} {ratio:>8} {frac:>8}  {note}")
+    lines.append("zg/best: zeptograd's time / the fastest peer's (>1 is slower); zg/limit: zeptograd's GB/s or "
+                 "GFLOPS / the probe's; (kernels): zeptograd's time inside kernels")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--only", action="append", metavar="NAME",
+                    help=f"run only this case (repeatable; a prefix like 'matmul' selects all): {', '.join(CASES)}")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and few runs (a smoke test of the harness)")
+    ap.add_argument("--no-probes", action="store_true", help="skip the bandwidth and FMA probes")
+    args = ap.parse_args(argv)
+    for k in BLAS_ENV:
+        if k in os.environ:
+            print(f"WARNING: {k}={os.environ[k]} is set: it can slow numpy's BLAS (left as is)", file=sys.stderr)
+    t0 = time.perf_counter()
+    report = run_bench(args.only, quick=args.quick, with_probes=not args.no_probes)
+    report["wall_s"] = time.perf_counter() - t0
+    print(format_report(report))
+    print(f"(whole run: {report['wall_s']:.0f} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1, default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
+
+
+if __name__ == "__main__":
+    main()
