@@ -133,8 +133,13 @@ class CStyleRenderer(Renderer):
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, dt)
             elif op is Ops.DEFINE_REG:
-                r[u] = new_name("acc")
-                emit(f"{self.render_dtype(dt.base)} {r[u]}[{dt.size}];")  # type: ignore[attr-defined]
+                name = new_name("acc")
+                if dt.size == 1:  # a plain variable, so the compiler keeps it in a register
+                    emit(f"{self.render_dtype(dt.base)} {name};")  # type: ignore[attr-defined]
+                    r[u] = f"(&{name})"
+                else:
+                    emit(f"{self.render_dtype(dt.base)} {name}[{dt.size}];")  # type: ignore[attr-defined]
+                    r[u] = name
             elif op is Ops.RANGE:
                 r[u] = f"ridx{u.arg[0]}"
                 emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
