@@ -9,6 +9,7 @@ from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.transcendental import pm_transcendental
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import Ops, UOp
@@ -30,6 +31,8 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink, opts = optimize(ast, renderer, opts)
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
+    if renderer.alu_transcendentals:
+        sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
     sink = graph_rewrite(sink, pm_reduce_to_acc, ctx=AccContext(range_scopes(sink)))  # REDUCE -> accumulator
     sink = merge_ends(sink)  # accumulators over the same loops share them
