@@ -33,8 +33,9 @@ def linearize(sink: UOp) -> list[UOp]:
     pending = {u: len(ds) for u, ds in deps.items()}
 
     def priority(u: UOp) -> tuple[int, int]:
-        rank = 0 if u.op is Ops.END else 2 if u.op is Ops.RANGE else 1
-        return (rank, order[u])
+        if u.op is Ops.RANGE:
+            return (2, u.arg[0])  # ready loops open in axis order: the optimizer's nesting
+        return (0 if u.op is Ops.END else 1, order[u])
 
     ready = [(priority(u), order[u], u) for u, n in pending.items() if n == 0]
     heapq.heapify(ready)

@@ -133,13 +133,13 @@ class CStyleRenderer(Renderer):
             elif op is Ops.CONST:
                 r[u] = self.render_const(u.arg, dt)
             elif op is Ops.DEFINE_REG:
-                name = new_name("acc")
+                acc = new_name("acc")
                 if dt.size == 1:  # a plain variable, so the compiler keeps it in a register
-                    emit(f"{self.render_dtype(dt.base)} {name};")  # type: ignore[attr-defined]
-                    r[u] = f"(&{name})"
+                    emit(f"{self.render_dtype(dt.base)} {acc};")  # type: ignore[attr-defined]
+                    r[u] = f"(&{acc})"
                 else:
-                    emit(f"{self.render_dtype(dt.base)} {name}[{dt.size}];")  # type: ignore[attr-defined]
-                    r[u] = name
+                    emit(f"{self.render_dtype(dt.base)} {acc}[{dt.size}];")  # type: ignore[attr-defined]
+                    r[u] = acc
             elif op is Ops.RANGE:
                 r[u] = f"ridx{u.arg[0]}"
                 emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")

@@ -23,6 +23,7 @@ class OptOps(Enum):
     THREAD = auto()  # an output axis split across CPU cores
     LOCAL = auto()  # an output axis -> GPU local (work-group) ids
     GROUP = auto()  # a reduce axis -> GPU local ids, reduced through shared memory
+    SWAP = auto()  # exchange the nesting of two output axes (arg: the other axis)
 
     def __repr__(self):
         return f"OptOps.{self.name}"
@@ -58,15 +59,15 @@ def _range_size(r: UOp) -> int:
 
 
 def _fix_range_lists(x: UOp) -> UOp | None:
-    """# END/REDUCE(x, ..., outer*amt + inner, ...) -> END/REDUCE(x, ..., outer, inner, ...): ranges stay ranges"""
-    if all(s.op is Ops.RANGE for s in x.src[1:]):
-        return None
+    """# END/REDUCE(x, ..., outer*amt + inner, ...) -> END/REDUCE(x, ..., outer, inner, ...): ranges stay ranges,
+    listed outermost first"""
     new: list[UOp] = []
     for s in x.src[1:]:
-        for r in ([s] if s.op is Ops.RANGE else sorted(s.ranges, key=lambda r: r.arg[0])):
+        for r in ([s] if s.op is Ops.RANGE else s.ranges):
             if r not in new:
                 new.append(r)
-    return UOp(x.op, x.dtype, (x.src[0], *new), x.arg)
+    new.sort(key=lambda r: r.arg[0])
+    return None if tuple(new) == x.src[1:] else UOp(x.op, x.dtype, (x.src[0], *new), x.arg)
 
 
 pm_fix_range_lists = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _fix_range_lists)])
@@ -78,7 +79,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         raise OptError(f"{opt}: the kernel has {len(axes)} axes")
     r = axes[opt.axis]
     n, kind = _range_size(r), r.arg[1]
-    if opt.arg <= 0 or n % opt.arg:
+    if opt.op is not OptOps.SWAP and (opt.arg <= 0 or n % opt.arg):
         raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
     next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
@@ -86,6 +87,12 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
         inner = UOp.range(opt.arg, next_id, AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL)
         new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
+    elif opt.op is OptOps.SWAP:
+        if not 0 <= opt.arg < len(axes) or opt.arg == opt.axis or axes[opt.arg].arg[1] is not kind:
+            raise OptError(f"{opt}: SWAP needs two different axes of the same kind")
+        other = axes[opt.arg]
+        a, b = UOp.range(r.src[0], other.arg[0], kind), UOp.range(other.src[0], r.arg[0], kind)
+        return graph_rewrite(graph_substitute(ast, {r: a, other: b}), pm_fix_range_lists)
     elif opt.op is OptOps.THREAD:
         if kind is not AxisType.LOOP:
             raise OptError(f"{opt}: only an output loop can be split across cores")

@@ -92,6 +92,12 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             axes = kernel_axes(ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
             take(Opt(OptOps.UPCAST, ri, largest_divisor(size(axes[ri]), (8, 6, 4, 2))))
+            # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
+            axes = kernel_axes(ast)
+            ri = next((i for i, r in enumerate(axes) if r.arg[0] == row.arg[0]), None)
+            vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
+            if ri is not None and vi is not None and ri < vi:
+                take(Opt(OptOps.SWAP, ri, vi))
 
     # threads: the outermost output loop that splits evenly
     if threads > 1 and total_work >= MIN_THREAD_WORK:
