@@ -1,92 +1,122 @@
-"""Tensor: the user's API. Every op builds a tensor-graph UOp; nothing runs until a result is needed."""
+"""Tensor: the user's API. Every op builds a tensor-graph UOp; nothing runs until a result is needed.
+
+The class is assembled from one mixin per family of ops, each composed from the few primitive UOps:
+  tensor.py           construction, running (realize, numpy, assign), autograd entry points, creation, and the
+                      movement primitives (reshape, permute, expand, pad, shrink, flip)
+  ops_elementwise.py  binary arithmetic with broadcasting and dtype promotion, comparisons, bitwise ops, casts
+  ops_math.py         unary math and activations
+  ops_movement.py     composite movement: squeeze ... cat, stack, repeat, roll, sliding windows, rearrange
+  ops_reduce.py       reductions, scans, softmax, sort and topk
+  ops_nn.py           matmul and einsum, convolutions, pooling, normalization, losses, attention
+  ops_index.py        __getitem__ / __setitem__, gather, scatter, masked ops, nonzero
+  ops_random.py       random numbers and initializers
+Gradients are rewrite rules over the primitive UOps, in gradient.py.
+"""
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import Any
+import weakref
+from contextlib import ContextDecorator
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zeptograd.device import Device
-from zeptograd.dtype import (
-    DType,
-    DTypeLike,
-    dtypes,
-    from_numpy_dtype,
-    least_upper_dtype,
-    least_upper_float,
-    sum_acc_dtype,
-    to_dtype,
-    to_numpy_dtype,
-)
+from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
-from zeptograd.helpers import prod
+from zeptograd.ops_elementwise import ElementwiseMixin
+from zeptograd.ops_index import IndexMixin
+from zeptograd.ops_math import MathMixin
+from zeptograd.ops_movement import MovementMixin
+from zeptograd.ops_nn import NNMixin
+from zeptograd.ops_random import RandomMixin
+from zeptograd.ops_reduce import ReduceMixin
 from zeptograd.schedule.fold import const_broadcast
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.tensor_helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
+from zeptograd.uop.ops import GroupOp, Ops, UOp
 
-ConstType = float | int | bool
-
-
-def _normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
-    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
-    if not isinstance(axis, int) or not lo <= axis <= hi:
-        raise IndexError(f"{what} {axis} is out of range for a tensor of {ndim} dimension(s) (expected {lo}..{hi})")
-    return axis + ndim if axis < 0 else axis
+_grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
+_grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
+_assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
 
 
-def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    nd = max(len(s) for s in shapes)
-    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
-                             f"(sizes {sorted(sizes)} meet in one dimension)")
-        out.append(sizes.pop() if sizes else (0 if 0 in dims else 1))
-    return tuple(out)
-
-
-_rng_state = {"seed": 0, "counter": 0}
-
-
-class Tensor:
+class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
     """A lazy n-dimensional array. Ops build a graph; `realize()`, `numpy()`, `item()`, `tolist()` run it."""
 
     __slots__ = ("uop", "device", "requires_grad", "grad", "__weakref__")
+    training: ClassVar[bool] = False
+    _grad_off: ClassVar[int] = 0  # > 0 inside `no_grad`
+
+    class train(ContextDecorator):
+        """`with Tensor.train():` sets Tensor.training (dropout is active only then)."""
+
+        def __init__(self, mode: bool = True):
+            self.mode = mode
+
+        def __enter__(self):
+            self.prev, Tensor.training = Tensor.training, self.mode
+
+        def __exit__(self, *exc):
+            Tensor.training = self.prev
+
+    class no_grad(ContextDecorator):
+        """`with Tensor.no_grad():` ops inside build graphs that gradients do not flow through (torch.no_grad)."""
+
+        def __enter__(self):
+            Tensor._grad_off += 1
+
+        def __exit__(self, *exc):
+            Tensor._grad_off -= 1
 
     def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
                  requires_grad: bool | None = None):
         device = Device.canonicalize(device)
-        dtype = to_dtype(dtype) if dtype is not None else None
-        self.requires_grad, self.grad = requires_grad, None
+        dt = to_dtype(dtype) if dtype is not None else None
+        self.requires_grad, self.grad, self.device = None, None, device
         if isinstance(data, UOp):
-            self.uop, self.device = data, device
+            self.uop = data
             return
         if isinstance(data, Tensor):
             data = data.numpy()
-        if isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)) and not isinstance(data, np.ndarray):
-            dt = dtype or (from_numpy_dtype(np.asarray(data).dtype) if isinstance(data, np.generic)
-                           else dtypes.from_py(data))
-            self.uop, self.device = const_broadcast(data, dt, device, ()), device
-            return
+        if isinstance(data, PY_CONST) and not isinstance(data, np.ndarray):
+            if dt is None:
+                dt = from_numpy_dtype(np.asarray(data).dtype) if isinstance(data, np.generic) else dtypes.from_py(data)
+            if not requires_grad:
+                self.uop = const_broadcast(data, dt, device, ())
+                return
+            data = np.asarray(data)  # a constant that requires grad gets its own buffer: constants are interned
         if isinstance(data, (list, tuple)):
-            dt = dtype or dtypes.from_py(data) if len(data) else (dtype or dtypes.default_float)
+            dt = dt or (dtypes.from_py(data) if len(data) else dtypes.default_float)
             try:
-                arr = np.array(data, dtype=to_numpy_dtype(dt))
+                arr = np.array(data, dtype=to_numpy_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
             except ValueError as e:
                 raise ValueError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
                 raise TypeError(f"numpy dtype {data.dtype} is not supported by zeptograd "
                                 f"(supported: bool, int8..int64, uint8..uint64, float16, float32, float64)")
-            dt = dtype or from_numpy_dtype(data.dtype)
+            dt = dt or from_numpy_dtype(data.dtype)
             arr = data.astype(to_numpy_dtype(dt)) if dt != dtypes.bfloat16 else data.astype(np.float32)
         else:
             raise TypeError(f"can't make a Tensor from {type(data).__name__}")
         if dt == dtypes.bfloat16:
             arr = (np.asarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        self.uop, self.device = _buffer_uop(arr, dt, device), device
+        self.uop = _buffer_uop(arr, dt, device)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    def _new(self, uop: UOp) -> Tensor:
+        """The Tensor of a UOp built from this tensor's (and others') UOps: it requires grad if a source does."""
+        ret = Tensor(uop, device=self.device)
+        if any(s in _grad_uops for s in uop.src):
+            if Tensor._grad_off:
+                ret.uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+            else:
+                _grad_uops.add(uop)
+                ret.requires_grad = True
+        return ret
 
     # ***** properties *****
     @property
@@ -114,7 +144,7 @@ class Tensor:
         return dtypes.is_float(self.dtype)
 
     def size(self, dim: int | None = None):
-        return self.shape if dim is None else self.shape[_normalize_axis(dim, self.ndim, "dim")]
+        return self.shape if dim is None else self.shape[normalize_axis(dim, self.ndim, "dim")]
 
     def __len__(self) -> int:
         if self.ndim == 0:
@@ -122,7 +152,7 @@ class Tensor:
         return self.shape[0]
 
     def __repr__(self):
-        return f"<Tensor {self.shape} {self.dtype} on {self.device}>"
+        return f"<Tensor {self.shape} {self.dtype} on {self.device}{' requires_grad' if self.requires_grad else ''}>"
 
     def __hash__(self):
         return id(self)
@@ -139,15 +169,27 @@ class Tensor:
         return schedule_tensors([self, *lst])
 
     def realize(self, *lst: Tensor) -> Tensor:
+        """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
         from zeptograd.engine.realize import realize_tensors
 
-        realize_tensors([self, *lst])
+        tensors = [self, *lst]
+        keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
+        realize_tensors(tensors)  # substitutes the realized buffer wherever the graph is used again
+        for t, u in keep:
+            t.uop = u
         return self
+
+    def _realized_uop(self) -> UOp:
+        """The BUFFER view or constant holding this tensor's value, running what it needs."""
+        from zeptograd.engine.realize import realized
+
+        self.realize()
+        return realized.get(self.uop, self.uop)
 
     def numpy(self) -> np.ndarray:
         from zeptograd.engine.realize import tensor_to_numpy
 
-        return tensor_to_numpy(self)
+        return tensor_to_numpy(Tensor(self._realized_uop(), device=self.device))
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -162,22 +204,106 @@ class Tensor:
         return memoryview(self.numpy())
 
     def detach(self) -> Tensor:
-        return self._new(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+        return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), device=self.device, requires_grad=False)
 
-    def contiguous(self) -> Tensor:
+    def contiguous(self, **kwargs) -> Tensor:
         return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
+    def contiguous_backward(self) -> Tensor:
+        return self  # the gradient is computed lazily and scheduled as a whole: nothing to force
+
     def clone(self) -> Tensor:
-        return self.contiguous()
+        """A copy with its own buffer."""
+        return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self)
 
     def to(self, device: str | None) -> Tensor:
         device = Device.canonicalize(device)
-        if device == self.device:
-            return self
-        return Tensor(self.numpy(), device=device)
+        return self if device == self.device else Tensor(self.numpy(), device=device)
 
-    def _new(self, uop: UOp) -> Tensor:
-        return Tensor(uop, device=self.device)
+    def to_(self, device: str | None) -> Tensor:
+        return self.replace(self.to(device))
+
+    def replace(self, x: Tensor) -> Tensor:
+        if x.shape != self.shape:
+            raise ValueError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
+        self.uop, self.device = x.uop, x.device
+        return self
+
+    def assign(self, x: Tensor | ConstType | list | tuple) -> Tensor:
+        """Write x into this tensor, lazily: a buffer-backed tensor gets an ASSIGN whose kernel stores into its
+        buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
+        from zeptograd.engine.realize import realized
+        from zeptograd.schedule.rangeify import substitute_realized
+
+        if not isinstance(x, Tensor):
+            x = Tensor(x, device=self.device, dtype=self.dtype)
+        if x.device != self.device:
+            raise ValueError(f"assign across devices: {x.device} into {self.device}")
+        if x.uop is self.uop:
+            return self
+        x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
+        target = realized.get(self.uop, self.uop)
+        value = substitute_realized([x.uop], realized)[0]
+        if target.op is Ops.ASSIGN:  # not run yet: fold into one write whose value reads the previous value
+            value, target = value.substitute({target: target.src[1]}), target.src[0]
+        if _buffer_base(target) is None:
+            self.uop = value
+        else:
+            if _reads_target_elsewhere(target, value):
+                value = UOp(Ops.CONTIGUOUS, value.dtype, (value,))
+            self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
+        if x.uop in _grad_uops:
+            _grad_uops.add(self.uop)
+        return self
+
+    # ***** autograd *****
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.requires_grad = requires_grad
+        if not requires_grad:
+            _grad_leaves.pop(id(self), None)
+            return self
+        if not any(u.op is Ops.BUFFER for u in self.uop.toposort()):  # constants are interned: give it a buffer
+            self.uop = Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self).uop
+        _grad_uops.add(self.uop)
+        _grad_leaves[id(self)] = self
+        return self
+
+    def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+        """d(self)/d(target) for each target, as lazy tensors; self must be a scalar unless `gradient` is given."""
+        from zeptograd.gradient import compute_gradient
+
+        root_grad = self._root_grad(gradient)
+        nodes = self.uop.toposort()
+        for t in targets:
+            if t.uop not in nodes:
+                raise ValueError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
+        grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
+        return [grads[t.uop] if t.uop in grads else t.zeros_like() for t in targets]
+
+    def backward(self, gradient: Tensor | None = None) -> Tensor:
+        """Accumulate d(self)/d(leaf) into `.grad` of every tensor created with requires_grad=True in the graph."""
+        from zeptograd.gradient import compute_gradient
+
+        root_grad = self._root_grad(gradient)
+        nodes = self.uop.toposort()
+        leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad and t.uop in nodes]
+        if not leaves:
+            raise RuntimeError("backward: no tensor in this graph requires grad (create one with requires_grad=True)")
+        grads = compute_gradient(self.uop, root_grad, {t.uop for t in leaves})
+        for t in leaves:
+            if (g := grads.get(t.uop)) is not None:
+                t.grad = g if t.grad is None else t.grad + g
+        return self
+
+    def _root_grad(self, gradient: Tensor | None) -> Tensor:
+        if gradient is None:
+            if self.numel() != 1:
+                raise RuntimeError(f"backward/gradient of a non-scalar tensor of shape {self.shape} needs a gradient "
+                                   f"argument of that shape")
+            return self.ones_like()
+        if gradient.shape != self.shape:
+            raise ValueError(f"the gradient's shape {gradient.shape} must equal the tensor's shape {self.shape}")
+        return gradient.cast(self.dtype)
 
     # ***** creation *****
     @staticmethod
@@ -191,28 +317,32 @@ class Tensor:
 
     @staticmethod
     def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
-             device: str | None = None) -> Tensor:
-        shape = Tensor._shape_arg(shape if isinstance(shape, tuple) else (shape,))
+             device: str | None = None, requires_grad: bool | None = None, **kwargs) -> Tensor:
+        shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         device = Device.canonicalize(device)
-        return Tensor(const_broadcast(fill_value, dt, device, shape), device=device)
+        ret = Tensor(const_broadcast(fill_value, dt, device, shape), device=device)
+        return ret.requires_grad_(True) if requires_grad else ret
 
     @staticmethod
-    def zeros(*shape, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 0, dtype=dtype or dtypes.default_float, device=device)
+    def zeros(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
+        return Tensor.full(Tensor._shape_arg(shape), 0, dtype=dtype or dtypes.default_float, **kwargs)
 
     @staticmethod
-    def ones(*shape, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 1, dtype=dtype or dtypes.default_float, device=device)
+    def ones(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
+        return Tensor.full(Tensor._shape_arg(shape), 1, dtype=dtype or dtypes.default_float, **kwargs)
 
     @staticmethod
-    def empty(*shape, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+    def empty(*shape, dtype: DTypeLike | None = None, device: str | None = None,
+              requires_grad: bool | None = None) -> Tensor:
         shape = Tensor._shape_arg(shape)
         dt, device = to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
-        return Tensor(reshape_uop(new_buffer_uop(device, prod(shape), dt), shape), device=device)
+        ret = Tensor(reshape_uop(new_buffer_uop(device, prod(shape), dt), shape), device=device)
+        return ret.requires_grad_(True) if requires_grad else ret
 
-    def full_like(self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device)
+    def full_like(self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None,
+                  **kwargs) -> Tensor:
+        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device, **kwargs)
 
     def zeros_like(self, **kwargs) -> Tensor:
         return self.full_like(0, **kwargs)
@@ -220,68 +350,59 @@ class Tensor:
     def ones_like(self, **kwargs) -> Tensor:
         return self.full_like(1, **kwargs)
 
-    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
-        return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device)
+    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
+        return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device, **kwargs)
+
+    def const_like(self, b: ConstType, dtype: DType | None = None) -> Tensor:
+        return Tensor.full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
+
+    @staticmethod
+    def _iota(n: int, device: str | None) -> Tensor:
+        device = Device.canonicalize(device)
+        return Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), n), device=device)
 
     @staticmethod
     def arange(start: ConstType, stop: ConstType | None = None, step: ConstType = 1,
-               dtype: DTypeLike | None = None, device: str | None = None) -> Tensor:
+               dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
         if stop is None:
             start, stop = 0, start
         if step == 0:
             raise ValueError("arange: step must not be 0")
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(0, math.ceil((stop - start) / step))
-        device = Device.canonicalize(device)
-        iota = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), n), device=device)
-        return (iota.cast(dt) * step + start).cast(dt)
+        ret = (Tensor._iota(n, device).cast(dt) * step + start).cast(dt)
+        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
     @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        _rng_state["seed"], _rng_state["counter"] = int(seed), 0
+    def linspace(start: ConstType, stop: ConstType, steps: int, dtype: DTypeLike | None = None,
+                 device: str | None = None, **kwargs) -> Tensor:
+        if steps < 0:
+            raise ValueError(f"linspace: steps must be non-negative, got {steps}")
+        dt = to_dtype(dtype or dtypes.default_float)
+        if steps == 1:
+            return Tensor.full((1,), start, dtype=dt, device=device, **kwargs)
+        step = (stop - start) / max(steps - 1, 1)
+        i = Tensor._iota(steps, device).cast(dtypes.float32 if dt != dtypes.float64 else dt)
+        half = steps // 2  # as torch: the first half counts up from start, the second half down from stop
+        ret = (i < half).where(i * step + start, stop - (steps - 1 - i) * step).cast(dt)
+        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
     @staticmethod
-    def _random_bits(shape: tuple[int, ...], device: str | None) -> Tensor:
-        """uint32 bits from a counter-based hash: (seed, counter + i) -> bits, so no state lives on the device."""
-        n = prod(shape)
-        counter = _rng_state["counter"]
-        _rng_state["counter"] += n
-        device = Device.canonicalize(device)
-        idx = Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), n), device=device).cast(dtypes.uint32)
-        x = (idx + ((counter + 0x6A09E667) & 0xFFFFFFFF)) ^ ((_rng_state["seed"] * 0x9E3779B9) & 0xFFFFFFFF)
-        for mul in (0x7FEB352D, 0x846CA68B):  # a 32-bit integer hash with good avalanche (lowbias32)
-            x = (x ^ (x >> 16)) * mul
-        x = x ^ (x >> 15) ^ ((_rng_state["seed"] >> 32) & 0xFFFFFFFF)
-        return x.reshape(shape)
+    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
+            **kwargs) -> Tensor:
+        m = n if m is None else m
+        if n < 0 or m < 0:
+            raise ValueError(f"eye needs non-negative sizes, got {n}, {m}")
+        ret = (Tensor._iota(n, device).reshape(n, 1) == Tensor._iota(m, device).reshape(1, m))
+        ret = ret.cast(to_dtype(dtype or dtypes.default_float))
+        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
-    @staticmethod
-    def rand(*shape, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
-        shape = Tensor._shape_arg(shape)
-        bits = Tensor._random_bits(shape, device)
-        out = (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))  # 24 random bits -> [0, 1)
-        return out.cast(to_dtype(dtype or dtypes.default_float)).contiguous()
-
-    @staticmethod
-    def randn(*shape, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
-        shape = Tensor._shape_arg(shape)
-        u = Tensor.rand(2, *shape, device=device)
-        u1, u2 = u[0], u[1]
-        out = (1.0 - u1).log().mul(-2.0).sqrt() * (u2 * (2 * math.pi)).cos()  # Box-Muller
-        return out.cast(to_dtype(dtype or dtypes.default_float)).contiguous()
-
-    @staticmethod
-    def uniform(*shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return (Tensor.rand(*shape, **kwargs) * (high - low) + low).cast(to_dtype(dtype or dtypes.default_float))
-
-    @staticmethod
-    def normal(*shape, mean: float = 0.0, std: float = 1.0, **kwargs) -> Tensor:
-        return Tensor.randn(*shape, **kwargs) * std + mean
-
-    # ***** movement *****
+    # ***** movement primitives (one UOp each; composites are in ops_movement.py) *****
     def reshape(self, shape, *args) -> Tensor:
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape, *args)
+        shape = argfix(shape, *args)
         if shape.count(-1) > 1:
             raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+        shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
         if -1 in shape:
             known = prod(s for s in shape if s != -1)
             if known == 0 or self.numel() % known:
@@ -299,10 +420,10 @@ class Tensor:
         return self.reshape(shape, *args)
 
     def permute(self, order, *args) -> Tensor:
-        order = tuple(order) if isinstance(order, (tuple, list)) else (order, *args)
+        order = argfix(order, *args)
         if len(order) != self.ndim:
             raise ValueError(f"permute order {order} must name each of the {self.ndim} dimensions of {self.shape}")
-        norm = tuple(_normalize_axis(o, self.ndim, "permute dimension") for o in order)
+        norm = tuple(normalize_axis(o, self.ndim, "permute dimension") for o in order)
         if sorted(norm) != list(range(self.ndim)):
             raise ValueError(f"permute order {order} is not a permutation of the dimensions of {self.shape}")
         if norm == tuple(range(self.ndim)):
@@ -310,34 +431,39 @@ class Tensor:
         return self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), norm))
 
     def expand(self, shape, *args) -> Tensor:
-        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape, *args)
+        shape = argfix(shape, *args)
         if len(shape) < self.ndim:
             raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
         src = (1,) * (len(shape) - self.ndim) + self.shape
-        new = tuple(s if n == -1 else n for s, n in zip(src, shape))
+        new = tuple(s if n in (-1, None) else n for s, n in zip(src, shape))
         if any(s != n and s != 1 for s, n in zip(src, new)):
             raise ValueError(f"can't expand shape {self.shape} to {shape}: only size-1 dimensions can grow")
         x = self.reshape(src)
         return x if new == x.shape else x._new(UOp(Ops.EXPAND, self.dtype, (x.uop,), new))
 
-    def pad(self, padding, mode: str = "constant", value: ConstType = 0.0) -> Tensor:
-        """`padding` is ((before, after), ...) per dimension (None for none), or a flat torch-style tuple
-        (left, right, top, bottom, ...) starting at the last dimension."""
-        if mode != "constant":
-            raise NotImplementedError(f"pad mode {mode!r} is not implemented yet; only 'constant'")
+    def _pad_pairs(self, padding) -> list[tuple[int, int]]:
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
-            pairs = [(0, 0)] * (self.ndim - len(padding) // 2) + \
-                [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
-        else:
-            if len(padding) != self.ndim:
-                raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
-            pairs = [(0, 0) if p is None else tuple(p) for p in padding]
+            return [(0, 0)] * (self.ndim - len(padding) // 2) + \
+                [(int(padding[i]), int(padding[i + 1])) for i in range(len(padding) - 2, -1, -2)]
+        if len(padding) != self.ndim:
+            raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+        return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
+
+    def pad(self, padding, mode: str = "constant", value: ConstType = 0.0) -> Tensor:
+        """`padding` is ((before, after), ...) per dimension (None for none), or a flat torch-style tuple
+        (left, right, top, bottom, ...) starting at the last dimension. Negative padding crops.
+        Modes: constant (with `value`), reflect, replicate, circular."""
+        pairs = self._pad_pairs(padding)
+        if mode not in ("constant", "reflect", "replicate", "circular"):
+            raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
         if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
             x = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
-            return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), value=value)
-        arg = tuple((int(b), int(a)) for b, a in pairs)
+            return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode=mode, value=value)
+        if mode != "constant":
+            return self._pad_mode(pairs, mode)
+        arg = tuple(pairs)
         if all(p == (0, 0) for p in arg):
             return self
         x = self._new(UOp(Ops.PAD, self.dtype, (self.uop,), arg))
@@ -345,6 +471,28 @@ class Tensor:
             return x
         mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device).pad(arg)
         return mask.where(x, value)
+
+    def _pad_mode(self, pairs: list[tuple[int, int]], mode: str) -> Tensor:
+        x = self
+        for d, (b, a) in enumerate(pairs):
+            if b == a == 0:
+                continue
+            n = x.shape[d]
+            limit = n - 1 if mode == "reflect" else n if mode == "circular" else math.inf
+            if max(b, a) > limit or n == 0:
+                raise ValueError(f"{mode} padding ({b}, {a}) is too large for dimension {d} of size {n}")
+            def part(lo: int, hi: int) -> Tensor:
+                return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+            if mode == "reflect":
+                left, right = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
+            elif mode == "replicate":
+                edge = [s if i != d else 1 for i, s in enumerate(x.shape)]
+                left = part(0, 1).expand(*edge[:d], b, *edge[d + 1:])
+                right = part(n - 1, n).expand(*edge[:d], a, *edge[d + 1:])
+            else:
+                left, right = part(n - b, n), part(0, a)
+            x = left.cat(x, right, dim=d)
+        return x
 
     def shrink(self, arg) -> Tensor:
         if len(arg) != self.ndim:
@@ -358,441 +506,46 @@ class Tensor:
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
 
     def flip(self, axis, *args) -> Tensor:
-        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis, *args)
-        axes = {_normalize_axis(a, self.ndim) for a in axes}
+        axes = {normalize_axis(a, self.ndim) for a in argfix(axis, *args)}
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
 
-    def squeeze(self, dim: int | None = None) -> Tensor:
-        if dim is None:
-            return self.reshape(tuple(s for s in self.shape if s != 1))
-        d = _normalize_axis(dim, self.ndim, "dim")
-        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1 :])
 
-    def unsqueeze(self, dim: int) -> Tensor:
-        d = _normalize_axis(dim, self.ndim + 1, "dim")
-        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+Tensor.inference_mode = Tensor.no_grad  # type: ignore[attr-defined]
+Tensor.test = Tensor.no_grad  # type: ignore[attr-defined]
 
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        if self.ndim == 0:
-            return self.reshape(1)
-        s, e = _normalize_axis(start_dim, self.ndim, "dim"), _normalize_axis(end_dim, self.ndim, "dim")
-        return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
-    def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
-        order = list(range(self.ndim))
-        a, b = _normalize_axis(dim0, self.ndim, "dim"), _normalize_axis(dim1, self.ndim, "dim")
-        order[a], order[b] = order[b], order[a]
-        return self.permute(order)
-
-    @property
-    def T(self) -> Tensor:
-        return self.permute(tuple(range(self.ndim))[::-1])
-
-    def __getitem__(self, indices) -> Tensor:
-        if not isinstance(indices, tuple):
-            indices = (indices,)
-        if any(isinstance(i, Tensor) for i in indices):
-            raise NotImplementedError("indexing with a Tensor is not implemented yet")
-        n_real = sum(1 for i in indices if i is not None and i is not Ellipsis)
-        if n_real > self.ndim:
-            raise IndexError(f"too many indices ({n_real}) for a tensor of shape {self.shape}")
-        if sum(1 for i in indices if i is Ellipsis) > 1:
-            raise IndexError("an index can only have a single ellipsis")
-        if Ellipsis in indices:
-            e = indices.index(Ellipsis)
-            indices = indices[:e] + (slice(None),) * (self.ndim - n_real) + indices[e + 1 :]
-        indices = indices + (slice(None),) * (self.ndim - n_real)
-        shrink, flips, final_shape, dim = [], [], [], 0
-        for idx in indices:
-            if idx is None:
-                final_shape.append(1)
-                continue
-            size = self.shape[dim]
-            if isinstance(idx, (int, np.integer)) and not isinstance(idx, bool):
-                i = int(idx)
-                if not -size <= i < size:
-                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-                i = i + size if i < 0 else i
-                shrink.append((i, i + 1))
-            elif isinstance(idx, slice):
-                start, stop, step = idx.indices(size)
-                if step < 0:
-                    raise NotImplementedError("slices with a negative step are not implemented yet")
-                n = max(0, ceil_div(stop - start, step))
-                if step == 1:
-                    shrink.append((start, start + n))
-                else:
-                    shrink.append((start, start + (n - 1) * step + 1) if n else (start, start))
-                    flips.append((dim, step, n))
-                final_shape.append(n)
-            else:
-                raise TypeError(f"can't index a tensor with {type(idx).__name__} {idx!r}")
-            dim += 1
-        x = self.shrink(tuple(shrink))
-        for d, step, n in flips:  # strided slice: pad to a multiple of step, reshape, take column 0
-            if n == 0:
-                continue
-            shape = x.shape
-            x = x.pad(tuple((0, n * step - shape[d]) if i == d else None for i in range(x.ndim)))
-            x = x.reshape(x.shape[:d] + (n, step) + x.shape[d + 1 :])
-            x = x.shrink(tuple((0, 1) if i == d + 1 else None for i in range(x.ndim)))
-            x = x.reshape(x.shape[: d + 1] + x.shape[d + 2 :])
-        return x.reshape(tuple(final_shape))
-
-    # ***** elementwise *****
-    def _const_like(self, x: ConstType, dtype: DType | None = None) -> Tensor:
-        return Tensor.full(self.shape, x, dtype=dtype or self.dtype, device=self.device)
-
-    def _operands(self, x: Tensor | ConstType, reverse: bool = False) -> tuple[Tensor, Tensor]:
-        """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
-        if isinstance(x, Tensor):
-            if x.device != self.device:
-                raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
-            dt = least_upper_dtype(self.dtype, x.dtype)
-            other = x
-        elif isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)):
-            x = x.item() if isinstance(x, np.generic) else x
-            if isinstance(x, float) and not dtypes.is_float(self.dtype):
-                dt = dtypes.default_float
-            elif isinstance(x, int) and not isinstance(x, bool) and self.dtype == dtypes.bool:
-                dt = dtypes.default_int
-            else:
-                dt = self.dtype
-            other = Tensor(const_broadcast(x, dt, self.device, ()), device=self.device)
-        else:
-            raise TypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
-        a, b = (other, self) if reverse else (self, other)
-        shape = _broadcast_shape(a.shape, b.shape)
-        return a.cast(dt)._broadcast_to(shape), b.cast(dt)._broadcast_to(shape)
-
-    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-        if self.shape == shape:
-            return self
-        x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
-        return x.expand(shape)
-
-    def _alu(self, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
-        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
-
-    def _binary(self, op: Ops, x: Tensor | ConstType, reverse: bool = False) -> Tensor:
-        a, b = self._operands(x, reverse)
-        out_dtype = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else a.dtype
-        return a._alu(op, b, dtype=out_dtype)
-
-    def add(self, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.ADD, x, reverse)
-
-    def sub(self, x, reverse: bool = False) -> Tensor:
-        a, b = self._operands(x, reverse)
-        if a.dtype == dtypes.bool:
-            raise TypeError("subtracting bool tensors is not supported; use logical_xor or cast first")
-        return a._alu(Ops.SUB, b)
-
-    def mul(self, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.MUL, x, reverse)
-
-    def div(self, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
-        a, b = self._operands(x, reverse)
-        if rounding_mode == "trunc":
-            return a._alu(Ops.IDIV, b) if dtypes.is_int(a.dtype) else (a._float() / b._float()).trunc().cast(a.dtype)
-        if rounding_mode == "floor":
-            return a._floordiv(b)
-        if rounding_mode is not None:
-            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
-        a, b = a._float(), b._float()
-        return a._alu(Ops.FDIV, b)
-
-    def _float(self) -> Tensor:
-        return self.cast(least_upper_float(self.dtype))
-
-    def _floordiv(self, b: Tensor) -> Tensor:
-        if not dtypes.is_int(self.dtype):
-            return (self / b).floor()
-        q = self._alu(Ops.IDIV, b)
-        inexact = self._alu(Ops.MOD, b)._alu(Ops.CMPNE, b._const_like(0), dtype=dtypes.bool)
-        signs_differ = (self < 0)._alu(Ops.CMPNE, b < 0, dtype=dtypes.bool)
-        return (inexact & signs_differ).where(q - 1, q)
-
-    def mod(self, x, reverse: bool = False) -> Tensor:
-        a, b = self._operands(x, reverse)
-        if not dtypes.is_int(a.dtype):
-            return a - b * (a / b).floor()
-        r = a._alu(Ops.MOD, b)
-        return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
-
-    def neg(self) -> Tensor:
-        return self.logical_not() if self.dtype == dtypes.bool else self._alu(Ops.NEG)
-
-    def maximum(self, x) -> Tensor:
-        return self._binary(Ops.MAX, x)
-
-    def minimum(self, x) -> Tensor:
-        a, b = self._operands(x)
-        return (a < b).where(a, b)
-
-    def where(self, x: Tensor | ConstType, y: Tensor | ConstType) -> Tensor:
-        if isinstance(x, Tensor) and isinstance(y, Tensor):
-            a, b = x._operands(y)
-        elif isinstance(x, Tensor):
-            a, b = x._operands(y)
-        elif isinstance(y, Tensor):
-            b, a = y._operands(x)
-        else:
-            dt = dtypes.from_py([x, y])
-            a, b = Tensor(const_broadcast(x, dt, self.device, ()), device=self.device), \
-                Tensor(const_broadcast(y, dt, self.device, ()), device=self.device)
-        shape = _broadcast_shape(self.shape, a.shape, b.shape)
-        cond = self.cast(dtypes.bool)._broadcast_to(shape)
-        return cond._new(UOp(Ops.WHERE, a.dtype, (cond.uop, a._broadcast_to(shape).uop, b._broadcast_to(shape).uop)))
-
-    def cast(self, dtype: DTypeLike) -> Tensor:
-        dt = to_dtype(dtype)
-        return self if dt == self.dtype else self._new(UOp(Ops.CAST, dt, (self.uop,)))
-
-    def float(self) -> Tensor:
-        return self.cast(dtypes.float32)
-
-    def half(self) -> Tensor:
-        return self.cast(dtypes.float16)
-
-    def bfloat16(self) -> Tensor:
-        return self.cast(dtypes.bfloat16)
-
-    def double(self) -> Tensor:
-        return self.cast(dtypes.float64)
-
-    def int(self) -> Tensor:
-        return self.cast(dtypes.int32)
-
-    def long(self) -> Tensor:
-        return self.cast(dtypes.int64)
-
-    def short(self) -> Tensor:
-        return self.cast(dtypes.int16)
-
-    def bool(self) -> Tensor:
-        return self.cast(dtypes.bool)
-
-    def _unary_float(self, op: Ops) -> Tensor:
-        return self._float()._alu(op)
-
-    def exp2(self) -> Tensor:
-        return self._unary_float(Ops.EXP2)
-
-    def log2(self) -> Tensor:
-        return self._unary_float(Ops.LOG2)
-
-    def sin(self) -> Tensor:
-        return self._unary_float(Ops.SIN)
-
-    def cos(self) -> Tensor:
-        return ((math.pi / 2) - self._float()).sin()
-
-    def sqrt(self) -> Tensor:
-        return self._unary_float(Ops.SQRT)
-
-    def rsqrt(self) -> Tensor:
-        return self.sqrt().reciprocal()
-
-    def reciprocal(self) -> Tensor:
-        return self._unary_float(Ops.RECIPROCAL)
-
-    def exp(self) -> Tensor:
-        return (self._float() * (1 / math.log(2))).exp2()
-
-    def log(self) -> Tensor:
-        return self.log2() * math.log(2)
-
-    def trunc(self) -> Tensor:
-        return self if not dtypes.is_float(self.dtype) else self._alu(Ops.TRUNC)
-
-    def floor(self) -> Tensor:
-        t = self.trunc()
-        return (t > self).where(t - 1, t) if dtypes.is_float(self.dtype) else self
-
-    def ceil(self) -> Tensor:
-        t = self.trunc()
-        return (t < self).where(t + 1, t) if dtypes.is_float(self.dtype) else self
-
-    def relu(self) -> Tensor:
-        return (self > 0).where(self, 0)
-
-    def abs(self) -> Tensor:
-        return self if self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype) else (self < 0).where(-self, self)
-
-    def square(self) -> Tensor:
-        return self * self
-
-    def sigmoid(self) -> Tensor:
-        return (1 + (-self).exp()).reciprocal()
-
-    def logical_not(self) -> Tensor:
-        return self.cast(dtypes.bool)._alu(Ops.CMPNE, self._const_like(True, dtypes.bool), dtype=dtypes.bool)
-
-    # comparisons
-    def __lt__(self, x):
-        return self._binary(Ops.CMPLT, x)
-
-    def __gt__(self, x):
-        return self._binary(Ops.CMPLT, x, reverse=True)
-
-    def __le__(self, x):
-        a, b = self._operands(x)
-        return (a < b) | a.eq(b)
-
-    def __ge__(self, x):
-        a, b = self._operands(x)
-        return (b < a) | a.eq(b)
-
-    def eq(self, x) -> Tensor:
-        return self._binary(Ops.CMPEQ, x)
-
-    def ne(self, x) -> Tensor:
-        return self._binary(Ops.CMPNE, x)
-
-    def __eq__(self, x):  # type: ignore[override]
-        return self.eq(x)
-
-    def __ne__(self, x):  # type: ignore[override]
-        return self.ne(x)
-
-    # bitwise (bools and ints)
-    def _bitwise(self, op: Ops, x, reverse: bool = False) -> Tensor:
-        a, b = self._operands(x, reverse)
-        if dtypes.is_float(a.dtype):
-            raise TypeError(f"bitwise {op.name} needs integer or bool tensors, got {a.dtype}")
-        return a._alu(op, b)
-
-    def bitwise_and(self, x, reverse: bool = False) -> Tensor:
-        return self._bitwise(Ops.AND, x, reverse)
-
-    def bitwise_or(self, x, reverse: bool = False) -> Tensor:
-        return self._bitwise(Ops.OR, x, reverse)
-
-    def bitwise_xor(self, x, reverse: bool = False) -> Tensor:
-        return self._bitwise(Ops.XOR, x, reverse)
-
-    def lshift(self, x, reverse: bool = False) -> Tensor:
-        return self._bitwise(Ops.SHL, x, reverse)
-
-    def rshift(self, x, reverse: bool = False) -> Tensor:
-        return self._bitwise(Ops.SHR, x, reverse)
-
-    def __add__(self, x):
-        return self.add(x)
-
-    def __radd__(self, x):
-        return self.add(x, True)
-
-    def __sub__(self, x):
-        return self.sub(x)
-
-    def __rsub__(self, x):
-        return self.sub(x, True)
-
-    def __mul__(self, x):
-        return self.mul(x)
-
-    def __rmul__(self, x):
-        return self.mul(x, True)
-
-    def __truediv__(self, x):
-        return self.div(x)
-
-    def __rtruediv__(self, x):
-        return self.div(x, True)
-
-    def __floordiv__(self, x):
-        return self.div(x, rounding_mode="floor")
-
-    def __rfloordiv__(self, x):
-        return self.div(x, True, rounding_mode="floor")
-
-    def __mod__(self, x):
-        return self.mod(x)
-
-    def __rmod__(self, x):
-        return self.mod(x, True)
-
-    def __neg__(self):
-        return self.neg()
-
-    def __and__(self, x):
-        return self.bitwise_and(x)
-
-    def __rand__(self, x):
-        return self.bitwise_and(x, True)
-
-    def __or__(self, x):
-        return self.bitwise_or(x)
-
-    def __ror__(self, x):
-        return self.bitwise_or(x, True)
-
-    def __xor__(self, x):
-        return self.bitwise_xor(x)
-
-    def __rxor__(self, x):
-        return self.bitwise_xor(x, True)
-
-    def __lshift__(self, x):
-        return self.lshift(x)
-
-    def __rshift__(self, x):
-        return self.rshift(x)
-
-    def __invert__(self):
-        return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
-
-    # ***** reduce *****
-    def _axes(self, axis) -> tuple[int, ...]:
-        if axis is None:
-            return tuple(range(self.ndim))
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
-        return tuple(sorted({_normalize_axis(a, self.ndim) for a in axes}))
-
-    def _reduce(self, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
-        """One REDUCE_AXIS over the reduced axes (kept as size 1), then a reshape if not keepdim (seed 004)."""
-        axes = self._axes(axis)
-        if self.ndim == 0 or not axes:
-            return self
-        ret = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
-        return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-
-    def sum(self, axis=None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
-        acc = to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype)
-        out = self.cast(acc)._reduce(Ops.ADD, axis, keepdim)
-        half = self.dtype in (dtypes.float16, dtypes.bfloat16) and dtype is None
-        return out.cast(self.dtype) if half else out
-
-    def max(self, axis=None, keepdim: bool = False) -> Tensor:
-        return self._reduce(Ops.MAX, axis, keepdim)
-
-    def _inverse(self) -> Tensor:
-        if dtypes.is_float(self.dtype):
-            return -self
-        return self.logical_not() if self.dtype == dtypes.bool else ~self
-
-    def min(self, axis=None, keepdim: bool = False) -> Tensor:
-        return self._inverse().max(axis, keepdim)._inverse()
-
-    def mean(self, axis=None, keepdim: bool = False) -> Tensor:
-        x = self._float() if not dtypes.is_float(self.dtype) else self
-        n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
-        out = x.sum(axis, keepdim)
-        return (out / n if n else out * math.nan).cast(x.dtype)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-# ***** graph leaves *****
+# ***** graph leaves and assign helpers *****
 
 
 def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     buf = new_buffer_uop(device, arr.size, dtype)
     buffers[buf].copyin(arr)
     return reshape_uop(buf, arr.shape)
+
+
+_VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  # an assign target: a view that names each element once
+
+
+def _buffer_base(u: UOp) -> UOp | None:
+    """The BUFFER under a chain of view ops, or None if u is not a view of a buffer."""
+    while u.op in _VIEW_OPS:
+        u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
+
+def _reads_target_elsewhere(target: UOp, value: UOp) -> bool:
+    """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
+    one kernel that writes the buffer would read values it has already overwritten."""
+    buf = _buffer_base(target)
+    nodes = value.toposort(gate=lambda u: u is not target)
+    if buf not in nodes and target not in nodes:
+        return False
+    elementwise, stack = set(), [value]
+    while stack:
+        u = stack.pop()
+        if u not in elementwise and u.op in GroupOp.Elementwise:
+            elementwise.add(u)
+            stack.extend(u.src)
+    return (buf is not target and buf in nodes) or any(target in u.src and u not in elementwise for u in nodes)

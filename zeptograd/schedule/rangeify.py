@@ -16,6 +16,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.helpers import prod, strides_for_shape
 from zeptograd.schedule.fold import tensor_fold, uniform_const
+from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.uop.symbolic import symbolic
@@ -64,6 +65,7 @@ class Rangeify:
         self.kernel_ranges: dict[UOp, tuple[UOp, ...]] = {}
         self.has_reduce: dict[UOp, bool] = {}
         self.device: dict[UOp, str] = {}
+        self.group_ranges: dict[UOp, tuple[UOp, ...]] = {}  # outputs computed in one kernel share their loops
         for u in self.nodes:  # which device each node is computed on
             srcs_dev = (self.device[s] for s in u.src if self.device[s])
             self.device[u] = u.arg if u.op is Ops.DEVICE else next(srcs_dev, "")
@@ -78,6 +80,8 @@ class Rangeify:
         op, arg = x.op, x.arg
         if op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE):
             return []
+        if op is Ops.ASSIGN:  # the value is read where the target is written; the target itself is not read
+            return [(x.src[1], req, ())]
         src = x.src[0]
         if op is Ops.RESHAPE:
             lin = flat_index(idx, x.shape)
@@ -149,7 +153,7 @@ class Rangeify:
 
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
-        self.realize |= outputs | {u for u in self.nodes if u.op is Ops.CONTIGUOUS}
+        self.realize |= outputs | {u for u in self.nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
         self.realize |= self.broadcast_reduces()
         self.realize |= self.long_chains()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
@@ -162,7 +166,7 @@ class Rangeify:
             if x not in self.realize and self.must_realize(x, reqs):
                 self.realize.add(x)
             if x in self.realize:
-                rngs = self.fresh_ranges(x.shape, AxisType.LOOP)
+                rngs = self.group_ranges.get(x) or self.fresh_ranges(x.shape, AxisType.LOOP)
                 self.kernel_ranges[x] = rngs
                 reqs = {(rngs, None): {r for r in rngs if r.op is Ops.RANGE}}
             for req, scope in reqs.items():
@@ -170,7 +174,8 @@ class Rangeify:
                     self.reqs.setdefault(s, {}).setdefault(sreq, set()).update(scope, new_ranges)
 
     # --- pass 3: build each kernel's graph ---
-    def lower_kernel(self, root: UOp, bufs: dict[UOp, Buffer]) -> tuple[UOp, list[Buffer]]:
+    def lower_kernel(self, roots: list[UOp], bufs: dict[UOp, Buffer]) -> tuple[UOp, list[Buffer]]:
+        """One kernel storing every root (several roots share their loops: a multi-output kernel)."""
         slots: dict[Buffer, UOp] = {}
 
         def define_global(b: Buffer) -> UOp:
@@ -178,15 +183,15 @@ class Rangeify:
                 slots[b] = UOp(Ops.DEFINE_GLOBAL, b.dtype.ptr(b.size), (), len(slots))
             return slots[b]
 
-        out_dg = define_global(bufs[root])
-        rngs = self.kernel_ranges[root]
+        out_dgs = [define_global(bufs[root]) for root in roots]
+        rngs = self.kernel_ranges[roots[0]]
         memo: dict[tuple[UOp, Request], UOp] = {}
-        stack: list[tuple[UOp, Request, bool]] = [(root, (rngs, None), False)]
+        stack: list[tuple[UOp, Request, bool]] = [(root, (rngs, None), False) for root in roots]
         while stack:
             x, req, srcs_done = stack.pop()
             if (x, req) in memo:
                 continue
-            leaf = self.lower_leaf(x, req, root, bufs, define_global)
+            leaf = self.lower_leaf(x, req, roots, bufs, define_global)
             if leaf is not None:
                 memo[(x, req)] = leaf
                 continue
@@ -196,16 +201,24 @@ class Rangeify:
                 stack.extend((s, sreq, False) for s, sreq, _ in subs if (s, sreq) not in memo)
                 continue
             memo[(x, req)] = self.lower_node(x, req, [memo[(s, sreq)] for s, sreq, _ in subs])
-        value = memo[(root, (rngs, None))]
-        store = out_dg.index(flat_index(rngs, root.shape)).store(value)
-        ast = store.end(*[r for r in rngs if r.op is Ops.RANGE]).sink()
+        stores = []
+        for root, out_dg in zip(roots, out_dgs):
+            idx, shape = rngs, root.shape
+            if root.op is Ops.ASSIGN:  # store through the target's view ops into its buffer
+                tgt, treq = root.src[0], (rngs, None)
+                while tgt.op is not Ops.BUFFER:
+                    tgt, treq, _ = self.src_requests(tgt, treq)[0]
+                idx, shape = treq[0], tgt.shape
+            stores.append(out_dg.index(flat_index(idx, shape)).store(memo[(root, (rngs, None))]))
+        body = stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
+        ast = body.end(*[r for r in rngs if r.op is Ops.RANGE]).sink()
         return renumber_ranges(ast), list(slots)
 
-    def lower_leaf(self, x: UOp, req: Request, root: UOp, bufs: dict[UOp, Buffer], define_global) -> UOp | None:
+    def lower_leaf(self, x: UOp, req: Request, roots: list[UOp], bufs: dict[UOp, Buffer], define_global) -> UOp | None:
         idx, valid = req
         if (c := uniform_const(x)) is not None:
             return UOp.const(x.dtype, c.arg)
-        if x.op is Ops.BUFFER or (x in self.realize and x is not root):
+        if x.op is Ops.BUFFER or (x in self.realize and x not in roots):
             dg = define_global(bufs[x])
             return dg.index(flat_index(idx, x.shape), valid).load()
         if x.op is Ops.IOTA:
@@ -220,7 +233,7 @@ class Rangeify:
         if x.op is Ops.REDUCE_AXIS:
             ranges = tuple(r for r in self.red_ranges[(x, req)] if r.op is Ops.RANGE)
             return UOp(Ops.REDUCE, x.dtype, (srcs[0], *ranges), x.arg[0]) if ranges else srcs[0]
-        if x.op in (Ops.CONTIGUOUS, Ops.DETACH):
+        if x.op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN):
             return srcs[0]
         if x.op in GroupOp.Elementwise:
             return UOp(x.op, x.dtype, tuple(srcs))
@@ -251,26 +264,78 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     folded = dict(zip(outs, sink.src))
     outputs = {u for u in sink.src if needs_kernel(u)}
     rf = Rangeify(sink)
+    groups = group_outputs(rf, outputs)
     rf.assign_ranges(outputs)
     bufs: dict[UOp, Buffer] = {}
     becomes: dict[UOp, UOp] = {}
     for x in rf.nodes:  # every realized node gets a buffer; buffer views of inputs stay as they are
-        if x in rf.realize:
+        if x.op is Ops.ASSIGN:  # writes into its target's existing buffer
+            bufs[x], becomes[x] = buffers[assign_buffer(x)], x.src[0]
+        elif x in rf.realize:
             buf_uop = new_buffer_uop(rf.device[x], prod(x.shape), x.dtype)
             bufs[x] = buffers[buf_uop]
             becomes[x] = reshape_uop(buf_uop, x.shape)
         elif x.op is Ops.BUFFER:
             bufs[x] = buffers[x]
     items = []
-    for x in rf.nodes:
-        if x not in rf.realize or prod(x.shape) == 0:
-            continue
-        ast, kbufs = rf.lower_kernel(x, bufs)
-        items.append(ScheduleItem(ast, kbufs, rf.device[x]))
+    for x in order_assigns(rf.nodes, [x for x in rf.nodes if x in rf.realize]):
+        if prod(x.shape) == 0 or (x in groups and x is not groups[x][-1]):
+            continue  # a group of outputs is one kernel, placed where its last member is
+        members = groups.get(x, [x])
+        ast, kbufs = rf.lower_kernel(members, bufs)
+        items.append(ScheduleItem(ast, kbufs, rf.device[x], outputs=list(range(len(members)))))
+    intermediates = {bufs[x] for x in rf.realize if x not in outputs and x.op is not Ops.ASSIGN}
+    shared = plan_memory(items, intermediates)  # dead intermediates lend their memory to later ones
+    reused = set(shared) | set(shared.values())
+    becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
         result.setdefault(x, v)
     return items, result
+
+
+def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
+    """Outputs of one shape on one device that nothing else reads: one kernel with a store for each."""
+    read = {s for u in rf.nodes if u.op is not Ops.SINK for s in u.src}
+    by_key: dict[tuple, list[UOp]] = {}
+    for x in rf.nodes:
+        if x in outputs and x not in read and x.op is not Ops.ASSIGN and prod(x.shape) > 0:
+            by_key.setdefault((x.shape, rf.device[x]), []).append(x)
+    groups: dict[UOp, list[UOp]] = {}
+    for members in by_key.values():
+        if len(members) > 1:
+            shared = rf.fresh_ranges(members[0].shape, AxisType.LOOP)
+            for m in members:
+                groups[m], rf.group_ranges[m] = members, shared
+    return groups
+
+
+def assign_buffer(x: UOp) -> UOp:
+    """The BUFFER an ASSIGN writes: its target is view ops (reshape, permute, shrink, flip) over a buffer."""
+    t = x.src[0]
+    while t.op is not Ops.BUFFER:
+        t = t.src[0]
+    return t
+
+
+def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
+    """Kernels in dependency order, each ASSIGN as late as its consumers allow: it overwrites a buffer that kernels
+    not depending on it may still read (they must see the old contents)."""
+    if not any(k.op is Ops.ASSIGN for k in kernels):
+        return kernels
+    below: dict[UOp, frozenset[UOp]] = {}  # the ASSIGNs each node depends on
+    for u in nodes:
+        below[u] = frozenset().union(*(below[s] for s in u.src)) | ({u} if u.op is Ops.ASSIGN else frozenset())
+    out: list[UOp] = []
+    deferred: list[UOp] = []
+    for k in kernels:
+        if k.op is Ops.ASSIGN:
+            deferred.append(k)
+            continue
+        out += [a for a in deferred if a in below[k]]
+        deferred = [a for a in deferred if a not in below[k]]
+        out.append(k)
+    return out + deferred
 
 
 def needs_kernel(u: UOp) -> bool:

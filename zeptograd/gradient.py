@@ -1,0 +1,104 @@
+"""Reverse-mode autodiff as rewrite rules: one rule per primitive op maps (the gradient of a node, the node) to the
+gradients of its sources. Every composite op (softmax, conv2d, sort, ...) is built from these primitives, so its
+gradient comes for free. The graph is walked in reverse topological order: no recursion on its depth."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import dtypes
+from zeptograd.helpers import argsort
+from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+def _t(u: UOp, like: Tensor) -> Tensor:
+    """A forward UOp as a Tensor, so that the rules can use the Tensor ops (broadcasting, dtypes, constants)."""
+    return type(like)(u, device=like.device)
+
+
+def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
+    a, b = _t(ret.src[0], ctx), _t(ret.src[1], ctx)
+    half = (a == b).where(ctx * 0.5, 0)  # a tie shares the gradient, as torch's maximum
+    return (a > b).where(ctx, half), (b > a).where(ctx, half)
+
+
+def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
+    op, axes = ret.arg
+    x, out = _t(ret.src[0], ctx), _t(ret, ctx)
+    if op is Ops.ADD:
+        return (ctx.expand(x.shape),)
+    if op is Ops.MAX:  # the maxima share the gradient evenly, as torch's amax
+        is_max = (x == out.expand(x.shape)).cast(ctx.dtype)
+        return (is_max / is_max.sum(axes, keepdim=True).expand(x.shape) * ctx.expand(x.shape),)
+    if op is Ops.MUL:  # d(prod)/dx_i = prod of the others; at zeros, count them
+        zero = x == 0
+        others = zero.where(1, x).prod(axes, keepdim=True).expand(x.shape)
+        n_zero = zero.cast(dtypes.int32).sum(axes, keepdim=True).expand(x.shape)
+        g = (n_zero == 0).where(out.expand(x.shape) / zero.where(1, x), (n_zero == 1).where(zero.where(others, 0), 0))
+        return (g * ctx.expand(x.shape),)
+    raise NotImplementedError(f"no gradient for a {op} reduce")
+
+
+pm_gradient = PatternMatcher([
+    (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
+    (UPat(Ops.SUB), lambda ctx: (ctx, -ctx)),
+    (UPat(Ops.NEG), lambda ctx: (-ctx,)),
+    (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[1], ctx), ctx * _t(ret.src[0], ctx))),
+    (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / _t(ret.src[1], ctx),
+                                                   -ctx * _t(ret, ctx) / _t(ret.src[1], ctx))),
+    (UPat(Ops.MAX, name="ret"), _max_grad),
+    (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, _t(ret.src[0], ctx).where(ctx, 0),
+                                                    _t(ret.src[0], ctx).where(0, ctx))),
+    (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * _t(ret, ctx) * math.log(2),)),
+    (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (_t(ret.src[0], ctx) * math.log(2)),)),
+    (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[0], ctx).cos(),)),
+    (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (_t(ret, ctx) * 2),)),
+    (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * _t(ret, ctx) * _t(ret, ctx),)),
+    (UPat(Ops.TRUNC), lambda ctx: (ctx.zeros_like(),)),
+    (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
+    (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
+    (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+    (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(argsort(list(ret.arg))),)),
+    (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (ctx.sum(tuple(i for i, (a, b) in enumerate(
+        zip(ret.src[0].shape, ret.shape)) if a != b), keepdim=True),)),
+    (UPat(Ops.PAD, name="ret"), lambda ctx, ret: (ctx.shrink(tuple((b, b + s) for s, (b, _) in
+                                                                   zip(ret.src[0].shape, ret.arg))),)),
+    (UPat(Ops.SHRINK, name="ret"), lambda ctx, ret: (ctx.pad(tuple((b, s - e) for s, (b, e) in
+                                                                   zip(ret.src[0].shape, ret.arg))),)),
+    (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip([i for i, f in enumerate(ret.arg) if f]),)),
+    (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
+    (UPat(Ops.DETACH), lambda: (None,)),
+    (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),
+])
+
+_NO_GRAD = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
+            Ops.BITCAST, Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE}
+
+
+def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UOp, Tensor]:
+    """d(root)/d(t) for each t in targets that root depends on differentiably (as lazy Tensors)."""
+    topo = list(root.toposort())
+    on_path: set[UOp] = set()  # nodes through which a target reaches the root
+    for u in topo:
+        if u in targets or any(s in on_path for s in u.src):
+            on_path.add(u)
+    grads: dict[UOp, Tensor] = {root: root_grad}
+    for u in reversed(topo):
+        g = grads.get(u)
+        if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype):
+            continue
+        src_grads = pm_gradient.rewrite(u, ctx=g)
+        if src_grads is None:
+            raise NotImplementedError(f"no gradient rule for {u.op}")
+        for s, sg in zip(u.src, src_grads):
+            if sg is None or s not in on_path or not dtypes.is_float(s.dtype):
+                continue
+            if sg.shape != s.shape:
+                raise RuntimeError(f"gradient of {u.op} has shape {sg.shape}, its source {s.shape}")
+            grads[s] = sg if s not in grads else grads[s] + sg
+    return {t: grads[t] for t in targets if t in grads}

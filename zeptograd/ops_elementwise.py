@@ -1,0 +1,412 @@
+"""Binary arithmetic with broadcasting and torch's dtype promotion, comparisons, bitwise ops, casts, operators."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from zeptograd.schedule.fold import const_broadcast
+from zeptograd.tensor_helpers import PY_CONST, broadcast_shape
+from zeptograd.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+def _category(dt: DType) -> int:
+    return 0 if dt == dtypes.bool else 1 if dtypes.is_int(dt) else 2
+
+
+def result_dtype(a: Tensor, b: Tensor) -> DType:
+    """torch's rule: a 0-d tensor beside a dimensioned one only counts if it is of a higher kind (bool<int<float)."""
+    if (a.ndim == 0) != (b.ndim == 0):
+        dim, zero = (a, b) if b.ndim == 0 else (b, a)
+        return dim.dtype if _category(zero.dtype) <= _category(dim.dtype) else zero.dtype
+    return least_upper_dtype(a.dtype, b.dtype)
+
+
+def scalar_dtype(x: bool | int | float, dt: DType) -> DType:
+    """The dtype of `tensor op x` for a Python scalar x: x only lifts the kind (as torch's weak scalars)."""
+    if isinstance(x, float) and not dtypes.is_float(dt):
+        return dtypes.default_float
+    if isinstance(x, int) and not isinstance(x, bool) and dt == dtypes.bool:
+        return dtypes.int64
+    return dt
+
+
+class ElementwiseMixin:
+    __slots__ = ()
+
+    def _scalar(self: Tensor, x, dtype: DType) -> Tensor:
+        return type(self)(const_broadcast(x, dtype, self.device, ()), device=self.device)
+
+    def _operands(self: Tensor, x, reverse: bool = False) -> tuple[Tensor, Tensor]:
+        """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
+        if isinstance(x, type(self)):
+            if x.device != self.device:
+                raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+            dt, other = result_dtype(self, x), x
+        elif isinstance(x, PY_CONST):
+            x = x.item() if hasattr(x, "item") else x
+            dt = scalar_dtype(x, self.dtype)
+            other = self._scalar(x, dt)
+        else:
+            raise TypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
+        a, b = (other, self) if reverse else (self, other)
+        shape = broadcast_shape(a.shape, b.shape)
+        return a.cast(dt)._broadcast_to(shape), b.cast(dt)._broadcast_to(shape)
+
+    def _broadcast_to(self: Tensor, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == tuple(shape):
+            return self
+        if len(shape) < self.ndim:
+            raise ValueError(f"can't broadcast shape {self.shape} to {tuple(shape)}")
+        broadcast_shape(self.shape, shape)  # raises a clear error if they don't broadcast
+        return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+
+    def _alu(self: Tensor, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+
+    def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
+        a, b = self._operands(x, reverse)
+        return a._alu(op, b, dtype=dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else a.dtype)
+
+    def _float(self: Tensor) -> Tensor:
+        return self.cast(least_upper_float(self.dtype))
+
+    # ***** arithmetic *****
+    def add(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._binary(Ops.ADD, x, reverse)
+
+    def sub(self: Tensor, x, reverse: bool = False) -> Tensor:
+        a, b = self._operands(x, reverse)
+        if a.dtype == dtypes.bool:
+            raise TypeError("subtracting bool tensors is not supported; use logical_xor or cast first")
+        return a._alu(Ops.SUB, b)
+
+    def mul(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._binary(Ops.MUL, x, reverse)
+
+    def div(self: Tensor, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
+        a, b = self._operands(x, reverse)
+        if rounding_mode == "trunc":
+            return a._alu(Ops.IDIV, b) if dtypes.is_int(a.dtype) else (a / b).trunc()
+        if rounding_mode == "floor":
+            return a._floordiv(b)
+        if rounding_mode is not None:
+            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        return a._float()._alu(Ops.FDIV, b._float())
+
+    def _floordiv(self: Tensor, b: Tensor) -> Tensor:
+        if not dtypes.is_int(self.dtype):
+            return (self / b).floor()
+        q = self._alu(Ops.IDIV, b)
+        inexact = self._alu(Ops.MOD, b) != 0
+        return (inexact & ((self < 0) != (b < 0))).where(q - 1, q)
+
+    def mod(self: Tensor, x, reverse: bool = False) -> Tensor:
+        """Python's %: the result has the sign of the divisor (torch.remainder)."""
+        a, b = self._operands(x, reverse)
+        r = a._fmod(b)
+        return ((r != 0) & ((r < 0) != (b < 0))).where(r + b, r)
+
+    def fmod(self: Tensor, x) -> Tensor:
+        """C's fmod: the result has the sign of the dividend."""
+        a, b = self._operands(x)
+        return a._fmod(b)
+
+    def _fmod(self: Tensor, b: Tensor) -> Tensor:
+        return self._alu(Ops.MOD, b) if dtypes.is_int(self.dtype) else self - b * (self / b).trunc()
+
+    def pow(self: Tensor, x, reverse: bool = False) -> Tensor:
+        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool):
+            if float(x).is_integer() and abs(x) <= 64:
+                base = self if isinstance(x, int) or dtypes.is_float(self.dtype) else self._float()
+                if x < 0 and not dtypes.is_float(base.dtype):
+                    raise ValueError("integers to negative integer powers are not allowed")
+                ret = base._int_pow(int(abs(x)))
+                return ret.reciprocal() if x < 0 else ret
+            if x in (0.5, -0.5):
+                return self.sqrt() if x > 0 else self.rsqrt()
+        a, b = self._operands(x, reverse)
+        if dtypes.is_float(a.dtype):
+            return a._pow_float(b)
+        return a.cast(dtypes.float64)._pow_float(b.cast(dtypes.float64)).round().cast(a.dtype)
+
+    def _int_pow(self: Tensor, n: int) -> Tensor:
+        ret, base = None, self
+        while n:  # square and multiply
+            if n & 1:
+                ret = base if ret is None else ret * base
+            n >>= 1
+            if n:
+                base = base * base
+        return self.ones_like() if ret is None else ret
+
+    def _pow_float(self: Tensor, e: Tensor) -> Tensor:
+        mag = (e * self.abs().log2()).exp2()
+        e_int = e.trunc() == e
+        odd = e_int & ((e * 0.5).trunc() * 2 != e)
+        neg = e_int.where(odd.where(-mag, mag), math.nan)
+        return (e == 0).where(1.0, (self < 0).where(neg, mag))
+
+    def neg(self: Tensor) -> Tensor:
+        return self.logical_not() if self.dtype == dtypes.bool else self._alu(Ops.NEG)
+
+    def maximum(self: Tensor, x) -> Tensor:
+        return self._binary(Ops.MAX, x)
+
+    def minimum(self: Tensor, x) -> Tensor:
+        a, b = self._operands(x)
+        if dtypes.is_float(a.dtype):
+            return -((-a).maximum(-b))
+        return (a < b).where(a, b)
+
+    def where(self: Tensor, x, y) -> Tensor:
+        if isinstance(x, type(self)):
+            a, b = x._operands(y)
+        elif isinstance(y, type(self)):
+            b, a = y._operands(x)
+        else:
+            dt = dtypes.from_py([x, y])
+            a, b = self._scalar(x, dt), self._scalar(y, dt)
+        shape = broadcast_shape(self.shape, a.shape, b.shape)
+        cond = self.cast(dtypes.bool)._broadcast_to(shape)
+        return cond._new(UOp(Ops.WHERE, a.dtype, (cond.uop, a._broadcast_to(shape).uop, b._broadcast_to(shape).uop)))
+
+    def lerp(self: Tensor, end: Tensor, weight) -> Tensor:
+        return self + (end - self) * weight
+
+    # ***** casts *****
+    def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        dt = to_dtype(dtype)
+        return self if dt == self.dtype else self._new(UOp(Ops.CAST, dt, (self.uop,)))
+
+    def bitcast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        dt = to_dtype(dtype)
+        if dt.itemsize != self.dtype.itemsize or dtypes.bool in (dt, self.dtype):
+            raise TypeError(f"bitcast needs dtypes of equal size (and not bool): {self.dtype} -> {dt}")
+        return self if dt == self.dtype else self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
+
+    def float(self: Tensor) -> Tensor:
+        return self.cast(dtypes.float32)
+
+    def half(self: Tensor) -> Tensor:
+        return self.cast(dtypes.float16)
+
+    def bfloat16(self: Tensor) -> Tensor:
+        return self.cast(dtypes.bfloat16)
+
+    def double(self: Tensor) -> Tensor:
+        return self.cast(dtypes.float64)
+
+    def int(self: Tensor) -> Tensor:
+        return self.cast(dtypes.int32)
+
+    def long(self: Tensor) -> Tensor:
+        return self.cast(dtypes.int64)
+
+    def short(self: Tensor) -> Tensor:
+        return self.cast(dtypes.int16)
+
+    def char(self: Tensor) -> Tensor:
+        return self.cast(dtypes.int8)
+
+    def byte(self: Tensor) -> Tensor:
+        return self.cast(dtypes.uint8)
+
+    def bool(self: Tensor) -> Tensor:
+        return self.cast(dtypes.bool)
+
+    # ***** comparisons *****
+    def __lt__(self: Tensor, x):
+        return self._binary(Ops.CMPLT, x)
+
+    def __gt__(self: Tensor, x):
+        return self._binary(Ops.CMPLT, x, reverse=True)
+
+    def __le__(self: Tensor, x):
+        a, b = self._operands(x)
+        return (a < b) | a.eq(b)
+
+    def __ge__(self: Tensor, x):
+        a, b = self._operands(x)
+        return (b < a) | a.eq(b)
+
+    def eq(self: Tensor, x) -> Tensor:
+        return self._binary(Ops.CMPEQ, x)
+
+    def ne(self: Tensor, x) -> Tensor:
+        return self._binary(Ops.CMPNE, x)
+
+    def __eq__(self: Tensor, x):  # type: ignore[override]
+        return self.eq(x)
+
+    def __ne__(self: Tensor, x):  # type: ignore[override]
+        return self.ne(x)
+
+    # ***** bitwise (bools and ints) *****
+    def _bitwise(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
+        a, b = self._operands(x, reverse)
+        if dtypes.is_float(a.dtype):
+            raise TypeError(f"bitwise {op.name} needs integer or bool tensors, got {a.dtype}")
+        return a._alu(op, b)
+
+    def bitwise_and(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.AND, x, reverse)
+
+    def bitwise_or(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.OR, x, reverse)
+
+    def bitwise_xor(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.XOR, x, reverse)
+
+    def lshift(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.SHL, x, reverse)
+
+    def rshift(self: Tensor, x, reverse: bool = False) -> Tensor:
+        return self._bitwise(Ops.SHR, x, reverse)
+
+    def bitwise_not(self: Tensor) -> Tensor:
+        if dtypes.is_float(self.dtype):
+            raise TypeError(f"bitwise_not needs integer or bool tensors, got {self.dtype}")
+        return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
+
+    def logical_not(self: Tensor) -> Tensor:
+        return self.cast(dtypes.bool)._alu(Ops.CMPNE, self._scalar(True, dtypes.bool)._broadcast_to(self.shape),
+                                           dtype=dtypes.bool)
+
+    def logical_and(self: Tensor, x) -> Tensor:
+        return self.bool() & (x.bool() if isinstance(x, type(self)) else bool(x))
+
+    def logical_or(self: Tensor, x) -> Tensor:
+        return self.bool() | (x.bool() if isinstance(x, type(self)) else bool(x))
+
+    def logical_xor(self: Tensor, x) -> Tensor:
+        return self.bool() ^ (x.bool() if isinstance(x, type(self)) else bool(x))
+
+    # ***** Python operators *****
+    def __add__(self, x):
+        return self.add(x)
+
+    def __radd__(self, x):
+        return self.add(x, True)
+
+    def __sub__(self, x):
+        return self.sub(x)
+
+    def __rsub__(self, x):
+        return self.sub(x, True)
+
+    def __mul__(self, x):
+        return self.mul(x)
+
+    def __rmul__(self, x):
+        return self.mul(x, True)
+
+    def __truediv__(self, x):
+        return self.div(x)
+
+    def __rtruediv__(self, x):
+        return self.div(x, True)
+
+    def __floordiv__(self, x):
+        return self.div(x, rounding_mode="floor")
+
+    def __rfloordiv__(self, x):
+        return self.div(x, True, rounding_mode="floor")
+
+    def __mod__(self, x):
+        return self.mod(x)
+
+    def __rmod__(self, x):
+        return self.mod(x, True)
+
+    def __pow__(self, x):
+        return self.pow(x)
+
+    def __rpow__(self, x):
+        return self.pow(x, True)
+
+    def __neg__(self):
+        return self.neg()
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self.abs()
+
+    def __and__(self, x):
+        return self.bitwise_and(x)
+
+    def __rand__(self, x):
+        return self.bitwise_and(x, True)
+
+    def __or__(self, x):
+        return self.bitwise_or(x)
+
+    def __ror__(self, x):
+        return self.bitwise_or(x, True)
+
+    def __xor__(self, x):
+        return self.bitwise_xor(x)
+
+    def __rxor__(self, x):
+        return self.bitwise_xor(x, True)
+
+    def __lshift__(self, x):
+        return self.lshift(x)
+
+    def __rlshift__(self, x):
+        return self.lshift(x, True)
+
+    def __rshift__(self, x):
+        return self.rshift(x)
+
+    def __rrshift__(self, x):
+        return self.rshift(x, True)
+
+    def __invert__(self):
+        return self.bitwise_not()
+
+    # in place: the same Tensor object takes the new value (lazily, through assign)
+    def __iadd__(self, x):
+        return self.assign(self.add(x))
+
+    def __isub__(self, x):
+        return self.assign(self.sub(x))
+
+    def __imul__(self, x):
+        return self.assign(self.mul(x))
+
+    def __itruediv__(self, x):
+        return self.assign(self.div(x))
+
+    def __ifloordiv__(self, x):
+        return self.assign(self.__floordiv__(x))
+
+    def __imod__(self, x):
+        return self.assign(self.mod(x))
+
+    def __ipow__(self, x):
+        return self.assign(self.pow(x))
+
+    def __iand__(self, x):
+        return self.assign(self.bitwise_and(x))
+
+    def __ior__(self, x):
+        return self.assign(self.bitwise_or(x))
+
+    def __ixor__(self, x):
+        return self.assign(self.bitwise_xor(x))
+
+    def __ilshift__(self, x):
+        return self.assign(self.lshift(x))
+
+    def __irshift__(self, x):
+        return self.assign(self.rshift(x))
+
+    def __imatmul__(self, x):
+        return self.assign(self.matmul(x))

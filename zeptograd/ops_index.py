@@ -1,0 +1,253 @@
+"""Indexing. Basic indices (ints, slices with any step, None, Ellipsis) are movement ops; tensor indices select by a
+one-hot mask and a sum; __setitem__ writes through a mask with `where`, so it stays lazy and elementwise."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from zeptograd.dtype import dtypes
+from zeptograd.tensor_helpers import broadcast_shape, normalize_axis
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+@dataclass(frozen=True)
+class _DimSel:
+    """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all)."""
+
+    lo: int
+    hi: int
+    flip: bool
+    step: int
+    n: int
+    drop: bool  # an int index: the dim disappears
+
+
+class IndexMixin:
+    __slots__ = ()
+
+    def _index_items(self: Tensor, indices) -> list:
+        """The index as a list of one item per input dim (plus Nones), with Ellipsis expanded and lists and bool
+        masks turned into int tensors."""
+        items = list(indices) if isinstance(indices, tuple) else [indices]
+        T = type(self)
+        for i, it in enumerate(items):
+            if isinstance(it, (list, np.ndarray)):
+                items[i] = T(np.asarray(it), device=self.device)
+            elif isinstance(it, bool):
+                raise TypeError("indexing with a Python bool is not supported")
+            elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
+                raise TypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
+        for i in range(len(items) - 1, -1, -1):  # a bool mask indexes as many dims as it has: its nonzero coords
+            it = items[i]
+            if isinstance(it, T) and it.dtype == dtypes.bool:
+                coords = it.nonzero() if it.ndim else None
+                items[i: i + 1] = [coords[:, j] for j in range(it.ndim)] if coords is not None else [None]
+            elif isinstance(it, T) and not dtypes.is_int(it.dtype):
+                raise IndexError(f"tensors used as indices must be integer or bool tensors, got {it.dtype}")
+        consumed = sum(1 for it in items if it is not None and it is not Ellipsis)
+        if sum(1 for it in items if it is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis")
+        if consumed > self.ndim:
+            raise IndexError(f"too many indices ({consumed}) for a tensor of shape {self.shape}")
+        if Ellipsis in items:
+            e = items.index(Ellipsis)
+            items[e: e + 1] = [slice(None)] * (self.ndim - consumed)
+        return items + [slice(None)] * (self.ndim - consumed)
+
+    def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:
+        """One _DimSel per input dim (tensor indices keep their dim whole), and the shape after basic indexing."""
+        sels, out_shape, dim = [], [], 0
+        for it in items:
+            if it is None:
+                out_shape.append(1)
+                continue
+            size = self.shape[dim]
+            if isinstance(it, (int, np.integer)):
+                i = int(it)
+                if not -size <= i < size:
+                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+                i += size if i < 0 else 0
+                sels.append(_DimSel(i, i + 1, False, 1, 1, True))
+            elif isinstance(it, slice):
+                start, stop, step = it.indices(size)
+                n = len(range(start, stop, step))
+                first, last = (start, start + (n - 1) * step) if n else (0, -1)
+                lo, hi = (first, last + 1) if step > 0 else (last, first + 1)
+                sels.append(_DimSel(lo, max(lo, hi), step < 0, abs(step), n, False))
+                out_shape.append(n)
+            else:  # a tensor index: basic indexing keeps the dim whole
+                sels.append(_DimSel(0, size, False, 1, size, False))
+                out_shape.append(size)
+            dim += 1
+        return sels, tuple(out_shape)
+
+    def _apply_basic(self: Tensor, sels: list[_DimSel], out_shape: tuple[int, ...]) -> Tensor:
+        x = self.shrink(tuple((s.lo, s.hi) for s in sels))
+        x = x.flip([d for d, s in enumerate(sels) if s.flip]) if any(s.flip for s in sels) else x
+        for d, s in enumerate(sels):  # every step-th: pad to n*step, split into (n, step), keep column 0
+            if s.step > 1 and s.n > 0:
+                x = x.pad(tuple((0, s.n * s.step - x.shape[d]) if i == d else None for i in range(x.ndim)))
+                x = x.reshape(x.shape[:d] + (s.n, s.step) + x.shape[d + 1:])
+                x = x.shrink(tuple((0, 1) if i == d + 1 else None for i in range(x.ndim)))
+                x = x.reshape(x.shape[: d + 1] + x.shape[d + 2:])
+        return x.reshape(out_shape)
+
+    def _unapply_basic(self: Tensor, v: Tensor, sels: list[_DimSel]) -> Tensor:
+        """The inverse of _apply_basic for a value v of the indexed shape: v placed into self's shape, zeros around."""
+        v = v.reshape(tuple(1 if s.drop else s.n for s in sels))
+        for d, s in enumerate(sels):
+            if s.step > 1 and s.n > 0:  # put step-1 zeros after each element
+                v = v.reshape(v.shape[: d + 1] + (1,) + v.shape[d + 1:])
+                v = v.pad(tuple((0, s.step - 1) if i == d + 1 else None for i in range(v.ndim)))
+                v = v.reshape(v.shape[:d] + (s.n * s.step,) + v.shape[d + 2:])
+                v = v.shrink(tuple((0, s.hi - s.lo) if i == d else None for i in range(v.ndim)))
+        v = v.flip([d for d, s in enumerate(sels) if s.flip]) if any(s.flip for s in sels) else v
+        return v.pad(tuple((s.lo, size - s.hi) for s, size in zip(sels, self.shape)))
+
+    def __getitem__(self: Tensor, indices) -> Tensor:
+        items = self._index_items(indices)
+        sels, out_shape = self._basic_plan(items)
+        x = self._apply_basic(sels, out_shape)
+        adv = [(pos, it) for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer)))
+               if isinstance(it, type(self))]
+        return x._advanced(adv) if adv else x
+
+    def _advanced(self: Tensor, adv: list) -> Tensor:
+        """Select with integer tensors at dims adv=[(dim, index)]: their broadcast shape replaces those dims (in
+        place if they are adjacent, else in front), as numpy and torch."""
+        dims = [d for d, _ in adv]
+        bshape = broadcast_shape(*[t.shape for _, t in adv])
+        rest = [d for d in range(self.ndim) if d not in dims]
+        sizes = [self.shape[d] for d in dims]
+        x = self.permute(*rest, *dims).reshape(*[self.shape[d] for d in rest], *[1] * len(bshape), *sizes)
+        mask = None
+        for k, (d, idx) in enumerate(adv):
+            idx = (idx < 0).where(idx + sizes[k], idx)._broadcast_to(bshape)
+            hot = idx.reshape(*bshape, *[1] * len(sizes))._one_hot_along(sizes[k], len(bshape) + k)
+            mask = hot if mask is None else mask & hot
+        out = x._select_sum(mask, tuple(range(-len(sizes), 0)))
+        at = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
+        nr, nb = len(rest), len(bshape)
+        return out.permute(*range(at), *range(nr, nr + nb), *range(at, nr))
+
+    def _select_sum(self: Tensor, mask: Tensor, axes) -> Tensor:
+        """Sum of self where mask (at most one hit per output): exact for every dtype, as a `where` and one reduce."""
+        return mask.where(self, 0).sum(axes).cast(self.dtype)
+
+    def __setitem__(self: Tensor, indices, v) -> None:
+        """t[indices] = v, lazily: t.assign(mask.where(v placed, t)). No kernel runs here."""
+        T = type(self)
+        v = v if isinstance(v, T) else T(v, device=self.device, dtype=self.dtype)
+        items = self._index_items(indices)
+        sels, out_shape = self._basic_plan(items)
+        if not any(isinstance(i, T) for i in items):
+            placed = self._unapply_basic(v.cast(self.dtype)._broadcast_to(out_shape), sels)
+            mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
+        else:  # tensor indices: which flat position each selected element writes; the last write wins
+            pos = T.arange(self.numel(), device=self.device).reshape(self.shape)[tuple(items)]
+            vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()
+            hit = pos.flatten().unsqueeze(0) == T.arange(self.numel(), device=self.device).unsqueeze(1)
+            mask, placed = hit.any(1).reshape(self.shape), _last_hit(hit, vals).reshape(self.shape)
+        self.assign(mask.where(placed, self))
+
+    # ***** gather / scatter *****
+    def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+        d = normalize_axis(dim, self.ndim, "dim")
+        if index.ndim != self.ndim:
+            raise ValueError(f"gather: index of shape {index.shape} needs as many dims as the input {self.shape}")
+        if any(i > s for k, (s, i) in enumerate(zip(self.shape, index.shape)) if k != d):
+            raise ValueError(f"gather: index shape {index.shape} is larger than the input {self.shape} outside dim {d}")
+        if not dtypes.is_int(index.dtype):
+            raise IndexError(f"gather needs an integer index tensor, got {index.dtype}")
+        x = self.shrink(tuple((0, i) if k != d else None for k, i in enumerate(index.shape)))
+        x = x.unsqueeze(-1).transpose(-1, d)  # the gathered dim moves to the end
+        return x._select_sum(index.unsqueeze(-1)._one_hot_along(self.shape[d], -1), -1)
+
+    def _pre_scatter(self: Tensor, dim: int, index: Tensor, src: Tensor) -> tuple[Tensor, Tensor]:
+        """src and a one-hot mask laid out as (*self.shape, n): [..., j] is what index sends to position j of dim."""
+        d = normalize_axis(dim, self.ndim, "dim")
+        if not index.ndim == self.ndim == src.ndim:
+            raise ValueError(f"scatter: self {self.shape}, index {index.shape} and src {src.shape} need equal ndim")
+        if any((k != d and s < i) or sr < i for k, (s, i, sr) in enumerate(zip(self.shape, index.shape, src.shape))):
+            raise ValueError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
+        src = src.cast(self.dtype).shrink(tuple((0, s) for s in index.shape))
+        src = src.unsqueeze(-1).expand(*src.shape, self.shape[d]).transpose(-1, d)
+        mask = index.unsqueeze(-1)._one_hot_along(self.shape[d], -1).transpose(-1, d)
+        pad = tuple((0, self.shape[i] - src.shape[i]) if i != d else None for i in range(self.ndim)) + (None,)
+        return src.pad(pad), mask.pad(pad)
+
+    def scatter(self: Tensor, dim: int, index: Tensor, src, reduce: str | None = None) -> Tensor:
+        if reduce not in (None, "add", "multiply"):
+            raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+        if not isinstance(src, type(self)):
+            src = index.full_like(src, dtype=self.dtype)
+        if reduce is not None:
+            return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
+        src, mask = self._pre_scatter(dim, index, src)
+        return mask.any(-1).where(_last_hit(mask, src), self)
+
+    def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str,
+                       include_self: bool = True) -> Tensor:
+        src, mask = self._pre_scatter(dim, index, src)
+        hit = mask.any(-1)
+        def base(identity):
+            return self if include_self else hit.where(identity, self)
+        if reduce == "sum":
+            return mask.where(src, 0).sum(-1).cast(self.dtype) + base(0)
+        if reduce == "prod":
+            return mask.where(src, 1).prod(-1).cast(self.dtype) * base(1)
+        if reduce == "amax":
+            return mask.where(src, dtypes.min(self.dtype)).max(-1).maximum(base(dtypes.min(self.dtype)))
+        if reduce == "amin":
+            return mask.where(src, dtypes.max(self.dtype)).min(-1).minimum(base(dtypes.max(self.dtype)))
+        if reduce == "mean":
+            count = mask.sum(-1) + (1 if include_self else hit.logical_not())
+            total = mask.where(src, 0).sum(-1) + base(0)
+            out = total / count
+            return out.cast(self.dtype) if dtypes.is_float(self.dtype) else total.div(count, rounding_mode="floor") \
+                .cast(self.dtype)
+        raise ValueError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+
+    # ***** masks *****
+    def masked_fill(self: Tensor, mask: Tensor, value) -> Tensor:
+        return mask.where(value, self).cast(self.dtype)
+
+    def _compact(self: Tensor, mask: Tensor, size: int | None, fill_value) -> Tensor:
+        """The elements of self (same shape as mask) where mask is true, in order, as a 1-D tensor of `size`."""
+        m = mask.flatten().bool()
+        if size is None:
+            size = int(m.sum().item())  # the result's shape depends on the data: this one number is read back
+        rank = m.cumsum(0) - 1  # where each selected element lands
+        hit = m.unsqueeze(0) & (rank.unsqueeze(0) == type(self).arange(size, device=self.device).unsqueeze(1))
+        out = self.flatten()._broadcast_to((size, m.shape[0]))._select_sum(hit, 1)
+        return hit.any(1).where(out, fill_value).cast(self.dtype)
+
+    def masked_select(self: Tensor, mask: Tensor, size: int | None = None, fill_value=0) -> Tensor:
+        shape = broadcast_shape(self.shape, mask.shape)
+        return self._broadcast_to(shape)._compact(mask._broadcast_to(shape), size, fill_value)
+
+    def nonzero(self: Tensor, size: int | None = None, fill_value=0) -> Tensor:
+        """The coordinates of the nonzero elements, one row each: shape (count, ndim), int64."""
+        m = self != 0
+        if size is None:
+            size = int(m.sum().item())
+        coords = [type(self).arange(s, dtype=dtypes.int64, device=self.device)
+                  .reshape(tuple(s if i == d else 1 for i in range(self.ndim)))._broadcast_to(self.shape)
+                  for d, s in enumerate(self.shape)]
+        if not coords:
+            return type(self).zeros(size, 0, dtype=dtypes.int64, device=self.device)
+        return type(self).stack(*[c._compact(m, size, fill_value) for c in coords], dim=1)
+
+
+def _last_hit(hit: Tensor, values: Tensor) -> Tensor:
+    """Along the last axis of hit: the value at the last true position (0 if none)."""
+    n = hit.shape[-1]
+    pos = type(hit).arange(n, device=hit.device)
+    last = hit.where(pos, -1).max(-1, keepdim=True)
+    return values._broadcast_to(hit.shape)._select_sum(pos == last, -1)
+

@@ -1,0 +1,242 @@
+"""Unary math and activations, each composed from the primitive ALU UOps (EXP2 LOG2 SIN SQRT RECIPROCAL TRUNC)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import Ops
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+# Abramowitz & Stegun 4.4.46 (asin, |error| <= 2e-8) and 7.1.26 (erf, |error| <= 1.5e-7), highest power first
+_ASIN = [-0.0012624911, 0.0066700901, -0.0170881256, 0.0308918810, -0.0501743046, 0.0889789874, -0.2145988016,
+         1.5707963050]
+_ERF = [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0]
+
+
+class MathMixin:
+    __slots__ = ()
+
+    def _unary_float(self: Tensor, op: Ops) -> Tensor:
+        return self._float()._alu(op)
+
+    def _poly(self: Tensor, coeffs: list[float]) -> Tensor:
+        ret = self.zeros_like() + coeffs[0]
+        for c in coeffs[1:]:
+            ret = ret * self + c
+        return ret
+
+    # ***** the primitives *****
+    def exp2(self: Tensor) -> Tensor:
+        return self._unary_float(Ops.EXP2)
+
+    def log2(self: Tensor) -> Tensor:
+        return self._unary_float(Ops.LOG2)
+
+    def sin(self: Tensor) -> Tensor:
+        return self._unary_float(Ops.SIN)
+
+    def sqrt(self: Tensor) -> Tensor:
+        return self._unary_float(Ops.SQRT)
+
+    def reciprocal(self: Tensor) -> Tensor:
+        return self._unary_float(Ops.RECIPROCAL)
+
+    def trunc(self: Tensor) -> Tensor:
+        return self._alu(Ops.TRUNC) if dtypes.is_float(self.dtype) else self
+
+    # ***** exponentials and logarithms *****
+    def exp(self: Tensor) -> Tensor:
+        return (self._float() * (1 / math.log(2))).exp2()
+
+    def log(self: Tensor) -> Tensor:
+        return self.log2() * math.log(2)
+
+    def log10(self: Tensor) -> Tensor:
+        return self.log2() * math.log10(2)
+
+    def rsqrt(self: Tensor) -> Tensor:
+        return self.sqrt().reciprocal()
+
+    def square(self: Tensor) -> Tensor:
+        return self * self
+
+    # ***** trigonometry *****
+    def cos(self: Tensor) -> Tensor:
+        return ((math.pi / 2) - self._float()).sin()
+
+    def tan(self: Tensor) -> Tensor:
+        return self.sin() / self.cos()
+
+    def asin(self: Tensor) -> Tensor:
+        a = self._float().abs()
+        return self._float().sign() * (math.pi / 2 - (1.0 - a).sqrt() * a._poly(_ASIN))
+
+    def acos(self: Tensor) -> Tensor:
+        return math.pi / 2 - self.asin()
+
+    def atan(self: Tensor) -> Tensor:
+        a = self._float().abs()
+        big = a > 1
+        y = big.where(a.maximum(1.0).reciprocal(), a)  # atan(a) = pi/2 - atan(1/a) keeps the argument in [0, 1]
+        r = (y / (y * y + 1).sqrt()).asin()
+        return self._float().sign() * big.where(math.pi / 2 - r, r)
+
+    def sinh(self: Tensor) -> Tensor:
+        return (self.exp() - (-self).exp()) * 0.5
+
+    def cosh(self: Tensor) -> Tensor:
+        return (self.exp() + (-self).exp()) * 0.5
+
+    def tanh(self: Tensor) -> Tensor:
+        return 2.0 * (2.0 * self._float()).sigmoid() - 1.0
+
+    def asinh(self: Tensor) -> Tensor:
+        a = self._float().abs()
+        return self._float().sign() * (a + (a * a + 1).sqrt()).log()
+
+    def acosh(self: Tensor) -> Tensor:
+        x = self._float()
+        return (x + (x * x - 1).sqrt()).log()
+
+    def atanh(self: Tensor) -> Tensor:
+        x = self._float()
+        return ((1 + x) / (1 - x)).log() * 0.5
+
+    def erf(self: Tensor) -> Tensor:
+        x = self._float()
+        t = 1.0 / (1.0 + 0.3275911 * x.abs())
+        return x.sign() * (1.0 - t._poly(_ERF) * (-x.square()).exp())
+
+    # ***** rounding and signs *****
+    def floor(self: Tensor) -> Tensor:
+        t = self.trunc()
+        return (t > self).where(t - 1, t) if dtypes.is_float(self.dtype) else self
+
+    def ceil(self: Tensor) -> Tensor:
+        t = self.trunc()
+        return (t < self).where(t + 1, t) if dtypes.is_float(self.dtype) else self
+
+    def round(self: Tensor) -> Tensor:
+        """Half to even, as torch."""
+        if not dtypes.is_float(self.dtype):
+            return self
+        f = self.floor()
+        d = self - f
+        f_odd = (f * 0.5).floor() * 2 != f
+        return (d > 0.5).where(f + 1, (d < 0.5).where(f, f_odd.where(f + 1, f)))
+
+    def sign(self: Tensor) -> Tensor:
+        if self.dtype == dtypes.bool:
+            return self
+        if not dtypes.is_float(self.dtype):
+            return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
+        return (self > 0).where(1.0, (self < 0).where(-1.0, self * 0))  # sign(nan) is nan
+
+    def abs(self: Tensor) -> Tensor:
+        if self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype):
+            return self
+        return self * self.sign() if dtypes.is_float(self.dtype) else (self < 0).where(-self, self)
+
+    def copysign(self: Tensor, other) -> Tensor:
+        x = self._float()
+        o = other if isinstance(other, type(self)) else self._scalar(float(other), x.dtype)
+        neg = (o < 0) | ((o == 0) & (o._float().reciprocal() < 0)) if dtypes.is_float(o.dtype) else (o < 0)
+        return neg.where(-x.abs(), x.abs())
+
+    def logaddexp(self: Tensor, other) -> Tensor:
+        a, b = self._float()._operands(other)
+        m = a.maximum(b)
+        return m + ((a - m).exp() + (b - m).exp()).log()
+
+    # ***** tests *****
+    def isnan(self: Tensor) -> Tensor:
+        return self != self
+
+    def isinf(self: Tensor, detect_positive: bool = True, detect_negative: bool = True) -> Tensor:
+        return ((self == math.inf) & detect_positive) | ((self == -math.inf) & detect_negative)
+
+    def isfinite(self: Tensor) -> Tensor:
+        return (self.isinf() | self.isnan()).logical_not()
+
+    def isclose(self: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+        a, b = self._operands(other)
+        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+        return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+    def allclose(self: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+        return self.isclose(other, rtol, atol, equal_nan).all()
+
+    def clamp(self: Tensor, min_=None, max_=None) -> Tensor:
+        if min_ is None and max_ is None:
+            raise ValueError("clamp needs at least one of min_ and max_")
+        x = self if min_ is None else self.maximum(min_)
+        return x if max_ is None else x.minimum(max_)
+
+    def clip(self: Tensor, min_=None, max_=None) -> Tensor:
+        return self.clamp(min_, max_)
+
+    # ***** activations *****
+    def relu(self: Tensor) -> Tensor:
+        return (self > 0).where(self, 0)
+
+    def relu6(self: Tensor) -> Tensor:
+        return self.relu() - (self - 6).relu()
+
+    def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor:
+        return (self < 0).where(self * neg_slope, self)
+
+    def sigmoid(self: Tensor) -> Tensor:
+        x = self._float()
+        e = (-x.abs()).exp()  # never overflows, so neither the value nor its gradient is inf * 0
+        return (x >= 0).where(1 / (1 + e), e / (1 + e))
+
+    def logsigmoid(self: Tensor) -> Tensor:
+        return -(-self).softplus()
+
+    def hardsigmoid(self: Tensor, alpha: float = 1 / 6, beta: float = 0.5) -> Tensor:
+        return (alpha * self + beta).relu() - (alpha * self + beta - 1).relu()
+
+    def hardswish(self: Tensor) -> Tensor:
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def hardtanh(self: Tensor, min_val: float = -1, max_val: float = 1) -> Tensor:
+        return self.clip(min_val, max_val)
+
+    def elu(self: Tensor, alpha: float = 1.0) -> Tensor:
+        return (self > 0).where(self, alpha * (self.minimum(0).exp() - 1))
+
+    def celu(self: Tensor, alpha: float = 1.0) -> Tensor:
+        return self.maximum(0) + (alpha * ((self.minimum(0) / alpha).exp() - 1))
+
+    def selu(self: Tensor, alpha: float = 1.67326, gamma: float = 1.0507) -> Tensor:
+        return gamma * self.elu(alpha)
+
+    def gelu(self: Tensor, approximate: str = "tanh") -> Tensor:
+        if approximate == "none":
+            return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
+        if approximate != "tanh":
+            raise ValueError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
+        return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+
+    def quick_gelu(self: Tensor) -> Tensor:
+        return self * (self * 1.702).sigmoid()
+
+    def silu(self: Tensor) -> Tensor:
+        return self * self.sigmoid()
+
+    def swish(self: Tensor) -> Tensor:
+        return self.silu()
+
+    def softplus(self: Tensor, beta: float = 1.0) -> Tensor:
+        x = self._float() * beta
+        return (x.maximum(0) + (1 + (-x.abs()).exp()).log()) * (1 / beta)
+
+    def mish(self: Tensor) -> Tensor:
+        return self * self.softplus().tanh()
+
+    def softsign(self: Tensor) -> Tensor:
+        return self / (1 + self.abs())

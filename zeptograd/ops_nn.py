@@ -1,0 +1,330 @@
+"""Neural-network ops: products and einsum, convolutions and pooling (sliding windows + reduces), normalization,
+attention, dropout and losses. All are compositions of the ops in the other modules."""
+
+from __future__ import annotations
+
+import functools
+import math
+import string
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
+from zeptograd.tensor_helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+class NNMixin:
+    __slots__ = ()
+
+    # ***** products *****
+    def dot(self: Tensor, w: Tensor, dtype: DTypeLike | None = None) -> Tensor:
+        """numpy/torch matmul semantics: 1-D operands are vectors, leading dims broadcast."""
+        x, dx, dw = self, self.ndim, w.ndim
+        if dx == 0 or dw == 0:
+            raise ValueError(f"matmul needs tensors of at least 1 dimension, got shapes {x.shape} and {w.shape}")
+        axis_w = -min(dw, 2)
+        if x.shape[-1] != w.shape[axis_w]:
+            raise ValueError(f"matmul of incompatible shapes {x.shape} and {w.shape}: "
+                             f"{x.shape[-1]} != {w.shape[axis_w]}")
+        x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
+        w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
+        return (x * w).sum(-1, dtype=dtype).cast(out_dt)
+
+    def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+        return x.dot(self, dtype=dtype) if reverse else self.dot(x, dtype=dtype)
+
+    def __matmul__(self, x):
+        return self.matmul(x)
+
+    def __rmatmul__(self, x):
+        return self.matmul(x, True)
+
+    def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None, dtype: DTypeLike | None = None) -> Tensor:
+        """self @ weight + bias, with weight of shape (in, out) as tinygrad (torch's F.linear takes weight.T)."""
+        x = self * weight if weight.ndim == 1 else self.dot(weight, dtype=dtype)
+        return x if bias is None else x + bias
+
+    @classmethod
+    def einsum(cls, formula: str, *operands, dtype: DTypeLike | None = None) -> Tensor:
+        xs: list[Tensor] = list(argfix(*operands))
+        inputs, output = _parse_einsum(formula.replace(" ", ""), xs)
+        if len(inputs) != len(xs):
+            raise ValueError(f"einsum {formula!r} names {len(inputs)} operands, got {len(xs)}")
+        sizes: dict[str, int] = {}
+        prepared = []
+        for letters, x in zip(inputs, xs):
+            if len(letters) != x.ndim:
+                raise ValueError(f"einsum operand {letters!r} does not match shape {x.shape}")
+            while len(set(letters)) != len(letters):  # a repeated letter takes the diagonal ("ii->i")
+                c = next(c for c in letters if letters.count(c) > 1)
+                i, j = letters.index(c), letters.index(c, letters.index(c) + 1)
+                x, letters = x.diagonal(0, i, j), letters[:i] + letters[i + 1:j] + letters[j + 1:] + c
+            for c, s in zip(letters, x.shape):
+                if c in sizes and s != sizes[c] and 1 not in (s, sizes[c]):
+                    raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+                sizes[c] = s if c not in sizes or sizes[c] == 1 else sizes[c]
+            prepared.append((letters, x))
+        alphabet = sorted(sizes)
+        full = [sizes[c] for c in alphabet]
+        terms = []
+        for letters, x in prepared:  # every operand laid out over the whole alphabet, then broadcast
+            x, letters = x.permute(argsort(list(letters))), sorted(letters)
+            terms.append(x.reshape([x.shape[letters.index(c)] if c in letters else 1 for c in alphabet]).expand(full))
+        prod_ = functools.reduce(lambda a, b: a * b, terms)
+        summed = [i for i, c in enumerate(alphabet) if c not in output]
+        ret = prod_.sum(summed, dtype=dtype) if summed else prod_
+        remaining = [c for c in alphabet if c in output]
+        return ret.permute([remaining.index(c) for c in output])
+
+    # ***** convolutions *****
+    def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1,
+               padding: int | Sequence[int] = 0, dtype: DTypeLike | None = None) -> Tensor:
+        """N-d convolution (1-d, 2-d, 3-d by the weight's rank): sliding windows times the weight, summed."""
+        (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        if self.ndim != weight.ndim or groups * cin != cin_ or cout % groups:
+            raise ValueError(f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
+                             f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})")
+        x = self.pad(resolve_pool_pads(padding, len(hw)))._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
+        rcout, oyx = cout // groups, x.shape[2:-len(hw)]
+        x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
+        x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
+        w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
+        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
+        ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
+        ret = ret.reshape(bs, cout, *oyx)
+        return ret if bias is None else ret + bias.reshape(1, -1, *[1] * len(hw))
+
+    def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1,
+                         dilation=1, padding=0, output_padding=0) -> Tensor:
+        """The gradient of conv2d as a conv2d: stride becomes zeros between inputs, the kernel flips."""
+        hw = weight.shape[2:]
+        if self.ndim != weight.ndim or self.shape[1] != weight.shape[0]:
+            raise ValueError(f"conv_transpose2d: input of shape {self.shape} does not match weight of shape "
+                             f"{weight.shape} (input channels must equal weight.shape[0])")
+        w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1))
+        dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
+        grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
+        pads = [p for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
+                for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)]
+        x, strides = self, make_tuple(stride, len(hw))
+        if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
+            x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
+            x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
+            x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
+            x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
+        return x.conv2d(w.flatten(end_dim=1), groups=groups, bias=bias, dilation=dilation, padding=pads)
+
+    # ***** pooling *****
+    def _ceil_pads(self: Tensor, pads: list[int], k_: tuple[int, ...], s_, d_) -> list[int]:
+        """Extra right padding so that ceil_mode's last, partial window exists (and never starts in the padding)."""
+        s_, d_, i_ = make_tuple(s_, len(k_)), make_tuple(d_, len(k_)), self.shape[-len(k_):]
+        pads = list(pads)
+        for dim, (i, s, k, d, (pb, pa)) in enumerate(zip(i_, s_, k_, d_, flat_to_grouped(pads))):
+            o = -(-(i + pb + pa - (d * (k - 1) + 1)) // s) + 1
+            pads[-1 - dim * 2] += s * (o - 1) + (d * (k - 1) + 1) - (i + pb + pa) - max(s * (o - 1) - (pb + i - 1), 0)
+        return pads
+
+    def _pool_windows(self: Tensor, kernel_size, stride, dilation, padding, ceil_mode: bool, value=0.0):
+        k_ = make_tuple(kernel_size, 2)
+        s_ = k_ if stride is None else stride
+        pads = resolve_pool_pads(padding, len(k_))
+        if ceil_mode:
+            pads = self._ceil_pads(pads, k_, s_, dilation)
+        return self.pad(pads, value=value)._pool(k_, s_, dilation), k_, s_, pads
+
+    def avg_pool2d(self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False,
+                   count_include_pad=True) -> Tensor:
+        k_ = make_tuple(kernel_size, 2)
+        axis = tuple(range(-len(k_), 0))
+        pooled, k_, s_, pads = self._pool_windows(k_, stride, dilation, padding, ceil_mode)
+        if not count_include_pad:
+            ones = self.ones_like()._pool_windows(k_, stride, dilation, padding, ceil_mode)[0]
+            return pooled.sum(axis) / ones.sum(axis)
+        if not ceil_mode:
+            return pooled.mean(axis)
+        reg = resolve_pool_pads(padding, len(k_))  # count the user's padding, not the ceil-mode extra
+        ones = self.ones_like().pad(reg).pad([c - r for c, r in zip(pads, reg)])._pool(k_, s_, dilation)
+        return pooled.sum(axis) / ones.sum(axis)
+
+    def max_pool2d(self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False,
+                   return_indices=False):
+        k_ = make_tuple(kernel_size, 2)
+        axis = tuple(range(-len(k_), 0))
+        pooled, k_, s_, pads = self._pool_windows(k_, stride, dilation, padding, ceil_mode, dtypes.min(self.dtype))
+        out = pooled.max(axis)
+        if not return_indices:
+            return out
+        spatial = self.shape[-len(k_):]
+        n = math.prod(spatial)  # flat index within the spatial dims, as torch; the first maximum wins
+        rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device).reshape(spatial)
+        rev = rev.pad(pads)._pool(k_, s_, dilation)
+        idx = (pooled == out.reshape(*out.shape, *[1] * len(k_))).where(rev, 0).max(axis)
+        return out, n - idx
+
+    def max_unpool2d(self: Tensor, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0,
+                     output_size=None) -> Tensor:
+        bs, c, *spatial = self.shape
+        if output_size is None:
+            k_ = make_tuple(kernel_size, len(spatial))
+            d_, s_ = make_tuple(dilation, len(spatial)), make_tuple(stride if stride is not None else k_, len(spatial))
+            p_ = flat_to_grouped(resolve_pool_pads(padding, len(spatial)))
+            output_size = tuple((i - 1) * s - (pb + pa) + (d * (k - 1) + 1)
+                                for i, k, d, s, (pb, pa) in zip(spatial, k_, d_, s_, p_))
+        else:
+            output_size = tuple(output_size[-len(spatial):])
+        n = math.prod(output_size)
+        hot = indices.reshape(bs, c, 1, -1)._one_hot_along(n, 2)
+        return hot.where(self.reshape(bs, c, 1, -1), 0).sum(3).cast(self.dtype).reshape(bs, c, *output_size)
+
+    def interpolate(self: Tensor, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
+        """Resize the last len(size) dims: 'nearest' (torch's floor rule), 'nearest-exact', or 'linear'."""
+        if mode not in ("linear", "nearest", "nearest-exact"):
+            raise ValueError(f"interpolate mode must be linear, nearest or nearest-exact, got {mode!r}")
+        if align_corners and mode != "linear":
+            raise ValueError("align_corners needs mode='linear'")
+        x, expand = self, list(self.shape)
+        for i in range(-1, -len(size) - 1, -1):
+            n_in, n_out = self.shape[i], size[i]
+            scale = (n_in - 1) / (n_out - 1) if align_corners and n_out > 1 else n_in / n_out
+            arr = type(self).arange(n_out, dtype=dtypes.float32, device=self.device)
+            shape = [1] * self.ndim
+            shape[i] = expand[i] = n_out
+            if mode == "linear":
+                pos = (arr * scale if align_corners else ((arr + 0.5) * scale - 0.5).maximum(0)).minimum(n_in - 1)
+                lo = pos.floor()
+                frac = (pos - lo).reshape(shape).expand(expand)
+                lo_i = lo.cast(dtypes.int32).reshape(shape).expand(expand)
+                hi_i = (lo + 1).minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand)
+                x = x.gather(i, lo_i).lerp(x.gather(i, hi_i), frac)
+            else:
+                pos = (arr + 0.5) * scale if mode == "nearest-exact" else arr * scale
+                x = x.gather(i, pos.floor().minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand))
+        return x.cast(self.dtype) if dtypes.is_float(self.dtype) else x
+
+    # ***** normalization *****
+    def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
+
+    def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+                  axis: int | tuple[int, ...] = 1) -> Tensor:
+        axes = tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        x = self - mean.reshape(shape)
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        x = x * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
+        return x if bias is None else x + bias.reshape(shape)
+
+    def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+        return self / (self.abs() ** p).sum(dim, keepdim=True).pow(1 / p).maximum(eps)
+
+    def dropout(self: Tensor, p: float = 0.5) -> Tensor:
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        if not type(self).training or p == 0:
+            return self
+        if p == 1:
+            return self.zeros_like()
+        keep = type(self).rand(*self.shape, device=self.device) >= p
+        return keep.where(self * (1 / (1 - p)), 0)
+
+    def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False):
+        if enable_gqa:
+            key = key.repeat_interleave(self.shape[-3] // key.shape[-3], dim=-3)
+            value = value.repeat_interleave(self.shape[-3] // value.shape[-3], dim=-3)
+        qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
+        if is_causal:
+            if attn_mask is not None:
+                raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+            attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
+        if attn_mask is not None:
+            qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
+        return qk.softmax(-1).dropout(dropout_p) @ value
+
+    # ***** classification helpers and losses *****
+    def _one_hot_along(self: Tensor, num_classes: int, dim: int = -1) -> Tensor:
+        """bool (self == class) along a new size-num_classes axis at position dim of self (an existing axis of 1)."""
+        d = normalize_axis(dim, self.ndim)
+        classes = type(self).arange(num_classes, device=self.device)
+        return self == classes.reshape(tuple(num_classes if i == d else 1 for i in range(self.ndim)))
+
+    def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
+        if dtypes.is_float(self.dtype):
+            raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+        if num_classes == -1:
+            num_classes = int(self.max().item()) + 1
+        return self.unsqueeze(-1)._one_hot_along(num_classes).cast(dtypes.int64)
+
+    def _do_reduction(self: Tensor, reduction: str = "mean") -> Tensor:
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        return self.mean() if reduction == "mean" else self.sum() if reduction == "sum" else self
+
+    def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+        """Classes on dim 1 (dim 0 for one unbatched sample); Y is class indices or class probabilities."""
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        x = self.unsqueeze(0) if self.ndim == 1 else self
+        y = Y.unsqueeze(0) if self.ndim == 1 else Y
+        c = x.shape[1]
+        if y.ndim < x.ndim:
+            y = y.unsqueeze(1)._one_hot_along(c, 1).cast(x.dtype)
+        y = y * (1 - label_smoothing) + label_smoothing / c
+        ret = -(x.log_softmax(axis=1) * y).sum(axis=1)
+        return (ret.reshape(()) if self.ndim == 1 else ret)._do_reduction(reduction)
+
+    def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
+                 reduction: str = "mean") -> Tensor:
+        w = Y.ones_like(dtype=self.dtype) if weight is None else weight.gather(0, Y.flatten()).reshape(Y.shape)
+        if ignore_index is not None:
+            w = w * (Y != ignore_index)
+        nll = -self.gather(1, Y.unsqueeze(1)).squeeze(1) * w
+        return nll.sum() / w.sum() if reduction == "mean" else nll._do_reduction(reduction)
+
+    def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing=0.0,
+                                        reduction: str = "mean") -> Tensor:
+        """Classes on the last dim; entries whose label is ignore_index don't count."""
+        log_probs = self.log_softmax()
+        keep = Y != ignore_index
+        y = Y.unsqueeze(-1)._one_hot_along(self.shape[-1]) & keep.unsqueeze(-1)
+        smoothing = label_smoothing * (log_probs.mean(-1) * keep)
+        unreduced = (1 - label_smoothing) * y.where(log_probs, 0).sum(-1) + smoothing
+        if reduction == "mean":
+            return -unreduced.sum() / keep.sum()
+        return -(unreduced.sum() if reduction == "sum" else unreduced)
+
+    def binary_crossentropy(self: Tensor, Y: Tensor, reduction: str = "mean") -> Tensor:
+        log_p, log_1mp = self.log().maximum(-100), (1 - self).log().maximum(-100)  # clamped as torch
+        return (-(Y * log_p + (1 - Y) * log_1mp))._do_reduction(reduction)
+
+    def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: str = "mean",
+                                   pos_weight: Tensor | None = None) -> Tensor:
+        pos = Y * self.logsigmoid() * (1 if pos_weight is None else pos_weight)
+        return (-(pos + (1 - Y) * (-self).logsigmoid()))._do_reduction(reduction)
+
+    def sequential(self: Tensor, ll: list[Callable[[Tensor], Tensor]]) -> Tensor:
+        return functools.reduce(lambda x, f: f(x), ll, self)
+
+
+def _parse_einsum(formula: str, xs: list) -> tuple[list[str], str]:
+    """'ij,jk' -> (['ij', 'jk'], 'ik'); '...' becomes letters not used elsewhere, aligned from the right."""
+    lhs, _, rhs = formula.partition("->")
+    inputs = lhs.split(",")
+    if "..." in formula:
+        free = [c for c in string.ascii_letters if c not in formula]
+        n_ell = max((x.ndim - (len(s) - 3) for s, x in zip(inputs, xs) if "..." in s), default=0)
+        ell = "".join(free[:n_ell])
+        inputs = [s.replace("...", ell[n_ell - (x.ndim - (len(s) - 3)):]) for s, x in zip(inputs, xs)]
+        if "->" in formula:
+            rhs = rhs.replace("...", ell)
+    if "->" not in formula:
+        joined = "".join(inputs)
+        rhs = ("".join(free[:n_ell]) if "..." in formula else "") + \
+            "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c.isalpha() and c not in
+                           ("".join(free[:n_ell]) if "..." in formula else "")))
+    return inputs, rhs

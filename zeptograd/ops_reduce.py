@@ -1,0 +1,217 @@
+"""Reductions (one REDUCE_AXIS each), scans, softmax, and sorting, composed from movement, ALU and reduce ops."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
+from zeptograd.tensor_helpers import normalize_axis, prod
+from zeptograd.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+class ReduceMixin:
+    __slots__ = ()
+
+    def _axes(self: Tensor, axis) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        return tuple(sorted({normalize_axis(a, self.ndim) for a in axes}))
+
+    def _reduce(self: Tensor, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
+        """One REDUCE_AXIS over the reduced axes (kept as size 1), then a reshape if not keepdim (seed 004)."""
+        axes = self._axes(axis)
+        if self.ndim == 0 or not axes:
+            return self
+        ret = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+        return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def _acc_reduce(self: Tensor, op: Ops, axis, keepdim: bool, dtype: DTypeLike | None) -> Tensor:
+        """sum/prod: ints accumulate (and return) int64, halves accumulate in float32 and return half, as torch."""
+        out = self.cast(to_dtype(dtype) if dtype is not None else sum_acc_dtype(self.dtype))._reduce(op, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
+
+    def sum(self: Tensor, axis=None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+        return self._acc_reduce(Ops.ADD, axis, keepdim, dtype)
+
+    def prod(self: Tensor, axis=None, keepdim: bool = False, dtype: DTypeLike | None = None) -> Tensor:
+        return self._acc_reduce(Ops.MUL, axis, keepdim, dtype)
+
+    def max(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        return self._reduce(Ops.MAX, axis, keepdim)
+
+    def _inverse(self: Tensor) -> Tensor:
+        """An order-reversing bijection: max of the inverse is the inverse of the min."""
+        if dtypes.is_float(self.dtype):
+            return -self
+        return self.logical_not() if self.dtype == dtypes.bool else ~self
+
+    def min(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        return self._inverse().max(axis, keepdim)._inverse()
+
+    def any(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        return self.bool().max(axis, keepdim)
+
+    def all(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def mean(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        x = self._float()
+        n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
+        out = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))
+        return (out / n if n else out * float("nan")).cast(x.dtype)
+
+    def var(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        x = self._float()
+        n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
+        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        return sq / max(0, n - correction)
+
+    def std(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def var_mean(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def std_mean(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def argmax(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        """The index of the first maximum (int64, as torch)."""
+        if axis is None:
+            return self.flatten().argmax(0).reshape((1,) * self.ndim if keepdim else ())
+        d = normalize_axis(axis, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        x = self if self.ndim else self.reshape(1)
+        rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device)
+        rev = rev.reshape(tuple(n if i == d else 1 for i in range(x.ndim)))
+        idx = (x == x.max(d, keepdim=True)).where(rev, 0).max(d, keepdim)
+        return (n - idx).reshape(()) if self.ndim == 0 else n - idx
+
+    def argmin(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        return self._inverse().argmax(axis, keepdim)
+
+    def logsumexp(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        x = self._float()
+        m = x.max(axis, keepdim=True)
+        m = m.isinf().where(0, m).detach()
+        ret = (x - m).exp().sum(axis, keepdim=True).log() + m
+        return ret if keepdim else ret.reshape(x.max(axis).shape)
+
+    # ***** scans: each output i reduces the inputs j <= i, through a triangular mask (one reduce) *****
+    def _scan_windows(self: Tensor, d: int, identity) -> tuple[Tensor, Tensor]:
+        """(x moved to the last axis and repeated as rows i: x[..., i, j] = x[j] where j <= i, else identity; mask)"""
+        x = self.transpose(d, -1)
+        n = x.shape[-1]
+        rows = type(self).arange(n, device=self.device).reshape(n, 1)
+        mask = type(self).arange(n, device=self.device).reshape(1, n) <= rows
+        return mask.where(x.unsqueeze(-2).expand(*x.shape[:-1], n, n), identity), mask
+
+    def _scan(self: Tensor, axis: int, op: Ops, dtype=None) -> Tensor:
+        if self.ndim == 0:
+            return self.cast(dtype or self.dtype)
+        d = normalize_axis(axis, self.ndim)
+        x = self.cast(dtype or self.dtype)
+        identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
+        windows, _ = x._scan_windows(d, identity)
+        return windows._reduce(op, -1).transpose(d, -1)
+
+    def cumsum(self: Tensor, axis: int = 0) -> Tensor:
+        return self._scan(axis, Ops.ADD, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+
+    def cumprod(self: Tensor, axis: int = 0) -> Tensor:
+        return self._scan(axis, Ops.MUL, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+
+    def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+        """(running max, index of the last element equal to it), as torch."""
+        values = self._scan(axis, Ops.MAX)
+        if self.ndim == 0:
+            return values, type(self)(0, dtype=dtypes.int64, device=self.device)
+        d = normalize_axis(axis, self.ndim)
+        windows, mask = self._scan_windows(d, dtypes.min(self.dtype))
+        n = windows.shape[-1]
+        hit = mask & (windows == values.transpose(d, -1).unsqueeze(-1))
+        idx = hit.where(type(self).arange(n, dtype=dtypes.int64, device=self.device), -1).max(-1)
+        return values, idx.transpose(d, -1)
+
+    def cummin(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
+        values, idx = self._inverse().cummax(axis)
+        return values._inverse(), idx
+
+    def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
+        if self.ndim == 0:
+            return self._float()
+        d = normalize_axis(axis, self.ndim)
+        x = self._float()
+        cm = x.cummax(d)[0].transpose(d, -1).unsqueeze(-1)
+        cm = cm.isinf().where(0, cm).detach()
+        windows, mask = x._scan_windows(d, 0.0)
+        ret = mask.where((windows - cm).exp(), 0).sum(-1).log() + cm.squeeze(-1)
+        return ret.transpose(d, -1)
+
+    # ***** softmax *****
+    def softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+        x = self.cast(dtype) if dtype is not None else self._float()
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+        x = self.cast(dtype) if dtype is not None else self._float()
+        m = x - x.max(axis, keepdim=True).detach()
+        return m - m.exp().sum(axis, keepdim=True).log()
+
+    def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
+        return (-self).softmax(axis, dtype)
+
+    # ***** sorting: a bitonic network of compare-exchange steps (min/max), one kernel per step *****
+    def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        """(sorted values, int64 indices into self); equal values keep their order."""
+        d = normalize_axis(dim, self.ndim) if self.ndim else 0
+        if self.ndim == 0 or self.shape[d] <= 1:
+            return self, self.zeros_like(dtype=dtypes.int64)
+        n = self.shape[d]
+        s = (n - 1).bit_length()
+        fill = dtypes.min(self.dtype) if descending else dtypes.max(self.dtype)
+        x = self.pad(tuple((0, 2 ** s - n) if i == d else None for i in range(self.ndim)), value=fill)
+        x = x.unflatten(d, (2,) * s)  # bit k of the position is dim d + s - 1 - k
+        def bit(k: int) -> int:
+            return d + s - 1 - k
+        for stage in range(1, s + 1):
+            flips = [bit(k) for k in range(stage)]
+            if stage != s:  # reverse the upper half of each 2^(stage+1) block: its merge then sorts it backwards
+                lo, hi = x.split(1, bit(stage))
+                x = lo.cat(hi.flip(flips), dim=bit(stage))
+            for sub in range(stage - 1, -1, -1):  # half-cleaners: compare-exchange at distance 2^sub
+                a, b = x.split(1, bit(sub))
+                small, big = a.minimum(b), a.maximum(b)
+                x = (big.cat(small, dim=bit(sub)) if descending else small.cat(big, dim=bit(sub))).contiguous()
+            if stage != s:
+                lo, hi = x.split(1, bit(stage))
+                x = lo.cat(hi.flip(flips), dim=bit(stage))
+        x = x.flatten(d, d + s - 1)._slice_dim(d, 0, n)
+        return x, self._sort_indices(x, d)
+
+    def _sort_indices(self: Tensor, x: Tensor, d: int) -> Tensor:
+        """Where each sorted value came from: among equal values, the k-th in x is the k-th in self."""
+        n = self.shape[d]
+        tri = type(self).ones(n, n, dtype=dtypes.bool, device=self.device).tril()
+        tri = tri.reshape((n, n) + (1,) * (self.ndim - d - 1))
+        def rank(t: Tensor) -> Tensor:  # how many equal values come before (and at) each position
+            return (tri & (t.unsqueeze(d) == t.unsqueeze(d + 1))).sum(d + 1)
+        same = (self.unsqueeze(d + 1) == x.unsqueeze(d)) & (rank(self).unsqueeze(d + 1) == rank(x).unsqueeze(d))
+        pos = type(self).arange(n, dtype=dtypes.int64, device=self.device)
+        pos = pos.reshape((n,) + (1,) * (self.ndim - d))
+        return same.where(pos, 0).sum(d)
+
+    def argsort(self: Tensor, dim: int = -1, descending: bool = False) -> Tensor:
+        return self.sort(dim, descending)[1]
+
+    def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
+        d = normalize_axis(dim, self.ndim) if self.ndim else 0
+        if not 0 <= k <= (self.shape[d] if self.ndim else 1):
+            raise ValueError(f"topk: k={k} is out of range for dimension {d} of shape {self.shape}")
+        values, idx = self.sort(d, descending=largest)
+        return (values, idx) if self.ndim == 0 else (values._slice_dim(d, 0, k), idx._slice_dim(d, 0, k))

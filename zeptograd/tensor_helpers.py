@@ -1,0 +1,61 @@
+"""Small helpers shared by the Tensor modules: argument normalization, shape arithmetic, error messages."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from zeptograd.helpers import argsort, ceildiv, flatten, prod  # noqa: F401  (re-exported for the Tensor modules)
+
+ConstType = float | int | bool
+PY_CONST = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
+    lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not lo <= axis <= hi:
+        raise IndexError(f"{what} {axis} is out of range for a tensor of {ndim} dimension(s) (expected {lo}..{hi})")
+    return int(axis) + ndim if axis < 0 else int(axis)
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max((len(s) for s in shapes), default=0)
+    padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                             f"(sizes {sorted(sizes)} meet in one dimension)")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def argfix(x: Any, *args: Any) -> tuple:
+    """f(1, 2), f((1, 2)) and f([1, 2]) all mean (1, 2)."""
+    if isinstance(x, (tuple, list)):
+        if args:
+            raise ValueError(f"pass the values either as one sequence or as separate arguments, not both: {x}, {args}")
+        return tuple(x)
+    return (x, *args)
+
+
+def make_tuple(x: int | Sequence[int], n: int) -> tuple[int, ...]:
+    return (x,) * n if isinstance(x, int) else tuple(x)
+
+
+def resolve_pool_pads(padding: int | Sequence[int], dims: int) -> list[int]:
+    """Pool/conv padding as a flat torch-style list (left, right, top, bottom, ...), last dimension first."""
+    if isinstance(padding, int):
+        return [padding] * (2 * dims)
+    if len(padding) == 2 * dims:
+        return list(padding)
+    if len(padding) == dims:
+        return [p for p in reversed(padding) for _ in range(2)]
+    raise ValueError(f"padding must be an int or a sequence of {dims} or {2 * dims} ints, got {padding}")
+
+
+def flat_to_grouped(padding: Sequence[int]) -> list[tuple[int, int]]:
+    """(left, right, top, bottom) -> [(top, bottom), (left, right)]: per dimension, first dimension first."""
+    return list(zip(padding[-2::-2], padding[::-2]))
