@@ -156,6 +156,6 @@ def test_realize_several_at_once():
     a, b = x + 1, x * 2
     GlobalCounters.reset()
     a.realize(b)
-    assert GlobalCounters.kernel_count == 2
+    assert GlobalCounters.kernel_count == 1  # two outputs of one shape from one input: one kernel
     np.testing.assert_allclose(a.numpy(), xn + 1)
     np.testing.assert_allclose(b.numpy(), xn * 2)

@@ -4,8 +4,10 @@ Covers construction, creation, movement, elementwise, reduce and output ops on
 several shapes and dtypes, including 0-d tensors, empty tensors, broadcasting,
 Python scalars on either side and non-contiguous views feeding the ops.
 """
+import contextlib
 import math
 import operator
+import signal
 
 import numpy as np
 import pytest
@@ -66,6 +68,18 @@ def check(t, expected, dtype=None, rtol=1e-5, atol=1e-6):
     np.testing.assert_allclose(out, expected.astype(out.dtype), rtol=rtol, atol=atol)
   else:
     np.testing.assert_array_equal(out, expected.astype(out.dtype))
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+  """fail (instead of hanging the whole run) if the body takes longer than `seconds`"""
+  def handler(signum, frame): raise TimeoutError(f"took longer than {seconds}s (hang?)")
+  old = signal.signal(signal.SIGALRM, handler)
+  signal.alarm(seconds)
+  try: yield
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
 
 
 # ----------------------------------------------------------------------------- construction
@@ -343,7 +357,7 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("shape", [(), (3, 5)])
+@pytest.mark.parametrize("shape", [(), (5,), (4, 6)])
 @pytest.mark.parametrize("op", list(UNARY))
 def test_unary_float32(op, shape):
   fn, npfn, (lo, hi), trans = UNARY[op]
@@ -402,7 +416,7 @@ def test_transcendental_of_int_is_float():
   ("int8", "uint8", 0, 127),
 ])
 def test_cast(src, dst, lo, hi):
-  x = data((3, 5), src, lo, hi, seed=12)
+  x = data((4, 6), src, lo, hi, seed=12)
   check(Tensor(x).cast(zdt(dst)), x.astype(NP_OF[dst]), dst, rtol=1e-3 if dst == "float16" else 1e-5)
 
 
@@ -464,7 +478,7 @@ def test_binary(op, dtype):
   check(BINARY[op][0](Tensor(x), Tensor(y)), expected, edt)
 
 
-@pytest.mark.parametrize("shape", [(), (0, 3), (2, 0, 4), (2, 3, 4)])
+@pytest.mark.parametrize("shape", [(), (7,), (0, 3), (2, 0, 4), (2, 3, 4), (4, 8)])
 @pytest.mark.parametrize("op", ["add", "div", "maximum", "lt"])
 def test_binary_shapes(op, shape):
   x = data(shape, seed=16)
@@ -476,8 +490,8 @@ def test_binary_shapes(op, shape):
 @pytest.mark.parametrize("dtype", ["float16", "float64", "int64", "int8", "uint8"])
 @pytest.mark.parametrize("op", ["add", "mul", "maximum"])
 def test_binary_other_dtypes(op, dtype):
-  x = data((2, 5), dtype, 0, 10, seed=18)
-  y = data((2, 5), dtype, 0, 10, seed=19)
+  x = data((3, 8), dtype, 0, 10, seed=18)
+  y = data((3, 8), dtype, 0, 10, seed=19)
   expected, edt = binary_expected(op, x, y, dtype)
   check(BINARY[op][0](Tensor(x), Tensor(y)), expected, edt, **tol_for(dtype))
 
@@ -791,6 +805,28 @@ def test_reduce_empty():
   check(Tensor(y).max(axis=2), np.zeros((2, 0), np.float32))
   check(Tensor(y).mean(axis=2), np.zeros((2, 0), np.float32))
   np.testing.assert_array_equal(Tensor(np.zeros((0, 3), np.int32)).sum(axis=0).numpy(), np.zeros(3))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("op", list(RED))
+def test_reduce_pow2(op, axis):
+  x = data((16, 32), seed=59)
+  check(RED[op][0](Tensor(x), axis=axis), RED[op][1](x.astype(np.float64), axis=axis).astype(np.float32), rtol=1e-5, atol=1e-5)
+  xi = data((16, 32), "int32", -50, 50, seed=62)
+  if op in ("max", "min"): check(RED[op][0](Tensor(xi), axis=axis), RED[op][1](xi, axis=axis), "int32")
+
+
+def test_mean_over_empty_axis_is_nan():
+  # torch/numpy: the mean of zero elements is nan
+  with time_limit(10):
+    out = Tensor.zeros(0).mean().numpy()
+  assert out.shape == () and np.isnan(out)
+  with time_limit(10):
+    out = Tensor.zeros(2, 0).mean(axis=1).numpy()
+  assert out.shape == (2,) and np.isnan(out).all()
+  with time_limit(10):
+    out = Tensor(np.zeros((2, 0, 4), np.float32)).mean(axis=1, keepdim=True).numpy()
+  assert out.shape == (2, 1, 4) and np.isnan(out).all()
 
 
 def test_reduce_large_sum():

@@ -203,9 +203,16 @@ class MathMixin:
 _uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
+def _arg_key(arg: Any) -> Any:
+    """A key under which equal args meet: nan equals nan, and -0.0 is not 0.0 (Python's == says otherwise)."""
+    if isinstance(arg, float) and (arg != arg or (arg == 0.0 and math.copysign(1.0, arg) < 0)):
+        return ("float", repr(arg))
+    return arg
+
+
 class UOpMeta(type):
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-        key = (op, dtype, src, arg)
+        key = (op, dtype, src, _arg_key(arg))
         try:
             ret = _uop_cache.get(key)
         except TypeError as e:  # an unhashable arg
