@@ -159,3 +159,53 @@ def test_realize_several_at_once():
     assert GlobalCounters.kernel_count == 1  # two outputs of one shape from one input: one kernel
     np.testing.assert_allclose(a.numpy(), xn + 1)
     np.testing.assert_allclose(b.numpy(), xn * 2)
+
+
+def test_scheduling_cost_grows_linearly():
+    from zeptograd.uop import upat
+
+    steps = []
+    for n in (1_000, 10_000, 100_000):
+        x, y = Tensor(np.ones(4, np.float32)), Tensor(np.ones(4, np.float32))
+        z = x
+        for _ in range(n):
+            z = z * y
+        before = upat.rewrite_steps[0]
+        z.schedule()
+        steps.append(upat.rewrite_steps[0] - before)
+    assert 5 < steps[1] / steps[0] < 20 and 5 < steps[2] / steps[1] < 20, steps  # ~10x per 10x nodes
+
+
+def test_kernels_read_a_bounded_number_of_buffers():
+    xs = [rng.standard_normal(8).astype(np.float32) for _ in range(70)]
+    t = Tensor(xs[0])
+    for x in xs[1:]:
+        t = t + Tensor(x)
+    items = t.schedule()
+    assert len(items) == 3 and max(len(i.bufs) for i in items) <= 33
+    np.testing.assert_allclose(t.numpy(), sum(xs), rtol=1e-5)
+
+
+def test_long_chain_peak_memory_stays_at_a_few_buffers():
+    n = 1 << 18
+    x, y = Tensor(np.ones(n, np.float32)), Tensor(np.full(n, 0.5, np.float32))
+    z = x
+    for _ in range(9000):
+        z = z + y
+    GlobalCounters.reset()
+    base = GlobalCounters.mem_used
+    assert len(z.schedule()) == 5
+    np.testing.assert_allclose(z.numpy()[:4], 4501.0)
+    assert GlobalCounters.mem_peak - base <= 3 * n * 4  # the output and two intermediates taking turns
+
+
+def test_split_reduce_two_kernels_or_one():
+    from zeptograd import Context
+
+    xn = rng.standard_normal(1 << 16).astype(np.float32)
+    x = Tensor(xn)
+    assert count_kernels(x.sum()) == 2
+    with Context(SPLIT_REDUCEOP=0):
+        assert count_kernels(x.sum()) == 1
+    np.testing.assert_allclose(x.sum().numpy(), xn.sum(), rtol=1e-4)
+    np.testing.assert_allclose(x.max().numpy(), xn.max())

@@ -23,6 +23,7 @@ from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
+MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
 
@@ -141,14 +142,18 @@ class Rangeify:
         return found
 
     def long_chains(self) -> set[UOp]:
-        """Nodes at which a fused chain of elementwise ops reaches MAX_KERNEL_OPS: materialized to cut it."""
+        """Where a fused chain of elementwise ops reaches MAX_KERNEL_OPS ops or MAX_KERNEL_BUFS input buffers:
+        materialized there to cut it (C compilers choke on huge functions; GPUs limit kernel arguments)."""
         cut: set[UOp] = set()
         ops: dict[UOp, int] = {}
+        bufs: dict[UOp, frozenset[UOp]] = {}
         for u in self.nodes:
             n = (u.op in GroupOp.ALU) + sum(ops[s] for s in u.src if s not in cut)
-            if n > MAX_KERNEL_OPS and u.op in GroupOp.ALU:
+            b = frozenset([u]) if u.op is Ops.BUFFER else frozenset().union(*[bufs[s] for s in u.src if s not in cut])
+            if u.op in GroupOp.ALU and (n > MAX_KERNEL_OPS or len(b) > MAX_KERNEL_BUFS):
                 cut.add(u)
-            ops[u] = min(n, MAX_KERNEL_OPS + 1)
+                n, b = 0, frozenset()
+            ops[u], bufs[u] = min(n, MAX_KERNEL_OPS + 1), b
         return cut
 
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
