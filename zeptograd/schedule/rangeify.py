@@ -85,9 +85,10 @@ class Rangeify:
             return [(x.src[1], req, ())]
         src = x.src[0]
         if op is Ops.RESHAPE:
+            # the outermost dimension needs no `% size`: where the read is valid, lin is in range
             lin = flat_index(idx, x.shape)
-            new = tuple(simplify((lin // st) % s) if s != 1 else UOp.const(dtypes.index, 0)
-                        for st, s in zip(strides_for_shape(src.shape), src.shape))
+            new = tuple(UOp.const(dtypes.index, 0) if s == 1 else simplify(lin // st if i == 0 else (lin // st) % s)
+                        for i, (st, s) in enumerate(zip(strides_for_shape(src.shape), src.shape)))
             return [(src, (new, valid), ())]
         if op is Ops.PERMUTE:
             new_list: list[UOp] = [UOp.const(dtypes.index, 0)] * len(arg)
@@ -123,7 +124,13 @@ class Rangeify:
                 used = {r for i in idx for r in i.ranges}
                 if scope - used:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
+        if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape) and \
+                any(r.arg[1] is AxisType.REDUCE for scope in reqs.values() for r in scope):
+            return True  # a padded input read in a reduce loop (conv): a padded copy makes every read unconditional
         return False
+
+    def reads_buffer(self, x: UOp) -> bool:
+        return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))
 
     def broadcast_reduces(self) -> set[UOp]:
         """Reduces whose result is expanded later (softmax's max): computed once, never per element of the expand."""

@@ -76,13 +76,15 @@ def fold_const_alu(x: UOp) -> UOp | None:
 
 
 def fold_div(x: UOp, c: UOp) -> UOp | None:
-    """# (a*c + b)//c -> a + b//c when a*c+b >= 0 and b >= 0; and drop terms too small to reach the next multiple"""
+    """# (a*(q*c+r) + b)//c -> a*q + (a*r + b)//c when every term is >= 0; and drop terms too small to carry"""
     if not is_int(x) or c.arg <= 0 or x.vmin < 0:
         return None
     d = c.arg
     terms, const = split_sum(x)
-    quotient = [(b, k // d) for b, k in terms if k % d == 0]
-    rest = [(b, k) for b, k in terms if k % d != 0]
+    if any(k < 0 or b.vmin < 0 for b, k in terms):
+        return None
+    quotient = [(b, k // d) for b, k in terms if k >= d]
+    rest = [(b, k % d) for b, k in terms if k % d != 0]
     q_const, r_const = divmod(const, d)
     rem = build_sum(rest, r_const, x)
     if rem.vmin < 0:
@@ -107,19 +109,19 @@ def fold_div(x: UOp, c: UOp) -> UOp | None:
 
 
 def fold_mod(x: UOp, c: UOp) -> UOp | None:
-    """# (a*c + b) % c -> b % c, and b % c -> b when 0 <= b < c"""
+    """# (a*(q*c+r) + b) % c -> (a*r + b) % c when every term is >= 0, and b % c -> b when 0 <= b < c"""
     if not is_int(x) or c.arg <= 0 or x.vmin < 0:
         return None
     d = c.arg
     if x.vmax < d:
         return x
     terms, const = split_sum(x)
-    rest = [(b, k) for b, k in terms if k % d != 0]
-    if len(rest) == len(terms) and 0 <= const < d:
+    if any(k < 0 or b.vmin < 0 for b, k in terms):
+        return None
+    rest = [(b, k % d) for b, k in terms if k % d != 0]
+    if rest == terms and 0 <= const < d:
         return None
     rem = build_sum(rest, const % d, x)
-    if rem.vmin < 0:
-        return None
     return rem if rem.vmax < d else rem % c
 
 
@@ -131,6 +133,21 @@ def lift_cmplt(x: UOp, c: UOp) -> UOp | None:
         return x.src[0] < UOp.const(x.dtype, c.arg - x.src[1].arg)
     if x.op is Ops.MUL and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
         return x.src[0] < UOp.const(x.dtype, -((-c.arg) // x.src[1].arg))
+    return None
+
+
+def fold_divmod_sum(x: UOp) -> UOp | None:
+    """# (a//c)*(c*k) + (a%c)*k -> a*k (ints: a == (a/c)*c + a%c holds for C's division at any sign)"""
+    if not is_int(x):
+        return None
+    terms, const = split_sum(x)
+    coef = dict(terms)
+    for b, k in terms:
+        if b.op is Ops.MOD and b.src[1].op is Ops.CONST and b.src[1].arg != 0:
+            q = UOp(Ops.IDIV, b.dtype, b.src)
+            if coef.get(q) == k * b.src[1].arg:
+                new = [(b.src[0], k) if t is q else (t, c) for t, c in terms if t is not b]
+                return build_sum(new, const, x)
     return None
 
 
@@ -187,4 +204,6 @@ symbolic = PatternMatcher([
      lambda x, y: (x if x.vmin >= y.vmax else y if y.vmin >= x.vmax else None) if is_int(x) else None),
     # cast(x) to x's own dtype -> x
     (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), lambda c, x: x if c.dtype == x.dtype else None),
+    # algebra: (a//c)*c*k + (a%c)*k -> a*k (range merging reads R//n and R%n)
+    (UPat(Ops.ADD, name="x"), fold_divmod_sum),
 ])

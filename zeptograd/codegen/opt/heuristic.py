@@ -67,10 +67,14 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
 
-    vec_i = max(range(len(axes)), key=lambda i: (contiguous_count(axes[i]), axes[i].arg[1] is AxisType.LOOP, i))
+    def vec_amount(r: UOp) -> int:
+        return largest_divisor(size(r), tuple(w for w in (16, 8, 4, 2) if w <= width))
+
+    vec_i = max(range(len(axes)), key=lambda i: (contiguous_count(axes[i]) * vec_amount(axes[i]),
+                                                 axes[i].arg[1] is AxisType.LOOP, i))
     vec_r = axes[vec_i]
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
-    vec_amt = largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4, 2) if w <= width))
+    vec_amt = vec_amount(vec_r)
     if contiguous_count(vec_r) and vec_amt > 1:
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(ast)
@@ -82,13 +86,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(ast))
     loop_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.LOOP]
     if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(opts) == 1:
+        # rows: an axis the vector-loaded operand does not depend on, so one vector load feeds every row
+        vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1]
         row = next((r for r in loop_axes if r.arg[0] != vec_r.arg[0] and
-                    any(stride(u.src[1], r) == 0 for u in idxs)), None)
+                    any(stride(u.src[1], r) == 0 for u in vec_loads)), None)
         if row is not None:
             axes = kernel_axes(ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if vi is not None:
-                take(Opt(OptOps.UPCAST, vi, largest_divisor(size(axes[vi]), (2,))))
+            if vi is not None and size(axes[vi]) % 2 == 0:
+                take(Opt(OptOps.UPCAST, vi, 2))
             axes = kernel_axes(ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
             take(Opt(OptOps.UPCAST, ri, largest_divisor(size(axes[ri]), (8, 6, 4, 2))))
