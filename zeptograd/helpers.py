@@ -72,6 +72,8 @@ SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1)
 TRACK_MATCH_STATS = ContextVar("TRACK_MATCH_STATS", 0)
 SPEC = ContextVar("SPEC", 0)
 DEVECTORIZE = ContextVar("DEVECTORIZE", 1)
+BEAM = ContextVar("BEAM", 0)  # search the optimizer actions with a beam this wide (engine/search.py)
+BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds of search per kernel
 THREADS = ContextVar("THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 

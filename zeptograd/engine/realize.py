@@ -13,7 +13,8 @@ from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffers
-from zeptograd.helpers import DEBUG, prod
+from zeptograd.engine.schedule_cache import cached_schedule
+from zeptograd.helpers import BEAM, DEBUG, prod
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
 from zeptograd.uop.ops import Ops, UOp, pretty
@@ -38,14 +39,20 @@ class CompiledKernel:
 _kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
 
 
-def get_kernel(device: str, ast: UOp) -> CompiledKernel:
-    key = (device, ast)
+def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKernel:
+    """The compiled kernel for a kernel graph; with BEAM=n and the kernel's buffers, its actions are searched."""
+    key = (device, ast, BEAM.value)
     if key in _kernel_cache:
         return _kernel_cache[key]
     dev = Device[device]
     if DEBUG >= 5:
         print(pretty(ast))
-    uops, opts = full_rewrite(ast, dev.renderer)  # type: ignore[arg-type]
+    opts = None
+    if BEAM >= 1 and bufs is not None and device.split(":")[0] not in ("PYTHON", "NULL"):
+        from zeptograd.engine.search import beam_search
+
+        opts = beam_search(device, ast, bufs, BEAM.value)
+    uops, opts = full_rewrite(ast, dev.renderer, opts)  # type: ignore[arg-type]
     if DEBUG >= 3:
         print(f"{kernel_name(ast)}: {opts}")
     if DEBUG >= 6:
@@ -83,7 +90,7 @@ def run_schedule(items: list[ScheduleItem]):
     for item in items:
         if capturing:
             capturing[-1].append(item)
-        kernel = get_kernel(item.device, item.ast)
+        kernel = get_kernel(item.device, item.ast, item.bufs)
         for b in item.bufs:
             b.ensure_allocated()
         t0 = time.perf_counter()
@@ -104,7 +111,7 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
     # while capturing, values realized before the capture are recomputed: the replay must compute them too
     outs = substitute_realized([t.uop for t in tensors], realized if not capturing else {})
     t0 = time.perf_counter()
-    items, becomes = create_schedule(outs)
+    items, becomes = cached_schedule(outs, create_schedule)  # create_schedule, or the template of an equal graph
     if DEBUG >= 1:
         n, ms = len(items), (time.perf_counter() - t0) * 1e3
         print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")

@@ -1,0 +1,40 @@
+"""BEAM search: values unchanged, the choice cached on disk, the cache hit on a second run."""
+
+import os
+
+import numpy as np
+
+from zeptograd import Context, Tensor
+from zeptograd.engine import realize, search
+
+
+def test_beam_finds_a_valid_kernel_and_caches_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    an = np.random.default_rng(0).standard_normal((48, 40)).astype(np.float32)
+    bn = np.random.default_rng(1).standard_normal((40, 32)).astype(np.float32)
+    a, b = Tensor(an).realize(), Tensor(bn).realize()
+
+    def matmul():
+        return (a.reshape(48, 1, 40) * b.permute(1, 0).reshape(1, 32, 40)).sum(2)
+
+    with Context(BEAM=2, BEAM_BUDGET=4):
+        out = matmul().numpy()
+    np.testing.assert_allclose(out, an @ bn, rtol=1e-4, atol=1e-4)
+    files = os.listdir(tmp_path / "zeptograd" / "beam")
+    assert len(files) == 1
+
+    # a second run (a fresh compile cache) reads the choice from disk: no candidate is rendered again
+    monkeypatch.setattr(realize, "_kernel_cache", {})
+    calls = []
+    monkeypatch.setattr(search, "_render", lambda *a: calls.append(a))
+    with Context(BEAM=2):
+        out2 = matmul().numpy()
+    assert calls == []
+    np.testing.assert_allclose(out2, out, rtol=1e-6)
+
+
+def test_actions_cover_every_kind():
+    x = Tensor(np.ones((8, 16), np.float32))
+    (item,) = x.sum(axis=1).schedule()
+    ops = {a.op.name for a in search.actions(item.ast, threads=2)}
+    assert {"UPCAST", "UNROLL", "THREAD"} <= ops

@@ -1,0 +1,150 @@
+"""BEAM=n: search the optimizer actions of a kernel by timing candidates on the device.
+
+Each round extends every kernel in the beam by one more action (UPCAST, UNROLL, THREAD, SWAP), renders and
+compiles the new candidates in a process pool, runs each on the kernel's real inputs (the output goes to a
+scratch buffer), drops any whose output differs from the unoptimized kernel's, and keeps the n fastest. The
+search stops when a round finds nothing faster or the per-kernel budget (BEAM_BUDGET seconds) is spent. The
+choice is cached on disk, keyed by the kernel graph and the device, so a second run pays nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+
+import numpy as np
+
+from zeptograd.codegen import full_rewrite, kernel_name, optimize
+from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
+from zeptograd.device import Buffer, Device
+from zeptograd.helpers import BEAM_BUDGET, THREADS, cache_dir, prod
+from zeptograd.renderer import ProgramSpec
+from zeptograd.uop.ops import AxisType, Ops, UOp, pretty
+
+MAX_EXPANDED = 256  # the most vector lanes x unrolled copies a candidate may have
+AMOUNTS = (2, 3, 4, 5, 7, 8, 16)
+
+_pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+
+def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ProcessPoolExecutor(max(1, THREADS.value), mp_context=multiprocessing.get_context("fork"))
+    return _pool
+
+
+def _render(device: str, ast: UOp, opts: list[Opt]) -> ProgramSpec | None:
+    """In a worker: codegen with these actions, render, and compile to the on-disk cache (C); None if invalid."""
+    dev = Device[device]
+    try:
+        uops, _ = full_rewrite(ast, dev.renderer, opts)  # type: ignore[arg-type]
+        spec = dev.renderer.render(kernel_name(ast), uops)  # type: ignore[attr-defined]
+        if hasattr(dev.compiler, "compile_to_file"):
+            dev.compiler.compile_to_file(spec.src)  # type: ignore[attr-defined]
+        return spec
+    except (OptError, RuntimeError):
+        return None
+
+
+def actions(ast: UOp, threads: int) -> list[Opt]:
+    axes = kernel_axes(ast)
+    out: list[Opt] = []
+    threaded = any(u.op is Ops.SPECIAL for u in ast.toposort())
+    for i, r in enumerate(axes):
+        n = r.src[0].arg if r.src[0].op is Ops.CONST else 0
+        loop = r.arg[1] is AxisType.LOOP
+        out += [Opt(OptOps.UPCAST if loop else OptOps.UNROLL, i, a) for a in AMOUNTS if n % a == 0 and a <= n]
+        if loop and not threaded and threads > 1 and n % threads == 0:
+            out.append(Opt(OptOps.THREAD, i, threads))
+        out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(axes)) if axes[j].arg[1] is r.arg[1] and loop]
+    return out
+
+
+def _expanded(ast: UOp) -> int:
+    return prod(u.src[0].arg for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST,
+                                                                                           AxisType.UNROLL))
+
+
+def cache_path(device: str, ast: UOp, width: int) -> str:
+    key = hashlib.sha256(f"{device}\0{width}\0{pretty(ast, max_nodes=1 << 30)}".encode()).hexdigest()[:32]
+    return os.path.join(cache_dir(), "beam", f"{key}.json")
+
+
+def _time(program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        bufs[0].copyin(out_init)
+        t0 = time.perf_counter()
+        program(*[b.ptr for b in bufs])
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[Opt]:
+    path = cache_path(device, ast, width)
+    if os.path.exists(path):
+        with open(path) as f:
+            return [Opt(OptOps[o], a, n) for o, a, n in json.load(f)]
+    from tqdm import tqdm
+
+    dev = Device[device]
+    scratch = [Buffer(device, bufs[0].size, bufs[0].dtype).ensure_allocated()] + list(bufs[1:])
+    out_init = bufs[0].ensure_allocated().numpy()
+    for b in bufs:
+        b.ensure_allocated()
+    ref_spec = _render(device, ast, [])
+    if ref_spec is None:
+        return []
+    _time(dev.build(ref_spec), scratch, out_init, runs=1)  # type: ignore[attr-defined]
+    reference = scratch[0].numpy()
+    threads = THREADS.value if dev.renderer.has_threads else 1  # type: ignore[attr-defined]
+    start = time.perf_counter()
+
+    def evaluate(cands: list[list[Opt]], bar) -> list[tuple[float, list[Opt]]]:
+        specs = _get_pool().map(_render, [device] * len(cands), [ast] * len(cands), cands)
+        out = []
+        for opts, spec in zip(cands, specs):
+            bar.update(1)
+            if spec is None or time.perf_counter() - start > BEAM_BUDGET.value:
+                continue
+            t = _time(dev.build(spec), scratch, out_init)  # type: ignore[attr-defined]
+            if np.allclose(scratch[0].numpy(), reference, rtol=1e-3, atol=1e-3, equal_nan=True):
+                out.append((t, opts))
+        return out
+
+    heuristic = optimize(ast, dev.renderer)[1]  # type: ignore[arg-type]
+    with tqdm(desc=f"BEAM {kernel_name(ast)}", unit="kernel", leave=False) as bar:
+        bar.total = 2
+        beam = sorted(evaluate([[], heuristic], bar), key=lambda x: x[0])[:width]
+        seen = {apply_opts(ast, opts) for _, opts in beam}
+        while time.perf_counter() - start < BEAM_BUDGET.value:
+            cands = []
+            for _, opts in beam:
+                base = apply_opts(ast, opts)
+                for a in actions(base, threads):
+                    try:
+                        new = apply_opts(base, [a])
+                    except OptError:
+                        continue
+                    if new not in seen and _expanded(new) <= MAX_EXPANDED:
+                        seen.add(new)
+                        cands.append(opts + [a])
+            if not cands:
+                break
+            bar.total += len(cands)
+            new_beam = sorted(beam + evaluate(cands, bar), key=lambda x: x[0])[:width]
+            if not beam or new_beam[0][0] >= beam[0][0] * 0.98:  # nothing faster this round
+                beam = new_beam
+                break
+            beam = new_beam
+    best = beam[0][1] if beam else []
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump([[o.op.name, o.axis, o.arg] for o in best], f)
+    os.replace(path + ".tmp", path)
+    return best
