@@ -1,0 +1,137 @@
+"""The schedule cache: a graph of the same structure on other buffers reuses the kernels of the first, correctly."""
+
+import numpy as np
+import pytest
+
+from zeptograd import Context, GlobalCounters, Tensor
+from zeptograd.engine import schedule_cache as sc
+
+
+def rnd(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+class Count:
+    """Schedule cache hits and misses while realizing one lazy result."""
+
+    def __init__(self):
+        self.hits = self.misses = 0
+
+    def realize(self, t: Tensor) -> np.ndarray:
+        h, m = sc.Stats.hits, sc.Stats.misses
+        t.realize()
+        self.hits += sc.Stats.hits - h
+        self.misses += sc.Stats.misses - m
+        return t.numpy()
+
+
+@pytest.fixture
+def count():
+    sc.clear()
+    return Count()
+
+
+def realized(x):
+    return Tensor(x).realize()
+
+
+def test_repeated_op_on_new_buffers_hits_and_is_correct(count):
+    for i in range(4):
+        a, b = rnd(16, seed=i), rnd(16, seed=10 + i)
+        np.testing.assert_allclose(count.realize(realized(a) + realized(b)), a + b, rtol=1e-6)
+    assert (count.misses, count.hits) == (1, 3)
+
+
+def test_same_buffer_twice_is_another_graph(count):
+    a, b = realized(rnd(8, seed=1)), realized(rnd(8, seed=2))
+    an, bn = a.numpy(), b.numpy()
+    np.testing.assert_allclose(count.realize(a + a), an + an, rtol=1e-6)
+    np.testing.assert_allclose(count.realize(a + b), an + bn, rtol=1e-6)  # must not reuse a+a's one-input kernel
+    np.testing.assert_allclose(count.realize(b + a), bn + an, rtol=1e-6)
+    np.testing.assert_allclose(count.realize(b + b), bn + bn, rtol=1e-6)
+    assert (count.misses, count.hits) == (2, 2)
+
+
+def test_constants_shapes_and_dtypes_are_part_of_the_key(count):
+    x = rnd(6, seed=3)
+    for k in (2.0, 3.0, 2.0):
+        np.testing.assert_allclose(count.realize(realized(x) * k), x * k, rtol=1e-6)
+    assert count.realize(realized(rnd(3, 2)) * 2.0).shape == (3, 2)
+    np.testing.assert_allclose(count.realize(realized(x.astype(np.float64)) * 2.0), x.astype(np.float64) * 2)
+    assert (count.misses, count.hits) == (4, 1)
+
+
+def test_multi_kernel_softmax_and_intermediates(count):
+    def softmax(t):
+        e = (t - t.max(axis=1, keepdim=True)).exp()
+        return e / e.sum(axis=1, keepdim=True)
+
+    for i in range(3):
+        x = rnd(5, 7, seed=i)
+        e = np.exp(x - x.max(1, keepdims=True))
+        np.testing.assert_allclose(count.realize(softmax(realized(x))), e / e.sum(1, keepdims=True), rtol=1e-5,
+                                   atol=1e-6)
+    assert (count.misses, count.hits) == (1, 2)
+
+
+def test_several_outputs_views_and_constants():
+    for i in range(3):
+        x = rnd(4, 3, seed=i)
+        t = Tensor(x).realize()
+        outs = [t * 2, t.reshape(12), t.sum(axis=0), Tensor.ones(3) * 5, t]
+        Tensor.realize(*outs)
+        np.testing.assert_allclose(outs[0].numpy(), x * 2, rtol=1e-6)
+        np.testing.assert_allclose(outs[1].numpy(), x.reshape(12), rtol=1e-6)
+        np.testing.assert_allclose(outs[2].numpy(), x.sum(0), rtol=1e-5)
+        np.testing.assert_allclose(outs[3].numpy(), np.full(3, 5.0))
+        np.testing.assert_allclose(outs[4].numpy(), x)
+
+
+def test_a_hit_runs_the_same_kernels_as_a_miss():
+    x = Tensor(rnd(32, 32)).realize()
+    with Context(SCHEDULE_CACHE=0):
+        GlobalCounters.reset()
+        (x.sum(axis=1) + x.max(axis=1)).realize()
+        cold = GlobalCounters.kernel_count
+    sc.clear()
+    for _ in range(2):
+        GlobalCounters.reset()
+        (x.sum(axis=1) + x.max(axis=1)).realize()
+        assert GlobalCounters.kernel_count == cold
+
+
+def test_knobs_are_part_of_the_key(count):
+    x = rnd(8)
+    count.realize(realized(x) + 1)
+    with Context(SCHEDULE_CACHE=1, DEBUG=0, NOOPT=1):
+        np.testing.assert_allclose(count.realize(realized(x) + 1), x + 1, rtol=1e-6)
+    assert (count.misses, count.hits) == (2, 0)
+
+
+def test_cache_off_schedules_every_time(count):
+    with Context(SCHEDULE_CACHE=0):
+        for i in range(3):
+            x = rnd(4, seed=i)
+            np.testing.assert_allclose(count.realize(realized(x) - 1), x - 1, rtol=1e-6)
+    assert (count.misses, count.hits) == (0, 0)
+
+
+def test_results_of_a_hit_are_independent_buffers():
+    a = Tensor(rnd(4, seed=1)).realize()
+    r1 = (a * 3).realize()
+    r2 = (Tensor(rnd(4, seed=2)) * 3).realize()
+    np.testing.assert_allclose(r1.numpy(), a.numpy() * 3, rtol=1e-6)  # r2 did not write into r1's buffer
+    assert r1.uop is not r2.uop
+
+
+def test_random_expressions_match_the_uncached_schedule():
+    rng = np.random.default_rng(0)
+    ops = [lambda a, b: a + b, lambda a, b: a * b - a, lambda a, b: (a - b).relu(), lambda a, b: a.sum(axis=0) + b[0],
+           lambda a, b: a.max(axis=1, keepdim=True) * b, lambda a, b: (a + b.T if hasattr(b, "T") else a + b)]
+    for trial in range(12):
+        op = ops[trial % len(ops)]
+        x, y = rng.standard_normal((3, 3)).astype(np.float32), rng.standard_normal((3, 3)).astype(np.float32)
+        with Context(SCHEDULE_CACHE=0):
+            ref = op(Tensor(x), Tensor(y)).numpy()
+        got = op(Tensor(x), Tensor(y)).numpy()
+        np.testing.assert_allclose(got, ref, rtol=1e-6)
