@@ -54,9 +54,9 @@ class IndexMixin:
             raise IndexError("an index can only have a single ellipsis")
         if consumed > self.ndim:
             raise IndexError(f"too many indices ({consumed}) for a tensor of shape {self.shape}")
-        if Ellipsis in items:
-            e = items.index(Ellipsis)
-            items[e: e + 1] = [slice(None)] * (self.ndim - consumed)
+        e = next((i for i, it in enumerate(items) if it is Ellipsis), None)  # `is`: Tensor's == is elementwise
+        if e is not None:
+            return items[:e] + [slice(None)] * (self.ndim - consumed) + items[e + 1 :]
         return items + [slice(None)] * (self.ndim - consumed)
 
     def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:

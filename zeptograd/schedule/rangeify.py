@@ -125,8 +125,8 @@ class Rangeify:
                 if scope - used:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape) and \
-                any(r.arg[1] is AxisType.REDUCE for scope in reqs.values() for r in scope):
-            return True  # a padded input read in a reduce loop (conv): a padded copy makes every read unconditional
+                any(_is_window(i) for idx, _ in reqs for i in idx):
+            return True  # a padded input read through a sliding window (conv): a padded copy makes reads unconditional
         return False
 
     def reads_buffer(self, x: UOp) -> bool:
@@ -250,6 +250,12 @@ class Rangeify:
         if x.op in GroupOp.Elementwise:
             return UOp(x.op, x.dtype, tuple(srcs))
         raise NotImplementedError(f"rangeify can't lower {x.op} yet")
+
+
+def _is_window(i: UOp) -> bool:
+    """An index that moves with both an output loop and a reduce loop: a sliding window (conv, pooling)."""
+    kinds = {r.arg[1] for r in i.ranges}
+    return AxisType.LOOP in kinds and AxisType.REDUCE in kinds
 
 
 def renumber_ranges(ast: UOp) -> UOp:

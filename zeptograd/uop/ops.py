@@ -47,6 +47,8 @@ class Ops(Enum):
     SPECIAL = auto()  # arg=name: a thread id
     GROUP = auto()  # src=statements (stores) that belong together, e.g. the lanes of an expanded store
     NOOP = auto()
+    DEFINE_LOCAL = auto()  # arg=name; dtype base.ptr(size, local=True): GPU shared memory of a work-group
+    BARRIER = auto()  # src=stores it waits for: a GPU work-group barrier
     # alu
     CAST = auto()
     BITCAST = auto()
@@ -172,10 +174,12 @@ class MathMixin:
         return self._binop(Ops.CMPLT, x, True)
 
     def __ge__(self, x):
-        return self._binop(Ops.CMPLT, x, False).alu(Ops.CMPNE, self.const_like(True))
+        lt = self._binop(Ops.CMPLT, x, False)
+        return lt.alu(Ops.CMPNE, lt.const_like(True))
 
     def __le__(self, x):
-        return self._binop(Ops.CMPLT, x, True).alu(Ops.CMPNE, self.const_like(True))
+        gt = self._binop(Ops.CMPLT, x, True)
+        return gt.alu(Ops.CMPNE, gt.const_like(True))
 
     def ne(self, x):
         return self._binop(Ops.CMPNE, x, False)
@@ -195,7 +199,7 @@ class MathMixin:
         return self.alu(Ops.WHERE, x, y)
 
     def logical_not(self):
-        return self.alu(Ops.CMPNE, self.const_like(True))
+        return self.alu(Ops.CMPNE, self.const_like(True))  # self is a bool
 
 
 # ***** UOp *****
