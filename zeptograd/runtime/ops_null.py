@@ -1,0 +1,40 @@
+"""The NULL device: kernels are rendered (C) but neither compiled nor run, for codegen tests and search dry runs.
+
+Buffers are ordinary host memory (copies in and out work); a kernel's output keeps whatever the memory held.
+"""
+
+from __future__ import annotations
+
+from zeptograd.device import Allocator, CompiledDevice, Compiler
+from zeptograd.renderer import ProgramSpec
+from zeptograd.renderer.cstyle import CStyleRenderer
+
+
+class NullRenderer(CStyleRenderer):
+    device = "NULL"
+
+
+class NullCompiler(Compiler):
+    key = "null"
+
+    def compile(self, src: str) -> bytes:
+        return b""
+
+
+class NullProgram:
+    def __init__(self, spec: ProgramSpec):
+        self.spec = spec
+
+    def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
+        pass
+
+
+class NullDevice(CompiledDevice):
+    def build(self, spec: ProgramSpec) -> NullProgram:
+        return NullProgram(spec)
+
+
+def open_device(name: str) -> NullDevice:
+    if name != "NULL":
+        raise ValueError(f"unknown NULL backend {name!r}; available: NULL")
+    return NullDevice(name, NullRenderer(), NullCompiler(), NullProgram, Allocator())
