@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -57,18 +58,35 @@ class LLVMCompiler(Compiler):
         return mod
 
     def compile(self, src: str) -> bytes:
+        """The object of src, with its function renamed to `unique_symbol(src)`; from the disk cache when there."""
+        path = self.compile_to_file(src)
+        with open(path, "rb") as f:
+            return f.read()
+
+    def compile_to_file(self, src: str) -> str:
+        """Compile src into the disk cache (unless it is there): its path. BEAM's workers call this in parallel."""
         digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
         path = os.path.join(cache_dir(), "llvm", f"{digest}.o")
         if os.path.exists(path):
-            with open(path, "rb") as f:
-                return f.read()
-        obj = self.tm.emit_object(self.optimize(src))
+            return path
+        name = _DEFINE.search(src)
+        renamed = src.replace(f"@{name.group(1)}(", f"@{unique_symbol(src)}(", 1) if name else src
+        obj = self.tm.emit_object(self.optimize(renamed))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".o")
         with os.fdopen(fd, "wb") as f:
             f.write(obj)
         os.replace(tmp, path)  # atomic: parallel processes never read half an object
-        return obj
+        return path
+
+
+_DEFINE = re.compile(r"^define void @([A-Za-z0-9_.$]+)\(", re.MULTILINE)
+
+
+def unique_symbol(src: str) -> str:
+    """The kernel's name and a hash of its source: kernels with equal names but other code share one engine."""
+    name = _DEFINE.search(src)
+    return f"{name.group(1) if name else 'kernel'}_{hashlib.sha256(src.encode()).hexdigest()[:16]}"
 
 
 class LLVMProgram:
@@ -97,18 +115,16 @@ class LLVMDevice(CompiledDevice):
         self.loaded: dict[str, int] = {}  # symbol -> address
 
     def build(self, spec: ProgramSpec) -> LLVMProgram:
-        # a unique symbol per source: kernels with equal names but different code live in one engine
-        symbol = f"{spec.name}_{hashlib.sha256(spec.src.encode()).hexdigest()[:16]}"
+        symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
-            src = spec.src.replace(f"define void @{spec.name}(", f"define void @{symbol}(", 1)
-            obj = self.compiler.compile(src)
+            obj = self.compiler.compile(spec.src)
             self.engine.add_object_file(self.compiler.llvm.ObjectFileRef.from_data(obj))  # type: ignore[attr-defined]
             self.engine.finalize_object()
             self.loaded[symbol] = self.engine.get_function_address(symbol)
             if not self.loaded[symbol]:
                 raise CompileError(f"internal error: {symbol} not found in its compiled object")
-        define = next(line for line in spec.src.splitlines() if line.startswith("define "))
-        return LLVMProgram(spec, self.loaded[symbol], "%core_id)" in define)
+        signature = next((line for line in spec.src.splitlines() if line.startswith("define ")), "")
+        return LLVMProgram(spec, self.loaded[symbol], "i32 %core_id)" in signature)
 
 
 def open_device(name: str) -> LLVMDevice:
