@@ -12,7 +12,7 @@ _TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TR
 
 def compute_in_float(x: UOp) -> UOp | None:
     """# bf16 math (and half transcendentals) -> cast to float32, compute, cast back"""
-    if x.dtype.count != 1 or (x.dtype != dtypes.bfloat16 and x.op not in _TRANSCENDENTAL):
+    if x.dtype.count != 1 or x.dtype not in _HALF or (x.dtype == dtypes.float16 and x.op not in _TRANSCENDENTAL):
         return None
     srcs = tuple(s.cast(dtypes.float32) if s.dtype in _HALF else s for s in x.src)
     return UOp(x.op, dtypes.float32, srcs).cast(x.dtype)
