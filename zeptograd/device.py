@@ -34,7 +34,11 @@ ALIGN = 64  # bytes: a whole AVX-512 vector, so vector loads at aligned offsets 
 
 
 class Allocator:
-    """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault)."""
+    """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault).
+
+    A device with its own memory (CL, CUDA) subclasses it: `alloc`/`free` its handles, `copyin`/`copyout` bytes,
+    and `handle(mem)`, what a kernel call receives for the buffer (here: the host address).
+    """
 
     def __init__(self):
         self.free_cache: dict[int, list[np.ndarray]] = {}
@@ -49,13 +53,25 @@ class Allocator:
     def free(self, mem: np.ndarray):
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
+    def handle(self, mem: np.ndarray) -> int:
+        return mem.ctypes.data
+
+    def copyin(self, mem: np.ndarray, src: np.ndarray):
+        """src: the bytes (a flat uint8 array of mem's size)."""
+        mem[:] = src
+
+    def copyout(self, mem: np.ndarray) -> np.ndarray:
+        """A copy of the bytes, a flat uint8 array."""
+        return mem.copy()
+
 
 class Buffer:
     """`size` elements of `dtype` on `device`; memory is allocated on first use and returned on deletion."""
 
     def __init__(self, device: str, size: int, dtype: DType):
         self.device, self.size, self.dtype = device, size, dtype
-        self._mem: np.ndarray | None = None
+        self._mem: np.ndarray | None = None  # what the device's allocator returned (host memory on CPU)
+        self._allocator: Allocator | None = None
 
     @property
     def nbytes(self) -> int:
@@ -63,7 +79,8 @@ class Buffer:
 
     def ensure_allocated(self) -> Buffer:
         if self._mem is None:
-            self._mem = Device[self.device].allocator.alloc(self.nbytes)
+            self._allocator = Device[self.device].allocator
+            self._mem = self._allocator.alloc(self.nbytes)
             GlobalCounters.mem_used += self.nbytes
             GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
         return self
@@ -74,17 +91,18 @@ class Buffer:
 
     @property
     def ptr(self) -> int:
-        return self.ensure_allocated()._mem.ctypes.data  # type: ignore[union-attr]
+        mem = self.ensure_allocated()._mem
+        return mem.ctypes.data if type(mem) is np.ndarray else self._allocator.handle(mem)  # type: ignore[union-attr]
 
     def copyin(self, data: np.ndarray) -> Buffer:
         self.ensure_allocated()
-        self._mem[:] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)  # type: ignore[index]
+        self._allocator.copyin(self._mem, np.ascontiguousarray(data).reshape(-1).view(np.uint8))  # type: ignore
         return self
 
     def numpy(self) -> np.ndarray:
         """A copy of the contents as a flat numpy array."""
         self.ensure_allocated()
-        raw = self._mem.view(to_numpy_dtype(self.dtype)).copy()  # type: ignore[union-attr]
+        raw = self._allocator.copyout(self._mem).view(to_numpy_dtype(self.dtype))  # type: ignore[union-attr]
         if self.dtype == dtypes.bfloat16:
             return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw
@@ -93,7 +111,7 @@ class Buffer:
         if self._mem is not None:
             GlobalCounters.mem_used -= self.nbytes
             try:
-                Device[self.device].allocator.free(self._mem)
+                self._allocator.free(self._mem)  # type: ignore[union-attr]
             except Exception:  # interpreter shutdown
                 pass
 
@@ -148,7 +166,7 @@ def run_on_cores(fn, n: int):
 # ***** the registry: Device["CPU"] opens a backend on first use *****
 
 _BACKENDS = {"CPU": "zeptograd.runtime.ops_cpu", "PYTHON": "zeptograd.runtime.ops_python",
-             "NULL": "zeptograd.runtime.ops_null"}
+             "NULL": "zeptograd.runtime.ops_null", "CL": "zeptograd.runtime.ops_cl", "CUDA": "zeptograd.runtime.ops_cuda"}
 
 
 class _Device:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from zeptograd.codegen.accumulator import AccContext, merge_ends, pm_reduce_to_acc, range_scopes
 from zeptograd.codegen.devectorizer import pm_devectorize
 from zeptograd.codegen.expander import expand
+from zeptograd.codegen.gpudims import add_gpudims
 from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations
 from zeptograd.codegen.transcendental import pm_transcendental
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
@@ -24,6 +26,8 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
         return apply_opts(sink, opts), opts
     if NOOPT:
         return sink, []
+    if getattr(renderer, "has_local", False):  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
+        return gpu_optimizations(sink, renderer)
     return hand_coded_optimizations(sink, renderer.simd_bytes, None if renderer.has_threads else 1)
 
 
@@ -31,6 +35,8 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink, opts = optimize(ast, renderer, opts)
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
+    if getattr(renderer, "has_local", False):
+        sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory
     if renderer.alu_transcendentals:
         sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero

@@ -5,6 +5,7 @@ first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of 
 
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
     RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)
+    RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP)        (GPU: codegen/gpudims.py makes them local ids)
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
             raise OptError(f"{opt}: only an output loop can be split across cores")
         core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
         new = core * (n // opt.arg) + (UOp.range(n // opt.arg, r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
+    elif opt.op in (OptOps.LOCAL, OptOps.GROUP):
+        # RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP): neighbouring threads take neighbouring elements
+        if not (kind in (AxisType.LOOP, AxisType.GLOBAL) if opt.op is OptOps.LOCAL else kind is AxisType.REDUCE):
+            raise OptError(f"{opt}: LOCAL splits output loops, GROUP reduce loops; axis {opt.axis} is {kind.name}")
+        inner = UOp.range(opt.arg, next_id, AxisType.LOCAL if opt.op is OptOps.LOCAL else AxisType.GROUP)
+        new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
     else:
         raise OptError(f"{opt.op} is not supported on this target")
     return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)

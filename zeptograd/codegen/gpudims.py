@@ -1,0 +1,159 @@
+"""GPU dims: a kernel's loops become thread ids, and GROUP reduces go through shared memory.
+
+Run after the expander, for renderers with `has_local`:
+
+- output loops (LOOP/GLOBAL ranges) -> SPECIAL `gidx0..2` (group ids; gidx0 is the innermost loop), LOCAL and
+  GROUP ranges -> SPECIAL `lidx0..2` (ids inside a work-group). More than 3 ranges of a kind are merged into one
+  id (recovered with // and %); a merged size over the device's limit stays a loop.
+- a REDUCE over GROUP ranges (OptOps.GROUP): each thread reduces its slice into a register (the REDUCE over the
+  other ranges), stores the partial into DEFINE_LOCAL at its local id, BARRIER, then reduces the partials of its
+  group from shared memory (every thread reads all of them); only local id 0 of each GROUP range stores outputs.
+
+    REDUCE(x, r, g)  ->  acc = reduce(x over r); temp[lid] = acc; barrier; REDUCE(temp.after(barrier)[lid|g->q], q)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from zeptograd.codegen.accumulator import AccContext, range_scopes, reduce_to_acc
+from zeptograd.codegen.opt import OptError
+from zeptograd.codegen.opt.heuristic import stride
+from zeptograd.dtype import dtypes
+from zeptograd.helpers import prod
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.symbolic import symbolic
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+
+REG_BASE = 1 << 20  # register ids of the partial accumulators made here (the accumulator pass counts from 0)
+
+
+def _const_size(r: UOp) -> int | None:
+    return r.src[0].arg if r.src[0].op is Ops.CONST else None
+
+
+def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> tuple[dict[UOp, UOp], list[int]]:
+    """ranges (outermost first) -> {range: expression in SPECIAL ids} and the size of each id, innermost first.
+
+    Ranges that can't get an id within max_sizes are left out of the mapping (they stay loops)."""
+    dims: list[list[UOp]] = [[r] for r in reversed(ranges)]  # dim 0 is the innermost loop: the fastest id
+    while len(dims) > len(max_sizes):  # merge the outermost two
+        dims[-2:] = [dims[-1] + dims[-2]]
+    mapping: dict[UOp, UOp] = {}
+    sizes: list[int] = []
+    for rs in dims:
+        total = prod(_const_size(r) for r in rs)  # type: ignore[misc]
+        if total > max_sizes[len(sizes)]:
+            continue  # too big for this id: those loops stay loops
+        special = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, total),), f"{prefix}{len(sizes)}")
+        sizes.append(total)
+        inner = 1
+        for k, r in enumerate(reversed(rs)):  # innermost first: r = special // inner % size
+            n = _const_size(r)
+            e = special if inner == 1 else special // UOp.const(dtypes.index, inner)
+            mapping[r] = e if k == len(rs) - 1 else e % UOp.const(dtypes.index, n)
+            inner *= n  # type: ignore[operator]
+    return mapping, sizes
+
+
+def _strip_ranges(x: UOp) -> UOp | None:
+    """# END(x, ..., gidx-expression, ...) -> END(x, ...): only RANGEs stay in END/REDUCE lists"""
+    keep = tuple(s for s in x.src[1:] if s.op is Ops.RANGE)
+    if keep == x.src[1:]:
+        return None
+    return x.src[0] if x.op is Ops.END and not keep else UOp(x.op, x.dtype, (x.src[0], *keep), x.arg)
+
+
+def _gate_store(ctx: UOp, st: UOp) -> UOp | None:
+    """# STORE(INDEX(global, i[, v]), x) -> STORE(INDEX(global, i, v & lid == 0), x): one thread of a group stores"""
+    idx = st.src[0]
+    if idx.op is not Ops.INDEX or idx.src[0].op is not Ops.DEFINE_GLOBAL or ctx in idx.src[2:]:
+        return None
+    if len(idx.src) > 2 and idx.src[2].op is Ops.AND and ctx in idx.src[2].src:
+        return None
+    valid = ctx if len(idx.src) < 3 else UOp(Ops.AND, dtypes.bool, (idx.src[2], ctx))
+    return UOp(Ops.STORE, st.dtype, (UOp(Ops.INDEX, idx.dtype, (idx.src[0], idx.src[1], valid)), *st.src[1:]))
+
+
+@dataclass
+class _GroupCtx:
+    groups: list[UOp]
+    n_threads: int
+    lid_flat: UOp  # this thread's position in its work-group: sum of local ranges * strides
+    scopes: dict[tuple[UOp, ...], tuple[UOp, ...]]
+    range_ids: itertools.count
+    names: itertools.count = field(default_factory=itertools.count)
+    regs: itertools.count = field(default_factory=lambda: itertools.count(REG_BASE))
+
+
+def _group_reduce(ctx: _GroupCtx, red: UOp) -> UOp | None:
+    """# REDUCE(x, r, g) -> REDUCE(temp.after(BARRIER(temp[lid].store(acc of x over r)))[lid with g->q], q)"""
+    gs = [r for r in red.src[1:] if r in ctx.groups]
+    if not gs:
+        return None
+    rest = tuple(r for r in red.src[1:] if r not in gs)
+    partial = red.src[0]
+    if rest:  # this thread's slice, reduced in a register inside the loops the reduce sits in
+        acc_ctx = AccContext({rest: ctx.scopes.get(red.src[1:], ())}, ctx.regs)
+        partial = reduce_to_acc(acc_ctx, UOp(Ops.REDUCE, red.dtype, (red.src[0], *rest), red.arg))
+    temp = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(ctx.n_threads, local=True), (), f"temp{next(ctx.names)}")
+    barrier = UOp(Ops.BARRIER, dtypes.void, (temp.index(ctx.lid_flat).store(partial),))
+    qs = {g: UOp.range(g.src[0], next(ctx.range_ids), AxisType.REDUCE) for g in gs}
+    load = temp.after(barrier).index(ctx.lid_flat.substitute(qs)).load()
+    return UOp(Ops.REDUCE, red.dtype, (load, *qs.values()), red.arg)
+
+
+pm_group_reduce = PatternMatcher([(UPat(Ops.REDUCE, name="red"), _group_reduce)])
+pm_strip_ranges = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _strip_ranges)])
+pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
+
+
+def add_gpudims(sink: UOp, renderer) -> UOp:
+    nodes = list(sink.toposort())
+    ranges = sorted((u for u in nodes if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    const_ranges = [r for r in ranges if _const_size(r) is not None]
+    outputs = [r for r in const_ranges if r.arg[1] in (AxisType.LOOP, AxisType.GLOBAL)]
+    local = [r for r in const_ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]
+    if len(local) != len([r for r in ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]):
+        raise OptError("LOCAL/GROUP need an axis of constant size")
+    # neighbouring threads on neighbouring addresses: local ids ordered by their stride in the stores, the
+    # smallest innermost (lidx0); GROUP ranges, which no store uses, innermost of all
+    stores = [u.src[0].src[1] for u in nodes if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and
+              u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+    local.sort(key=lambda r: max([s for i in stores if (s := stride(i, r))] or [0]), reverse=True)
+    n_threads = prod(_const_size(r) for r in local)  # type: ignore[misc]
+    if n_threads > renderer.local_threads_max:
+        raise OptError(f"{n_threads} threads per work-group; {renderer.device} allows {renderer.local_threads_max}")
+
+    # 1. GROUP reduces: partial per thread, through shared memory, then the partials of the group
+    groups = [r for r in local if r.arg[1] is AxisType.GROUP]
+    if groups:
+        strides = [prod(_const_size(r) for r in local[i + 1:]) for i in range(len(local))]  # type: ignore[misc]
+        terms = [r * UOp.const(dtypes.index, s) if s != 1 else r for r, s in zip(local, strides)]
+        ctx = _GroupCtx(groups, n_threads, terms[0] if len(terms) == 1 else sum(terms[1:], start=terms[0]),
+                        range_scopes(sink), itertools.count(max(r.arg[0] for r in ranges) + 1))
+        sink = graph_rewrite(sink, pm_group_reduce, ctx=ctx)
+
+    # 2. ranges -> thread ids
+    gmap, gsizes = assign_dims(outputs, renderer.global_max, "gidx")
+    lmap, lsizes = assign_dims(local, renderer.local_max, "lidx")
+    if len(lmap) != len(local):
+        raise OptError(f"the local sizes {[_const_size(r) for r in local]} don't fit {renderer.local_max}")
+    sink = graph_substitute(sink, gmap | lmap)
+    sink = graph_rewrite(sink, pm_strip_ranges)
+    if any(len(rs) > 1 for rs in _merged(gmap, lmap)):
+        sink = graph_rewrite(sink, symbolic)  # merged ids: (s//n)*n + s%n -> s
+
+    # 3. with GROUP ranges, one thread of each group stores: the one whose GROUP local ids are 0
+    for g in groups:
+        sink = graph_rewrite(sink, pm_gate_store, ctx=lmap[g].eq(UOp.const(dtypes.index, 0)))
+    return sink
+
+
+def _merged(gmap: dict[UOp, UOp], lmap: dict[UOp, UOp]) -> list[list[UOp]]:
+    by_id: dict[UOp, list[UOp]] = {}
+    for r, e in (gmap | lmap).items():
+        special = next(u for u in e.toposort() if u.op is Ops.SPECIAL)
+        by_id.setdefault(special, []).append(r)
+    return list(by_id.values())
