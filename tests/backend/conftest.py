@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import pytest
 
 from zeptograd import Device
+
+# PoCL (the CL device on a CPU) caches compiled kernels on disk: keep that cache out of the home directory
+os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
 
 DEVICES = ["CPU", "CPU:C", "PYTHON", "CL", "CUDA"]  # CPU is LLVM; PYTHON is the reference
 REFERENCE = "PYTHON"

@@ -1,0 +1,281 @@
+"""GPU backends: OpenCL run on whatever platform is here (PoCL on a CPU), CUDA source compiled by nvcc / NVRTC.
+
+CL values are checked against numpy and against the PYTHON device; the generated kernels are checked for their
+GPU form (thread ids, global/local sizes, `__local` memory and barriers for GROUP reduces). CUDA needs a GPU to
+run; where there is none, its source for a representative set of kernels is compiled only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+# PoCL caches compiled kernels on disk: keep that cache out of the home directory (set before PoCL loads)
+os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
+
+from zeptograd import Device, Tensor  # noqa: E402
+from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
+from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt  # noqa: E402
+from zeptograd.engine.realize import schedule_tensors  # noqa: E402
+from zeptograd.renderer import ProgramSpec  # noqa: E402
+from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer  # noqa: E402
+from zeptograd.runtime import ops_cl, ops_cuda  # noqa: E402
+
+
+def _cl_unavailable() -> str | None:
+    try:
+        Device["CL"]
+    except Exception as e:
+        return f"no OpenCL here: {e}"
+    return None
+
+
+CL_SKIP = _cl_unavailable()
+needs_cl = pytest.mark.skipif(CL_SKIP is not None, reason=CL_SKIP or "")
+rng = np.random.default_rng(0)
+
+
+def specs(t: Tensor, renderer=None, opts: list[Opt] | None = None) -> list[ProgramSpec]:
+    """The ProgramSpecs of the kernels that would realize t (rendered, not run)."""
+    renderer = renderer or Device["CL"].renderer
+    out = []
+    for item in schedule_tensors([t]):
+        uops, _ = full_rewrite(item.ast, renderer, opts)
+        out.append(renderer.render(kernel_name(item.ast), uops))
+    return out
+
+
+def run_with_opts(t: Tensor, opts: list[Opt]) -> tuple[np.ndarray, ProgramSpec]:
+    """Run the single kernel of t on CL with the given actions instead of the heuristic's."""
+    (item,) = schedule_tensors([t])
+    dev = Device[item.device]
+    uops, _ = full_rewrite(item.ast, dev.renderer, opts)
+    spec = dev.renderer.render(kernel_name(item.ast), uops)
+    program = dev.build(spec)
+    program(*[b.ptr for b in item.bufs])
+    return item.bufs[0].numpy(), spec
+
+
+def both(fn, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """fn on CL and on the PYTHON reference."""
+    return tuple(fn(*[Tensor(a, device=d) for a in arrays]).numpy() for d in ("CL", "PYTHON"))  # type: ignore
+
+
+def softmax(t: Tensor) -> Tensor:
+    e = (t - t.max(axis=-1, keepdim=True)).exp()
+    return e / e.sum(axis=-1, keepdim=True)
+
+
+# ***** OpenCL: values *****
+
+
+@needs_cl
+def test_elementwise_and_broadcast():
+    a, b = rng.uniform(-2, 2, (24, 40)).astype(np.float32), rng.uniform(0.5, 2, (40,)).astype(np.float32)
+    got, ref = both(lambda x, y: (x * y + 1).exp() / y - x.maximum(y), a, b)
+    want = np.exp(a * b + 1) / b - np.maximum(a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+
+
+@needs_cl
+def test_int_half_and_bool():
+    i = rng.integers(-100, 100, (8, 16)).astype(np.int32)
+    h = rng.uniform(-2, 2, (8, 16)).astype(np.float16)
+    got, ref = both(lambda x, y: ((x * 3 // 7) + (x > 0).int()).float() + (y * y).float(), i, h)
+    want = (i * 3 // 7 + (i > 0)).astype(np.float32) + (h * h).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-3)
+    np.testing.assert_array_equal(got, ref)  # half math rounded after each op, as PYTHON does
+
+
+@needs_cl
+@pytest.mark.parametrize("shape,axis", [((4096,), None), ((3, 1000), 1), ((64, 100), 0), ((2, 3, 4), (0, 2))])
+def test_reductions(shape, axis):
+    a = rng.uniform(-1, 1, shape).astype(np.float32)
+    got, ref = both(lambda x: x.sum(axis=axis), a)
+    np.testing.assert_allclose(got, a.sum(axis=axis), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    got, ref = both(lambda x: x.max(axis=axis), a)
+    np.testing.assert_array_equal(got, a.max(axis=axis))
+    np.testing.assert_array_equal(got, ref)
+
+
+@needs_cl
+def test_softmax_and_matmul():
+    x = rng.uniform(-3, 3, (8, 50)).astype(np.float32)
+    got, ref = both(softmax, x)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
+    a, b = rng.uniform(-1, 1, (16, 48)).astype(np.float32), rng.uniform(-1, 1, (48, 24)).astype(np.float32)
+    got, ref = both(lambda p, q: (p.reshape(16, 48, 1) * q.reshape(1, 48, 24)).sum(1), a, b)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+# ***** OpenCL: the kernels' GPU form *****
+
+
+@needs_cl
+def test_elementwise_uses_global_and_local_dims():
+    (spec,) = specs(Tensor(np.zeros((64, 96), np.float32), device="CL") + 1)
+    assert spec.local_size == (32, 8, 1) and spec.global_size == (3, 8, 1)  # columns are the innermost id
+    assert "get_group_id(0)" in spec.src and "get_local_id(1)" in spec.src and "__kernel void" in spec.src
+
+
+@needs_cl
+@pytest.mark.parametrize("shape,axis", [((4096,), None), ((3, 1024), 1)])
+def test_group_reduce_through_local_memory(shape, axis):
+    (spec,) = specs(Tensor(np.zeros(shape, np.float32), device="CL").sum(axis=axis))
+    assert "__local" in spec.src and "barrier(CLK_LOCAL_MEM_FENCE)" in spec.src
+    assert spec.local_size[0] > 1 and spec.global_size == ((3, 1, 1) if axis else (1, 1, 1))
+    assert "if (" in spec.src  # one thread of the group stores
+
+
+@needs_cl
+def test_explicit_local_group_upcast_unroll():
+    a = rng.standard_normal((16, 64)).astype(np.float32)
+    t = Tensor(a, device="CL")
+    got, spec = run_with_opts(t.sum(axis=1), [Opt(OptOps.LOCAL, 0, 4), Opt(OptOps.GROUP, 1, 16)])
+    np.testing.assert_allclose(got, a.sum(1), rtol=1e-5, atol=1e-5)
+    assert spec.local_size == (16, 4, 1) and spec.global_size == (4, 1, 1)
+    got, spec = run_with_opts(t.sum(axis=1), [Opt(OptOps.UNROLL, 1, 4), Opt(OptOps.GROUP, 1, 16)])
+    np.testing.assert_allclose(got, a.sum(1), rtol=1e-5, atol=1e-5)
+    assert "__local float4" in spec.src and "vload4" in spec.src  # vector partials through local memory
+    got, spec = run_with_opts(t * 2 + 1, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 4)])
+    np.testing.assert_array_equal(got.reshape(16, 64), a * 2 + 1)
+    assert "vload8" in spec.src and "vstore8" in spec.src and spec.local_size == (4, 1, 1)
+
+
+@needs_cl
+def test_more_than_three_output_dims_are_merged():
+    x = rng.standard_normal((2, 3, 4, 5, 6)).astype(np.float32)
+    got, spec = run_with_opts(Tensor(x, device="CL").exp(), [])
+    np.testing.assert_allclose(got.reshape(x.shape), np.exp(x), rtol=1e-6)
+    assert spec.global_size == (6, 5, 24) and "gidx3" not in spec.src
+
+
+@needs_cl
+def test_zero_size_and_transfers():
+    got, _ = both(lambda x: x.sum(axis=1) + 1, np.zeros((3, 0), np.float32))
+    np.testing.assert_array_equal(got, np.ones(3, np.float32))
+    a = rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(Tensor(a, device="CL").to("CPU").numpy(), a)
+    np.testing.assert_array_equal(Tensor(a).to("CL").numpy(), a)
+
+
+def test_local_and_group_need_the_right_axis_kind():
+    (item,) = schedule_tensors([Tensor(np.zeros((4, 32), np.float32), device="CPU").sum(axis=1)])
+    with pytest.raises(OptError):
+        apply_opt(item.ast, Opt(OptOps.GROUP, 0, 2))  # axis 0 is an output
+    with pytest.raises(OptError):
+        apply_opt(item.ast, Opt(OptOps.LOCAL, 1, 2))  # axis 1 is a reduce
+
+
+def test_cl_renderer_without_a_device():
+    """The OpenCL C of a GROUP reduce renders anywhere (no platform needed)."""
+    (spec,) = specs(Tensor(np.zeros((2, 4096), np.float32), device="CPU").sum(axis=1), OpenCLRenderer())
+    assert "__local float temp0[256];" in spec.src and spec.local_size == (256, 1, 1) and spec.global_size[0] == 2
+
+
+# ***** CUDA: compile only (no GPU here), and runs where there is one *****
+
+
+def cuda_kernels() -> dict[str, ProgramSpec]:
+    a = Tensor(np.zeros((64, 256), np.float32), device="CPU")
+    b = Tensor(np.zeros((256, 32), np.float32), device="CPU")
+    h = Tensor(np.zeros((8, 16), np.float16), device="CPU")
+    r = CUDARenderer("sm_90")
+    (ew,) = specs(a * 2 + 1, r)
+    (red,) = specs(a.sum(axis=1), r)
+    (mm,) = specs((a.reshape(64, 256, 1) * b.reshape(1, 256, 32)).sum(1), r)
+    (half,) = specs((h * h).exp().bfloat16(), r)
+    (vec,) = specs(a.sum(axis=1), r, [Opt(OptOps.UNROLL, 1, 4), Opt(OptOps.GROUP, 1, 16)])
+    return {"elementwise": ew, "group_reduce": red, "matmul": mm, "half_bf16": half, "vector": vec}
+
+
+def test_cuda_source_form():
+    ks = cuda_kernels()
+    assert "__shared__" in ks["group_reduce"].src and "__syncthreads();" in ks["group_reduce"].src
+    assert 'extern "C" __global__' in ks["elementwise"].src and "threadIdx.x" in ks["elementwise"].src
+    assert ks["group_reduce"].local_size == (256, 1, 1) and ks["group_reduce"].global_size == (64, 1, 1)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+def test_cuda_compiles_with_nvcc(tmp_path):
+    ks = cuda_kernels()
+    for name, spec in ks.items():
+        path = tmp_path / f"{name}.cu"
+        path.write_text(spec.src)
+        proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / f"{name}.cubin"), str(path)],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, f"{name}:\n{proc.stderr}\n{spec.src}"
+
+
+def test_cuda_compiles_with_nvrtc():
+    try:
+        ops_cuda.nvrtc()
+    except ops_cuda.DeviceUnavailable as e:
+        pytest.skip(str(e))
+    for name, spec in cuda_kernels().items():
+        assert ops_cuda.nvrtc_compile(spec.src, "sm_90")[:4] == b"\x7fELF", name
+    assert b".entry" in ops_cuda.nvrtc_compile(cuda_kernels()["matmul"].src, "compute_90")
+
+
+def test_cuda_runs_where_there_is_a_gpu():
+    try:
+        Device["CUDA"]
+    except Exception as e:
+        pytest.skip(f"no CUDA GPU: {e}")
+    a = rng.uniform(-1, 1, (3, 1000)).astype(np.float32)
+    np.testing.assert_allclose(Tensor(a, device="CUDA").sum(axis=1).numpy(), a.sum(1), rtol=1e-4)
+
+
+# ***** clear errors *****
+
+
+def test_missing_pyopencl_is_one_sentence(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyopencl", None)  # import pyopencl -> ImportError
+    with pytest.raises(ops_cl.DeviceUnavailable, match=r"pip install pyopencl") as e:
+        ops_cl.open_device("CL")
+    assert e.value.__cause__ is None and e.value.__suppress_context__ and "\n" not in str(e.value)
+
+
+def test_missing_opencl_platform_is_one_sentence(monkeypatch):
+    pytest.importorskip("pyopencl")
+    monkeypatch.setattr(ops_cl, "cl_devices", lambda: [])
+    with pytest.raises(ops_cl.DeviceUnavailable, match=r"apt-get install pocl-opencl-icd"):
+        ops_cl.open_device("CL")
+    with pytest.raises(ValueError, match="unknown OpenCL device"):
+        ops_cl.open_device("CL:x")
+
+
+def test_missing_cuda_driver_or_nvrtc_is_one_sentence(monkeypatch):
+    monkeypatch.setattr(ops_cuda, "_driver", lambda: (_ for _ in ()).throw(
+        ops_cuda.DeviceUnavailable("CUDA needs the NVIDIA driver (libcuda.so.1), which is not installed here")))
+    with pytest.raises(ops_cuda.DeviceUnavailable, match="NVIDIA driver"):
+        ops_cuda.open_device("CUDA")
+    monkeypatch.setattr(ops_cuda, "_nvrtc_candidates", lambda: [])
+    ops_cuda.nvrtc.cache_clear()
+    try:
+        with pytest.raises(ops_cuda.DeviceUnavailable, match=r"pip install nvidia-cuda-nvrtc"):
+            ops_cuda.nvrtc()
+    finally:
+        ops_cuda.nvrtc.cache_clear()
+
+
+def test_cuda_without_a_driver_here():
+    try:
+        ops_cuda._driver()
+    except ops_cuda.DeviceUnavailable as e:
+        assert "NVIDIA driver" in str(e) and "\n" not in str(e)
+        with pytest.raises(ops_cuda.DeviceUnavailable):
+            Device["CUDA"]
+    else:
+        pytest.skip("an NVIDIA driver is installed here")
