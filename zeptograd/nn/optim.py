@@ -1,0 +1,258 @@
+"""Optimizers, as tinygrad's `tinygrad.nn.optim`: SGD (momentum, nesterov, weight decay), Adam, AdamW, LAMB, LARS.
+
+    opt = nn.optim.AdamW(nn.state.get_parameters(model), lr=1e-3)
+    with Tensor.train():
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        opt.step()          # one schedule: every parameter and every optimizer state updated in place
+
+Every update is a lazy `Tensor.assign` into the existing buffers (parameters, momenta, the step counters), and
+`step()` realizes them all together, so a TinyJit around a training step replays the whole update.
+
+fused (the default when every parameter has one dtype and device): each optimizer state (momentum, m, v) is one
+flat buffer for all the parameters, and the gradients enter as one concatenation, so the state updates are one
+kernel each whatever the number of parameters; then one kernel per parameter writes its new value. Adam on N
+parameters: the step counters, the gradient concatenation, m, v, and N parameter kernels (N + 4 instead of 3N + 1).
+
+A parameter without a gradient at step() is an error (as tinygrad; PyTorch skips it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zeptograd.dtype import dtypes, least_upper_dtype
+from zeptograd.helpers import getenv
+from zeptograd.tensor import Tensor
+from zeptograd.uop.ops import Ops
+
+from .state import _realize_leaves
+
+FUSE_OPTIM = getenv("FUSE_OPTIM", 1)
+
+
+def _value(p: Tensor) -> Tensor:
+    """The parameter's value for the update, outside autograd. Not p.detach(): an assign whose value reads its
+    target through a DETACH is copied first (one more kernel per parameter)."""
+    return Tensor(p.uop, device=p.device)
+
+
+def _dedup(xs: list[Tensor]) -> list[Tensor]:
+    seen: set[int] = set()
+    return [x for x in xs if not (id(x) in seen or seen.add(id(x)))]  # type: ignore[func-returns-value]
+
+
+class Optimizer:
+    """The base: which tensors are parameters (requires_grad True, or None: set to True), which are buffers (state
+    that a step realizes but never updates, like BatchNorm's running statistics), the learning rate as a Tensor
+    (assign to `opt.lr` to change it, also under TinyJit), and the fused layout. Subclasses define `_step`."""
+
+    def __init__(self, params: list[Tensor], lr: float, fused: bool | None = None):
+        params = list(params)
+        for x in params:
+            if not isinstance(x, Tensor):
+                raise TypeError(f"an optimizer takes a list of Tensors, got a {type(x).__name__}")
+            if x.requires_grad is None:
+                x.requires_grad_(True)
+        self.params: list[Tensor] = _dedup([x for x in params if x.requires_grad])
+        if not self.params:
+            raise ValueError("an optimizer needs at least one tensor that requires grad")
+        self.buffers: list[Tensor] = _dedup([x for x in params if not x.requires_grad])
+        self.device = self.params[0].device
+        self.lr = Tensor([lr], device=self.device, dtype=least_upper_dtype(dtypes.default_float, dtypes.float32))
+        _realize_leaves(self.lr, *self.params, *self.buffers)
+        fused = bool(FUSE_OPTIM) if fused is None else fused
+        self.fused = fused and len(self.params) > 1 and len({(p.dtype, p.device) for p in self.params}) == 1
+        self.offsets: list[tuple[int, int]] = []
+        off = 0
+        for p in self.params:
+            self.offsets.append((off, off + p.numel()))
+            off += p.numel()
+
+    def _new_state(self) -> list[Tensor]:
+        """Zeros for one optimizer state, realized (it is updated with assign): one flat tensor when fused, else one
+        tensor per parameter."""
+        # fresh buffers from numpy: realized Tensor.zeros(n).contiguous() of one shape share a buffer today
+        if self.fused:
+            p = self.params[0]
+            return [Tensor(np.zeros(self.offsets[-1][1], np.float32), dtype=p.dtype, device=p.device)]
+        return [Tensor(np.zeros(p.shape, np.float32), dtype=p.dtype, device=p.device) for p in self.params]
+
+    def _part(self, x: Tensor | list[Tensor], i: int) -> Tensor:
+        """Parameter i's part of a state (a list from _new_state) or of a flat tensor, in the parameter's shape."""
+        if isinstance(x, list):
+            x = x[0] if self.fused else x[i]
+        if not self.fused:
+            return x
+        a, b = self.offsets[i]
+        return x[a:b].reshape(self.params[i].shape)
+
+    def _flat(self, xs: list[Tensor]) -> list[Tensor]:
+        """Per-parameter tensors in the state's layout: one concatenation when fused, else the list itself."""
+        return [Tensor.cat(*[x.flatten() for x in xs])] if self.fused else xs
+
+    def zero_grad(self):
+        self._settle()
+        for p in self.params:
+            p.grad = None
+
+    def step(self, *also: Tensor) -> None:
+        """Update every parameter (and state) from its .grad, realized as one schedule. Tensors in `also` (the
+        loss, a metric) are realized in the same schedule: they see the parameters before the update."""
+        _realize_leaves(*self.schedule_step(), others=also)
+
+    def _settle(self):
+        """A parameter realized by the caller (Tensor.realize(loss, *opt.schedule_step())) keeps its ASSIGN graph
+        (Tensor.realize keeps the graph of tensors that require grad): point it at its buffer again, else the next
+        step would build on that graph (and a TinyJit capture would run the old update again)."""
+        from zeptograd.engine.realize import realized
+
+        for p in self.params:
+            if p.uop.op is Ops.ASSIGN and (r := realized.get(p.uop)) is not None:
+                p.uop = r
+                p.requires_grad_(True)
+
+    def schedule_step(self) -> list[Tensor]:
+        """The step as lazy assigns; returns the tensors to realize (together) to run it."""
+        self._settle()
+        if not Tensor.training:
+            raise RuntimeError("Tensor.training is False: an optimizer steps only in training mode "
+                               "(use `with Tensor.train():` or set Tensor.training = True)")
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                raise RuntimeError(f"parameter {i} (shape {p.shape}) has no gradient: call loss.backward() before "
+                                   f"step(), and pass the optimizer only tensors the loss depends on")
+        return self.schedule_step_with_grads([p.grad for p in self.params])  # type: ignore[misc]
+
+    def schedule_step_with_grads(self, grads: list[Tensor]) -> list[Tensor]:
+        if len(grads) != len(self.params):
+            raise ValueError(f"{len(grads)} gradients for {len(self.params)} parameters")
+        for p, g in zip(self.params, grads):
+            if g.shape != p.shape:
+                raise ValueError(f"a gradient of shape {g.shape} for a parameter of shape {p.shape}")
+        # each gradient is its own kernel (as in PyTorch): a lazy gradient read inside the concatenation of all of
+        # them, or by two state updates, would be computed again in each reader
+        grads = [g.detach().cast(p.dtype).contiguous() for p, g in zip(self.params, grads)]
+        new, extra = self._step(grads)
+        for p, n in zip(self.params, new):
+            p.assign(n.cast(p.dtype))
+        return extra + self.params + self.buffers
+
+    def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        """(the new value of each parameter, the state tensors assigned), lazily."""
+        raise NotImplementedError
+
+
+class LARS(Optimizer):
+    """Layer-wise adaptive rate scaling (You et al. 2017), with SGD as the special case tcoef=0.
+
+    Each parameter's gradient is scaled by the trust ratio tcoef*|w| / (|g| + wd*|w|) (1 where a norm is 0).
+    classic=True applies the learning rate before the momentum (as the paper), False after (as PyTorch's SGD);
+    pre_wd adds weight decay to the gradient, otherwise it is applied to the weight directly."""
+
+    def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4,
+                 nesterov: bool = False, classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001,
+                 fused: bool | None = None):
+        super().__init__(params, lr, fused)
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov momentum needs momentum > 0")
+        self.momentum, self.wd, self.nesterov, self.classic = momentum, weight_decay, nesterov, classic
+        self.pre_wd, self.tcoef = pre_wd, tcoef
+        if self.fused and tcoef == 0 and pre_wd and weight_decay > 0:
+            # the flat momentum update would read every parameter (for the weight decay), and an assign whose value
+            # reads its target's buffer through another kernel is copied first today: per-parameter momenta are
+            # fewer kernels here
+            self.fused = False
+        self.b = self._new_state() if self.momentum else []
+
+    def _scaled(self, g: Tensor, t: Tensor, r: Tensor | float) -> Tensor:
+        """The gradient with weight decay added (pre_wd) and, for classic LARS, scaled by the ratio and lr."""
+        if self.pre_wd and self.wd > 0:
+            g = g + self.wd * t
+        return g * r * self.lr if self.classic else g
+
+    def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        ts = [_value(p) for p in self.params]
+        rs: list[Tensor | float] = [1.0] * len(ts)
+        if self.tcoef != 0:
+            for i, (t, g) in enumerate(zip(ts, grads)):
+                r1, r2 = t.square().sum().sqrt(), g.square().sum().sqrt()
+                rs[i] = (r1 > 0).where((r2 > 0).where(self.tcoef * r1 / (r2 + self.wd * r1), 1.0), 1.0)
+        if self.momentum:
+            if self.fused:
+                r = Tensor.cat(*[r.reshape(1).expand(t.numel()) for r, t in zip(rs, ts)]) if self.tcoef else 1.0
+                scaled = [self._scaled(self._flat(grads)[0], self._flat(ts)[0], r)]  # type: ignore[arg-type]
+            else:
+                scaled = [self._scaled(g, t, r) for g, t, r in zip(grads, ts, rs)]
+            for b, g in zip(self.b, scaled):
+                b.assign(self.momentum * b + g)
+        ret = []
+        for i, (t, g, r) in enumerate(zip(ts, grads, rs)):
+            g = self._scaled(g, t, r)
+            if self.momentum:
+                b = self._part(self.b, i)
+                g = g + self.momentum * b if self.nesterov else b
+            if not self.classic:
+                g = g * r * self.lr
+            if not self.pre_wd and self.wd > 0:
+                t = t * (1.0 - self.wd * self.lr)
+            ret.append(t - g)
+        return ret, self.b
+
+
+def SGD(params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
+        nesterov: bool = False, classic: bool = False, fused: bool | None = None) -> LARS:
+    """Stochastic gradient descent as PyTorch's (dampening 0): g += wd*w; b = momentum*b + g;
+    w -= lr * (g + momentum*b if nesterov else b)."""
+    return LARS(params, lr, momentum, weight_decay, nesterov, classic, pre_wd=True, tcoef=0.0, fused=fused)
+
+
+class LAMB(Optimizer):
+    """LAMB (You et al. 2019): Adam moments with bias correction, decoupled weight decay, and a per-parameter trust
+    ratio |w| / |update|; adam=True leaves the ratio out (that is AdamW)."""
+
+    def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+                 weight_decay: float = 0.0, adam: bool = False, fused: bool | None = None):
+        super().__init__(params, lr, fused)
+        self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
+        # b1**t and b2**t, as one tensor (one kernel per step); float32 whatever the parameters' dtype
+        self.betas = Tensor([b1, b2], dtype=dtypes.float32, device=self.device)
+        self.beta_t = Tensor([1.0, 1.0], dtype=dtypes.float32, device=self.device)
+        self.m, self.v = self._new_state(), self._new_state()
+        _realize_leaves(self.betas, self.beta_t)
+
+    def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        # read b1**t back through the assign (the scheduler orders a reader of the assigned value after the write;
+        # a kernel reading the old buffer through the lazy product is not ordered before it today)
+        self.beta_t.assign(self.beta_t * self.betas)
+        bc1, bc2 = 1.0 - self.beta_t[0], 1.0 - self.beta_t[1]
+        for m, v, g in zip(self.m, self.v, self._flat(grads)):
+            m.assign(self.b1 * m + (1.0 - self.b1) * g)
+            v.assign(self.b2 * v + (1.0 - self.b2) * (g * g))
+        ret = []
+        for i, p in enumerate(self.params):
+            t = _value(p)
+            up = (self._part(self.m, i) / bc1) / ((self._part(self.v, i) / bc2).sqrt() + self.eps)
+            if self.wd:
+                up = up + self.wd * t
+            if not self.adam:
+                r1, r2 = t.square().sum().sqrt(), up.square().sum().sqrt()
+                up = up * (r1 > 0).where((r2 > 0).where(r1 / r2, 1.0), 1.0)
+            ret.append(t - self.lr * up)
+        return ret, [self.beta_t, *self.m, *self.v]
+
+
+def AdamW(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+          weight_decay: float = 0.01, fused: bool | None = None) -> LAMB:
+    """Adam with decoupled weight decay, as PyTorch's AdamW: w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)."""
+    return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True, fused=fused)
+
+
+def Adam(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+         fused: bool | None = None) -> LAMB:
+    """Adam as PyTorch's (no weight decay): w -= lr * m_hat / (sqrt(v_hat) + eps)."""
+    return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, fused=fused)
+
+
+__all__ = ["Optimizer", "SGD", "LARS", "LAMB", "Adam", "AdamW"]

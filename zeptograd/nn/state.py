@@ -1,0 +1,390 @@
+"""Model state: finding a model's tensors, loading them, and the safetensors and PyTorch file formats.
+
+get_state_dict(model) walks attributes, lists, tuples and dicts and names each Tensor by its path, as PyTorch
+names a module's state (`layers.0.weight`); get_parameters(model) is its values. load_state_dict assigns into the
+model's existing tensors (so optimizers and TinyJit captures that hold them see the new values).
+
+safe_save / safe_load read and write the safetensors format directly: an 8-byte little-endian header length, a
+JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the raw
+little-endian data. All of zeptograd's dtypes are supported (BF16 as its raw bits). torch_load reads a file written
+by torch.save (the zip format, and the legacy pickle format) of a plain state_dict, without torch.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import struct
+import zipfile
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from zeptograd.dtype import DType, dtypes
+from zeptograd.tensor import Tensor
+
+__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_load", "safe_save", "safe_load_metadata",
+           "torch_load"]
+
+
+def _realize_leaves(*tensors: Tensor, others: tuple[Tensor, ...] = ()) -> None:
+    """Realize tensors (and `others`, as they are) together so that each tensor's uop becomes its buffer, also for
+    tensors that require grad.
+
+    Tensor.realize keeps the lazy graph of tensors that require grad (for a later backward); for a parameter that
+    graph is an ASSIGN chain that grows every step, and that a TinyJit capture would run again (applying the previous
+    update twice). Parameters are leaves: their graph is only their value, so they are realized as plain tensors and
+    re-marked as requiring grad."""
+    grad = [t for t in tensors if t.requires_grad]
+    for t in grad:
+        t.requires_grad = False
+    try:
+        if tensors or others:
+            Tensor.realize(*tensors, *others)
+    finally:
+        for t in grad:
+            t.requires_grad_(True)
+
+
+# ***** finding the tensors *****
+
+
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
+    """{dotted name: Tensor} for every tensor reachable from obj through attributes, lists, tuples and dicts."""
+    if isinstance(obj, tensor_type):
+        return {prefix.strip("."): obj}
+    if hasattr(obj, "_asdict"):  # namedtuple
+        return get_state_dict(obj._asdict(), prefix, tensor_type)
+    if isinstance(obj, OrderedDict):
+        return get_state_dict(dict(obj), prefix, tensor_type)
+    if hasattr(obj, "__dict__"):
+        return get_state_dict(obj.__dict__, prefix, tensor_type)
+    state_dict: dict[str, Tensor] = {}
+    if isinstance(obj, (list, tuple)):
+        for i, x in enumerate(obj):
+            state_dict.update(get_state_dict(x, f"{prefix}{i}.", tensor_type))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            state_dict.update(get_state_dict(v, f"{prefix}{k}.", tensor_type))
+    return state_dict
+
+
+def get_parameters(obj: Any) -> list[Tensor]:
+    """Every tensor of get_state_dict(obj), each once (buffers like running statistics included: an optimizer
+    updates only those that require grad)."""
+    seen: set[int] = set()
+    return [t for t in get_state_dict(obj).values() if not (id(t) in seen or seen.add(id(t)))]  # type: ignore
+
+
+def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True, verbose: bool = False,
+                    realize: bool = True) -> None:
+    """Assign each tensor of state_dict (Tensors or numpy arrays) into the model's tensor of the same name, cast to
+    its dtype. strict: a name missing from state_dict or not in the model is an error (all of them are listed);
+    otherwise they are skipped. A shape mismatch is always an error."""
+    model_sd = get_state_dict(model)
+    missing = [k for k in model_sd if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in model_sd]
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"missing key(s) in state_dict: {', '.join(missing)}")
+        if unexpected:
+            parts.append(f"unexpected key(s) in state_dict: {', '.join(unexpected)}")
+        raise KeyError(f"load_state_dict: {'; '.join(parts)}")
+    bad = []
+    for k, v in model_sd.items():
+        if k in state_dict and tuple(np.shape(state_dict[k]) if not isinstance(state_dict[k], Tensor)
+                                     else state_dict[k].shape) != v.shape:
+            new_shape = state_dict[k].shape if isinstance(state_dict[k], Tensor) else np.shape(state_dict[k])
+            bad.append(f"{k}: the model has {v.shape}, the state_dict {tuple(new_shape)}")
+    if bad:
+        raise ValueError(f"load_state_dict: shape mismatch for {'; '.join(bad)}")
+    if verbose and (missing or unexpected):
+        print(f"load_state_dict: skipped missing {missing} and unexpected {unexpected}")
+    done = []
+    for k, v in model_sd.items():
+        if k not in state_dict:
+            continue
+        new = state_dict[k]
+        if not isinstance(new, Tensor):
+            new = Tensor(np.asarray(new), device=v.device, dtype=v.dtype)
+        v.assign(new.to(v.device).cast(v.dtype).detach())
+        done.append(v)
+    if realize:
+        _realize_leaves(*done)
+
+
+# ***** safetensors *****
+
+_ST_DTYPES: dict[str, DType] = {"BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16,
+                                "I16": dtypes.int16, "U32": dtypes.uint32, "I32": dtypes.int32, "U64": dtypes.uint64,
+                                "I64": dtypes.int64, "F16": dtypes.float16, "BF16": dtypes.bfloat16,
+                                "F32": dtypes.float32, "F64": dtypes.float64}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_NP = {dtypes.bool: np.bool_, dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16,
+       dtypes.int16: np.int16, dtypes.uint32: np.uint32, dtypes.int32: np.int32, dtypes.uint64: np.uint64,
+       dtypes.int64: np.int64, dtypes.float16: np.float16, dtypes.bfloat16: np.uint16, dtypes.float32: np.float32,
+       dtypes.float64: np.float64}
+
+
+def _tensor_from_raw(raw: np.ndarray, dt: DType, shape: tuple[int, ...], device: str | None = None) -> Tensor:
+    """A Tensor from little-endian raw element data (bfloat16 as its uint16 bits)."""
+    arr = raw.view(np.dtype(_NP[dt]).newbyteorder("<")).astype(_NP[dt]).reshape(shape)
+    if dt == dtypes.bfloat16:  # widen the bits to float32 exactly; the constructor keeps the top 16 bits
+        return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
+    return Tensor(arr, device=device, dtype=dt)
+
+
+def _raw_bytes(t: Tensor) -> bytes:
+    arr = t.numpy()
+    if t.dtype == dtypes.bfloat16:
+        arr = (np.ascontiguousarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return np.ascontiguousarray(arr, dtype=np.dtype(_NP[t.dtype]).newbyteorder("<")).tobytes()
+
+
+def _read_bytes(fn: str | os.PathLike | bytes) -> memoryview:
+    if isinstance(fn, (bytes, bytearray, memoryview)):
+        return memoryview(fn)
+    with open(fn, "rb") as f:
+        return memoryview(f.read())
+
+
+def _safe_header(data: memoryview, where: str) -> tuple[dict, int]:
+    if len(data) < 8:
+        raise ValueError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
+    n = struct.unpack("<Q", data[:8])[0]
+    if n > len(data) - 8:
+        raise ValueError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
+    try:
+        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{where}: not a safetensors file (the header is not a JSON object)")
+    return header, 8 + n
+
+
+def safe_load_metadata(fn: str | os.PathLike | bytes) -> dict[str, str]:
+    """The "__metadata__" of a safetensors file ({} when it has none)."""
+    header, _ = _safe_header(_read_bytes(fn), str(fn)[:100])
+    return header.get("__metadata__", {}) or {}
+
+
+def safe_load(fn: str | os.PathLike | bytes, device: str | None = None) -> dict[str, Tensor]:
+    """{name: Tensor} from a safetensors file (a path, or the file's bytes)."""
+    where = str(fn)[:100] if not isinstance(fn, (bytes, bytearray, memoryview)) else "safe_load"
+    data = _read_bytes(fn)
+    header, start = _safe_header(data, where)
+    body = np.frombuffer(data, dtype=np.uint8, offset=start)
+    ret = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info.get("dtype") not in _ST_DTYPES:
+            raise ValueError(f"{where}: tensor {name!r} has dtype {info.get('dtype')!r}, which zeptograd does not "
+                             f"support (supported: {', '.join(_ST_DTYPES)})")
+        dt, shape = _ST_DTYPES[info["dtype"]], tuple(info["shape"])
+        b, e = info["data_offsets"]
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if e - b != n or e > len(body) or b < 0:
+            raise ValueError(f"{where}: tensor {name!r} of {info['dtype']} {list(shape)} needs {n} bytes, its data "
+                             f"offsets are [{b}, {e}] in a data section of {len(body)} bytes")
+        ret[name] = _tensor_from_raw(body[b:e], dt, shape, device)
+    return ret
+
+
+def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Write {name: Tensor} as a safetensors file (tensors in name order, header padded to 8 bytes as the
+    reference implementation)."""
+    header: dict[str, Any] = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("safetensors metadata must map str to str")
+        header["__metadata__"] = dict(metadata)
+    blobs, off = [], 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        if not isinstance(t, Tensor):
+            raise TypeError(f"safe_save: {name!r} is a {type(t).__name__}, not a Tensor")
+        raw = _raw_bytes(t)
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hdr = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hdr += b" " * (-len(hdr) % 8)
+    with open(fn, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)))
+        f.write(hdr)
+        for raw in blobs:
+            f.write(raw)
+
+
+# ***** PyTorch files *****
+
+_TORCH_STORAGES: dict[str, Any] = {"DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
+                                   "BFloat16Storage": "bf16", "LongStorage": np.int64, "IntStorage": np.int32,
+                                   "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
+                                   "BoolStorage": np.bool_}
+_TORCH_DTYPES = {"float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
+                 "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage", "int16": "ShortStorage",
+                 "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage", "float": "FloatStorage",
+                 "double": "DoubleStorage", "half": "HalfStorage", "long": "LongStorage", "int": "IntStorage"}
+
+
+class _StorageType:
+    def __init__(self, name: str):
+        self.name = name
+
+
+class _Storage:
+    """A storage of a torch file: its element type and the raw bytes (read when first needed)."""
+
+    def __init__(self, kind: str, read):
+        self.kind, self._read, self._data = kind, read, None
+
+    def array(self) -> np.ndarray:
+        if self._data is None:
+            raw = self._read()
+            kind = _TORCH_STORAGES[self.kind]
+            self._data = np.frombuffer(raw, dtype=np.uint16 if kind == "bf16" else np.dtype(kind).newbyteorder("<"))
+        return self._data
+
+
+class _TorchTensor:
+    """A tensor of a torch file before conversion: a strided view of a storage."""
+
+    def __init__(self, storage: _Storage, offset: int, size: tuple, stride: tuple):
+        self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
+
+    def to_tensor(self, device: str | None) -> Tensor:
+        data = self.storage.array()
+        n = int(np.prod(self.size, dtype=np.int64))
+        if n == 0:
+            arr = np.zeros(self.size, dtype=data.dtype)
+        else:
+            last = self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+            if self.offset < 0 or last >= len(data):
+                raise ValueError(f"torch_load: a tensor of size {self.size} stride {self.stride} at offset "
+                                 f"{self.offset} reaches past its storage of {len(data)} elements")
+            arr = np.lib.stride_tricks.as_strided(data[self.offset:], self.size,
+                                                  [st * data.itemsize for st in self.stride])
+        arr = np.ascontiguousarray(arr)
+        if self.storage.kind == "BFloat16Storage":
+            return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
+        return Tensor(arr.astype(arr.dtype.newbyteorder("=")), device=device)
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride, *args, **kwargs):
+    return _TorchTensor(storage, storage_offset, size, stride)
+
+
+def _rebuild_parameter(data, requires_grad=None, backward_hooks=None, *args):
+    return data
+
+
+class _TorchUnpickler(pickle.Unpickler):
+    """Unpickles torch's data.pkl into _TorchTensors, allowing only the classes a state_dict needs."""
+
+    def __init__(self, f, load_storage):
+        super().__init__(f)
+        self.load_storage = load_storage
+
+    def find_class(self, module: str, name: str):
+        if module == "collections" and name == "OrderedDict":
+            return OrderedDict
+        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+            return _rebuild_tensor
+        if module == "torch._utils" and name == "_rebuild_parameter":
+            return _rebuild_parameter
+        if module == "torch" and name in _TORCH_STORAGES:
+            return _StorageType(name)
+        if module == "torch" and name in _TORCH_DTYPES:  # a dtype object (newer files name the storage by dtype)
+            return _StorageType(_TORCH_DTYPES[name])
+        if module == "torch.storage" and name in ("UntypedStorage", "_LegacyStorage", "TypedStorage"):
+            return _StorageType("ByteStorage")
+        if (module, name) == ("builtins", "set"):
+            return set
+        raise pickle.UnpicklingError(f"torch_load: {module}.{name} is not part of a plain state_dict; only tensors, "
+                                     f"dicts and plain values can be loaded")
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"torch_load: unknown persistent id {pid!r}")
+        _, stype, key, _location, numel = pid[:5]
+        kind = stype.name if isinstance(stype, _StorageType) else "ByteStorage"
+        return self.load_storage(kind, str(key), numel)
+
+
+def torch_load(fn: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:
+    """{name: Tensor} from a torch.save file of a state_dict (nested dicts are flattened with dotted names)."""
+    if zipfile.is_zipfile(fn):
+        with zipfile.ZipFile(fn) as zf:
+            names = zf.namelist()
+            pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
+            if pkl is None:
+                raise ValueError(f"torch_load: {fn} is a zip file without data.pkl: not a torch.save file")
+            prefix = pkl[: -len("data.pkl")]
+            blobs = {n: zf.read(n) for n in names if n.startswith(prefix + "data/")}
+            storages: dict[str, _Storage] = {}
+
+            def load_storage(kind: str, key: str, numel: int) -> _Storage:
+                if key not in storages:
+                    path = f"{prefix}data/{key}"
+                    if path not in blobs:
+                        raise ValueError(f"torch_load: {fn} lacks the storage {path}")
+                    storages[key] = _Storage(kind, lambda p=path: blobs[p])
+                return storages[key]
+
+            obj = _TorchUnpickler(io.BytesIO(zf.read(pkl)), load_storage).load()
+    else:
+        obj = _legacy_load(fn)
+    return {k: v.to_tensor(device) for k, v in _flatten_state(obj).items()}
+
+
+def _legacy_load(fn: str | os.PathLike) -> Any:
+    """The pre-1.6 format: pickles of (magic, protocol, sys_info, the object, the storage keys), then each
+    storage's element count (8 bytes) and data, in key order."""
+    with open(fn, "rb") as f:
+        data = f.read()
+    bio = io.BytesIO(data)
+    try:
+        magic = pickle.load(bio)
+    except Exception:
+        raise ValueError(f"torch_load: {fn} is neither a zip nor a legacy torch.save file") from None
+    if magic != 0x1950A86A20F9469CFC6C:
+        raise ValueError(f"torch_load: {fn} is not a torch.save file (bad magic number)")
+    pickle.load(bio)  # protocol version
+    pickle.load(bio)  # sys info
+    kinds: dict[str, _Storage] = {}
+
+    def load_storage(kind: str, key: str, numel: int) -> _Storage:
+        if key not in kinds:
+            kinds[key] = _Storage(kind, lambda k=key: raws[k])
+        return kinds[key]
+
+    raws: dict[str, bytes] = {}
+    obj = _TorchUnpickler(bio, load_storage).load()
+    keys = pickle.load(bio)
+    for key in keys:
+        n = struct.unpack("<q", bio.read(8))[0]
+        kind = kinds[str(key)].kind if str(key) in kinds else "ByteStorage"
+        kt = _TORCH_STORAGES[kind]
+        size = 2 if kt == "bf16" else np.dtype(kt).itemsize
+        raws[str(key)] = bio.read(n * size)
+    return obj
+
+
+def _flatten_state(obj: Any, prefix: str = "") -> dict[str, _TorchTensor]:
+    if isinstance(obj, _TorchTensor):
+        return {prefix.strip("."): obj}
+    ret: dict[str, _TorchTensor] = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            ret.update(_flatten_state(v, f"{prefix}{k}."))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            ret.update(_flatten_state(v, f"{prefix}{i}."))
+    return ret
