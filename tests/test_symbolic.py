@@ -375,14 +375,14 @@ def check_case(vs, e, seed):
     return s
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(case())
 def test_simplify_keeps_values(cs):
     vs, e, (lo, hi), seed = cs
     check_case(vs, e, seed)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(case())
 def test_substituted_constants_fold_to_value(cs):
     vs, e, _, seed = cs
@@ -398,7 +398,7 @@ def test_substituted_constants_fold_to_value(cs):
     assert folded_s.op is Ops.CONST and folded_s.arg == want, f"{fmt(s)} at {env}: {fmt(folded_s)} != {want}"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(case())
 def test_simplify_is_idempotent(cs):
     _, e, _, _ = cs

@@ -9,6 +9,7 @@ choice is cached on disk, keyed by the kernel graph and the device, so a second 
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import hashlib
 import json
@@ -35,6 +36,7 @@ def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
     global _pool
     if _pool is None:
         _pool = concurrent.futures.ProcessPoolExecutor(max(1, THREADS.value), mp_context=multiprocessing.get_context("fork"))
+        atexit.register(_pool.shutdown, wait=True)
     return _pool
 
 
