@@ -27,7 +27,7 @@ from zeptograd.helpers import getenv
 from zeptograd.tensor import Tensor
 from zeptograd.uop.ops import Ops
 
-from .state import _realize_leaves
+from .state import _fresh_buffer_uop, _realize_leaves
 
 FUSE_OPTIM = getenv("FUSE_OPTIM", 1)
 
@@ -36,6 +36,12 @@ def _value(p: Tensor) -> Tensor:
     """The parameter's value for the update, outside autograd. Not p.detach(): an assign whose value reads its
     target through a DETACH is copied first (one more kernel per parameter)."""
     return Tensor(p.uop, device=p.device)
+
+
+def _is_buffer(t: Tensor) -> bool:
+    """Whether t is a whole realized buffer (its contiguous() would be a copy kernel today)."""
+    u = t.uop.src[0] if t.uop.op is Ops.RESHAPE else t.uop
+    return u.op is Ops.BUFFER and u.arg[1] == t.numel()
 
 
 def _dedup(xs: list[Tensor]) -> list[Tensor]:
@@ -111,6 +117,7 @@ class Optimizer:
         for p in self.params:
             if p.uop.op is Ops.ASSIGN and (r := realized.get(p.uop)) is not None:
                 p.uop = r
+                _fresh_buffer_uop(p)
                 p.requires_grad_(True)
 
     def schedule_step(self) -> list[Tensor]:
@@ -133,7 +140,8 @@ class Optimizer:
                 raise ValueError(f"a gradient of shape {g.shape} for a parameter of shape {p.shape}")
         # each gradient is its own kernel (as in PyTorch): a lazy gradient read inside the concatenation of all of
         # them, or by two state updates, would be computed again in each reader
-        grads = [g.detach().cast(p.dtype).contiguous() for p, g in zip(self.params, grads)]
+        grads = [g if _is_buffer(g) and g.dtype == p.dtype else g.detach().cast(p.dtype).contiguous()
+                 for p, g in zip(self.params, grads)]
         new, extra = self._step(grads)
         for p, n in zip(self.params, new):
             p.assign(n.cast(p.dtype))

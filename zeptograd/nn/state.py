@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes
+from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.tensor import Tensor
+from zeptograd.uop.ops import Ops
 
 __all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_load", "safe_save", "safe_load_metadata",
            "torch_load"]
@@ -44,9 +46,24 @@ def _realize_leaves(*tensors: Tensor, others: tuple[Tensor, ...] = ()) -> None:
     try:
         if tensors or others:
             Tensor.realize(*tensors, *others)
+        for t in tensors:
+            _fresh_buffer_uop(t)
     finally:
         for t in grad:
             t.requires_grad_(True)
+
+
+def _fresh_buffer_uop(t: Tensor) -> None:
+    """Give a realized tensor a new BUFFER uop on the same Buffer (same memory, a new graph node).
+
+    The engine remembers the value of every realized node (engine/realize.py's `realized`), keyed by the node; a
+    graph built again over the same BUFFER nodes (the same model on the same input tensor after an update) would get
+    the remembered value from before the update while the old graph is alive. A new node per update makes each
+    step's graph new; the schedule cache still matches them (it keys buffers by position)."""
+    u = t.uop
+    base = u.src[0] if u.op is Ops.RESHAPE else u
+    if base.op is Ops.BUFFER and base.arg[1] == t.numel() and (buf := buffers.get(base)) is not None:
+        t.uop = reshape_uop(new_buffer_uop(buf.device, buf.size, buf.dtype, buf), t.shape)
 
 
 # ***** finding the tensors *****
@@ -271,7 +288,7 @@ class _TorchTensor:
                                  f"{self.offset} reaches past its storage of {len(data)} elements")
             arr = np.lib.stride_tricks.as_strided(data[self.offset:], self.size,
                                                   [st * data.itemsize for st in self.stride])
-        arr = np.ascontiguousarray(arr)
+        arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d tensor 1-d)
         if self.storage.kind == "BFloat16Storage":
             return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
         return Tensor(arr.astype(arr.dtype.newbyteorder("=")), device=device)
