@@ -423,6 +423,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "first_call": case_first_call,
     "overhead": case_overhead,
     "overhead_jit": case_overhead_jit,
+    **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
 }
 
 

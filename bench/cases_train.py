@@ -1,0 +1,123 @@
+"""Training-step cases: a whole step (forward, backward, optimizer update) per call, zeptograd (zeptograd.nn, the
+step under TinyJit) against torch (torch.nn, the same model and optimizer). Rates are steps per second.
+
+    mlp_train     an MLP 784-256-10 with Adam, batch 128 (quick: 32-16-10, batch 8)
+    digits_train  examples/train_digits.py's convnet (conv-BN-relu-pool twice, linear) with Adam, batch 64
+
+Registered in bench/run.py's CASES (`**TRAIN_CASES`). The case functions return an object with Spec's fields, so
+this module does not import bench.run (it can be imported from it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclass
+class TrainSpec:  # the fields of bench.run.Spec that run_case reads
+    runners: dict[str, Callable[[], Any] | None]
+    kind: str = "rate"
+    nbytes: int = 0
+    flops: int = 0
+    note: str = ""
+    loop: int = 0
+
+
+def _torch():
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.getenv("THREADS") or os.cpu_count() or 1))
+        return torch
+    except ImportError:
+        return None
+
+
+def _zg_step(model: Callable, params: list, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
+    from zeptograd import Tensor, TinyJit, nn
+
+    opt = nn.optim.Adam(params, lr=1e-3)
+
+    @TinyJit
+    def step(xb: Tensor, yb: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(xb).sparse_categorical_crossentropy(yb)
+        loss.backward()
+        loss = loss.detach()
+        opt.step(loss)
+        return loss
+
+    zx, zy = Tensor(x).realize(), Tensor(y).realize()
+
+    def run():
+        with Tensor.train():
+            step(zx, zy)
+
+    return run
+
+
+def _torch_step(t, model, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
+    opt = t.optim.Adam(model.parameters(), lr=1e-3)
+    tx, ty = t.from_numpy(x), t.from_numpy(y.astype(np.int64))
+    model.train()
+
+    def run():
+        opt.zero_grad()
+        loss = t.nn.functional.cross_entropy(model(tx), ty)
+        loss.backward()
+        opt.step()
+
+    return run
+
+
+def case_mlp_train(q: bool) -> TrainSpec:
+    from zeptograd import nn
+    from zeptograd.nn.state import get_parameters
+
+    d_in, d_h, bs = (32, 16, 8) if q else (784, 256, 128)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((bs, d_in), dtype=np.float32)
+    y = rng.integers(0, 10, bs).astype(np.int32)
+    layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
+    zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
+    t = _torch()
+    tstep = None
+    if t is not None:
+        tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
+        tstep = _torch_step(t, tmodel, x, y)
+    return TrainSpec({"zeptograd": zg, "numpy": None, "torch": tstep},
+                     note=f"MLP {d_in}-{d_h}-10 batch {bs}, Adam, TinyJit step; numpy: n/a")
+
+
+def case_digits_train(q: bool) -> TrainSpec:
+    from zeptograd import Tensor, nn
+    from zeptograd.nn.state import get_parameters
+
+    bs = 8 if q else 64
+    rng = np.random.default_rng(0)
+    x = rng.random((bs, 1, 8, 8), dtype=np.float32)
+    y = rng.integers(0, 10, bs).astype(np.int32)
+    layers = [nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), Tensor.relu, Tensor.max_pool2d,
+              nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,
+              lambda v: v.flatten(1), nn.Linear(128, 10)]
+    zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
+    t = _torch()
+    tstep = None
+    if t is not None:
+        m = t.nn
+        tmodel = m.Sequential(m.Conv2d(1, 16, 3, padding=1), m.BatchNorm2d(16), m.ReLU(), m.MaxPool2d(2),
+                              m.Conv2d(16, 32, 3, padding=1), m.BatchNorm2d(32), m.ReLU(), m.MaxPool2d(2),
+                              m.Flatten(), m.Linear(128, 10))
+        tstep = _torch_step(t, tmodel, x, y)
+    return TrainSpec({"zeptograd": zg, "numpy": None, "torch": tstep},
+                     note=f"examples/train_digits.py's convnet, batch {bs}, Adam, TinyJit step; numpy: n/a")
+
+
+TRAIN_CASES: dict[str, Callable[[bool], TrainSpec]] = {
+    "mlp_train": case_mlp_train,
+    "digits_train": case_digits_train,
+}
