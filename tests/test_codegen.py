@@ -5,7 +5,6 @@ import numpy as np
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
-from zeptograd.engine.realize import get_kernel
 from zeptograd.renderer.cstyle import CStyleRenderer
 from zeptograd.uop.ops import Ops
 from zeptograd.uop.upat import graph_rewrite

@@ -3,8 +3,8 @@
 import numpy as np
 
 from zeptograd import Tensor
-from zeptograd.uop.ops import UOp
 from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import UOp
 
 
 def test_chain_of_100k_adds_realizes():

@@ -81,7 +81,9 @@ CASES = {
     "row_sum": lambda a, b: (a * b).sum(axis=-1),
     "col_max": lambda a, b: a.max(axis=0),
     "full_sum": lambda a, b: a.sum(),
-    "softmax": lambda a, b: (a - a.max(-1, keepdim=True)).exp() / (a - a.max(-1, keepdim=True)).exp().sum(-1, keepdim=True),
+    "softmax": lambda a, b: (
+        (a - a.max(-1, keepdim=True)).exp() / (a - a.max(-1, keepdim=True)).exp().sum(-1, keepdim=True)
+    ),
     "matmul": lambda a, b: (a.reshape(a.shape[0], 1, a.shape[1]) * b.permute(1, 0).reshape(1, *b.shape[::-1])).sum(2),
     "int_sum": lambda a, b: (a * 100).cast("int").sum(axis=0),
 }

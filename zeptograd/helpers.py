@@ -74,7 +74,9 @@ SPEC = ContextVar("SPEC", 0)
 DEVECTORIZE = ContextVar("DEVECTORIZE", 1)
 BEAM = ContextVar("BEAM", 0)  # search the optimizer actions with a beam this wide (engine/search.py)
 BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds of search per kernel
-THREADS = ContextVar("THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+THREADS = ContextVar(
+    "THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+)
 
 
 def prod(xs: Iterable[Any], start: Any = 1) -> Any:

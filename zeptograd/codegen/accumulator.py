@@ -1,10 +1,10 @@
 """REDUCE -> an explicit accumulator register (seed 000's graph).
 
-    acc = DEFINE_REG
-    acc.after(*outer ranges).index(0).store(identity)        # initialised once per outer iteration
-    acc.after(init, *reduce ranges).index(0).load() op value  # updated inside the reduce loops
-    acc.index(0).store(new).end(*reduce ranges)               # the loops close after the update
-    acc.after(end).index(0).load()                            # read once after them
+acc = DEFINE_REG
+acc.after(*outer ranges).index(0).store(identity)        # initialised once per outer iteration
+acc.after(init, *reduce ranges).index(0).load() op value  # updated inside the reduce loops
+acc.index(0).store(new).end(*reduce ranges)               # the loops close after the update
+acc.after(end).index(0).load()                            # read once after them
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
     # a sibling reduce over other loops must finish before this one starts: order the init after its END
     prev = ctx.last_end.get(outer)
     deps = outer + ((prev,) if prev is not None and prev.src[1:] != ranges else ())
-    init = (acc.after(*deps) if deps else acc).index(UOp.const(dtypes.index, 0)).store(
-        UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    init = (
+        (acc.after(*deps) if deps else acc)
+        .index(UOp.const(dtypes.index, 0))
+        .store(UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    )
     current = acc.after(init, *ranges).index(UOp.const(dtypes.index, 0)).load()
     updated = accumulate(red.arg, current, value)
     end = acc.index(UOp.const(dtypes.index, 0)).store(updated).end(*ranges)
@@ -98,6 +101,8 @@ def merge_ends(sink: UOp) -> UOp:
     return sink.substitute(mapping) if mapping else sink
 
 
-pm_reduce_to_acc = PatternMatcher([
-    (UPat(Ops.REDUCE, name="red"), reduce_to_acc),
-])
+pm_reduce_to_acc = PatternMatcher(
+    [
+        (UPat(Ops.REDUCE, name="red"), reduce_to_acc),
+    ]
+)

@@ -35,11 +35,13 @@ def fold_vectorize_gep(v: UOp) -> UOp | None:
     return None
 
 
-pm_devectorize = PatternMatcher([
-    (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), split_vector_alu),
-    (UPat(Ops.GEP, name="g", src=(UPat(Ops.VECTORIZE, name="v"),)), fold_gep_vectorize),
-    (UPat(Ops.VECTORIZE, name="v"), fold_vectorize_gep),
-])
+pm_devectorize = PatternMatcher(
+    [
+        (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), split_vector_alu),
+        (UPat(Ops.GEP, name="g", src=(UPat(Ops.VECTORIZE, name="v"),)), fold_gep_vectorize),
+        (UPat(Ops.VECTORIZE, name="v"), fold_vectorize_gep),
+    ]
+)
 
 
 def is_bool_vector(x: UOp) -> bool:

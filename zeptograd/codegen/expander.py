@@ -125,14 +125,18 @@ class Expander:
         axes = self.axes_of(*u.src)
         vec = any(self.exp[s].vec for s in u.src)
         dtype = u.dtype.vec(self.width) if vec else u.dtype
-        vals = {key: UOp(u.op, dtype, tuple(self.get(s, axes, key, vec) for s in u.src), u.arg) for key in self.keys(axes)}
+        vals = {
+            key: UOp(u.op, dtype, tuple(self.get(s, axes, key, vec) for s in u.src), u.arg) for key in self.keys(axes)
+        }
         return Expanded(axes, vals, vec)
 
     def flat_vals(self, srcs: tuple[UOp, ...]) -> list[UOp]:
         return [self.exp[s].vals[k] for s in srcs for k in sorted(self.exp[s].vals)]
 
     def scalar_index(self, index: UOp, axes, key, lane: int | None = None) -> UOp:
-        return UOp(Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane) for s in index.src[1:]]))
+        return UOp(
+            Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane) for s in index.src[1:]])
+        )
 
     def lane_indices(self, index: UOp, axes, key) -> list[UOp]:
         return [self.scalar_index(index, axes, key, lane) for lane in range(self.width)]

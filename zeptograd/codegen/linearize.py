@@ -48,8 +48,10 @@ def linearize(sink: UOp) -> list[UOp]:
         elif u.op is Ops.END:
             for r in reversed([s for s in u.src[1:] if s.op is Ops.RANGE]):
                 if not open_loops or open_loops[-1] is not r:
-                    raise LinearizeError(f"END closes loop {r.arg} but the innermost open loop is "
-                                         f"{open_loops[-1].arg if open_loops else None}")
+                    raise LinearizeError(
+                        f"END closes loop {r.arg} but the innermost open loop is "
+                        f"{open_loops[-1].arg if open_loops else None}"
+                    )
                 open_loops.pop()
         out.append(u)
         for v in users[u]:

@@ -42,10 +42,12 @@ def cast_via_float(c: UOp, x: UOp) -> UOp | None:
     return x.cast(dtypes.float32).cast(c.dtype)
 
 
-pm_lower = PatternMatcher([
-    (UPat(GroupOp.ALU - GroupOp.Comparison - {Ops.WHERE}, name="x"), compute_in_float),
-    (UPat(Ops.WHERE, dtype=dtypes.bfloat16, name="x"), compute_in_float),
-    (UPat(GroupOp.Comparison, name="x"), compare_in_float),
-    (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), guard_int_division),
-    (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
-])
+pm_lower = PatternMatcher(
+    [
+        (UPat(GroupOp.ALU - GroupOp.Comparison - {Ops.WHERE}, name="x"), compute_in_float),
+        (UPat(Ops.WHERE, dtype=dtypes.bfloat16, name="x"), compute_in_float),
+        (UPat(GroupOp.Comparison, name="x"), compare_in_float),
+        (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), guard_int_division),
+        (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
+    ]
+)

@@ -111,11 +111,13 @@ def _vector_f32(x: UOp) -> bool:
     return x.dtype.count > 1 and x.dtype.scalar == dtypes.float32
 
 
-pm_transcendental = PatternMatcher([
-    # exp2(x) -> polynomial * 2**n
-    (UPat(Ops.EXP2, src=(UPat.var("x"),)), lambda x: xexp2(x) if _vector_f32(x) else None),
-    # log2(x) -> exponent + series
-    (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda x: xlog2(x) if _vector_f32(x) else None),
-    # sin(x) -> reduced argument + series
-    (UPat(Ops.SIN, src=(UPat.var("x"),)), lambda x: xsin(x) if _vector_f32(x) else None),
-])
+pm_transcendental = PatternMatcher(
+    [
+        # exp2(x) -> polynomial * 2**n
+        (UPat(Ops.EXP2, src=(UPat.var("x"),)), lambda x: xexp2(x) if _vector_f32(x) else None),
+        # log2(x) -> exponent + series
+        (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda x: xlog2(x) if _vector_f32(x) else None),
+        # sin(x) -> reduced argument + series
+        (UPat(Ops.SIN, src=(UPat.var("x"),)), lambda x: xsin(x) if _vector_f32(x) else None),
+    ]
+)

@@ -35,7 +35,9 @@ _pool: concurrent.futures.ProcessPoolExecutor | None = None
 def _get_pool() -> concurrent.futures.ProcessPoolExecutor:
     global _pool
     if _pool is None:
-        _pool = concurrent.futures.ProcessPoolExecutor(max(1, THREADS.value), mp_context=multiprocessing.get_context("fork"))
+        _pool = concurrent.futures.ProcessPoolExecutor(
+            max(1, THREADS.value), mp_context=multiprocessing.get_context("fork")
+        )
         atexit.register(_pool.shutdown, wait=True)
     return _pool
 
@@ -68,8 +70,9 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
 
 
 def _expanded(ast: UOp) -> int:
-    return prod(u.src[0].arg for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST,
-                                                                                           AxisType.UNROLL))
+    return prod(
+        u.src[0].arg for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST, AxisType.UNROLL)
+    )
 
 
 def cache_path(device: str, ast: UOp, width: int) -> str:

@@ -9,10 +9,21 @@ from zeptograd.dtype import DType, PtrDType, dtypes
 from zeptograd.renderer import ProgramSpec, Renderer
 from zeptograd.uop.ops import Ops, UOp
 
-C_TYPES = {dtypes.bool: "_Bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
-           dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
-           dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "_Float16",
-           dtypes.bfloat16: "unsigned short", dtypes.float32: "float", dtypes.float64: "double"}
+C_TYPES = {
+    dtypes.bool: "_Bool",
+    dtypes.int8: "signed char",
+    dtypes.uint8: "unsigned char",
+    dtypes.int16: "short",
+    dtypes.uint16: "unsigned short",
+    dtypes.int32: "int",
+    dtypes.uint32: "unsigned int",
+    dtypes.int64: "long long",
+    dtypes.uint64: "unsigned long long",
+    dtypes.float16: "_Float16",
+    dtypes.bfloat16: "unsigned short",
+    dtypes.float32: "float",
+    dtypes.float64: "double",
+}
 
 PRELUDE = """#include <math.h>
 static inline float zg_bf16_to_f(unsigned short x) { unsigned int u = (unsigned int)x << 16; float f;
@@ -24,26 +35,40 @@ static inline unsigned short zg_f_to_bf16(float f) { unsigned int u; __builtin_m
 
 
 def _float_fn(name: str) -> Callable[[DType, str], str]:
-    return lambda dt, a: f"{name}f({a})" if dt == dtypes.float32 else f"{name}({a})" if dt == dtypes.float64 else \
-        f"({C_TYPES[dt]}){name}f((float){a})"
+    return lambda dt, a: (
+        f"{name}f({a})"
+        if dt == dtypes.float32
+        else f"{name}({a})"
+        if dt == dtypes.float64
+        else f"({C_TYPES[dt]}){name}f((float){a})"
+    )
 
 
 class CStyleRenderer(Renderer):
     device = "CPU"
     kernel_prefix = ""
     code_for_op: dict[Ops, Callable[..., str]] = {
-        Ops.EXP2: _float_fn("exp2"), Ops.LOG2: _float_fn("log2"), Ops.SIN: _float_fn("sin"),
-        Ops.SQRT: _float_fn("sqrt"), Ops.TRUNC: _float_fn("trunc"),
+        Ops.EXP2: _float_fn("exp2"),
+        Ops.LOG2: _float_fn("log2"),
+        Ops.SIN: _float_fn("sin"),
+        Ops.SQRT: _float_fn("sqrt"),
+        Ops.TRUNC: _float_fn("trunc"),
         Ops.RECIPROCAL: lambda dt, a: f"(({C_TYPES[dt]})1/{a})",
         Ops.NEG: lambda dt, a: f"(-{a})",
-        Ops.ADD: lambda dt, a, b: f"({a}+{b})", Ops.SUB: lambda dt, a, b: f"({a}-{b})",
-        Ops.MUL: lambda dt, a, b: f"({a}*{b})", Ops.FDIV: lambda dt, a, b: f"({a}/{b})",
-        Ops.IDIV: lambda dt, a, b: f"({a}/{b})", Ops.MOD: lambda dt, a, b: f"({a}%{b})",
+        Ops.ADD: lambda dt, a, b: f"({a}+{b})",
+        Ops.SUB: lambda dt, a, b: f"({a}-{b})",
+        Ops.MUL: lambda dt, a, b: f"({a}*{b})",
+        Ops.FDIV: lambda dt, a, b: f"({a}/{b})",
+        Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
+        Ops.MOD: lambda dt, a, b: f"({a}%{b})",
         Ops.MAX: lambda dt, a, b: f"(({a}>{b})?{a}:{b})",
-        Ops.CMPLT: lambda dt, a, b: f"({a}<{b})", Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
+        Ops.CMPLT: lambda dt, a, b: f"({a}<{b})",
+        Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
         Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})",
-        Ops.AND: lambda dt, a, b: f"({a}&{b})", Ops.OR: lambda dt, a, b: f"({a}|{b})",
-        Ops.XOR: lambda dt, a, b: f"({a}^{b})", Ops.SHL: lambda dt, a, b: f"({a}<<{b})",
+        Ops.AND: lambda dt, a, b: f"({a}&{b})",
+        Ops.OR: lambda dt, a, b: f"({a}|{b})",
+        Ops.XOR: lambda dt, a, b: f"({a}^{b})",
+        Ops.SHL: lambda dt, a, b: f"({a}<<{b})",
         Ops.SHR: lambda dt, a, b: f"({a}>>{b})",
         Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
         Ops.MULACC: lambda dt, a, b, c: f"(({a}*{b})+{c})",
@@ -66,9 +91,11 @@ class CStyleRenderer(Renderer):
     def render_typedefs(self, uops: list[UOp]) -> str:
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
         # bool vectors are vectors of bytes (0 or 1): gcc has no _Bool vectors
-        return "".join(f"typedef {'unsigned char' if d.scalar == dtypes.bool else C_TYPES[d.scalar]} "
-                       f"{self.render_dtype(d)} __attribute__((vector_size({d.itemsize})));\n"
-                       for d in sorted((d for d in vecs if d.count > 1), key=lambda d: d.name))
+        return "".join(
+            f"typedef {'unsigned char' if d.scalar == dtypes.bool else C_TYPES[d.scalar]} "
+            f"{self.render_dtype(d)} __attribute__((vector_size({d.itemsize})));\n"
+            for d in sorted((d for d in vecs if d.count > 1), key=lambda d: d.name)
+        )
 
     def render_const(self, x, dt: DType) -> str:
         if dtypes.is_float(dt):
@@ -167,8 +194,10 @@ class CStyleRenderer(Renderer):
             elif op is Ops.STORE:
                 idx, val = src
                 if val.dtype.count > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL:
-                    store = f"{{ {self.render_dtype(val.dtype)} t_ = {r[val]}; __builtin_memcpy({r[idx]}, &t_, " \
-                            f"{val.dtype.itemsize}); }}"
+                    store = (
+                        f"{{ {self.render_dtype(val.dtype)} t_ = {r[val]}; __builtin_memcpy({r[idx]}, &t_, "
+                        f"{val.dtype.itemsize}); }}"
+                    )
                 else:
                     store = f"*{r[idx]} = {r[val]};"
                 emit(f"if ({r[idx.src[2]]}) {store}" if len(idx.src) > 2 else store)
@@ -182,8 +211,11 @@ class CStyleRenderer(Renderer):
                 pass
             elif op is Ops.CAST:
                 r[u] = new_name("cast")
-                cast = f"__builtin_convertvector({r[src[0]]}, {self.render_dtype(dt)})" if dt.count > 1 else \
-                    self.render_cast(dt, src[0].dtype, r[src[0]])
+                cast = (
+                    f"__builtin_convertvector({r[src[0]]}, {self.render_dtype(dt)})"
+                    if dt.count > 1
+                    else self.render_cast(dt, src[0].dtype, r[src[0]])
+                )
                 emit(f"{self.render_dtype(dt)} {r[u]} = {cast};")
             elif op is Ops.BITCAST:
                 r[u] = new_name("bits")
@@ -195,7 +227,12 @@ class CStyleRenderer(Renderer):
             else:
                 raise NotImplementedError(f"the C renderer has no rule for {op}")
         params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names] + [f"int {s.arg}" for s in special]
-        code = PRELUDE + self.render_typedefs(uops) + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n" + \
-            "\n".join(lines) + "\n}\n"
+        code = (
+            PRELUDE
+            + self.render_typedefs(uops)
+            + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n"
+            + "\n".join(lines)
+            + "\n}\n"
+        )
         cores = special[0].src[0].arg if special else 1
         return ProgramSpec(name, code, len(args), tuple(var_names), global_size=(cores, 1, 1))

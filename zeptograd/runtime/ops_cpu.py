@@ -43,13 +43,16 @@ class CCompiler(Compiler):
         if os.path.exists(path):
             return path
         if shutil.which(self.cc) is None:
-            raise NoCompilerError(f"no C compiler found ({self.cc!r} is not on PATH): install one "
-                                  f"(e.g. `apt-get install gcc`) or set CC to its path")
+            raise NoCompilerError(
+                f"no C compiler found ({self.cc!r} is not on PATH): install one "
+                f"(e.g. `apt-get install gcc`) or set CC to its path"
+            )
         os.makedirs(out_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
         os.close(fd)
-        proc = subprocess.run([self.cc, *CFLAGS, "-x", "c", "-", "-o", tmp, "-lm"], input=src.encode(),
-                              capture_output=True)
+        proc = subprocess.run(
+            [self.cc, *CFLAGS, "-x", "c", "-", "-o", tmp, "-lm"], input=src.encode(), capture_output=True
+        )
         if proc.returncode != 0:
             os.unlink(tmp)
             raise CompileError(f"internal error: the generated C did not compile:\n{proc.stderr.decode()}\n{src}")

@@ -62,12 +62,14 @@ def _canonical_const(x: UOp) -> UOp | None:
     return const_broadcast(c.arg, c.dtype, c.src[0].arg, x.shape)
 
 
-tensor_fold = PatternMatcher([
-    (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_alu),
-    (UPat(Ops.REDUCE_AXIS, name="x"), _fold_reduce),
-    (UPat(_UNIFORM_MOVES, name="x"), _canonical_const),
-    # detach(x) -> x: it only matters to gradients
-    (UPat(Ops.DETACH, src=(UPat.var("x"),)), lambda x: x),
-    # contiguous(contiguous(x)) -> contiguous(x)
-    (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.CONTIGUOUS, name="c"),)), lambda c: c),
-])
+tensor_fold = PatternMatcher(
+    [
+        (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_alu),
+        (UPat(Ops.REDUCE_AXIS, name="x"), _fold_reduce),
+        (UPat(_UNIFORM_MOVES, name="x"), _canonical_const),
+        # detach(x) -> x: it only matters to gradients
+        (UPat(Ops.DETACH, src=(UPat.var("x"),)), lambda x: x),
+        # contiguous(contiguous(x)) -> contiguous(x)
+        (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.CONTIGUOUS, name="c"),)), lambda c: c),
+    ]
+)

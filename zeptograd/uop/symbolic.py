@@ -151,59 +151,72 @@ def fold_divmod_sum(x: UOp) -> UOp | None:
     return None
 
 
-symbolic = PatternMatcher([
-    # CONST op CONST -> CONST
-    (UPat(GroupOp.ALU | {Ops.CAST}, name="x", src=UPat(Ops.CONST), allow_any_len=True), fold_const_alu),
-    # an integer fixed by its value range -> CONST
-    (UPat(GroupOp.ALU, name="x"), fold_vrange),
-    # c + x -> x + c ; c * x -> x * c
-    (UPat((Ops.ADD, Ops.MUL), src=(UPat(Ops.CONST, name="c"), UPat(name="x")), name="u"),
-     lambda u, c, x: None if x.op is Ops.CONST else UOp(u.op, u.dtype, (x, c))),
-    # x + 0 -> x ; x * 1 -> x ; x // 1 -> x ; x / 1 -> x ; x - 0 -> x
-    (UPat.var("x") + 0, lambda x: x),
-    (UPat.var("x") * 1, lambda x: x),
-    (UPat.var("x") // 1, lambda x: x),
-    (UPat.var("x") / 1.0, lambda x: x),
-    (UPat.var("x") - 0, lambda x: x),
-    # x * 0 -> 0 (ints only: for floats inf*0 is nan)
-    (UPat.var("x") * 0, lambda x: UOp.const(x.dtype, 0) if is_intlike(x) else None),
-    # x % 1 -> 0
-    (UPat.var("x") % 1, lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
-    # x - y -> x + y*-1 (ints), so like terms meet in one sum
-    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("y"))), lambda x, y: x + y * -1 if is_int(x) else None),
-    # -x -> x*-1 (ints)
-    (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda x: x * -1 if is_int(x) else None),
-    # x - x -> 0 (ints)
-    (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("x"))), lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
-    # (x*c1)*c2 -> x*(c1*c2)
-    ((UPat.var("x") * UPat.cvar("c1")) * UPat.cvar("c2"),
-     lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if is_int(x) else None),
-    # (x + y)*c -> x*c + y*c (ints)
-    ((UPat.var("x") + UPat.var("y")) * UPat.cvar("c"), lambda x, y, c: x * c + y * c if is_int(x) else None),
-    # like terms: x*c1 + x*c2 -> x*(c1+c2), constants gathered, canonical order
-    (UPat(Ops.ADD, name="x"), fold_like_terms),
-    # (a*c + b)//c -> a + b//c ; (a*c + b)%c -> b%c
-    (UPat.var("x") // UPat.cvar("c"), fold_div),
-    (UPat.var("x") % UPat.cvar("c"), fold_mod),
-    # (x//a)//b -> x//(a*b) for x >= 0
-    ((UPat.var("x") // UPat.cvar("a")) // UPat.cvar("b"),
-     lambda x, a, b: x // UOp.const(x.dtype, a.arg * b.arg) if is_int(x) and x.vmin >= 0 and a.arg > 0 and b.arg > 0
-     else None),
-    # a + k < c -> a < c-k ; a*k < c -> a < ceil(c/k)
-    (UPat.var("x") < UPat.cvar("c"), lift_cmplt),
-    # where(True, a, b) -> a ; where(False, a, b) -> b ; where(c, a, a) -> a
-    (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
-    (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
-    # x & True -> x ; x & False -> False ; x | False -> x ; x | True -> True (bools)
-    (UPat(Ops.AND, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: x if c.arg else c),
-    (UPat(Ops.OR, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: c if c.arg else x),
-    # x & x -> x ; x | x -> x ; max(x, x) -> x
-    (UPat(GroupOp.Idempotent, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
-    # max(x, y) -> x when the ranges decide it (ints)
-    (UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))),
-     lambda x, y: (x if x.vmin >= y.vmax else y if y.vmin >= x.vmax else None) if is_int(x) else None),
-    # cast(x) to x's own dtype -> x
-    (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), lambda c, x: x if c.dtype == x.dtype else None),
-    # algebra: (a//c)*c*k + (a%c)*k -> a*k (range merging reads R//n and R%n)
-    (UPat(Ops.ADD, name="x"), fold_divmod_sum),
-])
+symbolic = PatternMatcher(
+    [
+        # CONST op CONST -> CONST
+        (UPat(GroupOp.ALU | {Ops.CAST}, name="x", src=UPat(Ops.CONST), allow_any_len=True), fold_const_alu),
+        # an integer fixed by its value range -> CONST
+        (UPat(GroupOp.ALU, name="x"), fold_vrange),
+        # c + x -> x + c ; c * x -> x * c
+        (
+            UPat((Ops.ADD, Ops.MUL), src=(UPat(Ops.CONST, name="c"), UPat(name="x")), name="u"),
+            lambda u, c, x: None if x.op is Ops.CONST else UOp(u.op, u.dtype, (x, c)),
+        ),
+        # x + 0 -> x ; x * 1 -> x ; x // 1 -> x ; x / 1 -> x ; x - 0 -> x
+        (UPat.var("x") + 0, lambda x: x),
+        (UPat.var("x") * 1, lambda x: x),
+        (UPat.var("x") // 1, lambda x: x),
+        (UPat.var("x") / 1.0, lambda x: x),
+        (UPat.var("x") - 0, lambda x: x),
+        # x * 0 -> 0 (ints only: for floats inf*0 is nan)
+        (UPat.var("x") * 0, lambda x: UOp.const(x.dtype, 0) if is_intlike(x) else None),
+        # x % 1 -> 0
+        (UPat.var("x") % 1, lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
+        # x - y -> x + y*-1 (ints), so like terms meet in one sum
+        (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("y"))), lambda x, y: x + y * -1 if is_int(x) else None),
+        # -x -> x*-1 (ints)
+        (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda x: x * -1 if is_int(x) else None),
+        # x - x -> 0 (ints)
+        (UPat(Ops.SUB, src=(UPat.var("x"), UPat.var("x"))), lambda x: UOp.const(x.dtype, 0) if is_int(x) else None),
+        # (x*c1)*c2 -> x*(c1*c2)
+        (
+            (UPat.var("x") * UPat.cvar("c1")) * UPat.cvar("c2"),
+            lambda x, c1, c2: x * UOp.const(x.dtype, c1.arg * c2.arg) if is_int(x) else None,
+        ),
+        # (x + y)*c -> x*c + y*c (ints)
+        ((UPat.var("x") + UPat.var("y")) * UPat.cvar("c"), lambda x, y, c: x * c + y * c if is_int(x) else None),
+        # like terms: x*c1 + x*c2 -> x*(c1+c2), constants gathered, canonical order
+        (UPat(Ops.ADD, name="x"), fold_like_terms),
+        # (a*c + b)//c -> a + b//c ; (a*c + b)%c -> b%c
+        (UPat.var("x") // UPat.cvar("c"), fold_div),
+        (UPat.var("x") % UPat.cvar("c"), fold_mod),
+        # (x//a)//b -> x//(a*b) for x >= 0
+        (
+            (UPat.var("x") // UPat.cvar("a")) // UPat.cvar("b"),
+            lambda x, a, b: (
+                x // UOp.const(x.dtype, a.arg * b.arg)
+                if is_int(x) and x.vmin >= 0 and a.arg > 0 and b.arg > 0
+                else None
+            ),
+        ),
+        # a + k < c -> a < c-k ; a*k < c -> a < ceil(c/k)
+        (UPat.var("x") < UPat.cvar("c"), lift_cmplt),
+        # where(True, a, b) -> a ; where(False, a, b) -> b ; where(c, a, a) -> a
+        (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
+        (UPat(Ops.WHERE, src=(UPat.var(), UPat.var("a"), UPat.var("a"))), lambda a: a),
+        # x & True -> x ; x & False -> False ; x | False -> x ; x | True -> True (bools)
+        (UPat(Ops.AND, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: x if c.arg else c),
+        (UPat(Ops.OR, src=(UPat.var("x", dtypes.bool), UPat.cvar("c"))), lambda x, c: c if c.arg else x),
+        # x & x -> x ; x | x -> x ; max(x, x) -> x
+        (UPat(GroupOp.Idempotent, src=(UPat.var("x"), UPat.var("x"))), lambda x: x),
+        # max(x, y) -> x when the ranges decide it (ints)
+        (
+            UPat(Ops.MAX, src=(UPat.var("x"), UPat.var("y"))),
+            lambda x, y: (x if x.vmin >= y.vmax else y if y.vmin >= x.vmax else None) if is_int(x) else None,
+        ),
+        # cast(x) to x's own dtype -> x
+        (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), lambda c, x: x if c.dtype == x.dtype else None),
+        # algebra: (a//c)*c*k + (a%c)*k -> a*k (range merging reads R//n and R%n)
+        (UPat(Ops.ADD, name="x"), fold_divmod_sum),
+    ]
+)

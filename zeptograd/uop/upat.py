@@ -22,9 +22,16 @@ class UPat(MathMixin):
 
     __slots__ = ("op", "dtype", "src", "arg", "name", "allow_any_len", "custom")
 
-    def __init__(self, op: Ops | set[Ops] | tuple[Ops, ...] | None = None, dtype: DType | set | tuple | None = None,
-                 src: UPat | tuple[UPat, ...] | None = None, arg: Any = None, name: str | None = None,
-                 allow_any_len: bool = False, custom: Callable[[UOp], bool] | None = None):
+    def __init__(
+        self,
+        op: Ops | set[Ops] | tuple[Ops, ...] | None = None,
+        dtype: DType | set | tuple | None = None,
+        src: UPat | tuple[UPat, ...] | None = None,
+        arg: Any = None,
+        name: str | None = None,
+        allow_any_len: bool = False,
+        custom: Callable[[UOp], bool] | None = None,
+    ):
         self.op = None if op is None else frozenset((op,) if isinstance(op, Ops) else op)
         self.dtype = None if dtype is None else frozenset((dtype,) if isinstance(dtype, DType) else dtype)
         self.src = (src,) if isinstance(src, UPat) else src
@@ -202,4 +209,3 @@ def graph_substitute(sink: UOp, mapping: dict[UOp, UOp]) -> UOp:
             new_src = tuple(done[s] for s in n.src)
             done[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
     return done[sink]
-

@@ -49,8 +49,9 @@ _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 
 def kernel_axes(ast: UOp) -> list[UOp]:
     """The kernel's loops an action can name: RANGEs not yet expanded, by axis id (nesting order)."""
-    return sorted((u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] not in _EXPANDED),
-                  key=lambda r: r.arg[0])
+    return sorted(
+        (u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] not in _EXPANDED), key=lambda r: r.arg[0]
+    )
 
 
 def _range_size(r: UOp) -> int:
@@ -64,7 +65,7 @@ def _fix_range_lists(x: UOp) -> UOp | None:
     listed outermost first"""
     new: list[UOp] = []
     for s in x.src[1:]:
-        for r in ([s] if s.op is Ops.RANGE else s.ranges):
+        for r in [s] if s.op is Ops.RANGE else s.ranges:
             if r not in new:
                 new.append(r)
     new.sort(key=lambda r: r.arg[0])

@@ -70,8 +70,10 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     def vec_amount(r: UOp) -> int:
         return largest_divisor(size(r), tuple(w for w in (16, 8, 4, 2) if w <= width))
 
-    vec_i = max(range(len(axes)), key=lambda i: (contiguous_count(axes[i]) * vec_amount(axes[i]),
-                                                 axes[i].arg[1] is AxisType.LOOP, i))
+    vec_i = max(
+        range(len(axes)),
+        key=lambda i: (contiguous_count(axes[i]) * vec_amount(axes[i]), axes[i].arg[1] is AxisType.LOOP, i),
+    )
     vec_r = axes[vec_i]
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
     vec_amt = vec_amount(vec_r)
@@ -88,8 +90,10 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(opts) == 1:
         # rows: an axis the vector-loaded operand does not depend on, so one vector load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1]
-        row = next((r for r in loop_axes if r.arg[0] != vec_r.arg[0] and
-                    any(stride(u.src[1], r) == 0 for u in vec_loads)), None)
+        row = next(
+            (r for r in loop_axes if r.arg[0] != vec_r.arg[0] and any(stride(u.src[1], r) == 0 for u in vec_loads)),
+            None,
+        )
         if row is not None:
             axes = kernel_axes(ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
