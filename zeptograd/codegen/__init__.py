@@ -11,6 +11,7 @@ from zeptograd.codegen.lower import pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations
+from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.codegen.transcendental import pm_transcendental
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
@@ -22,6 +23,7 @@ from zeptograd.uop.upat import graph_rewrite
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
     sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
+    sink = simplify_ranges(sink)  # seed 003 range rewrites: reduce/load collapse, split, merge, flatten
     if opts is not None:
         return apply_opts(sink, opts), opts
     if NOOPT:
