@@ -21,11 +21,13 @@ os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zep
 
 from zeptograd import Device, Tensor  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
+from zeptograd.codegen.gpudims import assign_dims  # noqa: E402
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt  # noqa: E402
 from zeptograd.engine.realize import schedule_tensors  # noqa: E402
 from zeptograd.renderer import ProgramSpec  # noqa: E402
 from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer  # noqa: E402
 from zeptograd.runtime import ops_cl, ops_cuda  # noqa: E402
+from zeptograd.uop.ops import UOp  # noqa: E402
 
 
 def _cl_unavailable() -> str | None:
@@ -124,7 +126,8 @@ def test_softmax_and_matmul():
 
 @needs_cl
 def test_elementwise_uses_global_and_local_dims():
-    (spec,) = specs(Tensor(np.zeros((64, 96), np.float32), device="CL") + 1)
+    # a transposed read keeps the two output loops apart (contiguous ones are merged into one range)
+    (spec,) = specs(Tensor(np.zeros((96, 64), np.float32), device="CL").T + 1)
     assert spec.local_size == (32, 8, 1) and spec.global_size == (3, 8, 1)  # columns are the innermost id
     assert "get_group_id(0)" in spec.src and "get_local_id(1)" in spec.src and "__kernel void" in spec.src
 
@@ -148,17 +151,29 @@ def test_explicit_local_group_upcast_unroll():
     got, spec = run_with_opts(t.sum(axis=1), [Opt(OptOps.UNROLL, 1, 4), Opt(OptOps.GROUP, 1, 16)])
     np.testing.assert_allclose(got, a.sum(1), rtol=1e-5, atol=1e-5)
     assert "__local float4" in spec.src and "vload4" in spec.src  # vector partials through local memory
-    got, spec = run_with_opts(t * 2 + 1, [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.LOCAL, 0, 4)])
+    got, spec = run_with_opts(t * 2 + 1, [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.LOCAL, 0, 4)])  # one 1024 loop
     np.testing.assert_array_equal(got.reshape(16, 64), a * 2 + 1)
-    assert "vload8" in spec.src and "vstore8" in spec.src and spec.local_size == (4, 1, 1)
+    assert "vload8" in spec.src and "vstore8" in spec.src
+    assert spec.local_size == (4, 1, 1) and spec.global_size == (32, 1, 1)
 
 
 @needs_cl
 def test_more_than_three_output_dims_are_merged():
     x = rng.standard_normal((2, 3, 4, 5, 6)).astype(np.float32)
-    got, spec = run_with_opts(Tensor(x, device="CL").exp(), [])
-    np.testing.assert_allclose(got.reshape(x.shape), np.exp(x), rtol=1e-6)
-    assert spec.global_size == (6, 5, 24) and "gidx3" not in spec.src
+    order = (4, 2, 0, 3, 1)  # no two neighbouring output axes are neighbours in memory: 5 output loops
+    got, spec = run_with_opts(Tensor(x, device="CL").permute(*order).exp(), [])
+    np.testing.assert_allclose(got.reshape(6, 4, 2, 5, 3), np.exp(x.transpose(order)), rtol=1e-6)
+    assert spec.global_size == (3, 5, 48) and "gidx2" in spec.src and "gidx3" not in spec.src
+
+
+def test_dims_over_the_limits():
+    rs = [UOp.range(100000, 0), UOp.range(4, 1)]
+    mapping, sizes = assign_dims(rs, (2**31 - 1, 65535, 65535), "gidx")  # CUDA's y is too small: one x id
+    assert sizes == [400000] and len(mapping) == 2
+    rs = [UOp.range(n, i) for i, n in enumerate([2, 3, 4, 5, 6])]
+    assert assign_dims(rs, (2**31 - 1, 65535, 65535), "gidx")[1] == [6, 5, 24]
+    mapping, sizes = assign_dims(rs, (8, 8, 8), "lidx")  # 2*3*4 fits no id: those stay loops
+    assert sizes == [6, 5] and len(mapping) == 2
 
 
 @needs_cl

@@ -40,6 +40,10 @@ def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> t
     dims: list[list[UOp]] = [[r] for r in reversed(ranges)]  # dim 0 is the innermost loop: the fastest id
     while len(dims) > len(max_sizes):  # merge the outermost two
         dims[-2:] = [dims[-1] + dims[-2]]
+    for i in range(len(dims) - 1, 0, -1):  # an id over its limit joins id 0 where that fits (CUDA: y, z < 65536)
+        size_i, size_0 = prod(_const_size(r) for r in dims[i]), prod(_const_size(r) for r in dims[0])  # type: ignore
+        if size_i > max_sizes[i] and size_i * size_0 <= max_sizes[0]:
+            dims[0] = dims.pop(i) + dims[0]
     mapping: dict[UOp, UOp] = {}
     sizes: list[int] = []
     for rs in dims:
