@@ -288,6 +288,32 @@ def test_reduce_collapse_bounds(name, gate_fn, v_on_true):
     assert_same_values(before, after, bounds_inputs)
 
 
+EXTREMES = [-2**31, -2**31 + 5, -1, 0, 7, 16, 2**31 - 6, 2**31 - 1]
+
+
+@pytest.mark.parametrize("gate_fn", [lambda r, a, b: r < a, lambda r, a, b: a < r, lambda r, a, b: r.eq(a),
+                                     lambda r, a, b: (r < a).logical_not() & (r < b)])
+def test_bounds_at_the_int_limits(gate_fn):
+    """clamped before any + 1: no bound overflows, whatever the loaded cut"""
+    before = bounds_kernel(gate_fn, True)
+    after = rewrite(before)
+    assert Ops.REDUCE not in ops_of(after)
+    assert_same_values(before, after, lambda rng: {0: [0.0] * 5, 1: [rng.choice(EXTREMES) for _ in range(5)],
+                                                   2: [rng.choice(EXTREMES) for _ in range(5)], 3: halves(rng, 5)})
+
+
+@pytest.mark.parametrize("gate_fn", [lambda r, a, b: (r + a) < b, lambda r, a, b: b < (r + a),
+                                     lambda r, a, b: (r + a).eq(b)])
+def test_lifting_does_not_overflow(gate_fn):
+    """r + a < b -> r < b - a: b - a is computed in int64 when int32 could overflow (r + a itself never does here)"""
+    before = bounds_kernel(gate_fn, True)
+    after = rewrite(before)
+    assert Ops.REDUCE not in ops_of(after) and dtypes.int64 in {u.dtype for u in after.toposort()}
+    low = [-2**31, -2**31 + 5, -2**31 + 20, -3, 0, 5]
+    assert_same_values(before, after, lambda rng: {0: [0.0] * 5, 1: [rng.choice(low) for _ in range(5)],
+                                                   2: [rng.choice(EXTREMES) for _ in range(5)], 3: halves(rng, 5)})
+
+
 def test_reduce_collapse_bounds_form():
     """sum(r < cut ? v : 0) -> max(0, min(16, cut)) * v: a MAX (and a clamp), one multiply, no loop"""
     after = rewrite(bounds_kernel(lambda r, a, b: r < a, True))
@@ -389,6 +415,22 @@ def test_embedding_is_an_indexed_load(form):
     assert all(u.src[0].arg != V for u in uops if u.op is Ops.RANGE)
     ref = np.where(((idxn >= 0) & (idxn < V))[:, None], embn[np.clip(idxn, 0, V - 1)], 0)
     np.testing.assert_array_equal(t.numpy(), ref)
+
+
+def test_one_hot_matmul_and_nn_embedding_are_gathers():
+    from zeptograd import nn
+
+    V, D = 10, 4
+    idxn = np.array([[1, 9, 3], [0, 12, -2]], np.int32)
+    emb = nn.Embedding(V, D)
+    w = emb.weight.numpy()
+    ref = np.where(((idxn >= 0) & (idxn < V))[..., None], w[np.clip(idxn, 0, V - 1)], 0)
+    for t in (emb(Tensor(idxn)), Tensor(np.clip(idxn, 0, V - 1)).one_hot(V).float() @ emb.weight):
+        ast = t.schedule()[-1].ast
+        assert Ops.REDUCE in ops_of(ast) and Ops.REDUCE not in ops_of(rewrite(ast))
+    np.testing.assert_array_equal(emb(Tensor(idxn)).numpy(), ref)
+    hot = Tensor(np.clip(idxn, 0, V - 1)).one_hot(V).float() @ emb.weight
+    np.testing.assert_array_equal(hot.numpy(), w[np.clip(idxn, 0, V - 1)])
 
 
 # ***** reduce unparented *****

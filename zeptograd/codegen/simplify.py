@@ -157,7 +157,10 @@ def count_in(bounds: list[tuple[str, UOp]], r: UOp) -> UOp:
     for kind, c in bounds:
         if kind == "gate":
             continue
-        v = _clamp(c, 0, n) if kind in ("lo", "hi") else _clamp(c, -1, n - 1) + UOp.const(c.dtype, 1)
+        if c.dtype.itemsize < r.dtype.itemsize:
+            c = c.cast(r.dtype)  # exact, and n fits
+        low = 0 if dtypes.is_unsigned(c.dtype) else -1
+        v = _clamp(c, 0, n) if kind in ("lo", "hi") else _clamp(c, low, n - 1) + UOp.const(c.dtype, 1)
         v = v.cast(r.dtype)  # in 0..n, so any int type holds it
         lo, hi = (lo.maximum(v), hi) if kind.startswith("lo") else (lo, _min(hi, v))
     return (hi - lo).maximum(UOp.const(r.dtype, 0))
@@ -211,6 +214,8 @@ def fold_one_range(body: UOp, r: UOp) -> UOp | None:
     for i, (g, neg) in enumerate(gates):
         if (e := eq_target(g, r, neg)) is None:
             continue
+        if e.dtype.itemsize < r.dtype.itemsize:
+            e = e.cast(r.dtype)  # exact, and n fits
         inb = _ge(e, UOp.const(e.dtype, 0)) & (e < UOp.const(e.dtype, r.vmax + 1))
         inner = x
         for g2, neg2 in reversed(gates[:i] + gates[i + 1:]):
@@ -241,7 +246,7 @@ def fold_gauss(red: UOp, x: UOp) -> UOp | None:
         if n is None or not (x is r or (x.op is Ops.CAST and x.src[0] is r)):
             continue
         total = n * (n - 1) // 2
-        if not (is_int(x) or total <= _EXACT_FLOAT_INT.get(x.dtype, 0)):
+        if not (range_of(x, r) or (x.dtype in _EXACT_FLOAT_INT and total <= _EXACT_FLOAT_INT[x.dtype])):
             return None
         rest = tuple(s for s in red.src[1:] if s is not r)
         ret = UOp.const(red.dtype, total)
@@ -273,7 +278,7 @@ def reduce_unparented(red: UOp) -> UOp | None:
     body = red.src[0]
     ranges = body.toposort()
     unused = [r for r in red.src[1:] if r not in ranges]
-    if not unused or (red.arg is not Ops.MAX and any(const_end(r) is None for r in unused)):
+    if not unused or (red.arg is not Ops.MAX and any((const_end(r) or 0) < 1 for r in unused)):
         return None
     used = tuple(r for r in red.src[1:] if r in ranges)
     ret = UOp(Ops.REDUCE, red.dtype, (body, *used), red.arg) if used else body
@@ -285,22 +290,40 @@ def reduce_unparented(red: UOp) -> UOp | None:
     return ret
 
 
+def lift_add(x: UOp, y: UOp, c: UOp, cmp) -> UOp | None:
+    """# (x + y) cmp c -> x cmp c - y, x holding the reduce's ranges; c - y in int64 where it could overflow"""
+    if not is_int(x) or not has_range(x) or has_range(y) or has_range(c):
+        return None
+    if dtypes.min(x.dtype) <= c.vmin - y.vmax and c.vmax - y.vmin <= dtypes.max(x.dtype):
+        return cmp(x, c - y)
+    if x.dtype.itemsize < 8 and (x.op is Ops.RANGE or (x.op is Ops.CAST and x.src[0].op is Ops.RANGE)):
+        return cmp(x.cast(dtypes.int64), c.cast(dtypes.int64) - y.cast(dtypes.int64))
+    return None
+
+
+def lift_mul(x: UOp, k: UOp, c: UOp) -> UOp | None:
+    """# x*k < c -> x < ceil(c/k) for k > 0, x >= 0 (c clamped first: the + k-1 cannot overflow)"""
+    if not is_int(x) or k.arg <= 0 or x.vmin < 0 or not has_range(x) or has_range(c) or c.op is Ops.CONST:
+        return None
+    top = k.arg * (x.vmax + 1)
+    if top + k.arg > dtypes.max(c.dtype):
+        return None
+    return x < (_min(c, UOp.const(c.dtype, top)) + (k.arg - 1)) // k
+
+
 pm_reduce_collapse = PatternMatcher([
-    # (x + y) < c -> x < c - y, with y and c free of the reduce's ranges (ints)
-    ((UPat.var("x") + UPat.var("y")) < UPat.var("c"),
-     lambda x, y, c: x < (c - y) if is_int(x) and has_range(x) and not has_range(y) and not has_range(c) else None),
-    # c < (x + y) -> c - y < x (ints)
-    (UPat.var("c") < (UPat.var("x") + UPat.var("y")),
-     lambda x, y, c: (c - y) < x if is_int(x) and has_range(x) and not has_range(y) and not has_range(c) else None),
-    # x*k < c -> x < (c + k-1)//k for k > 0 and x >= 0 (a c <= 0 gives a bound <= 0: both sides are false)
-    ((UPat.var("x") * UPat.cvar("k")) < UPat.var("c"),
-     lambda x, k, c: x < (c + (k.arg - 1)) // k if is_int(x) and k.arg > 0 and x.vmin >= 0 and has_range(x) and
-     not has_range(c) and c.op is not Ops.CONST else None),
-    # (x + y) != c -> x != c - y ; (x + y) == c -> x == c - y (ints)
-    ((UPat.var("x") + UPat.var("y")).ne(UPat.var("c")),
-     lambda x, y, c: x.ne(c - y) if is_int(x) and has_range(x) and not has_range(y) and not has_range(c) else None),
-    ((UPat.var("x") + UPat.var("y")).eq(UPat.var("c")),
-     lambda x, y, c: x.eq(c - y) if is_int(x) and has_range(x) and not has_range(y) and not has_range(c) else None),
+    # (x + y) < c -> x < c - y, with y and c free of the reduce's ranges (ints; in int64 if c - y could overflow)
+    ((UPat.var("x") + UPat.var("y")) < UPat.var("c"), lambda x, y, c: lift_add(x, y, c, lambda a, b: a < b)),
+    # c < (x + y) -> c - y < x
+    (UPat.var("c") < (UPat.var("x") + UPat.var("y")), lambda x, y, c: lift_add(x, y, c, lambda a, b: b < a)),
+    # (x + y) != c -> x != c - y ; (x + y) == c -> x == c - y
+    ((UPat.var("x") + UPat.var("y")).ne(UPat.var("c")), lambda x, y, c: lift_add(x, y, c, lambda a, b: a.ne(b))),
+    ((UPat.var("x") + UPat.var("y")).eq(UPat.var("c")), lambda x, y, c: lift_add(x, y, c, lambda a, b: a.eq(b))),
+    # x*k < c -> x < (min(c, k*(max(x)+1)) + k-1)//k for k > 0 and x >= 0 (ceil(c/k); a c <= 0 gives a bound <= 0)
+    ((UPat.var("x") * UPat.cvar("k")) < UPat.var("c"), lift_mul),
+    # bool.cast(int).cast(float) -> bool.cast(float): 0 and 1 survive any cast (one_hot(...).float())
+    (UPat(Ops.CAST, name="x", src=(UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),)),
+     lambda x, b: b.cast(x.dtype)),
     # x * bool.cast() -> where(bool, x, 0)
     (UPat.var("x") * UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),
      lambda x, b: b.where(x, UOp.const(x.dtype, 0)) if x.dtype.count == 1 else None),
