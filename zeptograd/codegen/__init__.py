@@ -45,7 +45,11 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink = graph_rewrite(sink, pm_reduce_to_acc, ctx=AccContext(range_scopes(sink)))  # REDUCE -> accumulator
     sink = merge_ends(sink)  # accumulators over the same loops share them
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
-    return linearize(sink), opts  # loops explicit, invariant work hoisted before them
+    uops = linearize(sink)  # loops explicit, invariant work hoisted before them
+    # a buffer whose loads were simplified away stays a parameter: the runtime passes every buffer by position
+    have = {u.arg for u in uops if u.op is Ops.DEFINE_GLOBAL}
+    lost = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL and u.arg not in have), key=lambda u: u.arg)
+    return lost + uops, opts
 
 
 def kernel_name(ast: UOp) -> str:
