@@ -1,8 +1,13 @@
-"""Devectorize: split the vector ops a target can't express into lanes, and fold lane shuffles away."""
+"""Devectorize: split the vector ops a target can't express into lanes, and fold lane shuffles away.
+
+Vectors stay wherever the renderer can express them (`Renderer.keeps_vector`), which is what tinygrad's
+DEVECTORIZE=0 asks for; DEVECTORIZE=2 splits every vector ALU op into lanes (to measure what vectors buy).
+"""
 
 from __future__ import annotations
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import DEVECTORIZE
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -10,7 +15,7 @@ from zeptograd.uop.upat import PatternMatcher, UPat
 def split_vector_alu(ctx, x: UOp) -> UOp | None:
     """# op(vector a, vector b) -> VECTORIZE(op(a[0], b[0]), op(a[1], b[1]), ...) where the target lacks it"""
     n = max([x.dtype.count] + [s.dtype.count for s in x.src])
-    if n == 1 or ctx.keeps_vector(x):
+    if n == 1 or (ctx.keeps_vector(x) and DEVECTORIZE < 2):
         return None
     lanes = tuple(UOp(x.op, x.dtype.scalar, tuple(_lane(s, i) for s in x.src), x.arg) for i in range(n))
     return UOp(Ops.VECTORIZE, x.dtype.scalar.vec(n), lanes)
