@@ -53,12 +53,16 @@ class Timing:
 
 def measure(fn: Callable[[], Any], quick: bool, budget_s: float = 2.0, max_runs: int = 10,
             counters: bool = False) -> Timing:
-    """One warm-up call, then the median of several calls (fewer when one call is slow)."""
+    """Two warm-up calls (one if it is very slow), then the median of several calls (fewer when one call is slow)."""
     from zeptograd import GlobalCounters
 
     t0 = time.perf_counter()
     fn()
     warm = time.perf_counter() - t0
+    if warm < 10.0:  # a second warm-up: a TinyJit'd function captures on its second call
+        t0 = time.perf_counter()
+        fn()
+        warm = time.perf_counter() - t0
     if quick:
         budget_s, max_runs = 0.05, 2
     min_runs = 1 if warm > 3.0 else min(3, max_runs)
@@ -313,58 +317,74 @@ def _np_mlp_step(x, y, ws, lr=0.01):
         w -= lr * gw
 
 
-def _zg_mlp(x, y, ws, lr=0.01):
+def _zg_mlp(x, y, ws, lr=0.01, jit=False):
+    """A zeptograd SGD step: params updated in place by assign (or rebound when Tensor.assign is missing)."""
+    import zeptograd
     from zeptograd import Tensor
 
     params = [Tensor(w.copy(), requires_grad=True).realize() for w in ws]
     zx, zy = _zg(x), _zg(y)
     has_assign = hasattr(Tensor, "assign")
 
-    def step():
+    def step(xb, yb):
         w1, b1, w2, b2 = params
-        h = (_zg_matmul(zx, w1) + b1).relu()
+        h = (_zg_matmul(xb, w1) + b1).relu()
         logits = _zg_matmul(h, w2) + b2
         m = logits.max(axis=1, keepdim=True)
         logp = logits - m - (logits - m).exp().sum(axis=1, keepdim=True).log()
-        loss = -(logp * zy).sum(axis=1).mean()
+        loss = -(logp * yb).sum(axis=1).mean()
         loss.backward()
-        new = [(p.detach() - lr * p.grad).realize() for p in params]
-        for i, (p, n) in enumerate(zip(params, new)):
-            if has_assign:
-                p.assign(n).realize()
-                p.grad = None
-            else:
-                params[i] = Tensor(n.uop, requires_grad=True)
+        new = [p.detach() - lr * p.grad for p in params]
+        if has_assign:
+            for p, n in zip(params, new):
+                p.assign(n)
+            Tensor.realize(loss, *params)  # forward, backward and the update in one schedule
+        else:
+            Tensor.realize(loss, *new)
+            params[:] = [Tensor(n.uop, requires_grad=True) for n in new]
+        for p in params:
+            p.grad = None
         return loss
 
-    return step
+    if jit:
+        jitted = zeptograd.TinyJit(step)
+        return lambda: jitted(zx, zy)
+    return lambda: step(zx, zy)
 
 
-def case_mlp_step(q):
-    from zeptograd import Tensor
+def _case_mlp_step(jit: bool):
+    def case(q):
+        import zeptograd
+        from zeptograd import Tensor
 
-    bs = 16 if q else 256
-    x, y, ws = _mlp_data(bs, q)
-    np_ws = [w.copy() for w in ws]
-    t = _torch()
-    tstep = None
-    if t:
-        tws = [t.tensor(w, requires_grad=True) for w in ws]
-        tx, ty = t.from_numpy(x), t.from_numpy(y)
+        bs = 16 if q else 256
+        x, y, ws = _mlp_data(bs, q)
+        np_ws = [w.copy() for w in ws]
+        t = _torch()
+        tstep = None
+        if t:
+            tws = [t.tensor(w, requires_grad=True) for w in ws]
+            tx, ty = t.from_numpy(x), t.from_numpy(y)
 
-        def tstep():
-            w1, b1, w2, b2 = tws
-            logits = t.relu(tx @ w1 + b1) @ w2 + b2
-            loss = -(t.log_softmax(logits, 1) * ty).sum(1).mean()
-            loss.backward()
-            with t.no_grad():
-                for w in tws:
-                    w -= 0.01 * w.grad
-                    w.grad = None
+            def tstep():
+                w1, b1, w2, b2 = tws
+                logits = t.relu(tx @ w1 + b1) @ w2 + b2
+                loss = -(t.log_softmax(logits, 1) * ty).sum(1).mean()
+                loss.backward()
+                with t.no_grad():
+                    for w in tws:
+                        w -= 0.01 * w.grad
+                        w.grad = None
 
-    zg = _zg_mlp(x, y, ws) if hasattr(Tensor, "backward") else None
-    note = f"{x.shape[1]}-{ws[0].shape[1]}-10 batch {bs} SGD" + ("" if zg else "; zeptograd: n/a (no autograd)")
-    return Spec({"zeptograd": zg, "numpy": lambda: _np_mlp_step(x, y, np_ws), "torch": tstep}, "rate", note=note)
+        missing = [what for what, ok in [("autograd", hasattr(Tensor, "backward")),
+                                         ("TinyJit", not jit or hasattr(zeptograd, "TinyJit")),
+                                         ("assign", not jit or hasattr(Tensor, "assign"))] if not ok]
+        zg = None if missing else _zg_mlp(x, y, ws, jit=jit)
+        note = f"{x.shape[1]}-{ws[0].shape[1]}-10 batch {bs} SGD, " + ("TinyJit step" if jit else "eager") + \
+            (f"; zeptograd: n/a (no {', '.join(missing)})" if missing else "")
+        return Spec({"zeptograd": zg, "numpy": lambda: _np_mlp_step(x, y, np_ws), "torch": tstep}, "rate", note=note)
+
+    return case
 
 
 def case_first_call(q):
@@ -419,7 +439,8 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "matmul_1024": _case_matmul(1024),
     "matmul_2048": _case_matmul(2048),
     "conv2d": case_conv2d,
-    "mlp_step": case_mlp_step,
+    "mlp_step": _case_mlp_step(jit=False),
+    "mlp_step_jit": _case_mlp_step(jit=True),
     "first_call": case_first_call,
     "overhead": case_overhead,
     "overhead_jit": case_overhead_jit,
@@ -534,7 +555,8 @@ def machine_info() -> dict[str, Any]:
     t = _torch()
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads(), "python": platform.python_version(),
             "numpy": np.__version__, "torch": t.__version__ if t else None,
-            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ}}
+            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def run_bench(only: list[str] | None = None, quick: bool = False, progress: bool = True,
@@ -543,6 +565,7 @@ def run_bench(only: list[str] | None = None, quick: bool = False, progress: bool
     from tqdm import tqdm
 
     names = select(only)
+    machine = machine_info()
     steps = (["probes"] if with_probes else []) + names
     results, limits = [], {}
     bar = tqdm(steps, desc="bench", unit="case", disable=not progress, file=sys.stderr, leave=False)
@@ -559,7 +582,7 @@ def run_bench(only: list[str] | None = None, quick: bool = False, progress: bool
         results.append(res)
         gc.collect()
     bar.close()
-    return {"machine": machine_info(), "quick": quick, "limits": limits, "cases": [asdict(r) for r in results]}
+    return {"machine": machine, "quick": quick, "limits": limits, "cases": [asdict(r) for r in results]}
 
 
 def _fmt_time(s: float | None) -> str:
@@ -583,6 +606,10 @@ def format_report(report: dict[str, Any]) -> str:
     lines = [f"zeptograd bench: {m['cpu']}, {m['cpu_count']} cpus, THREADS={m['threads']} "
              f"(torch.set_num_threads), numpy {m['numpy']}, torch {m['torch']}, python {m['python']}"
              + (" [--quick: tiny sizes, times mean nothing]" if report.get("quick") else "")]
+    if m.get("load_avg_1m") is not None:
+        busy = m["load_avg_1m"] > 0.5 * (m["cpu_count"] or 1)
+        lines.append(f"load average at the start: {m['load_avg_1m']:.1f}" +
+                     (" (the machine is busy: times are inflated)" if busy else ""))
     for k, v in m["blas_env"].items():
         lines.append(f"WARNING: {k}={v} is set: it can slow numpy's BLAS (left as is)")
     if lim:

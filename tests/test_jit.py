@@ -272,3 +272,45 @@ def test_assign_to_an_input_is_kept_on_replay():
     np.testing.assert_allclose(other.numpy(), np.full(4, 2.0))
     np.testing.assert_allclose(acc.numpy(), ref, rtol=1e-5, atol=1e-6)
     assert f.runs[0] == 2
+
+
+def _sgd_step(w, lr=0.1):
+    def step(x, y):
+        loss = ((x @ w - y) * (x @ w - y)).mean()
+        loss.backward()
+        w.assign(w.detach() - lr * w.grad)
+        Tensor.realize(loss, w)
+        w.grad = None
+        return loss
+
+    return step
+
+
+@pytest.mark.skipif(not (hasattr(Tensor, "backward") and hasattr(Tensor, "assign") and hasattr(Tensor, "__matmul__")),
+                    reason="needs autograd, Tensor.assign and matmul")
+def test_training_step_matches_eager():
+    w0 = rnd(4, 3, seed=0)
+    data = [(rnd(8, 4, seed=10 + i), rnd(8, 3, seed=20 + i)) for i in range(6)]
+    w_eager = Tensor(w0.copy(), requires_grad=True).realize()
+    w_jit = Tensor(w0.copy(), requires_grad=True).realize()
+    eager, jitted = _sgd_step(w_eager), counted(_sgd_step(w_jit))
+    for x, y in data:
+        le = eager(Tensor(x), Tensor(y)).numpy()
+        lj = jitted(Tensor(x), Tensor(y)).numpy()
+        np.testing.assert_allclose(lj, le, rtol=1e-5)
+        np.testing.assert_allclose(w_jit.numpy(), w_eager.numpy(), rtol=1e-5, atol=1e-6)
+    assert jitted.runs[0] == 2
+
+
+@pytest.mark.skipif(not hasattr(Tensor, "backward"), reason="needs autograd")
+def test_same_input_tensor_every_call_with_graphs_kept_for_backward():
+    # tensors that require grad keep their graph after realize, so call 1's nodes stay alive and interned: the
+    # capture must still compute them from the (remapped) input, not reuse call 1's buffers
+    w = Tensor(rnd(4, seed=1), requires_grad=True).realize()
+    f = counted(lambda x: (x * w).sum())
+    x = Tensor(rnd(4, seed=2)).realize()
+    for _ in range(3):
+        out = f(x)
+    np.testing.assert_allclose(out.numpy(), (x.numpy() * w.numpy()).sum(), rtol=1e-5)
+    x2 = rnd(4, seed=3)
+    np.testing.assert_allclose(f(Tensor(x2)).numpy(), (x2 * w.numpy()).sum(), rtol=1e-5)

@@ -5,9 +5,11 @@
         return ((x @ w) - y).square().mean()
 
 Call 1 runs the function normally (compiling its kernels). Call 2 runs it again while engine/realize.py's
-`capturing` hook records every ScheduleItem that runs. Calls 3+ do not run the function: they replay the
-captured kernels, a pre-built list of (program, pointers) calls in which only the pointers of the input buffers
-change. So the function body runs exactly twice, whatever the number of calls.
+`capturing` hook records every ScheduleItem that runs; in it, a value realized before the capture is computed
+again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
+Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
+calls in which only the pointers of the input buffers change. So the function body runs exactly twice, whatever
+the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -127,10 +130,50 @@ def _wrap(ret: Any, outs: list) -> Any:
     return outs[0]
 
 
+def _value(u: UOp) -> UOp:
+    """A tensor's value: its uop, or what the uop was realized to (a tensor that requires grad keeps its graph)."""
+    return u if (u.src[0] if u.op is Ops.RESHAPE else u).op is Ops.BUFFER else _realize.realized.get(u, u)
+
+
 def _whole_buffer(u: UOp) -> Buffer | None:
     """The Buffer behind a realized tensor's uop (a BUFFER or a reshape of one), else None."""
+    u = _value(u)
     base = u.src[0] if u.op is Ops.RESHAPE else u
     return buffers[base] if base.op is Ops.BUFFER and base.arg[1] == prod(u.shape) else None
+
+
+class _ReusableRealized:
+    """The view of realize.py's `realized` a capture schedules with. A value realized during the capture is reused
+    (a captured kernel computed it); one realized before the capture is reused unless it reads an input of the jit
+    (the replay must compute it again from the new inputs), and an ASSIGN realized before is always reused (running
+    it again would apply its write twice)."""
+
+    def __init__(self, input_bufs: list[Buffer]):
+        self.ids = {id(b) for b in input_bufs}
+        self.reads_input: dict[UOp, bool] = {}
+        self.before: weakref.WeakSet[UOp] = weakref.WeakSet(_realize.realized.keys())
+
+    def _reads_input(self, u: UOp) -> bool:
+        memo = self.reads_input
+        if u not in memo:
+            for n in u.toposort(gate=lambda n: n not in memo):
+                if n not in memo:
+                    memo[n] = (n.op is Ops.BUFFER and id(buffers.get(n)) in self.ids) or any(memo[s] for s in n.src)
+        return memo[u]
+
+    def __contains__(self, u: UOp) -> bool:
+        return u in _realize.realized and (u not in self.before or u.op is Ops.ASSIGN or not self._reads_input(u))
+
+    def __getitem__(self, u: UOp) -> UOp:
+        return _realize.realized[u]
+
+
+class _Capture(list):
+    """What run_schedule appends the ScheduleItems it runs to while capturing (realize.py's `capturing`)."""
+
+    def __init__(self, input_bufs: list[Buffer]):
+        super().__init__()
+        self.realized = _ReusableRealized(input_bufs)
 
 
 def _input_buffer(t) -> Buffer:
@@ -139,11 +182,11 @@ def _input_buffer(t) -> Buffer:
 
     if (b := _whole_buffer(t.uop)) is not None:
         return b
-    if uniform_const(t.uop) is not None:
+    if uniform_const(_value(t.uop)) is not None:
         t.uop = Tensor(t.numpy(), device=t.device, dtype=t.dtype).uop
         if (b := _whole_buffer(t.uop)) is not None:
             return b
-    raise JitError(f"TinyJit: an input realized to {t.uop.op.name}, not a whole buffer")
+    raise JitError(f"TinyJit: an input realized to {_value(t.uop).op.name}, not a whole buffer")
 
 
 def _realized_inputs(tensors: dict[ArgKey, Any]) -> dict[ArgKey, Buffer]:
@@ -163,6 +206,20 @@ def _realized_inputs(tensors: dict[ArgKey, Any]) -> dict[ArgKey, Buffer]:
                                f"distinct tensors (e.g. x.contiguous() for one of them)")
             seen[id(b)] = k
     return bufs
+
+
+def _rng_snapshot() -> dict | None:
+    """The random number generator's state (seed, counter), wherever the Tensor code keeps it."""
+    import importlib
+
+    for mod in ("zeptograd.ops_random", "zeptograd.tensor"):
+        try:
+            state = getattr(importlib.import_module(mod), "_rng_state", None)
+        except ImportError:
+            continue
+        if state is not None:
+            return dict(state)
+    return None
 
 
 def _copy_buffer(b: Buffer) -> Buffer:
@@ -248,11 +305,11 @@ class TinyJit:
 
     # --- call 2 ---
     def _capture(self, args, kwargs, tensors, others):
-        from zeptograd.tensor import Tensor, _rng_state
+        from zeptograd.tensor import Tensor
 
         in_bufs = _realized_inputs(tensors)
-        rng_before = dict(_rng_state)
-        items: list = []
+        rng_before = _rng_snapshot()
+        items = _Capture(list(in_bufs.values()))
         _realize.capturing.append(items)
         try:
             ret = self.fxn(*args, **kwargs)
@@ -261,7 +318,7 @@ class TinyJit:
                 Tensor.realize(*outs, *tensors.values())
         finally:
             _realize.capturing.pop()
-        if _rng_state != rng_before:
+        if _rng_snapshot() != rng_before:
             raise JitError("TinyJit: the function draws random numbers (Tensor.rand/randn/...); a replay would repeat "
                            "the captured ones. Draw them outside and pass them in as inputs")
         for k, t in tensors.items():
@@ -290,7 +347,7 @@ class TinyJit:
             mem += sum(b.nbytes for b in item.bufs)
         out_specs = []
         for t in outs:
-            u = t.uop
+            u = _value(t.uop)
             if uniform_const(u) is not None:
                 out_specs.append(("const", u, t.device))
                 continue

@@ -14,7 +14,7 @@ from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffers
 from zeptograd.engine.schedule_cache import cached_schedule
-from zeptograd.helpers import BEAM, DEBUG, prod
+from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, prod
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
 from zeptograd.uop.ops import Ops, UOp, pretty
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
 realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-# TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1]
-capturing: list[list[ScheduleItem]] = []
+# TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1], and
+# _schedule reuses only the realized values in capturing[-1].realized (those that don't read the jit's inputs)
+capturing: list = []
 
 
 @dataclass
@@ -36,12 +37,12 @@ class CompiledKernel:
     src: str
 
 
-_kernel_cache: dict[tuple[str, UOp], CompiledKernel] = {}
+_kernel_cache: dict[tuple, CompiledKernel] = {}
 
 
 def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKernel:
     """The compiled kernel for a kernel graph; with BEAM=n and the kernel's buffers, its actions are searched."""
-    key = (device, ast, BEAM.value)
+    key = (device, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
     if key in _kernel_cache:
         return _kernel_cache[key]
     dev = Device[device]
@@ -108,8 +109,7 @@ def run_schedule(items: list[ScheduleItem]):
 
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
-    # while capturing, values realized before the capture are recomputed: the replay must compute them too
-    outs = substitute_realized([t.uop for t in tensors], realized if not capturing else {})
+    outs = substitute_realized([t.uop for t in tensors], realized if not capturing else capturing[-1].realized)
     t0 = time.perf_counter()
     items, becomes = cached_schedule(outs, create_schedule)  # create_schedule, or the template of an equal graph
     if DEBUG >= 1:

@@ -3,10 +3,10 @@
 Eager code repeats the same small graphs on new buffers ((a+b).realize() in a loop, one training step after
 another). Scheduling one (fold, rangeify, symbolic index arithmetic, lowering) costs about a millisecond; looking
 its template up costs microseconds. The key is the graph with every BUFFER replaced by a placeholder numbered by
-first use of its Buffer (so `a+a` and `a+b` differ) and carrying its dtype and size, plus the values of all the
-Context knobs. A template stores the ScheduleItems with their buffers as slots (an input of the graph or a new
-buffer to allocate), and what each realized node becomes, with the same placeholders. `SCHEDULE_CACHE=0` turns
-it off.
+first use of its Buffer (so `a+a` and `a+b` differ) and carrying its dtype and size, each ASSIGN's unique id
+replaced by its order in the graph, plus the values of all the Context knobs. A template stores the
+ScheduleItems with their buffers as slots (an input of the graph or a new buffer to allocate), and what each
+realized node becomes, with the same placeholders. `SCHEDULE_CACHE=0` turns it off.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def _abstract(outs: list[UOp]) -> tuple[UOp, list[Buffer], list[UOp], dict[UOp, 
     in_bufs: list[Buffer] = []
     in_uops: list[UOp] = []
     index: dict[int, int] = {}
+    n_assign = 0
     for n in sink.toposort():
         if n.op is Ops.BUFFER:
             b = buffers[n]
@@ -65,6 +66,9 @@ def _abstract(outs: list[UOp]) -> tuple[UOp, list[Buffer], list[UOp], dict[UOp, 
                 in_bufs.append(b)
                 in_uops.append(n)
             done[n] = _placeholder(n, ("in", i))
+        elif n.op is Ops.ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
+            done[n] = UOp(n.op, n.dtype, tuple(done[s] for s in n.src), ("assign", n_assign))
+            n_assign += 1
         else:
             new_src = tuple(done[s] for s in n.src)
             done[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
