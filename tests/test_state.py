@@ -176,3 +176,22 @@ def test_torch_load_rejects_arbitrary_pickles(tmp_path):
     torch.save({"w": torch.zeros(2), "obj": torch.nn.Linear(1, 1)}, tmp_path / "bad.pt")
     with pytest.raises(Exception, match="not part of a plain state_dict"):
         torch_load(tmp_path / "bad.pt")
+
+
+def test_models_loaded_from_one_state_dict_do_not_share_memory():
+    sd = {"weight": np.ones(3, np.float32), "bias": np.zeros(3, np.float32)}
+    tensors = {k: Tensor(v) for k, v in sd.items()}
+    a, b = nn.LayerNorm(3), nn.LayerNorm(3)  # weights still lazy constants
+    load_state_dict(a, tensors)
+    load_state_dict(b, tensors)
+    a.weight.assign(a.weight * 5).realize()
+    np.testing.assert_array_equal(b.weight.numpy(), [1, 1, 1])
+    np.testing.assert_array_equal(tensors["weight"].numpy(), [1, 1, 1])
+
+
+def test_torch_load_legacy_format(tmp_path):
+    sd = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "n": torch.tensor(7)}
+    torch.save(sd, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    loaded = torch_load(tmp_path / "old.pt")
+    np.testing.assert_array_equal(loaded["w"].numpy(), sd["w"].numpy())
+    assert loaded["n"].item() == 7 and loaded["n"].shape == ()

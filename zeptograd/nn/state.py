@@ -53,6 +53,11 @@ def _realize_leaves(*tensors: Tensor, others: tuple[Tensor, ...] = ()) -> None:
             t.requires_grad_(True)
 
 
+def _is_whole_buffer(t: Tensor) -> bool:
+    u = t.uop.src[0] if t.uop.op is Ops.RESHAPE else t.uop
+    return u.op is Ops.BUFFER and u.arg[1] == t.numel()
+
+
 def _fresh_buffer_uop(t: Tensor) -> None:
     """Give a realized tensor a new BUFFER uop on the same Buffer (same memory, a new graph node).
 
@@ -128,7 +133,10 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True,
         new = state_dict[k]
         if not isinstance(new, Tensor):
             new = Tensor(np.asarray(new), device=v.device, dtype=v.dtype)
-        v.assign(new.to(v.device).cast(v.dtype).detach())
+        new = new.to(v.device).cast(v.dtype).detach()
+        if not _is_whole_buffer(v):  # a lazy tensor takes the value itself: a copy, not the state_dict's buffer
+            new = new.contiguous()
+        v.assign(new)
         done.append(v)
     if realize:
         _realize_leaves(*done)
