@@ -152,7 +152,7 @@ class IndexMixin:
             pos = T.arange(self.numel(), device=self.device).reshape(self.shape)[tuple(items)]
             vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()
             hit = pos.flatten().unsqueeze(0) == T.arange(self.numel(), device=self.device).unsqueeze(1)
-            mask, placed = hit.any(1).reshape(self.shape), _last_hit(hit, vals).reshape(self.shape)
+            mask, placed = hit.any(1).reshape(self.shape), last_hit(hit, vals).reshape(self.shape)
         self.assign(mask.where(placed, self))
 
     # ***** gather / scatter *****
@@ -189,7 +189,7 @@ class IndexMixin:
         if reduce is not None:
             return self.scatter_reduce(dim, index, src, "sum" if reduce == "add" else "prod")
         src, mask = self._pre_scatter(dim, index, src)
-        return mask.any(-1).where(_last_hit(mask, src), self)
+        return mask.any(-1).where(last_hit(mask, src), self)
 
     def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str,
                        include_self: bool = True) -> Tensor:
@@ -244,7 +244,7 @@ class IndexMixin:
         return type(self).stack(*[c._compact(m, size, fill_value) for c in coords], dim=1)
 
 
-def _last_hit(hit: Tensor, values: Tensor) -> Tensor:
+def last_hit(hit: Tensor, values: Tensor) -> Tensor:
     """Along the last axis of hit: the value at the last true position (0 if none)."""
     n = hit.shape[-1]
     pos = type(hit).arange(n, device=hit.device)

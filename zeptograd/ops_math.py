@@ -134,7 +134,7 @@ class MathMixin:
             return self
         if not dtypes.is_float(self.dtype):
             return (self > 0).cast(self.dtype) - (self < 0).cast(self.dtype)
-        return (self > 0).where(1.0, (self < 0).where(-1.0, self * 0))  # sign(nan) is nan
+        return (self > 0).where(1.0, (self < 0).where(-1.0, 0.0)).cast(self.dtype)  # sign(nan) is 0, as torch
 
     def abs(self: Tensor) -> Tensor:
         if self.dtype == dtypes.bool or dtypes.is_unsigned(self.dtype):
@@ -181,7 +181,7 @@ class MathMixin:
 
     # ***** activations *****
     def relu(self: Tensor) -> Tensor:
-        return (self > 0).where(self, 0)
+        return (self <= 0).where(0, self)  # relu(nan) is nan
 
     def relu6(self: Tensor) -> Tensor:
         return self.relu() - (self - 6).relu()

@@ -106,13 +106,10 @@ class MovementMixin:
         if indexing not in ("ij", "xy"):
             raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         ts = [t.flatten() for t in _tensor_list(self, args)]
-        if indexing == "xy" and len(ts) >= 2:
-            ts[0], ts[1] = ts[1], ts[0]
         shape = tuple(t.numel() for t in ts)
         grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
-        if indexing == "xy" and len(ts) >= 2:
+        if indexing == "xy" and len(ts) >= 2:  # the first two dims swap places
             grids = [g.transpose(0, 1) for g in grids]
-            grids[0], grids[1] = grids[1], grids[0]
         return tuple(grids)
 
     # ***** repeating and rolling *****

@@ -9,6 +9,7 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
+from zeptograd.ops_index import last_hit
 from zeptograd.tensor_helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ class NNMixin:
         if not ceil_mode:
             return pooled.mean(axis)
         reg = resolve_pool_pads(padding, len(k_))  # count the user's padding, not the ceil-mode extra
-        ones = self.ones_like().pad(reg).pad([c - r for c, r in zip(pads, reg)])._pool(k_, s_, dilation)
+        ones = self.pad(reg).ones_like().pad([c - r for c, r in zip(pads, reg)])._pool(k_, s_, dilation)
         return pooled.sum(axis) / ones.sum(axis)
 
     def max_pool2d(self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False,
@@ -176,8 +177,8 @@ class NNMixin:
         else:
             output_size = tuple(output_size[-len(spatial):])
         n = math.prod(output_size)
-        hot = indices.reshape(bs, c, 1, -1)._one_hot_along(n, 2)
-        return hot.where(self.reshape(bs, c, 1, -1), 0).sum(3).cast(self.dtype).reshape(bs, c, *output_size)
+        hot = indices.reshape(bs, c, 1, -1)._one_hot_along(n, 2)  # overlapping windows can name one index twice
+        return last_hit(hot, self.reshape(bs, c, 1, -1)).reshape(bs, c, *output_size)
 
     def interpolate(self: Tensor, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
         """Resize the last len(size) dims: 'nearest' (torch's floor rule), 'nearest-exact', or 'linear'."""

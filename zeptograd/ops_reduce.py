@@ -53,10 +53,12 @@ class ReduceMixin:
         return self._inverse().max(axis, keepdim)._inverse()
 
     def any(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        return self.bool().max(axis, keepdim)
+        ret = self.bool().max(axis, keepdim)
+        return ret.cast(dtypes.uint8) if self.dtype == dtypes.uint8 else ret  # torch keeps uint8
 
     def all(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        return self.logical_not().any(axis, keepdim).logical_not()
+        ret = self.logical_not().any(axis, keepdim).logical_not()
+        return ret.cast(dtypes.uint8) if self.dtype == dtypes.uint8 else ret
 
     def mean(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
         x = self._float()

@@ -74,7 +74,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
                  requires_grad: bool | None = None):
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
-        self.requires_grad, self.grad, self.device = None, None, device
+        self.requires_grad, self.grad, self.device = requires_grad, None, device
         if isinstance(data, UOp):
             self.uop = data
             return
