@@ -176,6 +176,16 @@ def test_dims_over_the_limits():
     assert sizes == [6, 5] and len(mapping) == 2
 
 
+def test_group_reduce_inside_a_loop_is_refused():
+    """Outputs over the id limits stay loops; a GROUP reduce in such a loop would reuse its shared memory."""
+    (item,) = schedule_tensors([Tensor(np.zeros((3, 1024), np.float32), device="CPU").sum(axis=1)])
+    small = OpenCLRenderer(global_max=(2, 2, 2))
+    uops, _ = full_rewrite(item.ast, small, [])  # plain loops are fine
+    assert any(u.op.name == "RANGE" for u in uops)
+    with pytest.raises(OptError, match="inside a loop"):
+        full_rewrite(item.ast, small, [Opt(OptOps.GROUP, 1, 16)])
+
+
 @needs_cl
 def test_zero_size_and_transfers():
     got, _ = both(lambda x: x.sum(axis=1) + 1, np.zeros((3, 0), np.float32))

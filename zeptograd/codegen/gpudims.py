@@ -87,6 +87,7 @@ class _GroupCtx:
     lid_flat: UOp  # this thread's position in its work-group: sum of local ranges * strides
     scopes: dict[tuple[UOp, ...], tuple[UOp, ...]]
     range_ids: itertools.count
+    ids: set[UOp]  # the ranges that become thread ids
     names: itertools.count = field(default_factory=itertools.count)
     regs: itertools.count = field(default_factory=lambda: itertools.count(REG_BASE))
 
@@ -96,6 +97,9 @@ def _group_reduce(ctx: _GroupCtx, red: UOp) -> UOp | None:
     gs = [r for r in red.src[1:] if r in ctx.groups]
     if not gs:
         return None
+    if any(r not in ctx.ids for r in ctx.scopes.get(red.src[1:], ())):
+        # shared memory written again in a later iteration while slower threads still read it: not supported
+        raise OptError("GROUP: a reduce inside a loop (not a thread id) can't share memory across iterations")
     rest = tuple(r for r in red.src[1:] if r not in gs)
     partial = red.src[0]
     if rest:  # this thread's slice, reduced in a register inside the loops the reduce sits in
@@ -130,20 +134,21 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     if n_threads > renderer.local_threads_max:
         raise OptError(f"{n_threads} threads per work-group; {renderer.device} allows {renderer.local_threads_max}")
 
+    gmap, gsizes = assign_dims(outputs, renderer.global_max, "gidx")
+    lmap, lsizes = assign_dims(local, renderer.local_max, "lidx")
+    if len(lmap) != len(local):
+        raise OptError(f"the local sizes {[_const_size(r) for r in local]} don't fit {renderer.local_max}")
+
     # 1. GROUP reduces: partial per thread, through shared memory, then the partials of the group
     groups = [r for r in local if r.arg[1] is AxisType.GROUP]
     if groups:
         strides = [prod(_const_size(r) for r in local[i + 1:]) for i in range(len(local))]  # type: ignore[misc]
         terms = [r * UOp.const(dtypes.index, s) if s != 1 else r for r, s in zip(local, strides)]
         ctx = _GroupCtx(groups, n_threads, terms[0] if len(terms) == 1 else sum(terms[1:], start=terms[0]),
-                        range_scopes(sink), itertools.count(max(r.arg[0] for r in ranges) + 1))
+                        range_scopes(sink), itertools.count(max(r.arg[0] for r in ranges) + 1), set(gmap) | set(lmap))
         sink = graph_rewrite(sink, pm_group_reduce, ctx=ctx)
 
     # 2. ranges -> thread ids
-    gmap, gsizes = assign_dims(outputs, renderer.global_max, "gidx")
-    lmap, lsizes = assign_dims(local, renderer.local_max, "lidx")
-    if len(lmap) != len(local):
-        raise OptError(f"the local sizes {[_const_size(r) for r in local]} don't fit {renderer.local_max}")
     sink = graph_substitute(sink, gmap | lmap)
     sink = graph_rewrite(sink, pm_strip_ranges)
     if any(len(rs) > 1 for rs in _merged(gmap, lmap)):
