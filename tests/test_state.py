@@ -73,8 +73,10 @@ def test_load_state_dict_roundtrip_and_errors():
     with pytest.raises(ValueError, match=r"shape mismatch for layers.0.weight: the model has \(3, 4\), the state_dict "
                                          r"\(4, 3\)"):
         load_state_dict(b, {**sd, "layers.0.weight": np.zeros((4, 3), np.float32)})
-    load_state_dict(b, {"conv.bias": np.array([5.0, 6.0], np.float32), "junk": np.zeros(1)}, strict=False)
+    partial = {"conv.bias": np.array([5.0, 6.0], np.float32), "junk": np.zeros(1)}
+    load_state_dict(b, partial, strict=False, consume=True)
     np.testing.assert_array_equal(b.conv.bias.numpy(), [5.0, 6.0])
+    assert list(partial) == ["junk"]
 
 
 def test_load_state_dict_updates_what_an_optimizer_holds():

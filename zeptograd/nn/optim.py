@@ -13,7 +13,8 @@ Every update is a lazy `Tensor.assign` into the existing buffers (parameters, mo
 fused (the default when every parameter has one dtype and device): each optimizer state (momentum, m, v) is one
 flat buffer for all the parameters, and the gradients enter as one concatenation, so the state updates are one
 kernel each whatever the number of parameters; then one kernel per parameter writes its new value. Adam on N
-parameters: the step counters, the gradient concatenation, m, v, and N parameter kernels (N + 4 instead of 3N + 1).
+parameters: the step counters, m and v (each reading the concatenated gradients), and N parameter kernels: N + 3
+instead of 3N + 1. (SGD with momentum and weight decay keeps per-parameter momenta: see LARS.__init__.)
 
 A parameter without a gradient at step() is an error (as tinygrad; PyTorch skips it).
 """

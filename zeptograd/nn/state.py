@@ -102,10 +102,11 @@ def get_parameters(obj: Any) -> list[Tensor]:
 
 
 def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True, verbose: bool = False,
-                    realize: bool = True) -> None:
+                    consume: bool = False, realize: bool = True) -> None:
     """Assign each tensor of state_dict (Tensors or numpy arrays) into the model's tensor of the same name, cast to
     its dtype. strict: a name missing from state_dict or not in the model is an error (all of them are listed);
-    otherwise they are skipped. A shape mismatch is always an error."""
+    otherwise they are skipped. A shape mismatch is always an error. consume: remove the loaded names from
+    state_dict."""
     model_sd = get_state_dict(model)
     missing = [k for k in model_sd if k not in state_dict]
     unexpected = [k for k in state_dict if k not in model_sd]
@@ -138,6 +139,8 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True,
             new = new.contiguous()
         v.assign(new)
         done.append(v)
+        if consume:
+            del state_dict[k]
     if realize:
         _realize_leaves(*done)
 
