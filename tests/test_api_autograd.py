@@ -158,6 +158,7 @@ def test_training_loop_matches_torch():
     np.testing.assert_allclose(zl.numpy(), tl.detach().numpy(), rtol=1e-4, atol=1e-6)
   for z, t in zip(zw, tw):
     np.testing.assert_allclose(z.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert z.requires_grad and (z * 2).requires_grad
 
 
 def test_higher_order():

@@ -168,7 +168,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
 
         return schedule_tensors([self, *lst])
 
-    def realize(self, *lst: Tensor) -> Tensor:
+    def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
         from zeptograd.engine.realize import realize_tensors
 
@@ -212,9 +212,9 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
     def contiguous_backward(self) -> Tensor:
         return self  # the gradient is computed lazily and scheduled as a whole: nothing to force
 
-    def clone(self) -> Tensor:
+    def clone(self, device: str | None = None) -> Tensor:
         """A copy with its own buffer."""
-        return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self)
+        return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self).to(device or self.device)
 
     def to(self, device: str | None) -> Tensor:
         device = Device.canonicalize(device)
@@ -252,7 +252,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             if _reads_target_elsewhere(target, value):
                 value = UOp(Ops.CONTIGUOUS, value.dtype, (value,))
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
-        if x.uop in _grad_uops:
+        if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
             _grad_uops.add(self.uop)
         return self
 
