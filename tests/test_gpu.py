@@ -7,6 +7,7 @@ run; where there is none, its source for a representative set of kernels is comp
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -19,10 +20,11 @@ import pytest
 # PoCL caches compiled kernels on disk: keep that cache out of the home directory (set before PoCL loads)
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
 
-from zeptograd import Device, Tensor  # noqa: E402
+from zeptograd import Device, Tensor, dtypes  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
 from zeptograd.codegen.gpudims import assign_dims  # noqa: E402
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt  # noqa: E402
+from zeptograd.device import Buffer  # noqa: E402
 from zeptograd.engine.realize import schedule_tensors  # noqa: E402
 from zeptograd.renderer import ProgramSpec  # noqa: E402
 from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer  # noqa: E402
@@ -260,6 +262,81 @@ def test_cuda_runs_where_there_is_a_gpu():
         pytest.skip(f"no CUDA GPU: {e}")
     a = rng.uniform(-1, 1, (3, 1000)).astype(np.float32)
     np.testing.assert_allclose(Tensor(a, device="CUDA").sum(axis=1).numpy(), a.sum(1), rtol=1e-4)
+
+
+class FakeDriver:
+    """libcuda's calls used by ops_cuda, on host memory: checks the runtime's marshalling without a GPU."""
+
+    def __init__(self):
+        self.mem: dict[int, np.ndarray] = {}
+        self.launches: list[tuple] = []
+
+    def _ok(self, *_):
+        return 0
+
+    cuInit = cuCtxSetCurrent = cuCtxSynchronize = cuModuleGetFunction = _ok
+
+    def cuDeviceGetCount(self, n):
+        n._obj.value = 1
+        return 0
+
+    def cuDeviceGet(self, d, ordinal):
+        d._obj.value = ordinal
+        return 0
+
+    def cuDeviceGetAttribute(self, v, attr, dev):
+        v._obj.value = {1: 1024, 2: 1024, 3: 1024, 4: 64, 75: 9, 76: 0}.get(attr, 65535)
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):
+        ctx._obj.value = 1
+        return 0
+
+    def cuMemAlloc_v2(self, ptr, size):
+        a = np.zeros(size.value, np.uint8)
+        self.mem[a.ctypes.data] = a
+        ptr._obj.value = a.ctypes.data
+        return 0
+
+    def cuMemcpyHtoD_v2(self, dst, src, n):
+        ctypes.memmove(dst.value, src.value, n.value)
+        return 0
+
+    def cuMemcpyDtoH_v2(self, dst, src, n):
+        ctypes.memmove(dst.value, src.value, n.value)
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        assert image.value[:4] == b"\x7fELF"  # a cubin from NVRTC
+        return 0
+
+    def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        ptrs = [ctypes.c_uint64.from_address(params[i]).value for i in range(2)]
+        self.launches.append(((gx.value, gy.value, gz.value), (bx.value, by.value, bz.value), ptrs))
+        return 0
+
+
+def test_cuda_runtime_with_a_fake_driver(monkeypatch):
+    try:
+        ops_cuda.nvrtc()
+    except ops_cuda.DeviceUnavailable as e:
+        pytest.skip(str(e))
+    fake = FakeDriver()
+    monkeypatch.setattr(ops_cuda, "_driver", lambda: fake)
+    dev = ops_cuda.open_device("CUDA")
+    assert dev.renderer.arch == "sm_90" and dev.renderer.local_max == (1024, 1024, 64)
+    a = np.arange(3 * 1024, dtype=np.float32)
+    buf = Buffer("CPU", a.size, dtypes.float32)  # a Buffer whose allocator is the fake CUDA one
+    buf._allocator = dev.allocator
+    buf._mem = dev.allocator.alloc(a.nbytes)
+    buf.copyin(a)
+    np.testing.assert_array_equal(buf.numpy(), a)
+    (item,) = schedule_tensors([Tensor(a.reshape(3, 1024), device="CPU").sum(axis=1)])
+    uops, _ = full_rewrite(item.ast, dev.renderer)
+    program = dev.build(dev.renderer.render("r_3_1024", uops))
+    out = dev.allocator.alloc(12)
+    program(out.ptr, buf.ptr)
+    assert fake.launches == [((3, 1, 1), (256, 1, 1), [out.ptr, buf._mem.ptr])]
 
 
 # ***** clear errors *****

@@ -175,7 +175,7 @@ class CUDAProgram:
         if 0 in self.spec.global_size:
             return
         args = [ctypes.c_uint64(p) for p in ptrs] + [ctypes.c_int32(v) for v in vals]
-        params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         self.dev.set_current()
         self.dev.cu("cuLaunchKernel", self.fn, *[ctypes.c_uint(g) for g in self.spec.global_size],
                     *[ctypes.c_uint(x) for x in self.spec.local_size], ctypes.c_uint(0), None, params, None)
