@@ -1,9 +1,11 @@
 """The hand-coded optimizer for GPUs (renderers with `has_local`): which loops become work-group threads.
 
-- a reduce with few outputs (a full sum, a row sum of few rows) and enough inputs -> GROUP: the threads of a
-  work-group share the reduce and combine their partials through shared memory;
-- otherwise the output axis the stores walk with stride 1 -> LOCAL (up to 32 threads, neighbours take
-  neighbouring elements), and a second output axis -> LOCAL up to 8 (a 2-D tile, for matmul-like kernels).
+- a reduce with few outputs (a full sum, a row sum of few rows: up to 256 threads) or a moderate number (up to
+  2048, e.g. a small matmul: 16 threads) and enough inputs -> GROUP: the threads of a work-group share the
+  reduce and combine their partials through shared memory;
+- the output axis the stores walk with stride 1 -> LOCAL (up to 32 threads, neighbours take neighbouring
+  elements), and a second output axis -> LOCAL up to 8 (a 2-D tile, for matmul-like kernels), within 256
+  threads per work-group in all.
 
 Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vectors come only from explicit opts.
 """
@@ -16,6 +18,7 @@ from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 
 GROUP_MAX_OUTPUTS = 2048  # at most this many outputs: a reduce is shared by the threads of a group
+GROUP_WIDE_OUTPUTS = 64  # at most this many: up to 256 threads share each reduce, else 16
 GROUP_MIN_REDUCE = 64  # at least this many inputs per output
 MAX_LOCAL = 256  # threads per work-group the heuristic makes
 
@@ -40,17 +43,18 @@ def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]
     n_out = prod(size(r) for r in loops)
 
+    threads = 1
     if reduces and n_out <= GROUP_MAX_OUTPUTS:
         red = max(reduces, key=lambda r: (size(r), r.arg[0]))  # the longest reduce axis
-        amt = largest_divisor(size(red), tuple(a for a in (256, 128, 64, 32, 16) if a <= max_threads))
-        if size(red) >= GROUP_MIN_REDUCE and amt >= 16:
-            take(Opt(OptOps.GROUP, axes.index(red), amt))
-            return ast, opts
+        # few outputs: a whole work-group per output; more: 16 threads per output, and LOCAL outputs below
+        amts = (256, 128, 64, 32, 16) if n_out <= GROUP_WIDE_OUTPUTS else (16,)
+        amt = largest_divisor(size(red), tuple(a for a in amts if a <= max_threads))
+        if size(red) >= GROUP_MIN_REDUCE and amt >= 16 and take(Opt(OptOps.GROUP, axes.index(red), amt)):
+            threads = amt
 
     stores = [u for u in accesses(ast) if any(v.op is Ops.STORE and v.src[0] is u for v in ast.toposort())]
     # the output axis with stride 1 in the stores first, then the others innermost first
     order = sorted(loops, key=lambda r: (any(stride(u.src[1], r) == 1 for u in stores), r.arg[0]), reverse=True)
-    threads = 1
     for r, cap in zip(order, (32, 8)):
         i = next(i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
         amt = largest_divisor(size(r), tuple(a for a in (32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads))
