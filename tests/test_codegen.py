@@ -4,10 +4,9 @@ import numpy as np
 
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name
-from zeptograd.codegen.accumulator import AccContext, pm_reduce_to_acc, range_scopes
+from zeptograd.codegen.accumulator import lower_reduces
 from zeptograd.renderer.cstyle import CStyleRenderer
 from zeptograd.uop.ops import Ops
-from zeptograd.uop.upat import graph_rewrite
 
 
 def kernel_of(t: Tensor):
@@ -20,7 +19,7 @@ def test_sum_axis1_graph_before_and_after_reduce_to_acc():
     ast = kernel_of(a.sum(axis=1)).ast
     ops_before = {u.op for u in ast.toposort()}
     assert Ops.REDUCE in ops_before and Ops.DEFINE_REG not in ops_before
-    after = graph_rewrite(ast, pm_reduce_to_acc, ctx=AccContext(range_scopes(ast)))
+    after = lower_reduces(ast)
     nodes = list(after.toposort())
     ops_after = [u.op for u in nodes]
     assert Ops.REDUCE not in ops_after

@@ -114,3 +114,14 @@ def test_threaded_kernels_match_one_thread(n):
         one = (Tensor(x) * 2 + 1).numpy()
     np.testing.assert_array_equal(two, one)
     np.testing.assert_allclose(two, x * 2 + 1, rtol=1e-6)
+
+
+def test_sibling_reduces_inside_an_unrolled_reduce():
+    # cross entropy: a sum over rows of two reduces over the classes; unrolling the rows copies both reduce loops
+    xn = rng.standard_normal((16, 10), dtype=np.float32)
+    yn = rng.integers(0, 10, 16).astype(np.int32)
+    loss = Tensor(xn).sparse_categorical_crossentropy(Tensor(yn))
+    ref = -(xn - np.log(np.exp(xn).sum(1, keepdims=True)))[np.arange(16), yn].mean()
+    for ctx in ({}, {"NOOPT": 1}):
+        with Context(**ctx):
+            np.testing.assert_allclose(loss.numpy(), ref, rtol=1e-5)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zeptograd.codegen.accumulator import AccContext, merge_ends, pm_reduce_to_acc, range_scopes
+from zeptograd.codegen.accumulator import lower_reduces
 from zeptograd.codegen.devectorizer import pm_devectorize
 from zeptograd.codegen.expander import expand
 from zeptograd.codegen.gpudims import add_gpudims
@@ -42,8 +42,7 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     if renderer.alu_transcendentals:
         sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
-    sink = graph_rewrite(sink, pm_reduce_to_acc, ctx=AccContext(range_scopes(sink)))  # REDUCE -> accumulator
-    sink = merge_ends(sink)  # accumulators over the same loops share them
+    sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
     uops = linearize(sink)  # loops explicit, invariant work hoisted before them
     # a buffer whose loads were simplified away stays a parameter: the runtime passes every buffer by position

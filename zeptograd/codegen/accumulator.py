@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import Ops, UOp
-from zeptograd.uop.upat import PatternMatcher, UPat
 
 
 def reduce_identity(op: Ops, dtype) -> object:
@@ -43,32 +42,6 @@ def range_scopes(sink: UOp) -> dict[tuple[UOp, ...], tuple[UOp, ...]]:
     return out
 
 
-@dataclass
-class AccContext:
-    scopes: dict[tuple[UOp, ...], tuple[UOp, ...]]
-    regs: itertools.count = field(default_factory=itertools.count)
-    last_end: dict[tuple[UOp, ...], UOp] = field(default_factory=dict)
-
-
-def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
-    value, ranges = red.src[0], red.src[1:]
-    outer = ctx.scopes.get(ranges, ())
-    acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1), (), next(ctx.regs))
-    # a sibling reduce over other loops must finish before this one starts: order the init after its END
-    prev = ctx.last_end.get(outer)
-    deps = outer + ((prev,) if prev is not None and prev.src[1:] != ranges else ())
-    init = (
-        (acc.after(*deps) if deps else acc)
-        .index(UOp.const(dtypes.index, 0))
-        .store(UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
-    )
-    current = acc.after(init, *ranges).index(UOp.const(dtypes.index, 0)).load()
-    updated = accumulate(red.arg, current, value)
-    end = acc.index(UOp.const(dtypes.index, 0)).store(updated).end(*ranges)
-    ctx.last_end[outer] = end
-    return acc.after(end).index(UOp.const(dtypes.index, 0)).load()
-
-
 def accumulate(op: Ops, acc: UOp, value: UOp) -> UOp:
     """acc op value; a float sum of products becomes a chain of fused multiply-adds: acc = a*b + acc."""
     if op is not Ops.ADD or not dtypes.is_float(acc.dtype):
@@ -87,22 +60,51 @@ def accumulate(op: Ops, acc: UOp, value: UOp) -> UOp:
     return acc
 
 
-def merge_ends(sink: UOp) -> UOp:
-    """Accumulators updated in the same loops share them: END(a, r), END(b, r) -> END(GROUP(a, b), r)."""
-    groups: dict[tuple[UOp, ...], list[UOp]] = {}
+@dataclass
+class AccContext:
+    scopes: dict[tuple[UOp, ...], tuple[UOp, ...]]
+    regs: itertools.count = field(default_factory=itertools.count)
+
+
+def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
+    """One REDUCE -> one accumulator in the loops its scope names (gpudims lowers a thread's slice with it)."""
+    zero, ranges = UOp.const(dtypes.index, 0), red.src[1:]
+    outer = ctx.scopes.get(ranges, ())
+    acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1), (), next(ctx.regs))
+    init = (acc.after(*outer) if outer else acc).index(zero).store(
+        UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    current = acc.after(init, *ranges).index(zero).load()
+    end = acc.index(zero).store(accumulate(red.arg, current, red.src[0])).end(*ranges)
+    return acc.after(end).index(zero).load()
+
+
+def lower_reduces(sink: UOp) -> UOp:
+    """Every REDUCE -> an accumulator. REDUCEs over the same loops inside the same enclosing loops share one loop
+    nest (one END over a GROUP of their updates); sibling loop nests run one after another in first-seen order
+    (each group's inits wait for the previous group's END). Inner reduces are lowered before the ones around them.
+    """
+    scopes = range_scopes(sink)
+    groups: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]] = {}
     for u in sink.toposort():
-        if u.op is Ops.END:
-            groups.setdefault(u.src[1:], []).append(u)
-    mapping = {}
-    for ranges, ends in groups.items():
-        if len(ends) > 1:
-            merged = UOp(Ops.GROUP, dtypes.void, tuple(e.src[0] for e in ends)).end(*ranges)
-            mapping.update({e: merged for e in ends})
-    return sink.substitute(mapping) if mapping else sink
-
-
-pm_reduce_to_acc = PatternMatcher(
-    [
-        (UPat(Ops.REDUCE, name="red"), reduce_to_acc),
-    ]
-)
+        if u.op is Ops.REDUCE:
+            groups.setdefault((scopes.get(u.src[1:], ()), u.src[1:]), []).append(u)
+    zero = UOp.const(dtypes.index, 0)
+    regs = itertools.count()
+    replaced: dict[UOp, UOp] = {}
+    last_end: dict[tuple[UOp, ...], UOp] = {}
+    for (outer, ranges), reds in groups.items():
+        deps = outer + ((last_end[outer],) if outer in last_end else ())
+        accs, updates = [], []
+        for red in reds:
+            value = red.src[0].substitute(replaced) if replaced else red.src[0]  # inner reduces already lowered
+            acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1), (), next(regs))
+            init = (acc.after(*deps) if deps else acc).index(zero).store(
+                UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+            current = acc.after(init, *ranges).index(zero).load()
+            updates.append(acc.index(zero).store(accumulate(red.arg, current, value)))
+            accs.append(acc)
+        end = (updates[0] if len(updates) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(updates))).end(*ranges)
+        last_end[outer] = end
+        for red, acc in zip(reds, accs):
+            replaced[red] = acc.after(end).index(zero).load()
+    return sink.substitute(replaced) if replaced else sink
