@@ -244,8 +244,8 @@ def test_scaled_dot_product_attention(kw):
           lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **tk), q, k, v)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="codegen/expander.py: 'a vector value stored to one "
-                   "address' in the gradient of a batched softmax @ matmul with the optimizer on (NOOPT=1 works)")
+@pytest.mark.xfail(raises=RuntimeError, reason="codegen/expander.py: 'a vector value stored to one address' in the "
+                   "gradient of a batched softmax @ matmul with the optimizer on (NOOPT=1 works)")
 def test_batched_softmax_matmul_backward_codegen():
   q = Tensor(data((2, 3, 4), seed=69), requires_grad=True)
   k = Tensor(data((2, 5, 4), seed=70))
@@ -324,3 +324,11 @@ def test_sequential():
   exp = np.maximum(data((2, 3), seed=68) @ w1, 0) @ w2
   np.testing.assert_allclose(out.numpy(), exp, rtol=1e-5, atol=1e-6)
 
+
+
+@pytest.mark.xfail(reason="codegen: LinearizeError 'the kernel graph has a cycle' for two sibling reduces inside an "
+                   "outer reduce once the optimizer acts (NOOPT=1 works; (8, 10) works, (16, 10) does not)")
+def test_sparse_categorical_crossentropy_batch16_codegen():
+  x, y = data((16, 10), seed=71), data((16,), "int64", 0, 9, seed=72)
+  out = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
+  np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
