@@ -209,3 +209,17 @@ def test_split_reduce_two_kernels_or_one():
         assert count_kernels(x.sum()) == 1
     np.testing.assert_allclose(x.sum().numpy(), xn.sum(), rtol=1e-4)
     np.testing.assert_allclose(x.max().numpy(), xn.max())
+
+
+def test_assign_reads_see_the_old_contents_and_later_graphs_the_new():
+    a, b = Tensor([1.0, 2.0]).realize(), Tensor([0.0, 0.0]).realize()
+    n = a * 10
+    a.assign(n)
+    b.assign(n + 1)  # reads a before a's assign writes it
+    Tensor.realize(a, b)
+    np.testing.assert_array_equal(a.numpy(), [10, 20])
+    np.testing.assert_array_equal(b.numpy(), [11, 21])
+    c = Tensor([1.0, 2.0]).realize()
+    (c * 2).numpy()  # realized once: cached by its graph
+    c.assign(c + 1).realize()
+    np.testing.assert_array_equal((c * 2).numpy(), [4, 6])  # the same expression over the new contents

@@ -288,7 +288,12 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     becomes: dict[UOp, UOp] = {}
     for x in rf.nodes:  # every realized node gets a buffer; buffer views of inputs stay as they are
         if x.op is Ops.ASSIGN:  # writes into its target's existing buffer
-            bufs[x], becomes[x] = buffers[assign_buffer(x)], x.src[0]
+            old = assign_buffer(x)
+            bufs[x] = buffers[old]
+            # the target's new contents get a new BUFFER UOp over the same memory: graphs realized from the old
+            # contents (the `realized` map is keyed by graph) never answer for the new ones
+            new = new_buffer_uop(rf.device[x], old.arg[1], old.dtype, buffers[old])
+            becomes[x] = x.src[0].substitute({old: new})
         elif x in rf.realize:
             buf_uop = new_buffer_uop(rf.device[x], prod(x.shape), x.dtype)
             bufs[x] = buffers[buf_uop]
@@ -337,23 +342,34 @@ def assign_buffer(x: UOp) -> UOp:
 
 
 def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
-    """Kernels in dependency order, each ASSIGN as late as its consumers allow: it overwrites a buffer that kernels
-    not depending on it may still read (they must see the old contents)."""
+    """Kernels in an order that respects their data dependencies and, for each ASSIGN, reads before the write:
+    a kernel that reads the assigned buffer's old contents (and does not depend on the ASSIGN) runs before it."""
     if not any(k.op is Ops.ASSIGN for k in kernels):
         return kernels
-    below: dict[UOp, frozenset[UOp]] = {}  # the ASSIGNs each node depends on
+    kset = set(kernels)
+    below: dict[UOp, frozenset[UOp]] = {}  # the kernels each node depends on, through any path
     for u in nodes:
-        below[u] = frozenset().union(*(below[s] for s in u.src)) | ({u} if u.op is Ops.ASSIGN else frozenset())
-    out: list[UOp] = []
-    deferred: list[UOp] = []
+        below[u] = frozenset().union(*(below[s] for s in u.src)) | ({u} if u in kset else frozenset())
+    reads: dict[UOp, set[UOp]] = {}  # the buffers each kernel reads directly (not through another kernel)
     for k in kernels:
-        if k.op is Ops.ASSIGN:
-            deferred.append(k)
-            continue
-        out += [a for a in deferred if a in below[k]]
-        deferred = [a for a in deferred if a not in below[k]]
-        out.append(k)
-    return out + deferred
+        srcs = k.src[1:] if k.op is Ops.ASSIGN else k.src
+        reads[k] = {u for s in srcs for u in s.toposort(gate=lambda u: u not in kset) if u.op is Ops.BUFFER}
+    after: dict[UOp, set[UOp]] = {k: {d for d in below[k] if d is not k} for k in kernels}
+    for a in kernels:
+        if a.op is Ops.ASSIGN:
+            target = assign_buffer(a)
+            for k in kernels:
+                if k is not a and target in reads[k] and a not in below[k]:
+                    after[a].add(k)  # k reads the old contents: it runs first
+    order, done, pending = [], set(), list(kernels)
+    while pending:
+        ready = next((k for k in pending if after[k] <= done), None)
+        if ready is None:
+            raise RuntimeError("assigns that read each other's targets can't be ordered: realize them separately")
+        order.append(ready)
+        done.add(ready)
+        pending.remove(ready)
+    return order
 
 
 def needs_kernel(u: UOp) -> bool:
