@@ -81,7 +81,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         raise OptError(f"{opt}: the kernel has {len(axes)} axes")
     r = axes[opt.axis]
     n, kind = _range_size(r), r.arg[1]
-    if opt.op is not OptOps.SWAP and (opt.arg <= 0 or n % opt.arg):
+    if opt.op is not OptOps.SWAP and (opt.arg <= 1 or n % opt.arg):
         raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
     next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
