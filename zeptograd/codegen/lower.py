@@ -36,10 +36,14 @@ def guard_int_division(x: UOp, a: UOp, b: UOp) -> UOp | None:
 
 
 def cast_via_float(c: UOp, x: UOp) -> UOp | None:
-    """# cast(bf16 -> int/bool) -> cast(cast(bf16 -> float32) -> int/bool): the renderers convert bf16 only to float"""
-    if (x.dtype == dtypes.bfloat16) == (c.dtype == dtypes.bfloat16) or dtypes.float32 in (x.dtype, c.dtype):
+    """# cast(half/bf16 <-> anything but float32) -> through float32: the renderers convert bf16 only to float, and
+    LLVM's double/int <-> half conversions are compiler-rt calls a JIT'd kernel can't reach (a segfault)"""
+    if c.dtype.scalar not in _HALF and x.dtype.scalar not in _HALF:
         return None
-    return x.cast(dtypes.float32).cast(c.dtype)
+    if dtypes.float32 in (x.dtype.scalar, c.dtype.scalar) or x.dtype.scalar == c.dtype.scalar:
+        return None
+    f32 = dtypes.float32.vec(x.dtype.count)
+    return x.cast(f32).cast(c.dtype)
 
 
 pm_lower = PatternMatcher(
