@@ -55,6 +55,9 @@ def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> t
         inner = 1
         for k, r in enumerate(reversed(rs)):  # innermost first: r = special // inner % size
             n = _const_size(r)
+            if total == 0:  # an empty kernel (never launched): no division by a zero size
+                mapping[r] = special
+                continue
             e = special if inner == 1 else special // UOp.const(dtypes.index, inner)
             mapping[r] = e if k == len(rs) - 1 else e % UOp.const(dtypes.index, n)
             inner *= n  # type: ignore[operator]
