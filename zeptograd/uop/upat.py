@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import inspect
 import time
 from collections import defaultdict
@@ -103,9 +104,9 @@ class PatternMatcher:
 
     def __init__(self, rules: list[tuple[UPat, Callable]]):
         self.rules = rules
-        self.pdict: dict[Ops, list[tuple[UPat, Callable, bool, str]]] = defaultdict(list)
+        self.pdict: dict[Ops, list[tuple[UPat, Callable, bool]]] = defaultdict(list)
         for pat, fn in rules:  # rule order is kept within each op's list
-            entry = (pat, fn, "ctx" in inspect.signature(fn).parameters, _rule_name(pat, fn))
+            entry = (pat, fn, "ctx" in inspect.signature(fn).parameters)
             for op in pat.op if pat.op is not None else Ops:
                 self.pdict[op].append(entry)
         self.pdict = dict(self.pdict)
@@ -114,20 +115,22 @@ class PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn, takes_ctx, name in self.pdict.get(u.op, ()):
+        for pat, fn, takes_ctx in self.pdict.get(u.op, ()):
             t0 = time.perf_counter() if TRACK_MATCH_STATS else 0.0
             for store in pat.match(u, {}):
                 ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
                 if ret is not None and ret is not u:
                     if TRACK_MATCH_STATS:
-                        _record(name, True, time.perf_counter() - t0)
+                        _record(_rule_name(pat, fn), True, time.perf_counter() - t0)
                     return ret
             if TRACK_MATCH_STATS:
-                _record(name, False, time.perf_counter() - t0)
+                _record(_rule_name(pat, fn), False, time.perf_counter() - t0)
         return None
 
 
+@functools.cache
 def _rule_name(pat: UPat, fn: Callable) -> str:
+    """file:line of the rule (read from the source only when TRACK_MATCH_STATS is on: it is slow)"""
     try:
         src_file = inspect.getsourcefile(fn) or "?"
         line = inspect.getsourcelines(fn)[1]
