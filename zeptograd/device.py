@@ -165,8 +165,13 @@ def run_on_cores(fn, n: int):
 
 # ***** the registry: Device["CPU"] opens a backend on first use *****
 
-_BACKENDS = {"CPU": "zeptograd.runtime.ops_cpu", "PYTHON": "zeptograd.runtime.ops_python",
-             "NULL": "zeptograd.runtime.ops_null", "CL": "zeptograd.runtime.ops_cl", "CUDA": "zeptograd.runtime.ops_cuda"}
+_BACKENDS = {
+    "CPU": "zeptograd.runtime.ops_cpu",
+    "PYTHON": "zeptograd.runtime.ops_python",
+    "NULL": "zeptograd.runtime.ops_null",
+    "CL": "zeptograd.runtime.ops_cl",
+    "CUDA": "zeptograd.runtime.ops_cuda",
+}
 
 
 class _Device:
