@@ -997,3 +997,11 @@ def test_casts_between_half_and_double_or_int():
     np.testing.assert_array_equal(Tensor(np.full(3, 2.5, np.float16)).double().numpy(), np.full(3, 2.5))
     np.testing.assert_array_equal(Tensor(np.arange(3)).half().numpy(), np.arange(3, dtype=np.float16))
     np.testing.assert_array_equal(Tensor(np.full(3, 3, np.float16)).cast(dtypes.int64).numpy(), np.full(3, 3))
+
+
+def test_int_division_by_a_vectorized_tensor():
+    # the zero-divisor guard once rewrote its own vector output forever
+    an = np.arange(-16, 16, dtype=np.int32)
+    bn = np.array([3, -2, 5, 7] * 8, np.int32)
+    np.testing.assert_array_equal((Tensor(an) // Tensor(bn)).numpy(), an // bn)
+    np.testing.assert_array_equal((Tensor(an) % Tensor(bn)).numpy(), an % bn)

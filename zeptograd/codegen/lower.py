@@ -29,8 +29,8 @@ def guard_int_division(x: UOp, a: UOp, b: UOp) -> UOp | None:
     """# a // b -> a // (b == 0 ? 1 : b) for a divisor that may be zero (a trap in C, not a value)"""
     if b.op is Ops.CONST or not dtypes.is_int(b.dtype) or b.vmin > 0 or b.vmax < 0:
         return None
-    if b.op is Ops.WHERE and b.src[0].op is Ops.CMPEQ and b.src[1].op is Ops.CONST and b.src[1].arg == 1:
-        return None  # already guarded (its value range still spans 0: without this the rewrite never ends)
+    if b.op is Ops.WHERE and b.src[0].op is Ops.CMPEQ and b.src[2] is b.src[0].src[0]:
+        return None  # already guarded, also as a vector (its value range still spans 0: the rewrite would never end)
     safe = b.eq(UOp.const(b.dtype, 0)).where(UOp.const(b.dtype, 1), b)
     return UOp(x.op, x.dtype, (a, safe))
 
