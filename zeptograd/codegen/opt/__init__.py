@@ -111,6 +111,22 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
 
 
+class OptPlan:
+    """A kernel and the actions taken on it so far (what the heuristics build up)."""
+
+    def __init__(self, ast: UOp):
+        self.ast, self.opts = ast, []
+
+    def take(self, opt: Opt) -> bool:
+        """Apply the action if it is valid for the kernel as it is now; report whether it was."""
+        try:
+            self.ast = apply_opt(self.ast, opt)
+        except OptError:
+            return False
+        self.opts.append(opt)
+        return True
+
+
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
     for opt in opts:
         ast = apply_opt(ast, opt)

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
+from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.helpers import THREADS, prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import split_sum
@@ -42,21 +42,13 @@ def largest_divisor(n: int, options: tuple[int, ...]) -> int:
 
 def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
     threads = THREADS.value if threads is None else threads
-    opts: list[Opt] = []
+    plan = OptPlan(ast)
+    take = plan.take
 
-    def take(opt: Opt) -> bool:
-        nonlocal ast
-        try:
-            ast = apply_opt(ast, opt)
-        except OptError:
-            return False
-        opts.append(opt)
-        return True
-
-    axes = kernel_axes(ast)
+    axes = kernel_axes(plan.ast)
     if not axes or any(size(r) == 0 for r in axes):
-        return ast, opts
-    idxs = accesses(ast)
+        return plan.ast, plan.opts
+    idxs = accesses(plan.ast)
     itemsize = max(u.src[0].dtype.base.itemsize for u in idxs) if idxs else 4
     width = max(1, simd_bytes // itemsize)
     total_work = prod(size(r) for r in axes)
@@ -79,15 +71,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     vec_amt = vec_amount(vec_r)
     if contiguous_count(vec_r) and vec_amt > 1:
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
-        axes = kernel_axes(ast)
+        axes = kernel_axes(plan.ast)
         if is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
             take(Opt(OptOps.UNROLL, vec_i, largest_divisor(size(axes[vec_i]), (4, 2))))
 
     # a register tile when loads each skip an output axis (matmul, conv)
-    has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(ast))
-    loop_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.LOOP]
-    if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(opts) == 1:
+    has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(plan.ast))
+    loop_axes = [r for r in kernel_axes(plan.ast) if r.arg[1] is AxisType.LOOP]
+    if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(plan.opts) == 1:
         # rows: an axis the vector-loaded operand does not depend on, so one vector load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1]
         row = next(
@@ -95,15 +87,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             None,
         )
         if row is not None:
-            axes = kernel_axes(ast)
+            axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
             if vi is not None and size(axes[vi]) % 2 == 0:
                 take(Opt(OptOps.UPCAST, vi, 2))
-            axes = kernel_axes(ast)
+            axes = kernel_axes(plan.ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
             take(Opt(OptOps.UPCAST, ri, largest_divisor(size(axes[ri]), (8, 6, 4, 2))))
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
-            axes = kernel_axes(ast)
+            axes = kernel_axes(plan.ast)
             ri = next((i for i, r in enumerate(axes) if r.arg[0] == row.arg[0]), None)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
             if ri is not None and vi is not None and ri < vi:
@@ -111,8 +103,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
 
     # threads: the outermost output loop that splits evenly
     if threads > 1 and total_work >= MIN_THREAD_WORK:
-        for i, r in enumerate(kernel_axes(ast)):
+        for i, r in enumerate(kernel_axes(plan.ast)):
             if r.arg[1] is AxisType.LOOP and size(r) % threads == 0:
                 take(Opt(OptOps.THREAD, i, threads))
                 break
-    return ast, opts
+    return plan.ast, plan.opts

@@ -12,7 +12,7 @@ Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vect
 
 from __future__ import annotations
 
-from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
+from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, size, stride
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
@@ -24,21 +24,13 @@ MAX_LOCAL = 256  # threads per work-group the heuristic makes
 
 
 def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
-    opts: list[Opt] = []
+    plan = OptPlan(ast)
     max_threads = min(MAX_LOCAL, renderer.local_threads_max)
+    take = plan.take
 
-    def take(opt: Opt) -> bool:
-        nonlocal ast
-        try:
-            ast = apply_opt(ast, opt)
-        except OptError:
-            return False
-        opts.append(opt)
-        return True
-
-    axes = kernel_axes(ast)
+    axes = kernel_axes(plan.ast)
     if not axes or any(size(r) == 0 for r in axes):
-        return ast, opts
+        return plan.ast, plan.opts
     loops = [r for r in axes if r.arg[1] is AxisType.LOOP]
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]
     n_out = prod(size(r) for r in loops)
@@ -52,12 +44,12 @@ def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
         if size(red) >= GROUP_MIN_REDUCE and amt >= 16 and take(Opt(OptOps.GROUP, axes.index(red), amt)):
             threads = amt
 
-    stores = [u for u in accesses(ast) if any(v.op is Ops.STORE and v.src[0] is u for v in ast.toposort())]
+    stores = [u for u in accesses(plan.ast) if any(v.op is Ops.STORE and v.src[0] is u for v in plan.ast.toposort())]
     # the output axis with stride 1 in the stores first, then the others innermost first
     order = sorted(loops, key=lambda r: (any(stride(u.src[1], r) == 1 for u in stores), r.arg[0]), reverse=True)
     for r, cap in zip(order, (32, 8)):
-        i = next(i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
+        i = next(i for i, a in enumerate(kernel_axes(plan.ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
         amt = largest_divisor(size(r), tuple(a for a in (32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads))
         if amt > 1 and take(Opt(OptOps.LOCAL, i, amt)):
             threads *= amt
-    return ast, opts
+    return plan.ast, plan.opts
