@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import hashlib
 import importlib
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes, to_numpy_dtype
+from zeptograd.helpers import cache_dir
 
 
 class GlobalCounters:
@@ -127,12 +130,36 @@ class CompileError(RuntimeError):
 
 
 class Compiler:
-    """Source -> binary, cached on disk by (compiler key, source)."""
+    """Source -> binary, cached on disk by (compiler key, source): a backend only writes its output file."""
 
     key = "base"
+    cache_subdir, suffix = "base", ".bin"
+
+    def build_file(self, src: str, out_path: str):
+        """Compile src into out_path (a fresh temporary file)."""
+        raise NotImplementedError
+
+    def compile_to_file(self, src: str) -> str:
+        """The cached binary's path, built first if it is not there. Safe for parallel processes (BEAM workers)."""
+        digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
+        out_dir = os.path.join(cache_dir(), self.cache_subdir)
+        path = os.path.join(out_dir, f"{digest}{self.suffix}")
+        if os.path.exists(path):
+            return path
+        os.makedirs(out_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=self.suffix)
+        os.close(fd)
+        try:
+            self.build_file(src, tmp)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        os.replace(tmp, path)  # atomic: a parallel process never reads a half-written file
+        return path
 
     def compile(self, src: str) -> bytes:
-        raise NotImplementedError
+        with open(self.compile_to_file(src), "rb") as f:
+            return f.read()
 
 
 @dataclass

@@ -6,14 +6,11 @@ CPU (the default) and CPU:LLVM open the LLVM backend instead: `runtime/ops_llvm.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
-from zeptograd.helpers import cache_dir
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.cstyle import CStyleRenderer
 
@@ -27,37 +24,22 @@ class NoCompilerError(RuntimeError):
 class CCompiler(Compiler):
     """cc (or $CC) into a shared library, cached on disk by the hash of compiler, flags and source."""
 
+    cache_subdir, suffix = "cpu", ".so"
+
     def __init__(self):
         self.cc = os.getenv("CC", "cc")
         self.key = f"{self.cc} {' '.join(CFLAGS)}"
 
-    def compile(self, src: str) -> bytes:
-        path = self.compile_to_file(src)
-        with open(path, "rb") as f:
-            return f.read()
-
-    def compile_to_file(self, src: str) -> str:
-        digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
-        out_dir = os.path.join(cache_dir(), "cpu")
-        path = os.path.join(out_dir, f"{digest}.so")
-        if os.path.exists(path):
-            return path
+    def build_file(self, src: str, out_path: str):
         if shutil.which(self.cc) is None:
             raise NoCompilerError(
                 f"no C compiler found ({self.cc!r} is not on PATH): install one "
                 f"(e.g. `apt-get install gcc`) or set CC to its path"
             )
-        os.makedirs(out_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
-        os.close(fd)
-        proc = subprocess.run(
-            [self.cc, *CFLAGS, "-x", "c", "-", "-o", tmp, "-lm"], input=src.encode(), capture_output=True
-        )
+        cmd = [self.cc, *CFLAGS, "-x", "c", "-", "-o", out_path, "-lm"]
+        proc = subprocess.run(cmd, input=src.encode(), capture_output=True)
         if proc.returncode != 0:
-            os.unlink(tmp)
             raise CompileError(f"internal error: the generated C did not compile:\n{proc.stderr.decode()}\n{src}")
-        os.replace(tmp, path)  # atomic: parallel test workers never see a half-written library
-        return path
 
 
 class CPUProgram:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import re
-import tempfile
 from typing import Any
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
-from zeptograd.helpers import DEBUG, cache_dir, getenv
+from zeptograd.helpers import DEBUG, getenv
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.llvmir import LLVMRenderer
 
@@ -25,6 +23,8 @@ OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 f
 
 class LLVMCompiler(Compiler):
     """LLVM IR text -> an object file for the host CPU (optimized), cached on disk."""
+
+    cache_subdir, suffix = "llvm", ".o"
 
     def __init__(self):
         import llvmlite.binding as llvm  # lazily: importing llvmlite costs ~70 ms
@@ -57,27 +57,12 @@ class LLVMCompiler(Compiler):
             print(str(mod))
         return mod
 
-    def compile(self, src: str) -> bytes:
-        """The object of src, with its function renamed to `unique_symbol(src)`; from the disk cache when there."""
-        path = self.compile_to_file(src)
-        with open(path, "rb") as f:
-            return f.read()
-
-    def compile_to_file(self, src: str) -> str:
-        """Compile src into the disk cache (unless it is there): its path. BEAM's workers call this in parallel."""
-        digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
-        path = os.path.join(cache_dir(), "llvm", f"{digest}.o")
-        if os.path.exists(path):
-            return path
+    def build_file(self, src: str, out_path: str):
+        """The object of src, its function renamed to `unique_symbol(src)` (one JIT engine holds every kernel)."""
         name = _DEFINE.search(src)
         renamed = src.replace(f"@{name.group(1)}(", f"@{unique_symbol(src)}(", 1) if name else src
-        obj = self.tm.emit_object(self.optimize(renamed))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".o")
-        with os.fdopen(fd, "wb") as f:
-            f.write(obj)
-        os.replace(tmp, path)  # atomic: parallel processes never read half an object
-        return path
+        with open(out_path, "wb") as f:
+            f.write(self.tm.emit_object(self.optimize(renamed)))
 
 
 _DEFINE = re.compile(r"^define void @([A-Za-z0-9_.$]+)\(", re.MULTILINE)
