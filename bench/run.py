@@ -446,6 +446,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "overhead": case_overhead,
     "overhead_jit": case_overhead_jit,
     **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
+    **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
 }
 
 
