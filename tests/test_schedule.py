@@ -223,3 +223,29 @@ def test_assign_reads_see_the_old_contents_and_later_graphs_the_new():
     (c * 2).numpy()  # realized once: cached by its graph
     c.assign(c + 1).realize()
     np.testing.assert_array_equal((c * 2).numpy(), [4, 6])  # the same expression over the new contents
+
+
+def _ops_in(item) -> set:
+    return {u.op for u in item.ast.toposort()}
+
+
+def test_costly_prologue_is_stored_before_a_matmul():
+    """gelu (exp) between two matmuls: before the rule it was inlined into the second matmul's loop and recomputed
+    once per output column; now it is the first matmul's epilogue and the second matmul only loads it."""
+    from zeptograd.uop.ops import Ops
+
+    (x, xn), (w1, w1n), (w2, w2n) = realized(6, 8), realized(8, 16), realized(16, 5)
+    items = ((x @ w1).gelu() @ w2).schedule()
+    assert len(items) == 2
+    assert Ops.EXP2 in _ops_in(items[0]) and Ops.REDUCE_AXIS not in _ops_in(items[0])
+    assert Ops.EXP2 not in _ops_in(items[1])
+
+
+def test_cheap_index_prologue_stays_inlined_into_a_reduce():
+    """An arange mask (no buffer read) or a relu (no transcendental) expanded into a reduce is not stored."""
+    x, xn = realized(4, 12)
+    assert count_kernels(x.cumsum(1)) == 1
+    (a, an), (w, wn) = realized(6, 8), realized(8, 5)
+    n, out = run(a.relu() @ w)
+    assert n == 1
+    np.testing.assert_allclose(out, np.maximum(an, 0) @ wn, rtol=1e-5, atol=1e-5)

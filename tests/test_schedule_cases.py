@@ -14,6 +14,7 @@ or not. `python tests/test_schedule_cases.py [name ...]` prints each case's kern
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass
 from typing import Callable
@@ -362,6 +363,35 @@ def matmul_bias_relu():
 def linear_bias_relu():
     (x, xn), (w, wn), (b, bn) = rand(5, 10), rand(10, 7), rand(7)
     return x.linear(w, b).relu(), np.maximum(xn @ wn + bn, 0)
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x).astype(np.float32)
+
+
+@case(2, rtol=1e-4, atol=1e-4)
+def matmul_gelu_matmul():
+    """gelu (erf, exp) feeds the second matmul through an expand: it is stored once as the first matmul's epilogue,
+    not recomputed in the second matmul's loop once per output column."""
+    (x, xn), (w1, w1n), (w2, w2n) = rand(6, 8), rand(8, 16), rand(16, 5)
+    h = xn @ w1n
+    return (x @ w1).gelu(approximate="none") @ w2, (0.5 * h * (1 + _erf(h / math.sqrt(2)))) @ w2n
+
+
+@case(4, rtol=1e-4, atol=1e-4)
+def layernorm_then_matmul():
+    """mean, variance, the normalized rows (stored: rsqrt would run once per output column inside the matmul),
+    the matmul."""
+    (x, xn), (w, wn) = rand(6, 32), rand(32, 7)
+    y = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
+    return x.layernorm() @ w, y @ wn
+
+
+@case(1, rtol=1e-5, atol=1e-5)
+def erf_chain_not_cut():
+    """erf's polynomial uses its inputs many times: the fused-ops limit counts each shared op once."""
+    x, xn = rand(4, 8)
+    return x.erf().erf().erf(), _erf(_erf(_erf(xn)))
 
 
 @case(1, rtol=1e-4, atol=1e-5)

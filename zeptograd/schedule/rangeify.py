@@ -25,6 +25,7 @@ from zeptograd.uop.upat import graph_rewrite, graph_substitute
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
+TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}
 IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
 
 Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity or None)
@@ -129,6 +130,36 @@ class Rangeify:
             return True  # a padded input read through a sliding window (conv): a padded copy makes reads unconditional
         return False
 
+    def costly_nodes(self) -> dict[UOp, bool]:
+        """Whether the ops inlined into a node (up to buffers, reduces and nodes already realized) hold a
+        transcendental and read a buffer; index-only expressions (arange masks) stay cheap to recompute."""
+        trans: dict[UOp, bool] = {}
+        reads: dict[UOp, bool] = {}
+        for u in self.nodes:
+            stop = u.op is Ops.REDUCE_AXIS or u in self.realize
+            trans[u] = not stop and (u.op in TRANSCENDENTAL or any(trans[s] for s in u.src))
+            reads[u] = u.op is Ops.BUFFER or stop or any(reads[s] for s in u.src)
+        return {u: trans[u] and reads[u] for u in self.nodes}
+
+    def costly_expanded_into_reduce(self) -> set[UOp]:
+        """Costly elementwise nodes that reach a reduce through an EXPAND (a layernorm or gelu before a matmul):
+        inlined, they would be recomputed for every element of the expanded axis, e.g. once per output column."""
+        costly = self.costly_nodes()
+        found: set[UOp] = set()
+        seen: set[UOp] = set()
+        stack = [(u.src[0], False) for u in self.nodes if u.op is Ops.REDUCE_AXIS]
+        while stack:
+            u, expanded = stack.pop()
+            if (u, expanded) in seen or u.op is Ops.BUFFER or u.op is Ops.REDUCE_AXIS or u in self.realize:
+                continue
+            seen.add((u, expanded))
+            if expanded and u.op in GroupOp.Elementwise and costly[u]:
+                found.add(u)
+            elif u.op in GroupOp.Movement or u.op in GroupOp.Elementwise:
+                grows = u.op is Ops.EXPAND and prod(u.shape) > prod(u.src[0].shape)
+                stack.extend((s, expanded or grows) for s in u.src)
+        return found
+
     def reads_buffer(self, x: UOp) -> bool:
         return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))
 
@@ -156,6 +187,8 @@ class Rangeify:
         bufs: dict[UOp, frozenset[UOp]] = {}
         for u in self.nodes:
             n = (u.op in GroupOp.ALU) + sum(ops[s] for s in u.src if s not in cut)
+            if n > MAX_KERNEL_OPS:  # the sum counts shared subexpressions once per use (erf's polynomial): recount
+                n = self.distinct_alu_ops(u, cut, MAX_KERNEL_OPS + 1)
             b = frozenset([u]) if u.op is Ops.BUFFER else frozenset().union(*[bufs[s] for s in u.src if s not in cut])
             if u.op in GroupOp.ALU and (n > MAX_KERNEL_OPS or len(b) > MAX_KERNEL_BUFS):
                 cut.add(u)
@@ -163,11 +196,26 @@ class Rangeify:
             ops[u], bufs[u] = min(n, MAX_KERNEL_OPS + 1), b
         return cut
 
+    @staticmethod
+    def distinct_alu_ops(u: UOp, cut: set[UOp], limit: int) -> int:
+        """ALU nodes in u's fused subgraph (stopping at cuts), counted once each, up to limit."""
+        seen: set[UOp] = set()
+        stack, n = [u], 0
+        while stack and n < limit:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            n += x.op in GroupOp.ALU
+            stack.extend(s for s in x.src if s not in cut)
+        return n
+
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
         self.realize |= outputs | {u for u in self.nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
-        self.realize |= self.broadcast_reduces()
         self.realize |= self.long_chains()
+        self.realize |= self.costly_expanded_into_reduce()
+        self.realize |= self.broadcast_reduces()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
             self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
                 not (u in self.realize and u.op is Ops.REDUCE_AXIS)
