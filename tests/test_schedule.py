@@ -234,7 +234,7 @@ def test_costly_prologue_is_stored_before_a_matmul():
     once per output column; now it is the first matmul's epilogue and the second matmul only loads it."""
     from zeptograd.uop.ops import Ops
 
-    (x, xn), (w1, w1n), (w2, w2n) = realized(6, 8), realized(8, 16), realized(16, 5)
+    (x, _), (w1, _), (w2, _) = realized(6, 8), realized(8, 16), realized(16, 5)
     items = ((x @ w1).gelu() @ w2).schedule()
     assert len(items) == 2
     assert Ops.EXP2 in _ops_in(items[0]) and Ops.REDUCE_AXIS not in _ops_in(items[0])
@@ -243,7 +243,7 @@ def test_costly_prologue_is_stored_before_a_matmul():
 
 def test_cheap_index_prologue_stays_inlined_into_a_reduce():
     """An arange mask (no buffer read) or a relu (no transcendental) expanded into a reduce is not stored."""
-    x, xn = realized(4, 12)
+    x, _ = realized(4, 12)
     assert count_kernels(x.cumsum(1)) == 1
     (a, an), (w, wn) = realized(6, 8), realized(8, 5)
     n, out = run(a.relu() @ w)
