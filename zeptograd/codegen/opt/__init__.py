@@ -6,6 +6,9 @@ first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of 
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
     RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP)        (GPU: codegen/gpudims.py makes them local ids)
+
+An UPCAST/UNROLL/THREAD amount that does not divide n splits the largest part it divides and adds a tail for the
+rest (codegen/opt/tail.py); LOCAL/GROUP amounts must divide.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
+from zeptograd.codegen.opt.tail import core_id, gate_single_core, split_tail, thread_tail, vector_tail
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
@@ -75,18 +79,38 @@ def _fix_range_lists(x: UOp) -> UOp | None:
 pm_fix_range_lists = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _fix_range_lists)])
 
 
+def _nest_of(ast: UOp, r: UOp) -> UOp:
+    """the loop nest (a source of the kernel's SINK) that r is a loop of"""
+    return next((s for s in ast.src if r in s.toposort()), ast)
+
+
 def apply_opt(ast: UOp, opt: Opt) -> UOp:
     axes = kernel_axes(ast)
     if not 0 <= opt.axis < len(axes):
         raise OptError(f"{opt}: the kernel has {len(axes)} axes")
     r = axes[opt.axis]
     n, kind = _range_size(r), r.arg[1]
-    if opt.op is not OptOps.SWAP and (opt.arg <= 1 or n % opt.arg):
-        raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
-    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > n):
+        raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         if (opt.op is OptOps.UPCAST) != (kind in (AxisType.LOOP, AxisType.THREAD, AxisType.GLOBAL)):
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
+    if opt.op is OptOps.THREAD:
+        if kind is not AxisType.LOOP:
+            raise OptError(f"{opt}: only an output loop can be split across cores")
+        core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
+        if (old := core_id(ast)) is not None and (old is not core or core in _nest_of(ast, r).toposort()):
+            raise OptError(f"{opt}: this loop nest already runs on {old.src[0].arg} cores")
+    if opt.op is not OptOps.SWAP and n % opt.arg:
+        # the largest part the amount divides, then a tail (codegen/opt/tail.py): vector lanes and cores only
+        if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+            kind_t = AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL
+            return apply_opt(split_tail(ast, r, opt.arg, vector_tail(kind_t)), opt)
+        if opt.op is OptOps.THREAD:
+            return apply_opt(split_tail(ast, r, opt.arg, thread_tail(core)), opt)
+        raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
+    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         inner = UOp.range(opt.arg, next_id, AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL)
         new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
     elif opt.op is OptOps.SWAP:
@@ -96,9 +120,6 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         a, b = UOp.range(r.src[0], other.arg[0], kind), UOp.range(other.src[0], r.arg[0], kind)
         return graph_rewrite(graph_substitute(ast, {r: a, other: b}), pm_fix_range_lists)
     elif opt.op is OptOps.THREAD:
-        if kind is not AxisType.LOOP:
-            raise OptError(f"{opt}: only an output loop can be split across cores")
-        core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
         new = core * (n // opt.arg) + (UOp.range(n // opt.arg, r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
     elif opt.op in (OptOps.LOCAL, OptOps.GROUP):
         # RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP): neighbouring threads take neighbouring elements
@@ -130,4 +151,4 @@ class OptPlan:
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
     for opt in opts:
         ast = apply_opt(ast, opt)
-    return ast
+    return gate_single_core(ast)  # a loop nest no THREAD split (a tail) stores from core 0 only

@@ -5,12 +5,14 @@
 - a reduce over a vector axis: 4 copies of the vector -> 4 independent accumulators (seed 001);
 - a matmul-like kernel (a reduce whose loads each miss an output axis): a register tile, rows as copies and
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
-- the outermost output loop with enough work -> THREAD across the cores.
+- the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
+- an amount that does not divide its axis: the largest part it divides, and a tail for the rest.
 """
 
 from __future__ import annotations
 
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
+from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.helpers import THREADS, prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import split_sum
@@ -40,6 +42,14 @@ def largest_divisor(n: int, options: tuple[int, ...]) -> int:
     return next((o for o in options if n % o == 0), 1)
 
 
+def amount_with_tail(n: int, options: tuple[int, ...], divisors_first: bool = False) -> int:
+    """The largest option that fits n (options largest first); where it does not divide n, the rest of the axis
+    runs as a tail (codegen/opt/tail.py). divisors_first: an option that divides n, if any, before that."""
+    if divisors_first and (d := largest_divisor(n, options)) > 1:
+        return d
+    return next((o for o in options if o <= n), 1)
+
+
 def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
     threads = THREADS.value if threads is None else threads
     plan = OptPlan(ast)
@@ -59,8 +69,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
 
-    def vec_amount(r: UOp) -> int:
-        return largest_divisor(size(r), tuple(w for w in (16, 8, 4, 2) if w <= width))
+    def vec_amount(r: UOp) -> int:  # a full vector and a tail where the width does not divide the axis
+        return amount_with_tail(size(r), tuple(w for w in (16, 8, 4, 2) if w <= width))
 
     vec_i = max(
         range(len(axes)),
@@ -74,11 +84,12 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         axes = kernel_axes(plan.ast)
         if is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
-            take(Opt(OptOps.UNROLL, vec_i, largest_divisor(size(axes[vec_i]), (4, 2))))
+            take(Opt(OptOps.UNROLL, vec_i, amount_with_tail(size(axes[vec_i]), (4, 2), divisors_first=True)))
 
     # a register tile when loads each skip an output axis (matmul, conv)
     has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(plan.ast))
-    loop_axes = [r for r in kernel_axes(plan.ast) if r.arg[1] is AxisType.LOOP]
+    main_ids = {r.arg[0] for r in axes}  # not the copies of loops a tail made
+    loop_axes = [r for r in kernel_axes(plan.ast) if r.arg[1] is AxisType.LOOP and r.arg[0] in main_ids]
     if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(plan.opts) == 1:
         # rows: an axis the vector-loaded operand does not depend on, so one vector load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1]
@@ -89,11 +100,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         if row is not None:
             axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if vi is not None and size(axes[vi]) % 2 == 0:
+            if vi is not None and size(axes[vi]) >= 2:
                 take(Opt(OptOps.UPCAST, vi, 2))
             axes = kernel_axes(plan.ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
-            take(Opt(OptOps.UPCAST, ri, largest_divisor(size(axes[ri]), (8, 6, 4, 2))))
+            take(Opt(OptOps.UPCAST, ri, amount_with_tail(size(axes[ri]), (8, 6, 4, 2), divisors_first=True)))
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
             axes = kernel_axes(plan.ast)
             ri = next((i for i, r in enumerate(axes) if r.arg[0] == row.arg[0]), None)
@@ -101,10 +112,30 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             if ri is not None and vi is not None and ri < vi:
                 take(Opt(OptOps.SWAP, ri, vi))
 
-    # threads: the outermost output loop that splits evenly
     if threads > 1 and total_work >= MIN_THREAD_WORK:
-        for i, r in enumerate(kernel_axes(plan.ast)):
-            if r.arg[1] is AxisType.LOOP and size(r) % threads == 0:
-                take(Opt(OptOps.THREAD, i, threads))
-                break
-    return plan.ast, plan.opts
+        thread_nests(plan, threads)
+    return gate_single_core(plan.ast), plan.opts
+
+
+def thread_nests(plan: OptPlan, threads: int) -> None:
+    """THREAD in each loop nest of the kernel (the main one, and tails with enough work): its outermost output loop
+    the core count divides, else its outermost with at least 8 iterations per core, else its longest."""
+    tried: set[int] = set()
+    while True:
+        axes = kernel_axes(plan.ast)
+        for nest in plan.ast.src:
+            nodes = set(nest.toposort())
+            loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and size(r) >= threads]
+            work = prod(size(r) for r in nodes if r.op is Ops.RANGE)
+            threaded = any(u.op is Ops.SPECIAL for u in nodes)
+            if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
+                continue
+            r = next(
+                (r for r in loops if size(r) % threads == 0 or size(r) >= 8 * threads),
+                max(loops, key=lambda r: size(r)),
+            )
+            tried.add(loops[0].arg[0])
+            plan.take(Opt(OptOps.THREAD, axes.index(r), threads))
+            break
+        else:
+            return

@@ -1,0 +1,133 @@
+"""Tails: an action whose amount does not divide its axis runs on the largest part it divides, plus a tail.
+
+    RANGE(n), amount c, n % c = T != 0, M = n - T:
+    main:  RANGE(n) -> RANGE(M)                       (then split by the action as usual: vector lanes, cores)
+    tail:  RANGE(n) -> M + t                          (the T remaining iterations, written to the same output)
+
+The tail is a copy of the range's binder (the END or REDUCE that lists it), and where it goes depends on the binder:
+
+    REDUCE(x, ..., r)  ->  REDUCE(x[r := main], ..., main) op REDUCE(x[r := M + t], ..., t)   (op: ADD, MUL, MAX)
+    SINK(END(st, ..., r), ...)  ->  SINK(END(st[r := main], ..., main), END(st[r := M + t], ..., t), ...)
+
+Loops the binder itself binds (its other ranges, and those of the reduces inside it) get fresh copies in the tail: a
+loop opens and closes once. Loops around it and expanded ranges (vector lanes, unrolled copies) are shared, so a
+tail of an outer axis keeps the vector lanes of the inner one. Fresh ids are larger than every id so far: the
+linearizer, which opens ready loops in id order, finishes the main loop nest before it opens the tail's.
+
+What t is depends on the action:
+- UPCAST/UNROLL (`vector_tail`): T < c positions as unrolled copies (`RANGE(T, UPCAST|UNROLL)`, a constant for
+  T = 1): no loop, and scalar unless the tail shares the kernel's vector lanes;
+- THREAD (`thread_tail`): T < cores iterations, one per core: t = min(core_id, T-1), the tail's stores gated by
+  core_id < T (every core runs the kernel; the clamp keeps the other cores' loads in bounds).
+
+`gate_single_core`: in a kernel that runs once per core, a loop nest that does not depend on core_id (a tail made
+before the THREAD, or one nothing threaded) stores from core 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+
+_EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
+
+# (M, T, next free axis id) -> (the value of the split range in the tail, a gate for the tail's stores or None)
+TailFn = Callable[[int, int, int], tuple[UOp, UOp | None]]
+
+
+def bound_ranges(b: UOp) -> list[UOp]:
+    """The loops b binds: its own range list and those of the ENDs/REDUCEs inside it (not the loops around it)."""
+    out: dict[UOp, None] = {}
+    for u in b.toposort():
+        if u.op in (Ops.END, Ops.REDUCE):
+            out.update((s, None) for s in u.src[1:] if s.op is Ops.RANGE and s.arg[1] not in _EXPANDED)
+    return sorted(out, key=lambda r: r.arg[0])
+
+
+def _gate_store(ctx: UOp, st: UOp) -> UOp | None:
+    """# STORE(INDEX(global, i[, v]), x) -> STORE(INDEX(global, i, v & gate), x)"""
+    idx = st.src[0]
+    if idx.op is not Ops.INDEX or idx.src[0].op is not Ops.DEFINE_GLOBAL:
+        return None
+    if len(idx.src) > 2 and (idx.src[2] is ctx or (idx.src[2].op is Ops.AND and ctx in idx.src[2].src)):
+        return None
+    valid = ctx if len(idx.src) < 3 else idx.src[2] & ctx
+    return st.replace(src=(idx.replace(src=(idx.src[0], idx.src[1], valid)), *st.src[1:]))
+
+
+pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
+
+
+def _drop_empty(b: UOp) -> UOp:
+    """an END/REDUCE whose ranges all became constants is its body (a reduce over one element is that element)"""
+    return b.src[0] if len(b.src) == 1 else b
+
+
+def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
+    """RANGE(n) -> RANGE(M) in the kernel, plus a tail for the n - M remaining iterations (see the module doc)."""
+    from zeptograd.codegen.opt import pm_fix_range_lists
+
+    n = r.src[0].arg
+    m, t = n - n % amt, n % amt
+    binders = [u for u in ast.toposort() if u.op in (Ops.END, Ops.REDUCE) and r in u.src[1:]]
+    if any(b.op is Ops.END and b not in ast.src for b in binders):
+        from zeptograd.codegen.opt import OptError
+
+        raise OptError(f"axis {r.arg[0]}: a tail needs the loop nest at the top of the kernel")
+    next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    tails: dict[UOp, UOp] = {}
+    for b in binders:
+        fresh: dict[UOp, UOp] = {}
+        for s in bound_ranges(b):
+            if s is not r:
+                fresh[s] = UOp.range(s.src[0], next_id, s.arg[1])
+                next_id += 1
+        value, gate = tail(m, t, next_id)
+        next_id += 1
+        copy = graph_rewrite(graph_substitute(b, {**fresh, r: value}), pm_fix_range_lists)
+        if gate is not None:
+            copy = graph_rewrite(copy, pm_gate_store, ctx=gate)
+        tails[b] = _drop_empty(copy)
+    main = graph_substitute(ast, {r: UOp.range(m, r.arg[0], r.arg[1])})
+    mains = dict(zip(binders, [graph_substitute(b, {r: UOp.range(m, r.arg[0], r.arg[1])}) for b in binders]))
+    subs = {mains[b]: UOp(b.arg, b.dtype, (mains[b], tails[b])) for b in binders if b.op is Ops.REDUCE}
+    main = graph_substitute(main, subs) if subs else main
+    extra = tuple(tails[b] for b in binders if b.op is Ops.END)
+    return UOp(Ops.SINK, dtypes.void, (*main.src, *extra), main.arg) if extra else main
+
+
+def vector_tail(kind: AxisType) -> TailFn:
+    """the T remaining positions of an UPCAST/UNROLL as unrolled copies (a constant when T = 1)"""
+
+    def fn(m: int, t: int, axis: int) -> tuple[UOp, UOp | None]:
+        pos = UOp.range(t, axis, kind) if t > 1 else UOp.const(dtypes.index, 0)
+        return UOp.const(dtypes.index, m) + pos, None
+
+    return fn
+
+
+def thread_tail(core: UOp) -> TailFn:
+    """the T remaining iterations of a THREAD, one per core: M + min(core_id, T-1), stored by cores below T"""
+
+    def fn(m: int, t: int, axis: int) -> tuple[UOp, UOp | None]:
+        last = UOp.const(dtypes.index, t - 1)
+        return UOp.const(dtypes.index, m) + (core < last).where(core, last), core < UOp.const(dtypes.index, t)
+
+    return fn
+
+
+def core_id(ast: UOp) -> UOp | None:
+    return next((u for u in ast.toposort() if u.op is Ops.SPECIAL and u.arg == "core_id"), None)
+
+
+def gate_single_core(ast: UOp) -> UOp:
+    """# SINK(nest not using core_id, ...) -> SINK(nest with its stores gated by core_id == 0, ...)"""
+    core = core_id(ast)
+    if core is None or ast.op is not Ops.SINK:
+        return ast
+    first = core.eq(UOp.const(dtypes.index, 0))
+    srcs = tuple(s if core in s.toposort() else graph_rewrite(s, pm_gate_store, ctx=first) for s in ast.src)
+    return ast if srcs == ast.src else ast.replace(src=srcs)
