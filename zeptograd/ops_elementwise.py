@@ -9,6 +9,7 @@ from zeptograd.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_u
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor_helpers import PY_CONST, broadcast_shape
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.variable import is_sint, sint_arg
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -51,6 +52,9 @@ class ElementwiseMixin:
             x = x.item() if hasattr(x, "item") else x
             dt = scalar_dtype(x, self.dtype)
             other = self._scalar(x, dt)
+        elif isinstance(x, UOp) and is_sint(x):  # a bound Variable (or an expression of them): an int scalar
+            dt = scalar_dtype(1, self.dtype)
+            other = self._scalar(sint_arg(x, "a Tensor operand"), dt)
         else:
             raise TypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
         a, b = (other, self) if reverse else (self, other)

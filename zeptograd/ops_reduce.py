@@ -64,13 +64,15 @@ class ReduceMixin:
         x = self._float()
         n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
         out = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))
+        if isinstance(n, UOp):  # a symbolic count (a bound Variable): divided at run time
+            return (out / n).cast(x.dtype)
         return (out / n if n else out * float("nan")).cast(x.dtype)
 
     def var(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
         x = self._float()
         n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(0, n - correction)
+        return sq / (n - correction).maximum(0) if isinstance(n, UOp) else sq / max(0, n - correction)
 
     def std(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()

@@ -35,7 +35,9 @@ from zeptograd.ops_random import RandomMixin
 from zeptograd.ops_reduce import ReduceMixin
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor_helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
+from zeptograd.uop import variable
 from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.variable import is_sint, sint_arg
 
 _grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
 _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
@@ -76,6 +78,8 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         dt = to_dtype(dtype) if dtype is not None else None
         self.requires_grad, self.grad, self.device = requires_grad, None, device
         if isinstance(data, UOp):
+            if data.shape is None and is_sint(data):  # Tensor(Variable(...).bind(n)): a 0-d tensor of its value
+                data = const_broadcast(sint_arg(data, "Tensor"), dt or dtypes.int32, device, ())
             self.uop = data
             return
         if isinstance(data, Tensor):
@@ -307,9 +311,12 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
 
     # ***** creation *****
     @staticmethod
-    def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    def _shape_arg(shape: tuple, symbolic: bool = False) -> tuple:
+        """A creation shape; with symbolic=True its sizes may be bound Variables (uop/variable.py)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
+        if symbolic and any(isinstance(s, UOp) for s in shape):
+            return _symbolic_shape(shape, "shape")
         for s in shape:
             if not isinstance(s, (int, np.integer)) or s < 0:
                 raise ValueError(f"a shape is made of non-negative ints, got {shape}")
@@ -318,7 +325,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
     @staticmethod
     def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
              device: str | None = None, requires_grad: bool | None = None, **kwargs) -> Tensor:
-        shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,))
+        shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), symbolic=True)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         device = Device.canonicalize(device)
         ret = Tensor(const_broadcast(fill_value, dt, device, shape), device=device)
@@ -326,18 +333,19 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
 
     @staticmethod
     def zeros(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 0, dtype=dtype or dtypes.default_float, **kwargs)
+        return Tensor.full(Tensor._shape_arg(shape, True), 0, dtype=dtype or dtypes.default_float, **kwargs)
 
     @staticmethod
     def ones(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape), 1, dtype=dtype or dtypes.default_float, **kwargs)
+        return Tensor.full(Tensor._shape_arg(shape, True), 1, dtype=dtype or dtypes.default_float, **kwargs)
 
     @staticmethod
     def empty(*shape, dtype: DTypeLike | None = None, device: str | None = None,
               requires_grad: bool | None = None) -> Tensor:
-        shape = Tensor._shape_arg(shape)
+        shape = Tensor._shape_arg(shape, symbolic=True)  # a symbolic shape: a buffer of its largest size
         dt, device = to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
-        ret = Tensor(reshape_uop(new_buffer_uop(device, prod(shape), dt), shape), device=device)
+        n = prod(shape)
+        ret = Tensor(reshape_uop(new_buffer_uop(device, n.vmax if isinstance(n, UOp) else n, dt), shape), device=device)
         return ret.requires_grad_(True) if requires_grad else ret
 
     def full_like(self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None,
@@ -403,6 +411,8 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         if shape.count(-1) > 1:
             raise ValueError(f"reshape to {shape}: only one dimension can be -1")
         shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
+        if any(isinstance(s, UOp) for s in shape + self.shape):
+            return self._reshape_symbolic(shape)
         if -1 in shape:
             known = prod(s for s in shape if s != -1)
             if known == 0 or self.numel() % known:
@@ -414,6 +424,29 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         if prod(shape) != self.numel():
             raise ValueError(f"can't reshape a tensor of shape {self.shape} ({self.numel()} elements) to {shape} "
                              f"({prod(shape)} elements)")
+        return self if shape == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
+
+    def _reshape_symbolic(self, shape: tuple) -> Tensor:
+        """reshape with bound Variables in the shapes: the sizes must agree at the variables' values (while TinyJit
+        captures, for every value: a replay runs with other values)."""
+        shape = tuple(-1 if isinstance(s, int) and s == -1 else s for s in shape)
+        if -1 in shape:
+            known = prod(s for s in shape if not (isinstance(s, int) and s == -1))
+            kv, nv = variable.sint_value(known), variable.sint_value(self.numel())
+            if kv == 0 or nv % kv:
+                raise ValueError(f"can't reshape a tensor of shape {self.shape} to {shape}")
+            n = self.numel() if isinstance(self.numel(), UOp) else UOp.const(dtypes.index, self.numel())
+            shape = tuple(variable.sint_simplify(n // known) if isinstance(s, int) and s == -1 else s for s in shape)
+        shape = _symbolic_shape(shape, f"reshape to {shape}")
+        old_n, new_n = variable.sint_prod(self.shape), variable.sint_prod(shape)
+        if not (old_n is new_n or (isinstance(old_n, int) and old_n == new_n)):
+            if _capturing():
+                raise ValueError(f"can't reshape a tensor of shape {self.shape} to {shape} while TinyJit captures: "
+                                 f"the element counts {old_n} and {new_n} are equal only for some values of the "
+                                 f"Variables, and a replay runs with others")
+            if variable.sint_value(old_n) != variable.sint_value(new_n):
+                raise ValueError(f"can't reshape a tensor of shape {self.shape} ({variable.sint_value(old_n)} "
+                                 f"elements) to {shape} ({variable.sint_value(new_n)} elements)")
         return self if shape == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
 
     def view(self, shape, *args) -> Tensor:
@@ -442,6 +475,8 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return x if new == x.shape else x._new(UOp(Ops.EXPAND, self.dtype, (x.uop,), new))
 
     def _pad_pairs(self, padding) -> list[tuple[int, int]]:
+        if any(isinstance(x, UOp) for p in padding for x in (p if isinstance(p, (tuple, list)) else (p,))):
+            return self._pad_pairs_symbolic(padding)
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
@@ -451,6 +486,18 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
 
+    def _pad_pairs_symbolic(self, padding) -> list:
+        """Padding with bound Variables (cat of symbolic sizes): non-negative at their values (for every value while
+        TinyJit captures); constant mode only."""
+        if all(not isinstance(p, (tuple, list)) and p is not None for p in padding):  # flat, last dimension first
+            if len(padding) % 2 or len(padding) // 2 > self.ndim:
+                raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
+            padding = [None] * (self.ndim - len(padding) // 2) + \
+                [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
+        if len(padding) != self.ndim:
+            raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+        return [(0, 0) if p is None else tuple(_symbolic_shape(tuple(p), f"padding {tuple(padding)}")) for p in padding]
+
     def pad(self, padding, mode: str = "constant", value: ConstType = 0.0) -> Tensor:
         """`padding` is ((before, after), ...) per dimension (None for none), or a flat torch-style tuple
         (left, right, top, bottom, ...) starting at the last dimension. Negative padding crops.
@@ -458,7 +505,11 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         pairs = self._pad_pairs(padding)
         if mode not in ("constant", "reflect", "replicate", "circular"):
             raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
-        if any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
+        if any(isinstance(x, UOp) for p in pairs for x in p + tuple(self.shape)):
+            if mode != "constant" or any(isinstance(x, int) and x < 0 for p in pairs for x in p):
+                raise ValueError(f"pad with symbolic sizes is constant and non-negative; got mode {mode!r}, padding "
+                                 f"{tuple(pairs)} on {self.shape}")
+        elif any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
             x = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
             return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode=mode, value=value)
         if mode != "constant":
@@ -497,11 +548,17 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
     def shrink(self, arg) -> Tensor:
         if len(arg) != self.ndim:
             raise ValueError(f"shrink {tuple(arg)} must have one (start, end) or None per dimension of {self.shape}")
-        norm = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
+        if any(isinstance(x, UOp) for a in arg if a is not None for x in a) or \
+                any(isinstance(s, UOp) for s in self.shape):
+            norm = tuple((0, s) if a is None else (variable.sint_arg(a[0], "shrink"), variable.sint_arg(a[1], "shrink"))
+                         for a, s in zip(arg, self.shape))
+            _check_symbolic_bounds(norm, self.shape, f"shrink {tuple(arg)}")
+        else:
+            norm = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
         for (b, e), s in zip(norm, self.shape):
-            if not 0 <= b <= e <= s:
+            if not isinstance(b, UOp) and not isinstance(e, UOp) and not isinstance(s, UOp) and not 0 <= b <= e <= s:
                 raise ValueError(f"shrink {tuple(arg)} is out of bounds for shape {self.shape}")
-        if all(b == 0 and e == s for (b, e), s in zip(norm, self.shape)):
+        if all(isinstance(b, int) and b == 0 and (e is s or e == s) for (b, e), s in zip(norm, self.shape)):
             return self
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
 
@@ -514,6 +571,41 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
 
 Tensor.inference_mode = Tensor.no_grad  # type: ignore[attr-defined]
 Tensor.test = Tensor.no_grad  # type: ignore[attr-defined]
+
+
+# ***** symbolic shapes (uop/variable.py) *****
+
+
+def _capturing() -> bool:
+    from zeptograd.engine.realize import capturing
+
+    return bool(capturing)
+
+
+def _symbolic_shape(shape: tuple, what: str) -> tuple:
+    """Each size an int or an expression of bound Variables, >= 0 (while TinyJit captures: for every value)."""
+    out = tuple(variable.sint_arg(s, what) for s in shape)
+    for s in out:
+        low = s if isinstance(s, int) else variable.sint_value(s)
+        if low < 0 or (_capturing() and isinstance(s, UOp) and s.vmin < 0):
+            raise ValueError(f"{what}: sizes must be non-negative, got {s!r} in {out}")
+    return out
+
+
+def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
+    """0 <= begin <= end <= size at the Variables' values; while TinyJit captures, for every value of them."""
+    for (b, e), s in zip(pairs, shape):
+        vb, ve, vs = variable.sint_value(b), variable.sint_value(e), variable.sint_value(s)
+        if not 0 <= vb <= ve <= vs:
+            raise ValueError(f"{what} is out of bounds for shape {shape}: ({b!r}, {e!r}) is ({vb}, {ve}) in a "
+                             f"dimension of size {vs}")
+        if _capturing():
+            for lo, hi in ((0, b), (b, e), (e, s)):
+                d = variable.sint_simplify(hi - lo)
+                if isinstance(d, UOp) and d.vmin < 0:
+                    raise ValueError(f"{what} while TinyJit captures: ({b!r}, {e!r}) in a dimension of size {s!r} "
+                                     f"is out of bounds for some values of the Variables, and a replay runs with "
+                                     f"other values (narrow the Variables' ranges)")
 
 
 # ***** graph leaves and assign helpers *****

@@ -67,9 +67,20 @@ def _min(a: UOp, b: UOp) -> UOp:
     return (a < b).where(a, b)
 
 
-def _clamp(c: UOp, lo: int, hi: int) -> UOp:
+def _clamp(c: UOp, lo: int, hi: int | UOp) -> UOp:
     """min(max(c, lo), hi), max first so that nothing can overflow"""
-    return _min(c.maximum(UOp.const(c.dtype, lo)), UOp.const(c.dtype, hi))
+    return _min(c.maximum(UOp.const(c.dtype, lo)), hi.cast(c.dtype) if isinstance(hi, UOp) else UOp.const(c.dtype, hi))
+
+
+def range_len(r: UOp) -> int | UOp:
+    """How many values r takes: its constant end, or (a symbolic range: a Variable's size) its end expression"""
+    n = const_end(r)
+    return n if n is not None else r.src[0]
+
+
+def _len_as(r: UOp, dtype) -> UOp:
+    n = range_len(r)
+    return n.cast(dtype) if isinstance(n, UOp) else UOp.const(dtype, n)
 
 
 # ***** 1. flattening *****
@@ -151,9 +162,9 @@ def eq_target(g: UOp, r: UOp, neg: bool) -> UOp | None:
 
 def count_in(bounds: list[tuple[str, UOp]], r: UOp) -> UOp:
     """how many r in 0..n-1 satisfy the bounds: max(0, min(n, his) - max(0, los)), every bound clamped to 0..n"""
-    n = r.vmax + 1
+    n = range_len(r)
     lo: UOp = UOp.const(r.dtype, 0)
-    hi: UOp = UOp.const(r.dtype, n)
+    hi: UOp = _len_as(r, r.dtype)
     for kind, c in bounds:
         if kind == "gate":
             continue
@@ -201,7 +212,7 @@ def fold_one_range(body: UOp, r: UOp) -> UOp | None:
             # one gate is the complement of an interval (r != e, !(lo <= r < hi)): n - the interval's count
             i = next(i for i, b in enumerate(bounds) if b is None)
             if (inv := gate_bounds(gates[i][0], r, not gates[i][1])) is not None:
-                count, bounds[i] = UOp.const(r.dtype, r.vmax + 1) - count_in(inv, r), []
+                count, bounds[i] = _len_as(r, r.dtype) - count_in(inv, r), []
         if any(b is None for b in bounds):
             return None
         flat = [b for bs in bounds for b in bs]  # type: ignore[union-attr]
@@ -216,7 +227,7 @@ def fold_one_range(body: UOp, r: UOp) -> UOp | None:
             continue
         if e.dtype.itemsize < r.dtype.itemsize:
             e = e.cast(r.dtype)  # exact, and n fits
-        inb = _ge(e, UOp.const(e.dtype, 0)) & (e < UOp.const(e.dtype, r.vmax + 1))
+        inb = _ge(e, UOp.const(e.dtype, 0)) & (e < _len_as(r, e.dtype))
         inner = x
         for g2, neg2 in reversed(gates[:i] + gates[i + 1:]):
             inner = g2.where(zero, inner) if neg2 else g2.where(inner, zero)

@@ -20,5 +20,48 @@ def new_buffer_uop(device: str, size: int, dtype: DType, buf: Buffer | None = No
     return u
 
 
-def reshape_uop(u: UOp, shape: tuple[int, ...]) -> UOp:
-    return u if tuple(shape) == u.shape else UOp(Ops.RESHAPE, u.dtype, (u,), tuple(shape))
+def reshape_uop(u: UOp, shape: tuple) -> UOp:
+    """The tensor of `shape` on a BUFFER uop: a reshape, or for a symbolic shape (uop/variable.py) a reshape of the
+    buffer's first prod(shape) elements (the buffer is as large as the shape's largest size)."""
+    shape = tuple(shape)
+    if shape == u.shape:
+        return u
+    if any(isinstance(s, UOp) for s in shape):
+        from zeptograd.uop.variable import sint_prod
+
+        n = sint_prod(shape)
+        u = u if isinstance(n, int) and n == u.shape[0] else UOp(Ops.SHRINK, u.dtype, (u,), ((0, n),))
+        return u if len(shape) == 1 else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
+    return UOp(Ops.RESHAPE, u.dtype, (u,), shape)
+
+
+def view_base(u: UOp) -> UOp | None:
+    """The BUFFER under a tensor that is a whole buffer (reshape_uop's forms: BUFFER, RESHAPE(BUFFER) with as many
+    elements, and for a symbolic shape RESHAPE(SHRINK(BUFFER, ((0, prod(shape)),)))), else None."""
+    base = u.src[0] if u.op is Ops.RESHAPE else u
+    if base.op is Ops.BUFFER:
+        return base if base.arg[1] == _numel(u.shape) else None
+    if base.op is Ops.SHRINK and base.src[0].op is Ops.BUFFER and base.arg[0][0] == 0 and \
+            isinstance(base.arg[0][1], UOp):
+        from zeptograd.uop.variable import sint_prod
+
+        return base.src[0] if _same(base.arg[0][1], sint_prod(u.shape)) else None
+    return None
+
+
+def _numel(shape: tuple) -> object:
+    n = 1
+    for s in shape:
+        n = n * s
+    return n
+
+
+def _same(a, b) -> bool:
+    if a is b or (isinstance(a, int) and isinstance(b, int) and a == b):
+        return True
+    if isinstance(a, UOp) or isinstance(b, UOp):
+        from zeptograd.uop.variable import sint_simplify
+
+        d = sint_simplify(a - b) if isinstance(a, UOp) else sint_simplify(-(b - a))
+        return isinstance(d, int) and d == 0
+    return False

@@ -37,10 +37,11 @@ from typing import Any, Callable
 
 from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
-from zeptograd.helpers import DEBUG, prod
+from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop, view_base
+from zeptograd.helpers import DEBUG
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
 
 
 class JitError(RuntimeError):
@@ -89,6 +90,8 @@ def _name(key: ArgKey) -> str:
 def _same_value(a: Any, b: Any) -> bool:
     if a is b:
         return True
+    if isinstance(a, UOp) and isinstance(b, UOp) and is_sint(a) and is_sint(b):  # bound Variables: any value
+        return strip_sint(a) is strip_sint(b)
     if type(a) is not type(b):
         return False
     try:
@@ -132,14 +135,27 @@ def _wrap(ret: Any, outs: list) -> Any:
 
 def _value(u: UOp) -> UOp:
     """A tensor's value: its uop, or what the uop was realized to (a tensor that requires grad keeps its graph)."""
-    return u if (u.src[0] if u.op is Ops.RESHAPE else u).op is Ops.BUFFER else _realize.realized.get(u, u)
+    return u if view_base(u) is not None else _realize.realized.get(u, u)
 
 
 def _whole_buffer(u: UOp) -> Buffer | None:
-    """The Buffer behind a realized tensor's uop (a BUFFER or a reshape of one), else None."""
-    u = _value(u)
-    base = u.src[0] if u.op is Ops.RESHAPE else u
-    return buffers[base] if base.op is Ops.BUFFER and base.arg[1] == prod(u.shape) else None
+    """The Buffer behind a realized tensor's uop (a BUFFER or a reshape of one; for a symbolic shape, a view of its
+    first elements), else None."""
+    base = view_base(_value(u))
+    return buffers[base] if base is not None else None
+
+
+def _var_vals(tensors: dict[ArgKey, Any], others: dict[ArgKey, Any]) -> dict[str, int]:
+    """The values of the Variables in the inputs' shapes and in bound Variables passed as arguments, by name."""
+    found: dict[UOp, int] = {}
+    for t in tensors.values():
+        for var, val in bound_vars(t.shape).items():
+            found.setdefault(var, val)
+    for a in others.values():
+        if isinstance(a, UOp) and is_sint(a):
+            for var, val in bound_vars(a).items():
+                found.setdefault(var, val)
+    return {var.arg[0]: val for var, val in found.items()}
 
 
 class _ReusableRealized:
@@ -238,26 +254,30 @@ def _buffer_tensor(buf: Buffer, shape: tuple[int, ...], device: str):
 class CapturedJit:
     """The kernels of one capture, ready to replay."""
 
-    calls: list[tuple[Callable, list[int]]]  # (program, pointer arguments); input slots are patched per call
+    calls: list[tuple[Callable, list[int], tuple[str, ...]]]  # (program, pointers, Variables); input slots patched
     input_slots: list[tuple[int, int, ArgKey]]  # (call index, argument position, the input that goes there)
     held: list[Buffer]  # intermediate and output buffers (and those the function reached), kept alive
     written: set[int]  # ids of the buffers the kernels write
-    signature: dict[ArgKey, tuple]  # input -> (shape, dtype, device)
+    signature: dict[ArgKey, tuple]  # input -> (shape with its Variables unbound, dtype, device)
     others: dict[ArgKey, Any]  # the non-Tensor arguments of the capture
-    outputs: list[tuple]  # ("const", uop, device) | ("in", key, shape, device) | ("buf", Buffer, shape, device)
+    outputs: list[tuple]  # ("const", uop, device) | ("in", key, shape, device) | ("buf", Buffer, shape, device),
+    # uops and shapes with their Variables unbound (bound to each replay's values)
     ret: Any  # the capture's return value, for its structure
     names: list[str] = field(default_factory=list)
     n_ops: int = 0
     mem: int = 0
 
-    def replay(self, in_bufs: dict[ArgKey, Buffer]):
+    def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
         for ci, pos, key in self.input_slots:
             calls[ci][1][pos] = in_bufs[key].ptr
         if DEBUG >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
-        for program, ptrs in calls:
-            program(*ptrs)
+        for program, ptrs, var_names in calls:
+            if var_names:
+                program(*ptrs, vals=tuple(var_vals[v] for v in var_names))
+            else:
+                program(*ptrs)
         GlobalCounters.kernel_count += len(calls)
         GlobalCounters.global_ops += self.n_ops
         GlobalCounters.global_mem += self.mem
@@ -326,6 +346,7 @@ class TinyJit:
                 raise JitError(f"TinyJit: input {_name(k)} was given a new buffer by the function (an assign that "
                                f"does not write in place); a replay could not update it")
         slot_of = {id(b): k for k, b in in_bufs.items()}
+        var_vals = _var_vals(tensors, others)
         calls, input_slots, held, written, names = [], [], {}, set(), []
         n_ops = mem = 0
         for ci, item in enumerate(items):
@@ -341,7 +362,11 @@ class TinyJit:
             for o in getattr(item, "outputs", [0]):
                 if id(item.bufs[o]) not in slot_of:  # ids of held buffers only: they stay unique while held
                     written.add(id(item.bufs[o]))
-            calls.append((kernel.program, ptrs))
+            missing = [v for v in kernel.vars if v not in var_vals]
+            if missing:
+                raise JitError(f"TinyJit: kernel {kernel.name} uses Variable(s) {missing}, which no input's shape "
+                               f"and no argument carries; pass the bound Variable as an argument")
+            calls.append((kernel.program, ptrs, kernel.vars))
             names.append(kernel.name)
             n_ops += kernel.n_ops
             mem += sum(b.nbytes for b in item.bufs)
@@ -349,20 +374,21 @@ class TinyJit:
         for t in outs:
             u = _value(t.uop)
             if uniform_const(u) is not None:
-                out_specs.append(("const", u, t.device))
+                out_specs.append(("const", strip_binds([u])[0][0] if var_vals else u, t.device))
                 continue
-            base = u.src[0] if u.op is Ops.RESHAPE else u
-            if base.op is not Ops.BUFFER:
-                raise JitError(f"TinyJit: an output realized to {base.op.name}, not a buffer")
+            base = view_base(u)
+            if base is None:
+                raise JitError(f"TinyJit: an output realized to {u.op.name}, not a buffer")
             b = buffers[base]
             if id(b) in slot_of:
-                out_specs.append(("in", slot_of[id(b)], t.shape, t.device))
+                out_specs.append(("in", slot_of[id(b)], unbound_shape(t.shape), t.device))
             else:
                 held[id(b)] = b
-                out_specs.append(("buf", b, t.shape, t.device))
+                out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
         self.captured = CapturedJit(
             calls, input_slots, list(held.values()), written,
-            {k: (t.shape, t.dtype, t.device) for k, t in tensors.items()}, others, out_specs, ret, names, n_ops, mem)
+            {k: (unbound_shape(t.shape), t.dtype, t.device) for k, t in tensors.items()}, others, out_specs, ret, names,
+            n_ops, mem)
         if DEBUG >= 1:
             print(f"TinyJit: captured {len(calls)} kernels")
         return ret
@@ -372,22 +398,23 @@ class TinyJit:
         cap = self.captured
         assert cap is not None
         self._check(cap, tensors, others)
+        var_vals = _var_vals(tensors, others)
         in_bufs = _realized_inputs(tensors)
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written:
                 in_bufs[k] = _copy_buffer(b)
-        cap.replay(in_bufs)
+        cap.replay(in_bufs, var_vals)
         cap.drop_inputs()
         outs = []
         for spec in cap.outputs:
             if spec[0] == "const":
                 from zeptograd.tensor import Tensor
 
-                outs.append(Tensor(spec[1], device=spec[2]))
+                outs.append(Tensor(rebind(spec[1], var_vals), device=spec[2]))
             elif spec[0] == "in":  # the function returned an input: the caller's tensor, as an eager call would
                 outs.append(tensors[spec[1]])
             else:
-                outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
+                outs.append(_buffer_tensor(spec[1], rebind_shape(spec[2], var_vals), spec[3]))
         return _wrap(cap.ret, outs)
 
     @staticmethod
@@ -401,7 +428,7 @@ class TinyJit:
             if k in cap.signature:
                 t = tensors[k]
                 shape, dtype, device = cap.signature[k]
-                if (t.shape, t.dtype, t.device) != (shape, dtype, device):
+                if (unbound_shape(t.shape), t.dtype, t.device) != (shape, dtype, device):
                     raise JitError(f"TinyJit: input {_name(k)} is {t.shape} {t.dtype} on {t.device}, but was captured "
                                    f"as {shape} {dtype} on {device}; use a new TinyJit (or .reset()) for new shapes")
             elif k not in others or k not in cap.others or not _same_value(others[k], cap.others[k]):

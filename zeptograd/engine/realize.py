@@ -12,11 +12,12 @@ import numpy as np
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffers
+from zeptograd.engine.buffers import buffers, view_base
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, prod
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
+from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, pretty
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class CompiledKernel:
     program: object
     n_ops: int  # estimated operations per run, for GFLOPS
     src: str
+    vars: tuple[str, ...] = ()  # the Variables it takes as int arguments after the buffers, by name
 
 
 _kernel_cache: dict[tuple, CompiledKernel] = {}
@@ -49,7 +51,8 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if DEBUG >= 5:
         print(pretty(ast))
     opts = None
-    if BEAM >= 1 and bufs is not None and device.split(":")[0] not in ("PYTHON", "NULL"):
+    if BEAM >= 1 and bufs is not None and device.split(":")[0] not in ("PYTHON", "NULL") and \
+            not any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # BEAM times kernels without variable values
         from zeptograd.engine.search import beam_search
 
         opts = beam_search(device, ast, bufs, BEAM.value)
@@ -63,7 +66,7 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     spec = dev.renderer.render(name, uops)  # type: ignore[attr-defined]
     if DEBUG >= 4:
         print(spec.src)
-    ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src)  # type: ignore[attr-defined]
+    ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)  # type: ignore[attr-defined]
     _kernel_cache[key] = ck
     return ck
 
@@ -87,7 +90,8 @@ def estimate_ops(ast: UOp) -> int:
     return total
 
 
-def run_schedule(items: list[ScheduleItem]):
+def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None):
+    """Run each kernel; `var_vals` gives the value of each Variable (uop/variable.py) the kernels take."""
     for item in items:
         if capturing:
             capturing[-1].append(item)
@@ -95,7 +99,10 @@ def run_schedule(items: list[ScheduleItem]):
         for b in item.bufs:
             b.ensure_allocated()
         t0 = time.perf_counter()
-        kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
+        if kernel.vars:
+            kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))  # type: ignore
+        else:
+            kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
         dt = time.perf_counter() - t0
         GlobalCounters.kernel_count += 1
         GlobalCounters.time_sum_s += dt
@@ -108,14 +115,21 @@ def run_schedule(items: list[ScheduleItem]):
                   f"{mem / dt * 1e-9 if dt else 0:8.2f} GB/s")
 
 
-def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp]]:
+def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
     outs = substitute_realized([t.uop for t in tensors], realized if not capturing else capturing[-1].realized)
     t0 = time.perf_counter()
-    items, becomes = cached_schedule(outs, create_schedule)  # create_schedule, or the template of an equal graph
+    var_vals: dict[str, int] = {}
+    if variable.in_use and variable.has_symbols(outs):  # schedule the unbound graph: one schedule for all values
+        unbound, var_vals, done = variable.strip_binds(outs)
+        items, ubecomes = cached_schedule(unbound, create_schedule)
+        back = {v: k for k, v in done.items()}
+        becomes = {back[k]: variable.rebind(v, var_vals) for k, v in ubecomes.items() if k in back}
+    else:
+        items, becomes = cached_schedule(outs, create_schedule)  # create_schedule, or the template of an equal graph
     if DEBUG >= 1:
         n, ms = len(items), (time.perf_counter() - t0) * 1e3
         print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")
-    return items, outs, becomes
+    return items, outs, becomes, var_vals
 
 
 def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
@@ -124,8 +138,8 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 
 def realize_tensors(tensors: list[Tensor]):
-    items, outs, becomes = _schedule(tensors)
-    run_schedule(items)
+    items, outs, becomes, var_vals = _schedule(tensors)
+    run_schedule(items, var_vals)
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
         if new is not t.uop:
@@ -144,8 +158,9 @@ def tensor_to_numpy(t: Tensor) -> np.ndarray:
     t.realize()
     u = t.uop
     np_dtype = np.float32 if t.dtype.name == "bfloat16" else to_numpy_dtype(t.dtype)
+    shape = variable.concrete(t.shape)  # a symbolic shape at its variables' values
     if (c := uniform_const(u)) is not None:
-        return np.full(t.shape, c.arg, dtype=np_dtype)
-    base = u.src[0] if u.op is Ops.RESHAPE else u
-    assert base.op is Ops.BUFFER, f"realize left {base.op}, not a buffer"
-    return buffers[base].numpy().reshape(t.shape)
+        return np.full(shape, c.arg if not isinstance(c.arg, UOp) else variable.sint_value(c.arg), dtype=np_dtype)
+    base = view_base(u)
+    assert base is not None, f"realize left {u.op}, not a buffer"
+    return buffers[base].numpy()[:prod(shape)].reshape(shape)

@@ -152,7 +152,7 @@ class CStyleRenderer(Renderer):
                 r[u] = f"data{u.arg}"
                 args.append((u.arg, f"{self.render_dtype(dt)} restrict data{u.arg}"))
             elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
+                r[u] = f"var_{u.arg[0]}"  # prefixed: a Variable's name never meets a C keyword or a local
                 var_names.append(u.arg[0])
             elif op is Ops.SPECIAL:
                 r[u] = u.arg
@@ -226,7 +226,7 @@ class CStyleRenderer(Renderer):
                 emit(f"{self.render_dtype(dt)} {r[u]} = {self.code_for_op[op](dt, *[r[s] for s in src])};")
             else:
                 raise NotImplementedError(f"the C renderer has no rule for {op}")
-        params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names] + [f"int {s.arg}" for s in special]
+        params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names] + [f"int {s.arg}" for s in special]
         code = (
             PRELUDE
             + self.render_typedefs(uops)

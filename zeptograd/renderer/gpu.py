@@ -220,7 +220,7 @@ class GPURenderer(Renderer):
                 r[u] = f"data{u.arg}"
                 args.append((u.arg, self.param(dt, r[u])))  # type: ignore[arg-type]
             elif op is Ops.DEFINE_VAR:
-                r[u] = u.arg[0]
+                r[u] = f"var_{u.arg[0]}"  # prefixed: a Variable's name never meets a C keyword or a local
                 var_names.append(u.arg[0])
             elif op is Ops.SPECIAL:
                 if u.arg[:4] not in ("gidx", "lidx"):
@@ -290,7 +290,7 @@ class GPURenderer(Renderer):
             else:
                 raise NotImplementedError(f"the {self.device} renderer has no rule for {op}")
 
-        params = [a for _, a in sorted(args)] + [f"int {v}" for v in var_names]
+        params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names]
         gsize = tuple(sizes.get(f"gidx{i}", 1) for i in range(3))
         lsize = tuple(sizes.get(f"lidx{i}", 1) for i in range(3))
         structs = sorted({(self.vtype(d), self.types[d.scalar], d.count) for u in uops

@@ -15,7 +15,8 @@ _UNIFORM_MOVES = {Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  #
 
 def const_broadcast(value, dtype: DType, device: str, shape: tuple[int, ...]) -> UOp:
     """A constant broadcast to `shape`: CONST -> RESHAPE to all ones -> EXPAND. It owns no buffer."""
-    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), UOp.const(dtype, value).arg)
+    arg = value if isinstance(value, UOp) else UOp.const(dtype, value).arg  # a UOp: a symbolic int (a Variable)
+    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     if not shape:
         return c
     c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
@@ -32,8 +33,8 @@ def uniform_const(u: UOp) -> UOp | None:
 def _fold_alu(x: UOp) -> UOp | None:
     """# alu(const, const, ...) -> const, at the node's shape"""
     consts = [uniform_const(s) for s in x.src]
-    if any(c is None for c in consts):
-        return None
+    if any(c is None or isinstance(c.arg, UOp) for c in consts):
+        return None  # symbolic constants stay: their value is known only when the kernel runs
     device = consts[0].src[0].arg  # type: ignore[union-attr]
     return const_broadcast(exec_alu(x.op, x.dtype, [c.arg for c in consts]), x.dtype, device, x.shape)  # type: ignore
 
@@ -41,10 +42,12 @@ def _fold_alu(x: UOp) -> UOp | None:
 def _fold_reduce(x: UOp) -> UOp | None:
     """# sum(const) -> const*N ; max(const) -> const"""
     c = uniform_const(x.src[0])
-    if c is None:
+    if c is None or isinstance(c.arg, UOp):
         return None
     op, axes = x.arg
     n = prod(x.src[0].shape[a] for a in axes)
+    if isinstance(n, UOp):
+        return None  # a reduce over a symbolic axis: its length is known only when the kernel runs
     if op is Ops.ADD:
         value = exec_alu(Ops.MUL, x.dtype, [c.arg, n])
     elif op is Ops.MAX:

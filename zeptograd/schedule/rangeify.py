@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
+from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.helpers import prod, strides_for_shape
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory
@@ -276,8 +276,8 @@ class Rangeify:
 
     def lower_leaf(self, x: UOp, req: Request, roots: list[UOp], bufs: dict[UOp, Buffer], define_global) -> UOp | None:
         idx, valid = req
-        if (c := uniform_const(x)) is not None:
-            return UOp.const(x.dtype, c.arg)
+        if (c := uniform_const(x)) is not None:  # a symbolic constant (a Variable's value) is its cast expression
+            return c.arg.cast(x.dtype) if isinstance(c.arg, UOp) else UOp.const(x.dtype, c.arg)
         if x.op is Ops.BUFFER or (x in self.realize and x not in roots):
             dg = define_global(bufs[x])
             return dg.index(flat_index(idx, x.shape), valid).load()
@@ -318,7 +318,7 @@ def pad_validity(x: UOp, idx: tuple[UOp, ...]) -> UOp | None:
     valid = None
     for i, s, (b, _) in zip(idx, x.src[0].shape, x.arg):
         j = simplify(i - b)
-        if j.vmin < 0 or j.vmax >= s:
+        if j.vmin < 0 or isinstance(s, UOp) or j.vmax >= s:  # a symbolic size: always checked
             valid = and_valid(valid, simplify((j >= 0) & (j < s)))
     return valid
 
@@ -343,7 +343,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             new = new_buffer_uop(rf.device[x], old.arg[1], old.dtype, buffers[old])
             becomes[x] = x.src[0].substitute({old: new})
         elif x in rf.realize:
-            buf_uop = new_buffer_uop(rf.device[x], prod(x.shape), x.dtype)
+            buf_uop = new_buffer_uop(rf.device[x], max_size(x.shape), x.dtype)
             bufs[x] = buffers[buf_uop]
             becomes[x] = reshape_uop(buf_uop, x.shape)
         elif x.op is Ops.BUFFER:
@@ -422,10 +422,13 @@ def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
 
 def needs_kernel(u: UOp) -> bool:
     """An output needs a kernel unless it is a constant or already a whole buffer."""
-    if uniform_const(u) is not None:
-        return False
-    base = u.src[0] if u.op is Ops.RESHAPE else u
-    return not (base.op is Ops.BUFFER and prod(u.shape) == base.arg[1])
+    return uniform_const(u) is None and view_base(u) is None
+
+
+def max_size(shape: tuple) -> int:
+    """The elements a buffer of `shape` needs: for a symbolic shape (uop/variable.py), at its largest."""
+    n = prod(shape)
+    return n.vmax if isinstance(n, UOp) else n
 
 
 def substitute_realized(outs: list[UOp], realized) -> list[UOp]:

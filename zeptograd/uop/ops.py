@@ -34,6 +34,7 @@ class Ops(Enum):
     # kernel graph
     DEFINE_GLOBAL = auto()  # arg=argument slot; dtype is a PtrDType
     DEFINE_VAR = auto()  # arg=(name, min, max): a symbolic integer
+    BIND = auto()  # src=(DEFINE_VAR, CONST): a variable bound to a value (shapes hold it; uop/variable.py)
     DEFINE_REG = auto()  # arg=register id; an accumulator
     RANGE = auto()  # src=(end,), arg=(axis id, AxisType)
     REDUCE = auto()  # src=(value, *ranges), arg=alu op
@@ -242,6 +243,12 @@ class UOp(MathMixin, metaclass=UOpMeta):
         return UOp, (self.op, self.dtype, self.src, self.arg)
 
     def __repr__(self):
+        if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (self.dtype is dtypes.index and self.shape is None and
+                                                     self.op in GroupOp.ALU):
+            from zeptograd.uop.variable import render_sint
+
+            if (text := render_sint(self)) is not None:
+                return text
         return pretty(self)
 
     # --- construction helpers ---
@@ -267,6 +274,18 @@ class UOp(MathMixin, metaclass=UOpMeta):
     @staticmethod
     def variable(name: str, vmin: int, vmax: int, dtype: DType = dtypes.index) -> UOp:
         return UOp(Ops.DEFINE_VAR, dtype, (), (name, vmin, vmax))
+
+    def bind(self, val: int) -> UOp:
+        """This DEFINE_VAR bound to `val` (a BIND): usable in shapes; kernels see the unbound variable."""
+        from zeptograd.uop.variable import bind
+
+        return bind(self, val)
+
+    def unbind(self) -> tuple[UOp, int]:
+        """(the variable, its value) of a BIND."""
+        if self.op is not Ops.BIND:
+            raise ValueError(f"unbind() needs a bound variable (Variable(...).bind(value)), not {self.op}")
+        return self.src[0], self.src[1].arg
 
     @staticmethod
     def range(end: int | UOp, axis: int, kind: AxisType = AxisType.LOOP) -> UOp:
@@ -378,9 +397,9 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.PERMUTE:
         return tuple(src[0].shape[i] for i in arg)
     if op is Ops.PAD:
-        return tuple(s + b + a for s, (b, a) in zip(src[0].shape, arg))
+        return _sints(tuple(s + b + a for s, (b, a) in zip(src[0].shape, arg)))
     if op is Ops.SHRINK:
-        return tuple(e - b for b, e in arg)
+        return _sints(tuple(e - b for b, e in arg))
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src[0].shape))
     if op in GroupOp.Elementwise or op in (Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH):
@@ -388,6 +407,15 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.ASSIGN:
         return src[0].shape
     return None
+
+
+def _sints(shape: tuple) -> tuple:
+    """A shape computed with symbolic sizes (uop/variable.py): each simplified, an int where it is a constant."""
+    if not any(isinstance(s, UOp) for s in shape):
+        return shape
+    from zeptograd.uop.variable import sint_simplify
+
+    return tuple(sint_simplify(s) for s in shape)
 
 
 # ***** evaluating ALU ops on Python values (constant folding, value ranges, the PYTHON device) *****
@@ -456,6 +484,8 @@ def _value_range(u: UOp) -> tuple[Any, Any]:
         return u.arg, u.arg
     if u.op is Ops.DEFINE_VAR:
         return u.arg[1], u.arg[2]
+    if u.op is Ops.BIND:  # the variable's range, not the bound value: a kernel is valid for every value
+        return u.src[0].vrange
     if u.op is Ops.RANGE:
         return 0, u.src[0].vmax - 1
     if u.op is Ops.VECTORIZE and u.src:
