@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import hashlib
 import importlib
@@ -173,7 +172,7 @@ class CompiledDevice:
 
 # ***** running a CPU kernel on several cores: one call per core_id, on a persistent pool *****
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool = None  # a concurrent.futures.ThreadPoolExecutor, made (and its module imported) at the first parallel call
 
 
 def run_on_cores(fn, n: int):
@@ -182,7 +181,9 @@ def run_on_cores(fn, n: int):
     if n == 1:
         fn(0)
         return
-    if _pool is None or _pool._max_workers < n - 1:  # type: ignore[attr-defined]
+    if _pool is None or _pool._max_workers < n - 1:
+        import concurrent.futures
+
         _pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(n - 1, 1), thread_name_prefix="zg-core")
     futures = [_pool.submit(fn, i) for i in range(1, n)]
     fn(0)

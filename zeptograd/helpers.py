@@ -113,7 +113,8 @@ def ceildiv(a: int, b: int) -> int:
 
 
 def cache_dir() -> str:
-    return os.path.join(os.getenv("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "zeptograd")
+    """$XDG_CACHE_HOME/zeptograd; an unset or empty XDG_CACHE_HOME means ~/.cache (never the working directory)."""
+    return os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "zeptograd")
 
 
 def is_finite_number(x: float) -> bool:

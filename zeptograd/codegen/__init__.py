@@ -5,19 +5,18 @@ from __future__ import annotations
 from zeptograd.codegen.accumulator import lower_reduces
 from zeptograd.codegen.devectorizer import pm_devectorize
 from zeptograd.codegen.expander import expand
-from zeptograd.codegen.gpudims import add_gpudims
 from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
-from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations
 from zeptograd.codegen.simplify import simplify_ranges
-from zeptograd.codegen.transcendental import pm_transcendental
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
+
+_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 
 
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
@@ -29,6 +28,8 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
     if NOOPT:
         return sink, []
     if getattr(renderer, "has_local", False):  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
+        from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations  # imported for GPUs only (startup time)
+
         return gpu_optimizations(sink, renderer)
     return hand_coded_optimizations(sink, renderer.simd_bytes, None if renderer.has_threads else 1)
 
@@ -38,8 +39,12 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     if getattr(renderer, "has_local", False):
+        from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
+
         sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory
-    if renderer.alu_transcendentals:
+    if renderer.alu_transcendentals and any(u.op in _TRANSCENDENTAL for u in sink.toposort()):
+        from zeptograd.codegen.transcendental import pm_transcendental  # imported when a kernel needs it
+
         sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them

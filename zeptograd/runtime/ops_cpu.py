@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
 from zeptograd.renderer import ProgramSpec
-from zeptograd.renderer.cstyle import CStyleRenderer
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
 
@@ -31,6 +28,9 @@ class CCompiler(Compiler):
         self.key = f"{self.cc} {' '.join(CFLAGS)}"
 
     def build_file(self, src: str, out_path: str):
+        import shutil
+        import subprocess  # imported at the first compile: the default LLVM backend never needs it
+
         if shutil.which(self.cc) is None:
             raise NoCompilerError(
                 f"no C compiler found ({self.cc!r} is not on PATH): install one "
@@ -70,4 +70,6 @@ def open_device(name: str) -> CompiledDevice:
         from zeptograd.runtime.ops_llvm import LLVMDevice  # imports llvmlite only now
 
         return LLVMDevice(name)
+    from zeptograd.renderer.cstyle import CStyleRenderer  # imported only for CPU:C (startup time)
+
     return CPUDevice(name, CStyleRenderer(), CCompiler(), CPUProgram, Allocator())

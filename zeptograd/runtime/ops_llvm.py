@@ -1,22 +1,30 @@
 """The CPU device's LLVM backend: LLVM IR from the LLVM renderer, optimized and compiled in-process by llvmlite.
 
 The IR is optimized with LLVM's new pass manager (O2, for the host CPU and its features) and compiled to an object
-file, cached on disk by the hash of (LLVM version, CPU, features, pipeline, source). Objects are linked into one
-MCJIT engine per device; each kernel is called through a ctypes function pointer (ctypes releases the GIL).
-llvmlite is imported only when this device opens.
+file, cached on disk by the hash of (LLVM version, CPU, features, pipeline, source). Each object is loaded into
+executable memory by `runtime/elf.py` (no LLVM needed) and called through a ctypes function pointer (ctypes
+releases the GIL); an object that loader does not handle is linked into the device's MCJIT engine instead.
+
+llvmlite is imported only when a kernel is compiled (a miss in the on-disk cache) or linked by MCJIT: the cache key
+needs LLVM's name for the host CPU and its features, which are asked once per host and remembered in
+`<cache>/zeptograd/hosts/` (keyed by /proc/cpuinfo's identity lines and llvmlite's version). So a process whose
+kernels are all cached never imports llvmlite (~25 ms of startup).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
+import os
 import re
 from typing import Any
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
-from zeptograd.helpers import DEBUG, getenv
+from zeptograd.helpers import DEBUG, cache_dir, getenv
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.llvmir import LLVMRenderer
+from zeptograd.runtime.elf import LoadedObject, UnsupportedObject
 
 OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 for O3
 
@@ -27,15 +35,48 @@ class LLVMCompiler(Compiler):
     cache_subdir, suffix = "llvm", ".o"
 
     def __init__(self):
-        import llvmlite.binding as llvm  # lazily: importing llvmlite costs ~70 ms
+        self.opt = getenv("LLVM_OPT", OPT_LEVEL)
+
+    @functools.cached_property
+    def llvm(self) -> Any:
+        """llvmlite.binding with the native target initialized: imported at the first use (~25 ms)."""
+        import llvmlite.binding as llvm
 
         llvm.initialize_native_target()  # not llvm.initialize(): it raises in llvmlite >= 0.45
         llvm.initialize_native_asmprinter()
-        self.llvm = llvm
-        self.cpu, self.features = llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
-        self.opt = getenv("LLVM_OPT", OPT_LEVEL)
-        self.tm = self.target_machine()
-        self.key = f"llvm {llvm.llvm_version_info} {self.cpu} {self.features} O{self.opt}"
+        return llvm
+
+    @functools.cached_property
+    def cpu(self) -> str:
+        return self.llvm.get_host_cpu_name()
+
+    @functools.cached_property
+    def features(self) -> str:
+        return self.llvm.get_host_cpu_features().flatten()
+
+    @functools.cached_property
+    def tm(self) -> Any:
+        """The target machine compiles use (made at the first compile)."""
+        return self.target_machine()
+
+    @functools.cached_property
+    def key(self) -> str:  # type: ignore[override]
+        """What the on-disk cache is keyed by besides the source: LLVM's version, the host CPU and features, level.
+
+        Remembered per host, so that a process whose kernels are cached needs no LLVM to find them."""
+        memo = _host_memo_path(self.opt)
+        if memo is not None:
+            try:
+                with open(memo) as f:
+                    key = f.read()
+                if key.startswith("llvm "):
+                    return key
+            except OSError:
+                pass
+        key = f"llvm {self.llvm.llvm_version_info} {self.cpu} {self.features} O{self.opt}"
+        if memo is not None:
+            _write_atomic(memo, key)
+        return key
 
     def target_machine(self) -> Any:
         target = self.llvm.Target.from_default_triple()
@@ -74,6 +115,45 @@ def unique_symbol(src: str) -> str:
     return f"{name.group(1) if name else 'kernel'}_{hashlib.sha256(src.encode()).hexdigest()[:16]}"
 
 
+def _host_fingerprint() -> str | None:
+    """This host's CPU as /proc/cpuinfo names it (the first CPU's identity and feature lines, not its clock), with
+    llvmlite's version (which fixes LLVM's); None where there is no /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]
+    except OSError:
+        return None
+    keys = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features", "CPU implementer",
+            "CPU architecture", "CPU variant", "CPU part", "CPU revision")
+    lines = [line for line in first.splitlines() if line.split(":")[0].strip() in keys]
+    if not lines:
+        return None
+    import llvmlite  # the package's version only: cheap, unlike llvmlite.binding
+
+    return "\n".join([os.uname().machine, llvmlite.__version__, *lines])
+
+
+def _host_memo_path(opt: int) -> str | None:
+    fp = _host_fingerprint()
+    if fp is None:
+        return None
+    digest = hashlib.sha256(f"{fp}\nO{opt}".encode()).hexdigest()[:32]
+    return os.path.join(cache_dir(), "hosts", f"llvm-{digest}.txt")
+
+
+def _write_atomic(path: str, text: str):
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: the key is computed again next time
+        pass
+
+
 class LLVMProgram:
     """A compiled kernel: fn(*buffer pointers, *vars[, core_id]), called once per core when it has a core_id."""
 
@@ -90,26 +170,40 @@ class LLVMProgram:
 
 
 class LLVMDevice(CompiledDevice):
-    """One MCJIT engine per device: each kernel's object is added to it under a unique symbol."""
+    """Kernels loaded by `runtime/elf.py`, each in its own executable mapping; MCJIT (one engine per device, made
+    when first needed) links the objects that loader does not handle."""
 
     def __init__(self, name: str):
-        compiler = LLVMCompiler()
-        super().__init__(name, LLVMRenderer(), compiler, LLVMProgram, Allocator())
-        llvm = compiler.llvm
-        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), compiler.target_machine())
+        super().__init__(name, LLVMRenderer(), LLVMCompiler(), LLVMProgram, Allocator())
         self.loaded: dict[str, int] = {}  # symbol -> address
+        self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
+        self._engine: Any = None
 
     def build(self, spec: ProgramSpec) -> LLVMProgram:
         symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
             obj = self.compiler.compile(spec.src)
-            self.engine.add_object_file(self.compiler.llvm.ObjectFileRef.from_data(obj))  # type: ignore[attr-defined]
-            self.engine.finalize_object()
-            self.loaded[symbol] = self.engine.get_function_address(symbol)
-            if not self.loaded[symbol]:
+            try:
+                loaded = LoadedObject(obj)
+                self.objects.append(loaded)
+                addr = loaded.symbols.get(symbol, 0)
+            except UnsupportedObject:
+                addr = self.mcjit_load(obj, symbol)
+            if not addr:
                 raise CompileError(f"internal error: {symbol} not found in its compiled object")
+            self.loaded[symbol] = addr
         signature = next((line for line in spec.src.splitlines() if line.startswith("define ")), "")
         return LLVMProgram(spec, self.loaded[symbol], "i32 %core_id)" in signature)
+
+    def mcjit_load(self, obj: bytes, symbol: str) -> int:
+        """Link an object into this device's MCJIT engine; its function's address."""
+        compiler: LLVMCompiler = self.compiler  # type: ignore[assignment]
+        llvm = compiler.llvm
+        if self._engine is None:  # the engine owns its target machine: not the one compiles use
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), compiler.target_machine())
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._engine.finalize_object()
+        return self._engine.get_function_address(symbol)
 
 
 def open_device(name: str) -> LLVMDevice:

@@ -1,0 +1,176 @@
+"""Loading an object file that LLVM emitted for this CPU into executable memory, without LLVM.
+
+The LLVM backend caches each kernel as an ELF relocatable object (`runtime/ops_llvm.py`). Linking such an object
+needs no linker: its allocated sections are laid out in one fresh mapping (each at its alignment), its relocations
+are applied, and the mapping is made read+execute. The objects are emitted with the large code model (`jit=True`),
+so every reference (constant pools, libm's `exp2f`, `memcpy`) is an absolute 64-bit relocation; PC-relative ones
+are handled too when they fit in 32 bits. External symbols are looked up in the process (libc, libm).
+
+This is what lets a process whose kernels are all in the on-disk cache run them without importing llvmlite (~25 ms
+of startup). Anything this loader does not handle — another machine than x86-64, another object format, a
+relocation type or symbol it does not know — is an `UnsupportedObject`, and the caller links the object with
+LLVM's MCJIT instead, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import struct
+from typing import Callable
+
+_EM_X86_64 = 62
+_ET_REL = 1
+_SHT_RELA, _SHT_NOBITS = 4, 8
+_SHF_ALLOC = 0x2
+_SHN_UNDEF, _SHN_ABS = 0, 0xFFF1
+_R_NONE, _R_64, _R_PC32, _R_PLT32, _R_PC64 = 0, 1, 2, 4, 24
+_PAGE = mmap.PAGESIZE
+
+
+class UnsupportedObject(Exception):
+    """The object uses something this loader does not implement: link it with LLVM instead."""
+
+
+class _Section:
+    __slots__ = ("name", "type", "flags", "offset", "size", "link", "info", "align")
+
+    def __init__(self, raw: tuple):
+        self.name, self.type, self.flags, _, self.offset, self.size, self.link, self.info, self.align, _ = raw
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+_LIBS: list[ctypes.CDLL] = []
+
+
+def process_symbol(name: str) -> int | None:
+    """The address of a function the process (or libm) exports, None if none does."""
+    if not _LIBS:
+        _LIBS.append(ctypes.CDLL(None))
+        try:
+            _LIBS.append(ctypes.CDLL("libm.so.6"))
+        except OSError:
+            pass
+    for lib in _LIBS:
+        try:
+            return ctypes.cast(lib[name], ctypes.c_void_p).value
+        except AttributeError:
+            continue
+    return None
+
+
+class LoadedObject:
+    """An object's sections in one executable mapping; `symbols` maps each defined symbol name to its address.
+
+    The mapping lives as long as this object (a kernel's code is never unloaded while its program exists)."""
+
+    def __init__(self, obj: bytes, resolve: Callable[[str], int | None] = process_symbol):
+        if obj[:4] != b"\x7fELF" or obj[4] != 2 or obj[5] != 1:
+            raise UnsupportedObject("not a little-endian ELF64 object")
+        e_type, e_machine = struct.unpack_from("<HH", obj, 16)
+        if e_type != _ET_REL or e_machine != _EM_X86_64:
+            raise UnsupportedObject(f"ELF type {e_type}, machine {e_machine}: only x86-64 relocatable objects")
+        (shoff,) = struct.unpack_from("<Q", obj, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+        secs = [_Section(struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize)) for i in range(shnum)]
+
+        # layout: every allocated section at its alignment, in one image
+        place: dict[int, int] = {}
+        size = 0
+        for i, s in enumerate(secs):
+            if s.flags & _SHF_ALLOC and s.size:
+                align = max(s.align, 1)
+                if align > _PAGE:
+                    raise UnsupportedObject(f"section alignment {align} exceeds a page")
+                size = -(-size // align) * align
+                place[i] = size
+                size += s.size
+        self.size = max(-(-size // _PAGE) * _PAGE, _PAGE)
+        libc = _libc()
+        prot_rw, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        base = libc.mmap(None, self.size, prot_rw, flags, -1, 0)
+        if base is None or base == ctypes.c_void_p(-1).value:
+            raise UnsupportedObject(f"mmap of {self.size} bytes failed (errno {ctypes.get_errno()})")
+        self.base, self._libc = base, libc
+        try:
+            image = bytearray(self.size)
+            for i, off in place.items():
+                s = secs[i]
+                if s.type != _SHT_NOBITS:
+                    image[off : off + s.size] = obj[s.offset : s.offset + s.size]
+            self.symbols = self._relocate(obj, secs, place, image, resolve)
+            ctypes.memmove(base, bytes(image), self.size)
+            if libc.mprotect(base, self.size, mmap.PROT_READ | mmap.PROT_EXEC) != 0:
+                raise UnsupportedObject(f"mprotect to read+execute failed (errno {ctypes.get_errno()})")
+        except BaseException:
+            libc.munmap(base, self.size)
+            self.base = None
+            raise
+
+    def _relocate(self, obj: bytes, secs: list[_Section], place: dict[int, int], image: bytearray,
+                  resolve: Callable[[str], int | None]) -> dict[str, int]:
+        def name_at(strtab: _Section, off: int) -> str:
+            end = obj.index(b"\0", strtab.offset + off)
+            return obj[strtab.offset + off : end].decode()
+
+        defined: dict[str, int] = {}
+        symtabs: dict[int, list[int | None]] = {}  # symtab section -> each symbol's address (None: unresolved)
+        names: dict[int, list[str]] = {}
+        for si, st in enumerate(secs):
+            if st.type != 2:  # SHT_SYMTAB
+                continue
+            addrs, syms = [], []
+            for k in range(st.size // 24):
+                st_name, _info, _other, shndx, value, _size = struct.unpack_from("<IBBHQQ", obj, st.offset + 24 * k)
+                name = name_at(secs[st.link], st_name) if st_name else ""
+                if shndx in place:
+                    addr: int | None = self.base + place[shndx] + value
+                    if name:
+                        defined[name] = addr  # type: ignore[assignment]
+                elif shndx == _SHN_ABS:
+                    addr = value
+                elif shndx == _SHN_UNDEF:
+                    addr = None if k else 0  # symbol 0 is the null symbol
+                else:
+                    addr = None
+                addrs.append(addr)
+                syms.append(name)
+            symtabs[si], names[si] = addrs, syms
+
+        for rs in secs:
+            if rs.type != _SHT_RELA or rs.info not in place:
+                continue  # relocations of a section that is not loaded (debug info)
+            target = place[rs.info]
+            addrs, syms = symtabs[rs.link], names[rs.link]
+            for k in range(rs.size // 24):
+                r_offset, r_info, addend = struct.unpack_from("<QQq", obj, rs.offset + 24 * k)
+                kind, sym = r_info & 0xFFFFFFFF, r_info >> 32
+                if kind == _R_NONE:
+                    continue
+                s = addrs[sym]
+                if s is None:
+                    s = resolve(syms[sym]) if syms[sym] else None
+                    if s is None:
+                        raise UnsupportedObject(f"undefined symbol {syms[sym]!r}")
+                    addrs[sym] = s
+                where = target + r_offset
+                if kind == _R_64:
+                    struct.pack_into("<Q", image, where, (s + addend) & 0xFFFFFFFFFFFFFFFF)
+                elif kind in (_R_PC32, _R_PLT32):
+                    v = s + addend - (self.base + where)
+                    if not -(2**31) <= v < 2**31:
+                        raise UnsupportedObject(f"32-bit PC-relative relocation to {syms[sym]!r} out of range")
+                    struct.pack_into("<i", image, where, v)
+                elif kind == _R_PC64:
+                    struct.pack_into("<q", image, where, s + addend - (self.base + where))
+                else:
+                    raise UnsupportedObject(f"relocation type {kind}")
+        return defined
