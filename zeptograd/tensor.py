@@ -315,7 +315,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         """A creation shape; with symbolic=True its sizes may be bound Variables (uop/variable.py)."""
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        if symbolic and any(isinstance(s, UOp) for s in shape):
+        if any(isinstance(s, UOp) for s in shape):
+            if not symbolic:
+                raise ValueError(f"this creation function needs int sizes, got the symbolic shape {shape}: make it at "
+                                 f"the largest size and shrink it to the Variable")
             return _symbolic_shape(shape, "shape")
         for s in shape:
             if not isinstance(s, (int, np.integer)) or s < 0:

@@ -20,6 +20,12 @@ by the captured output buffers, not copies. Call N+1 overwrites the values retur
 (`.contiguous().realize()` or `.numpy()`) before the next call if you keep it. Passing a returned tensor back
 in (h = step(h, x)) is safe: an input that aliases a buffer the replay writes is copied first.
 
+Variables (uop/variable.py): an input whose shape holds a bound Variable, or a bound Variable passed as an
+argument, may take another value on each call: the capture is keyed by the unbound variable, and a replay passes
+the new values to the kernels that take them (its outputs get shapes bound to them). While capturing, a shrink or
+reshape that would be out of bounds (or mismatched) for some value in a Variable's range is an error, since a
+replay does not run those checks; so is a kernel that needs a Variable no input or argument carries.
+
 Never a silent wrong answer: a JitError when an input's shape, dtype or device changes from the capture, when a
 captured Tensor argument is not a Tensor (or the reverse), when a non-Tensor argument changes, when one buffer
 is passed as two inputs, when tensors are nested in a list/dict argument, when the function returns anything
