@@ -447,14 +447,8 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "overhead_jit": case_overhead_jit,
     **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
     **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
+    **__import__("bench.cases_models", fromlist=["MODEL_CASES"]).MODEL_CASES,  # minilm: a pretrained BERT
 }
-
-
-try:  # the training-step cases (bench/cases_train.py: zeptograd.nn under TinyJit against torch.nn), when present
-    from bench.cases_train import TRAIN_CASES
-except ImportError:
-    TRAIN_CASES = {}
-CASES.update(TRAIN_CASES)  # type: ignore[arg-type]
 
 
 def select(only: list[str] | None) -> list[str]:

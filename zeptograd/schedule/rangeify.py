@@ -118,8 +118,8 @@ class Rangeify:
         return [(s, req, ()) for s in x.src if s.op is not Ops.DEVICE]
 
     def must_realize(self, x: UOp, reqs: dict[Request, set[UOp]]) -> bool:
-        if len(reqs) > 1 and (self.has_reduce[x] or len(reqs) > MAX_REQUESTS):
-            return True  # different consumers need it at different places: compute it once
+        if len(reqs) > 1 and (self.has_reduce[x] or len(reqs) > MAX_REQUESTS) and x.op not in GroupOp.Movement:
+            return True  # different consumers need it at different places: compute it once (a view: its source)
         if x.op is Ops.REDUCE_AXIS:
             for (idx, valid), scope in reqs.items():
                 used = {r for i in idx for r in i.ranges}
@@ -218,7 +218,7 @@ class Rangeify:
         self.realize |= self.broadcast_reduces()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
             self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
-                not (u in self.realize and u.op is Ops.REDUCE_AXIS)
+                u not in self.realize
         for x in reversed(self.nodes):
             if x.op in (Ops.SINK, Ops.DEVICE, Ops.BUFFER) or uniform_const(x) is not None:
                 continue
