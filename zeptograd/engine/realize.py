@@ -100,6 +100,9 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
             b.ensure_allocated()
         t0 = time.perf_counter()
         if kernel.vars:
+            if var_vals is None or any(v not in var_vals for v in kernel.vars):
+                raise ValueError(f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
+                                 f"values (var_vals), got {var_vals}")
             kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))  # type: ignore
         else:
             kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
