@@ -17,6 +17,7 @@ import itertools
 from dataclasses import dataclass
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import split_sum, symbolic
 from zeptograd.uop.upat import graph_rewrite
@@ -43,13 +44,19 @@ def is_contiguous(idx: UOp, r: UOp) -> bool:
 
 
 def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | None:
+    """The expanded range most executed accesses walk contiguously (a power of two up to the SIMD width): each
+    access counts the iterations of its loops, so a tail (codegen/opt/tail.py) never outvotes its main part."""
     scores: dict[UOp, int] = {}
     for u in ast.toposort():
         if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
             idx = u.src[1]
+            weight = 0
             for r in expanded:
-                if _size(r) <= max_width and is_contiguous(idx, r) and (len(u.src) < 3 or r not in u.src[2].toposort()):
-                    scores[r] = scores.get(r, 0) + 1
+                n = _size(r)
+                if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r) and \
+                        (len(u.src) < 3 or r not in u.src[2].toposort()):
+                    weight = weight or prod(_size(x) for x in idx.ranges if x.src[0].op is Ops.CONST)
+                    scores[r] = scores.get(r, 0) + weight
     if not scores:
         return None
     return max(scores, key=lambda r: (scores[r], _size(r), -r.arg[0]))

@@ -14,6 +14,7 @@ Run after the expander, for renderers with `has_local`:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -122,7 +123,10 @@ pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
 
 def add_gpudims(sink: UOp, renderer) -> UOp:
     nodes = list(sink.toposort())
-    ranges = sorted((u for u in nodes if u.op is Ops.RANGE), key=lambda r: r.arg[0])
+    # the loops of the kernel's first loop nest become ids; a tail's nest (codegen/opt/tail.py) stays loops and is
+    # run by thread 0 only (step 4)
+    main = set(sink.src[0].toposort()) if sink.op is Ops.SINK and len(sink.src) > 1 else set(nodes)
+    ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u in main), key=lambda r: r.arg[0])
     const_ranges = [r for r in ranges if _const_size(r) is not None]
     outputs = [r for r in const_ranges if r.arg[1] in (AxisType.LOOP, AxisType.GLOBAL)]
     local = [r for r in const_ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]
@@ -160,6 +164,13 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     # 3. with GROUP ranges, one thread of each group stores: the one whose GROUP local ids are 0
     for g in groups:
         sink = graph_rewrite(sink, pm_gate_store, ctx=lmap[g].eq(UOp.const(dtypes.index, 0)))
+
+    # 4. the other loop nests (tails) store from the thread whose ids are all 0
+    ids = sorted({u for e in (gmap | lmap).values() for u in e.toposort() if u.op is Ops.SPECIAL}, key=lambda u: u.arg)
+    if len(sink.src) > 1 and ids:
+        first = functools.reduce(lambda a, b: a & b, [u.eq(UOp.const(dtypes.index, 0)) for u in ids])
+        rest = tuple(graph_rewrite(s, pm_gate_store, ctx=first) for s in sink.src[1:])
+        sink = sink.replace(src=(sink.src[0], *rest))
     return sink
 
 
