@@ -33,9 +33,9 @@ class ModelSpec:  # the fields of bench.run.Spec that run_case reads
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
-    """n sentences of 14-62 words from a small vocabulary: 16-64 tokens with [CLS] and [SEP]."""
+    """n sentences of 13-58 words from a small vocabulary: 16-64 tokens with [CLS], [SEP] and word pieces."""
     rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, int(rng.integers(14, 63)))) + "." for _ in range(n)]
+    return [" ".join(rng.choice(WORDS, int(rng.integers(13, 59)))) + "." for _ in range(n)]
 
 
 def case_minilm(q: bool) -> ModelSpec:

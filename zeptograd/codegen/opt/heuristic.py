@@ -50,6 +50,24 @@ def amount_with_tail(n: int, options: tuple[int, ...], divisors_first: bool = Fa
     return next((o for o in options if o <= n), 1)
 
 
+def index_of(ast: UOp, r: UOp) -> int:
+    """Where the loop with r's axis id is in the kernel's axes now (after other actions renumbered them)."""
+    return next(i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0])
+
+
+def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
+    """(row, column): two output loops of at least 2, each skipped by one of the loads vectorized along the reduce
+    (x[m, k] skips n, w[n, k] skips m: a matmul with a transposed right operand), the column the innermost."""
+    loops = [r for r in axes if r.arg[1] is AxisType.LOOP and size(r) >= 2]
+    skipped = [[r for r in loops if stride(u.src[1], r) == 0] for u in vec_loads]
+    for col in reversed(loops):
+        for row in reversed(loops):
+            if row is not col and any(col in s and row not in s for s in skipped) and \
+                    any(row in s and col not in s for s in skipped):
+                return row, col
+    return None
+
+
 def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
     threads = THREADS.value if threads is None else threads
     plan = OptPlan(ast)
@@ -63,8 +81,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     width = max(1, simd_bytes // itemsize)
     total_work = prod(size(r) for r in axes)
 
-    # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce outweighs the store)
-    weight = {u: prod(size(r) for r in u.src[1].ranges) for u in idxs}
+    # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
+    # of every loop, whichever ranges its index uses; the store once per output element)
+    in_reduce = {u for red in plan.ast.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()}
+    out_work = prod(size(r) for r in axes if r.arg[1] is not AxisType.REDUCE)
+    weight = {u: total_work if u in in_reduce else out_work for u in idxs}
 
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
@@ -82,7 +103,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     if contiguous_count(vec_r) and vec_amt > 1:
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)
-        if is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
+        tile = dot_tile(kernel_axes(plan.ast), [u for u in idxs if stride(u.src[1], vec_r) == 1]) if is_reduce else None
+        if tile is not None:
+            # A @ B.T (both operands contiguous along the reduce): a tile of rows x columns of dot products, each a
+            # vector accumulator; one vector load of a row feeds every column and one of a column every row
+            row, col = tile
+            take(Opt(OptOps.UPCAST, index_of(plan.ast, col), amount_with_tail(size(col), (2,), divisors_first=True)))
+            row_i = index_of(plan.ast, row)
+            take(Opt(OptOps.UPCAST, row_i, amount_with_tail(size(row), (8, 6, 4, 2), divisors_first=True)))
+        elif is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
             take(Opt(OptOps.UNROLL, vec_i, amount_with_tail(size(axes[vec_i]), (4, 2), divisors_first=True)))
 
@@ -91,10 +120,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     main_ids = {r.arg[0] for r in axes}  # not the copies of loops a tail made
     loop_axes = [r for r in kernel_axes(plan.ast) if r.arg[1] is AxisType.LOOP and r.arg[0] in main_ids]
     if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(plan.opts) == 1:
-        # rows: an axis the vector-loaded operand does not depend on, so one vector load feeds every row
-        vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1]
+        # rows: an axis no vector-loaded operand depends on, so one vector load feeds every row
+        vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1 and u in in_reduce]
         row = next(
-            (r for r in loop_axes if r.arg[0] != vec_r.arg[0] and any(stride(u.src[1], r) == 0 for u in vec_loads)),
+            (r for r in loop_axes if r.arg[0] != vec_r.arg[0] and vec_loads and
+             all(stride(u.src[1], r) == 0 for u in vec_loads)),
             None,
         )
         if row is not None:

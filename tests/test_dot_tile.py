@@ -1,0 +1,63 @@
+"""The CPU heuristic's tile of dot products for A @ B.T (both operands contiguous along the reduce: nn.Linear's
+x @ weight.T, attention's q @ k.T), and the vector axis chosen by how often each access runs."""
+
+import re
+
+import numpy as np
+import pytest
+
+from zeptograd import Context, Tensor
+from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen.opt import OptOps
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.renderer.cstyle import CStyleRenderer
+
+rng = np.random.default_rng(0)
+
+
+def data(*shape):
+    x = rng.standard_normal(shape, dtype=np.float32)
+    return Tensor(x), x
+
+
+def test_linear_gets_a_tile_of_vector_dot_products():
+    (x, _), (w, _) = data(64, 48), data(32, 48)
+    (item,) = (x @ w.T).schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    # before: UNROLL 16 then UNROLL 4 (four accumulators of one dot product); now rows x columns of dot products
+    assert [o.op for o in opts] == [OptOps.UNROLL, OptOps.UPCAST, OptOps.UPCAST]
+    assert opts[0].arg == 16 and {o.arg for o in opts[1:]} == {2, 8}
+    uops, _ = full_rewrite(item.ast, CStyleRenderer(), opts)
+    src = CStyleRenderer().render(kernel_name(item.ast), uops).src
+    assert src.count("zg_floatx16 acc") == 16  # 8 rows x 2 columns of 16-lane accumulators
+    loop = src[src.rindex("for (") :]
+    assert len(re.findall(r"memcpy\(&val\d+, \(data", loop)) == 10  # 8 row + 2 column vector loads feed 16 FMAs
+
+
+def test_attention_times_values_vectorizes_the_output_axis():
+    """att @ v: the reduce (keys) is contiguous in att, the output (head dim) in v and in the store; every load inside
+    the reduce runs equally often, so v's and the store's axis wins and att rows are the tile's rows."""
+    (att, _), (v, _) = data(2, 3, 16, 16), data(2, 16, 3 * 32)
+    out = att @ v.reshape(2, 16, 3, 32).transpose(1, 2)
+    (item,) = out.schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    assert opts[0].op is OptOps.UPCAST and opts[0].arg == 16
+    assert not any(o.op is OptOps.UNROLL for o in opts)
+
+
+@pytest.mark.parametrize("shape", [(64, 48, 32), (37, 19, 23), (5, 100, 3), (2, 16, 1), (1, 64, 64)])
+@pytest.mark.parametrize("device", ["CPU", "CPU:C"])
+def test_a_times_b_transposed_values(shape, device):
+    m, k, n = shape
+    (x, xn), (w, wn) = data(m, k), data(n, k)
+    ref = xn @ wn.T
+    got = (x.to(device) @ w.to(device).T).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    with Context(NOOPT=1):
+        np.testing.assert_allclose((x.to(device) @ w.to(device).T).numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_batched_q_times_k_transposed_values():
+    (q, qn), (k, kn) = data(2, 3, 20, 32), data(2, 3, 20, 32)
+    np.testing.assert_allclose((q @ k.transpose(-2, -1)).numpy(), qn @ kn.transpose(0, 1, 3, 2), rtol=1e-4,
+                               atol=1e-4)
