@@ -6,7 +6,6 @@ import ctypes
 import hashlib
 import importlib
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,6 +144,8 @@ class Compiler:
         path = os.path.join(out_dir, f"{digest}{self.suffix}")
         if os.path.exists(path):
             return path
+        import tempfile  # only on a miss
+
         os.makedirs(out_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=self.suffix)
         os.close(fd)

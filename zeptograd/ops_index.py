@@ -1,5 +1,9 @@
 """Indexing. Basic indices (ints, slices with any step, None, Ellipsis) are movement ops; tensor indices select by a
-one-hot mask and a sum; __setitem__ writes through a mask with `where`, so it stays lazy and elementwise."""
+one-hot mask and a sum; __setitem__ writes through a mask with `where`, so it stays lazy and elementwise.
+
+An out-of-range tensor index would select nothing (a silent 0), so the values of every index tensor a user passes
+(t[idx], t[idx] = v, gather, scatter, nn.Embedding) are checked at the call: `check_index_bounds`.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ class IndexMixin:
 
     def _index_items(self: Tensor, indices) -> list:
         """The index as a list of one item per input dim (plus Nones), with Ellipsis expanded and lists and bool
-        masks turned into int tensors."""
+        masks turned into int tensors. Every int tensor the caller gave is checked against its dim's size."""
         items = list(indices) if isinstance(indices, tuple) else [indices]
         T = type(self)
         for i, it in enumerate(items):
@@ -42,11 +46,13 @@ class IndexMixin:
                 raise TypeError("indexing with a Python bool is not supported")
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
                 raise TypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
+        from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
         for i in range(len(items) - 1, -1, -1):  # a bool mask indexes as many dims as it has: its nonzero coords
             it = items[i]
             if isinstance(it, T) and it.dtype == dtypes.bool:
                 coords = it.nonzero() if it.ndim else None
                 items[i: i + 1] = [coords[:, j] for j in range(it.ndim)] if coords is not None else [None]
+                from_masks.update(id(x) for x in items[i: i + it.ndim] if coords is not None)
             elif isinstance(it, T) and not dtypes.is_int(it.dtype):
                 raise IndexError(f"tensors used as indices must be integer or bool tensors, got {it.dtype}")
         consumed = sum(1 for it in items if it is not None and it is not Ellipsis)
@@ -56,8 +62,15 @@ class IndexMixin:
             raise IndexError(f"too many indices ({consumed}) for a tensor of shape {self.shape}")
         e = next((i for i, it in enumerate(items) if it is Ellipsis), None)  # `is`: Tensor's == is elementwise
         if e is not None:
-            return items[:e] + [slice(None)] * (self.ndim - consumed) + items[e + 1 :]
-        return items + [slice(None)] * (self.ndim - consumed)
+            items = items[:e] + [slice(None)] * (self.ndim - consumed) + items[e + 1 :]
+        else:
+            items = items + [slice(None)] * (self.ndim - consumed)
+        dim = 0
+        for it in items:
+            if isinstance(it, T) and id(it) not in from_masks:
+                check_index_bounds(it, self.shape[dim], dim, wrap=True)
+            dim += it is not None
+        return items
 
     def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:
         """One _DimSel per input dim (tensor indices keep their dim whole), and the shape after basic indexing."""
@@ -110,7 +123,10 @@ class IndexMixin:
         return v.pad(tuple((s.lo, size - s.hi) for s, size in zip(sels, self.shape)))
 
     def __getitem__(self: Tensor, indices) -> Tensor:
-        items = self._index_items(indices)
+        return self._getitem(self._index_items(indices))
+
+    def _getitem(self: Tensor, items: list) -> Tensor:
+        """Indexing by items as _index_items returns them (already checked)."""
         sels, out_shape = self._basic_plan(items)
         x = self._apply_basic(sels, out_shape)
         adv = [(pos, it) for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer)))
@@ -149,7 +165,7 @@ class IndexMixin:
             placed = self._unapply_basic(v.cast(self.dtype)._broadcast_to(out_shape), sels)
             mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
         else:  # tensor indices: which flat position each selected element writes; the last write wins
-            pos = T.arange(self.numel(), device=self.device).reshape(self.shape)[tuple(items)]
+            pos = T.arange(self.numel(), device=self.device).reshape(self.shape)._getitem(items)
             vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()
             hit = pos.flatten().unsqueeze(0) == T.arange(self.numel(), device=self.device).unsqueeze(1)
             mask, placed = hit.any(1).reshape(self.shape), last_hit(hit, vals).reshape(self.shape)
@@ -157,6 +173,13 @@ class IndexMixin:
 
     # ***** gather / scatter *****
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:
+        """out[i][j][k] = self[i][index[i][j][k]][k] (dim=1). Indices must be in [0, size) (as torch: no wrapping),
+        checked at this call (`check_index_bounds`)."""
+        return self._gather(dim, index, check=True)
+
+    def _gather(self: Tensor, dim: int, index: Tensor, check: bool = False) -> Tensor:
+        """gather; without `check` for indices that are in range by construction (interpolate) or masked after
+        (nll_loss's ignore_index): their values are not read back."""
         d = normalize_axis(dim, self.ndim, "dim")
         if index.ndim != self.ndim:
             raise ValueError(f"gather: index of shape {index.shape} needs as many dims as the input {self.shape}")
@@ -164,6 +187,8 @@ class IndexMixin:
             raise ValueError(f"gather: index shape {index.shape} is larger than the input {self.shape} outside dim {d}")
         if not dtypes.is_int(index.dtype):
             raise IndexError(f"gather needs an integer index tensor, got {index.dtype}")
+        if check:
+            check_index_bounds(index, self.shape[d], d, wrap=False, what="gather: ")
         x = self.shrink(tuple((0, i) if k != d else None for k, i in enumerate(index.shape)))
         x = x.unsqueeze(-1).transpose(-1, d)  # the gathered dim moves to the end
         return x._select_sum(index.unsqueeze(-1)._one_hot_along(self.shape[d], -1), -1)
@@ -175,6 +200,9 @@ class IndexMixin:
             raise ValueError(f"scatter: self {self.shape}, index {index.shape} and src {src.shape} need equal ndim")
         if any((k != d and s < i) or sr < i for k, (s, i, sr) in enumerate(zip(self.shape, index.shape, src.shape))):
             raise ValueError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
+        if not dtypes.is_int(index.dtype):
+            raise IndexError(f"scatter needs an integer index tensor, got {index.dtype}")
+        check_index_bounds(index, self.shape[d], d, wrap=False, what="scatter: ")
         src = src.cast(self.dtype).shrink(tuple((0, s) for s in index.shape))
         src = src.unsqueeze(-1).expand(*src.shape, self.shape[d]).transpose(-1, d)
         mask = index.unsqueeze(-1)._one_hot_along(self.shape[d], -1).transpose(-1, d)
@@ -251,3 +279,74 @@ def last_hit(hit: Tensor, values: Tensor) -> Tensor:
     last = hit.where(pos, -1).max(-1, keepdim=True)
     return values._broadcast_to(hit.shape)._select_sum(pos == last, -1)
 
+
+
+# ***** the bounds of index tensors *****
+
+
+def _bounds_error(what: str, values, dim: int, size: int) -> IndexError:
+    """values: the offending ones (the first is named; a few more are listed)."""
+    vals = list(dict.fromkeys(int(v) for v in values))
+    more = f" (out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''})" \
+        if len(vals) > 1 else ""
+    return IndexError(f"{what}index {vals[0]} is out of bounds for dimension {dim} with size {size}{more}")
+
+
+def check_index_bounds(idx: Tensor, size, dim: int, wrap: bool, what: str = "") -> None:
+    """An IndexError now, at the user's call, if an element of idx is outside [-size, size) (wrap=True: t[idx],
+    where negatives count from the end as in numpy and torch) or outside [0, size) (gather, scatter, Embedding,
+    which do not wrap in torch either). The error names the offending value(s), the dim and its size.
+
+    The index is lazy and its values are needed now, so this realizes it and reads it back to check its min and max
+    with numpy: what torch does eagerly. It is cheap (an index is usually small, often already a buffer), and the
+    realized index is then read by the kernel that uses it rather than computed again.
+
+    Under TinyJit's capture, where reading values on the host is refused (a replay would not read them again), the
+    min and max are computed by a captured kernel instead: checked now from its output, and registered with the
+    capture (`_Capture.checks` in engine/jit.py), so that every replay checks them right after that kernel and
+    raises before the kernels after it run. A replay never skips the check.
+    """
+    from zeptograd.engine.realize import capturing
+    from zeptograd.uop.variable import sint_value
+
+    if idx.device.split(":")[0] == "NULL":
+        return  # the NULL device runs nothing: its tensors hold no values to check
+    if not capturing:
+        vals = idx.numpy()
+        size_v = sint_value(size)
+        lo = -size_v if wrap else 0
+        if vals.size and (vals.min() < lo or vals.max() >= size_v):
+            raise _bounds_error(what, vals[(vals < lo) | (vals >= size_v)].flatten(), dim, size_v)
+        return
+    _capture_bounds_check(idx, size, dim, wrap, what)
+
+
+def _capture_bounds_check(idx: Tensor, size, dim: int, wrap: bool, what: str):
+    from zeptograd.engine.buffers import buffers, view_base
+    from zeptograd.engine.realize import capturing
+    from zeptograd.schedule.fold import uniform_const
+    from zeptograd.uop.variable import rebind_shape, sint_value, strip_sint
+
+    T = type(idx)
+    cap = capturing[-1]
+    n_before = len(cap)
+    stats = T.stack(idx.min(), idx.max()).realize()  # min > max: an empty index (a reduce's identities)
+    if (c := uniform_const(stats.uop)) is not None:  # a constant index: checked once, it cannot change
+        read = lambda: (c.arg, c.arg)  # noqa: E731
+    else:
+        base = view_base(stats.uop)
+        assert base is not None, f"realize left {stats.uop.op}, not a buffer"
+        buf = buffers[base]
+        read = lambda: tuple(buf.numpy()[:2].tolist())  # noqa: E731
+    unbound = strip_sint(size)
+
+    def check(var_vals: dict[str, int] | None = None):
+        mn, mx = read()
+        size_v = sint_value(size if var_vals is None else rebind_shape((unbound,), var_vals)[0])
+        lo = -size_v if wrap else 0
+        if mn <= mx and (mn < lo or mx >= size_v):
+            raise _bounds_error(what, [mx if mx >= size_v else mn], dim, size_v)
+
+    check()
+    if len(cap) > n_before:
+        cap.checks.append((len(cap) - 1, check))  # replays run it after the kernel that computed stats

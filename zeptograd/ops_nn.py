@@ -199,10 +199,10 @@ class NNMixin:
                 frac = (pos - lo).reshape(shape).expand(expand)
                 lo_i = lo.cast(dtypes.int32).reshape(shape).expand(expand)
                 hi_i = (lo + 1).minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand)
-                x = x.gather(i, lo_i).lerp(x.gather(i, hi_i), frac)
+                x = x._gather(i, lo_i).lerp(x._gather(i, hi_i), frac)  # in range by construction
             else:
                 pos = (arr + 0.5) * scale if mode == "nearest-exact" else arr * scale
-                x = x.gather(i, pos.floor().minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand))
+                x = x._gather(i, pos.floor().minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand))
         return x.cast(self.dtype) if dtypes.is_float(self.dtype) else x
 
     # ***** normalization *****
@@ -281,10 +281,10 @@ class NNMixin:
 
     def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
                  reduction: str = "mean") -> Tensor:
-        w = Y.ones_like(dtype=self.dtype) if weight is None else weight.gather(0, Y.flatten()).reshape(Y.shape)
+        w = Y.ones_like(dtype=self.dtype) if weight is None else weight._gather(0, Y.flatten()).reshape(Y.shape)
         if ignore_index is not None:
             w = w * (Y != ignore_index)
-        nll = -self.gather(1, Y.unsqueeze(1)).squeeze(1) * w
+        nll = -self._gather(1, Y.unsqueeze(1)).squeeze(1) * w  # unchecked: ignore_index labels are masked by w
         return nll.sum() / w.sum() if reduction == "mean" else nll._do_reduction(reduction)
 
     def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing=0.0,

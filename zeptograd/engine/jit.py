@@ -191,11 +191,16 @@ class _ReusableRealized:
 
 
 class _Capture(list):
-    """What run_schedule appends the ScheduleItems it runs to while capturing (realize.py's `capturing`)."""
+    """What run_schedule appends the ScheduleItems it runs to while capturing (realize.py's `capturing`).
+
+    `checks`: (item index, check(var_vals)) pairs that code run during the capture registers for values it must
+    check on every call (ops_index.py: the bounds of index tensors); a replay calls each right after that item's
+    kernel, so an error is raised before the kernels after it run."""
 
     def __init__(self, input_bufs: list[Buffer]):
         super().__init__()
         self.realized = _ReusableRealized(input_bufs)
+        self.checks: list[tuple[int, Callable[[dict[str, int]], None]]] = []
 
 
 def _input_buffer(t) -> Buffer:
@@ -272,6 +277,7 @@ class CapturedJit:
     names: list[str] = field(default_factory=list)
     n_ops: int = 0
     mem: int = 0
+    checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -279,11 +285,15 @@ class CapturedJit:
             calls[ci][1][pos] = in_bufs[key].ptr
         if DEBUG >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
-        for program, ptrs, var_names in calls:
+        checks = self.checks
+        for ci, (program, ptrs, var_names) in enumerate(calls):
             if var_names:
                 program(*ptrs, vals=tuple(var_vals[v] for v in var_names))
             else:
                 program(*ptrs)
+            if checks and ci in checks:
+                for check in checks[ci]:
+                    check(var_vals)  # raises (an IndexError) before the kernels after it run
         GlobalCounters.kernel_count += len(calls)
         GlobalCounters.global_ops += self.n_ops
         GlobalCounters.global_mem += self.mem
@@ -391,10 +401,13 @@ class TinyJit:
             else:
                 held[id(b)] = b
                 out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
+        checks: dict[int, list[Callable[[dict[str, int]], None]]] = {}
+        for ci, check in items.checks:
+            checks.setdefault(ci, []).append(check)
         self.captured = CapturedJit(
             calls, input_slots, list(held.values()), written,
             {k: (unbound_shape(t.shape), t.dtype, t.device) for k, t in tensors.items()}, others, out_specs, ret, names,
-            n_ops, mem)
+            n_ops, mem, checks)
         if DEBUG >= 1:
             print(f"TinyJit: captured {len(calls)} kernels")
         return ret
@@ -409,8 +422,10 @@ class TinyJit:
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written:
                 in_bufs[k] = _copy_buffer(b)
-        cap.replay(in_bufs, var_vals)
-        cap.drop_inputs()
+        try:
+            cap.replay(in_bufs, var_vals)
+        finally:
+            cap.drop_inputs()
         outs = []
         for spec in cap.outputs:
             if spec[0] == "const":

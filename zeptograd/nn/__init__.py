@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from zeptograd.dtype import dtypes
+from zeptograd.ops_index import check_index_bounds
 from zeptograd.tensor import Tensor
 from zeptograd.tensor_helpers import flatten, make_tuple, prod
 
@@ -231,7 +232,8 @@ class RMSNorm:
 
 class Embedding:
     """A lookup table: integer indices of any shape -> rows of weight (vocab_size, embed_size), N(0, 1) at first.
-    The lookup is a one-hot product, so its gradient is a plain reduce (no scatter)."""
+    The lookup is a one-hot product, so its gradient is a plain reduce (no scatter). An index outside
+    [0, vocab_size) is an IndexError at the call (as torch; the one-hot product would give a row of zeros)."""
 
     def __init__(self, vocab_size: int, embed_size: int):
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
@@ -242,6 +244,7 @@ class Embedding:
             raise TypeError(f"Embedding needs integer indices, got {idx.dtype}")
         if idx.numel() == 0:
             return Tensor.zeros(*idx.shape, self.embed_sz, dtype=self.weight.dtype, device=self.weight.device)
+        check_index_bounds(idx, self.vocab_sz, 0, wrap=False, what="Embedding: ")  # else a row of zeros
         big = (*idx.shape, self.vocab_sz, self.embed_sz)
         classes = Tensor.arange(self.vocab_sz, device=self.weight.device).reshape(self.vocab_sz, 1).expand(big)
         hot = classes == idx.reshape(*idx.shape, 1, 1).expand(big)
