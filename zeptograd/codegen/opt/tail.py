@@ -103,8 +103,8 @@ def vector_tail(kind: AxisType) -> TailFn:
     """the T remaining positions of an UPCAST/UNROLL as unrolled copies (a constant when T = 1)"""
 
     def fn(m: int, t: int, axis: int) -> tuple[UOp, UOp | None]:
-        pos = UOp.range(t, axis, kind) if t > 1 else UOp.const(dtypes.index, 0)
-        return UOp.const(dtypes.index, m) + pos, None
+        start = UOp.const(dtypes.index, m)
+        return (start + UOp.range(t, axis, kind) if t > 1 else start), None
 
     return fn
 
