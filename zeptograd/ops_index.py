@@ -276,7 +276,7 @@ def last_hit(hit: Tensor, values: Tensor) -> Tensor:
     """Along the last axis of hit: the value at the last true position (0 if none)."""
     n = hit.shape[-1]
     pos = type(hit).arange(n, device=hit.device)
-    last = hit.where(pos, -1).max(-1, keepdim=True)
+    last = hit.where(pos, -1)._max(-1, keepdim=True)
     return values._broadcast_to(hit.shape)._select_sum(pos == last, -1)
 
 
@@ -328,9 +328,11 @@ def _capture_bounds_check(idx: Tensor, size, dim: int, wrap: bool, what: str):
     from zeptograd.uop.variable import rebind_shape, sint_value, strip_sint
 
     T = type(idx)
+    if 0 in idx.shape:
+        return  # no index (a symbolic size that is 0 at a replay: its min > max, below)
     cap = capturing[-1]
     n_before = len(cap)
-    stats = T.stack(idx.min(), idx.max()).realize()  # min > max: an empty index (a reduce's identities)
+    stats = T.stack(idx._inverse()._max()._inverse(), idx._max()).realize()  # min > max: empty (the identities)
     if (c := uniform_const(stats.uop)) is not None:  # a constant index: checked once, it cannot change
         read = lambda: (c.arg, c.arg)  # noqa: E731
     else:

@@ -41,7 +41,25 @@ class ReduceMixin:
         return self._acc_reduce(Ops.MUL, axis, keepdim, dtype)
 
     def max(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        self._nonempty_reduce("max", axis)
+        return self._max(axis, keepdim)
+
+    def _max(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
+        """max without the empty-axis error: over an axis of size 0 it is the identity, dtypes.min (any, softmax and
+        logsumexp of an empty axis, as torch; the scheduler folds it to that constant, no kernel)."""
         return self._reduce(Ops.MAX, axis, keepdim)
+
+    def _nonempty_reduce(self: Tensor, name: str, axis) -> None:
+        """max/min/argmax/argmin have no identity: over an axis of size 0 they are an IndexError at the call (as
+        torch), not dtypes.min. (A symbolic size is known only when the kernel runs: not checked.)"""
+        if self.ndim == 0:
+            return
+        if axis is None and 0 in self.shape:
+            raise IndexError(f"{name}(): the tensor of shape {self.shape} has no elements to reduce; specify the "
+                             f"reduction dim (over the others the result is empty)")
+        for a in self._axes(axis):
+            if isinstance(self.shape[a], int) and self.shape[a] == 0:
+                raise IndexError(f"{name}(): Expected reduction dim {a} to have non-zero size (shape {self.shape})")
 
     def _inverse(self: Tensor) -> Tensor:
         """An order-reversing bijection: max of the inverse is the inverse of the min."""
@@ -50,10 +68,11 @@ class ReduceMixin:
         return self.logical_not() if self.dtype == dtypes.bool else ~self
 
     def min(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        return self._inverse().max(axis, keepdim)._inverse()
+        self._nonempty_reduce("min", axis)
+        return self._inverse()._max(axis, keepdim)._inverse()
 
     def any(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        ret = self.bool().max(axis, keepdim)
+        ret = self.bool()._max(axis, keepdim)  # over an empty axis: False (all: True), as torch
         return ret.cast(dtypes.uint8) if self.dtype == dtypes.uint8 else ret  # torch keeps uint8
 
     def all(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
@@ -85,25 +104,29 @@ class ReduceMixin:
 
     def argmax(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
         """The index of the first maximum (int64, as torch)."""
+        return self._argmax(axis, keepdim, "argmax")
+
+    def _argmax(self: Tensor, axis, keepdim: bool, name: str) -> Tensor:
+        self._nonempty_reduce(name, axis)
         if axis is None:
-            return self.flatten().argmax(0).reshape((1,) * self.ndim if keepdim else ())
+            return self.flatten()._argmax(0, False, name).reshape((1,) * self.ndim if keepdim else ())
         d = normalize_axis(axis, self.ndim)
         n = self.shape[d] if self.ndim else 1
         x = self if self.ndim else self.reshape(1)
         rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device)
         rev = rev.reshape(tuple(n if i == d else 1 for i in range(x.ndim)))
-        idx = (x == x.max(d, keepdim=True)).where(rev, 0).max(d, keepdim)
+        idx = (x == x._max(d, keepdim=True)).where(rev, 0)._max(d, keepdim)
         return (n - idx).reshape(()) if self.ndim == 0 else n - idx
 
     def argmin(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        return self._inverse().argmax(axis, keepdim)
+        return self._inverse()._argmax(axis, keepdim, "argmin")
 
     def logsumexp(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
         x = self._float()
-        m = x.max(axis, keepdim=True)
+        m = x._max(axis, keepdim=True)  # over an empty axis: -inf, made 0 below (the result is log(0) = -inf)
         m = m.isinf().where(0, m).detach()
         ret = (x - m).exp().sum(axis, keepdim=True).log() + m
-        return ret if keepdim else ret.reshape(x.max(axis).shape)
+        return ret if keepdim else ret.reshape(x._max(axis).shape)
 
     # ***** scans: each output i reduces the inputs j <= i, through a triangular mask (one reduce) *****
     def _scan_windows(self: Tensor, d: int, identity) -> tuple[Tensor, Tensor]:
@@ -159,12 +182,12 @@ class ReduceMixin:
     # ***** softmax *****
     def softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self._float()
-        e = (x - x.max(axis, keepdim=True).detach()).exp()
+        e = (x - x._max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self._float()
-        m = x - x.max(axis, keepdim=True).detach()
+        m = x - x._max(axis, keepdim=True).detach()
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:

@@ -40,11 +40,16 @@ def _fold_alu(x: UOp) -> UOp | None:
 
 
 def _fold_reduce(x: UOp) -> UOp | None:
-    """# sum(const) -> const*N ; max(const) -> const"""
+    """# sum(const) -> const*N ; max(const) -> const ; a reduce over an axis of size 0 -> its identity (no kernel,
+    no loop of 0 iterations whose index arithmetic would divide by the 0)"""
+    op, axes = x.arg
+    if any(x.src[0].shape[a] == 0 for a in axes if isinstance(x.src[0].shape[a], int)):
+        device = next(u.arg for u in x.src[0].toposort() if u.op is Ops.DEVICE)
+        identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
+        return const_broadcast(identity, x.dtype, device, x.shape)
     c = uniform_const(x.src[0])
     if c is None or isinstance(c.arg, UOp):
         return None
-    op, axes = x.arg
     n = prod(x.src[0].shape[a] for a in axes)
     if isinstance(n, UOp):
         return None  # a reduce over a symbolic axis: its length is known only when the kernel runs
