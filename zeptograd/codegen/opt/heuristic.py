@@ -90,8 +90,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
 
-    def vec_amount(r: UOp) -> int:  # a full vector and a tail where the width does not divide the axis
-        return amount_with_tail(size(r), tuple(w for w in (16, 8, 4, 2) if w <= width))
+    def vec_amount(r: UOp) -> int:  # a full vector and a tail where the width does not divide a long enough axis
+        options = tuple(w for w in (16, 8, 4, 2) if w <= width) or (1,)
+        return amount_with_tail(size(r), options) if size(r) >= options[0] else largest_divisor(size(r), options)
 
     vec_i = max(
         range(len(axes)),
