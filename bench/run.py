@@ -448,6 +448,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
     **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
     **__import__("bench.cases_models", fromlist=["MODEL_CASES"]).MODEL_CASES,  # minilm: a pretrained BERT
+    **__import__("bench.cases_startup", fromlist=["STARTUP_CASES"]).STARTUP_CASES,  # whole-process startup
 }
 
 

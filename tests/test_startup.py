@@ -136,3 +136,13 @@ def test_missing_symbol_is_a_compile_error(monkeypatch):
     spec = dev.renderer.render("E_1", [])  # type: ignore[attr-defined]
     with pytest.raises(CompileError, match="not found in its compiled object"):
         dev.build(spec)
+
+
+def test_bench_startup_cases_run():
+    sys.path.insert(0, ROOT)
+    from bench.cases_startup import STARTUP_CASES
+
+    for name in ("startup", "startup_cold"):
+        spec = STARTUP_CASES[name](True)
+        assert spec.kind == "latency" and "bare `python -c pass`" in spec.note
+        spec.runners["zeptograd"]()  # one whole process; raises if it fails
