@@ -61,3 +61,32 @@ def test_batched_q_times_k_transposed_values():
     (q, qn), (k, kn) = data(2, 3, 20, 32), data(2, 3, 20, 32)
     np.testing.assert_allclose((q @ k.transpose(-2, -1)).numpy(), qn @ kn.transpose(0, 1, 3, 2), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_tile_makes_an_outermost_block_loop():
+    from zeptograd.codegen.opt import Opt, apply_opt, kernel_axes
+    from zeptograd.uop.ops import AxisType, Ops
+
+    (x, _), (w, _) = data(8, 4), data(12, 4)
+    (item,) = (x @ w.T).schedule()
+    before = [(r.arg[0], r.src[0].arg) for r in kernel_axes(item.ast)]
+    assert before == [(0, 8), (1, 12), (2, 4)]
+    after = apply_opt(item.ast, Opt(OptOps.TILE, 1, 3))
+    # RANGE(12) -> RANGE'(4)*3 + RANGE(3), RANGE' nested outside the rows
+    assert [(r.arg[0], r.src[0].arg) for r in kernel_axes(after)] == [(-1, 4), (0, 8), (1, 3), (2, 4)]
+    end = next(u for u in after.toposort() if u.op is Ops.END)
+    assert [r.arg[0] for r in end.src[1:]] == [-1, 0, 1]
+    assert all(r.arg[1] is AxisType.LOOP for r in end.src[1:])
+
+
+def test_a_wide_weight_is_read_in_cache_blocks():
+    """x @ w.T with w (1536, 384): 2.3 MB of w would be streamed from L3 once per row tile; TILE keeps a block of
+    w's rows in L2 and the cores split the rows, not the blocks."""
+    (x, xn), (w, wn) = data(64, 384), data(1536, 384)
+    (item,) = (x @ w.T).schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=2)
+    tile = [o for o in opts if o.op is OptOps.TILE]
+    assert len(tile) == 1 and tile[0].arg * 2 * 384 * 4 <= 1 << 19
+    thread = [o for o in opts if o.op is OptOps.THREAD]
+    assert thread and thread[0].axis != 0  # axis 0 is the block loop
+    np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)

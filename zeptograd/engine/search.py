@@ -66,6 +66,7 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
         if loop and not threaded and threads > 1 and n % threads == 0:
             out.append(Opt(OptOps.THREAD, i, threads))
         out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(axes)) if axes[j].arg[1] is r.arg[1] and loop]
+        out += [Opt(OptOps.TILE, i, a) for a in (16, 64, 128) if loop and n % a == 0 and a < n]  # cache blocks
     return out
 
 

@@ -6,6 +6,7 @@ first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of 
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
     RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP)        (GPU: codegen/gpudims.py makes them local ids)
+    RANGE(n) -> RANGE'(n/amt)*amt + RANGE(amt)                    (TILE: RANGE' nests outside every other loop)
 
 An UPCAST/UNROLL/THREAD amount that does not divide n splits the largest part it divides and adds a tail for the
 rest (codegen/opt/tail.py); LOCAL/GROUP amounts must divide.
@@ -29,6 +30,7 @@ class OptOps(Enum):
     LOCAL = auto()  # an output axis -> GPU local (work-group) ids
     GROUP = auto()  # a reduce axis -> GPU local ids, reduced through shared memory
     SWAP = auto()  # exchange the nesting of two output axes (arg: the other axis)
+    TILE = auto()  # cache blocking: an output axis -> an outermost loop over blocks of arg, and a loop in a block
 
     def __repr__(self):
         return f"OptOps.{self.name}"
@@ -101,6 +103,13 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
         if (old := core_id(ast)) is not None and (old is not core or core in _nest_of(ast, r).toposort()):
             raise OptError(f"{opt}: this loop nest already runs on {old.src[0].arg} cores")
+    if opt.op is OptOps.TILE:
+        # a block of the axis outermost: what the inner loops read of this axis stays in cache across the others
+        if kind is not AxisType.LOOP or n % opt.arg:
+            raise OptError(f"{opt}: TILE splits an output loop evenly; axis {opt.axis} is {kind.name} of size {n}")
+        first = min(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE)
+        new = UOp.range(n // opt.arg, first - 1, AxisType.LOOP) * opt.arg + UOp.range(opt.arg, r.arg[0], kind)
+        return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
     if opt.op is not OptOps.SWAP and n % opt.arg:
         # the largest part the amount divides, then a tail (codegen/opt/tail.py): vector lanes and cores only
         if opt.op in (OptOps.UPCAST, OptOps.UNROLL):

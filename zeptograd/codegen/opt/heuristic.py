@@ -17,6 +17,7 @@ from zeptograd.helpers import THREADS, prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import split_sum
 
+L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
 MIN_THREAD_WORK = 1 << 15  # loop iterations below which a second core costs more than it saves
 
 
@@ -50,9 +51,14 @@ def amount_with_tail(n: int, options: tuple[int, ...], divisors_first: bool = Fa
     return next((o for o in options if o <= n), 1)
 
 
-def index_of(ast: UOp, r: UOp) -> int:
-    """Where the loop with r's axis id is in the kernel's axes now (after other actions renumbered them)."""
-    return next(i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0])
+def divisors_upto(n: int) -> tuple[int, ...]:
+    """n, n-1, ..., 2: the amounts to try, largest first."""
+    return tuple(range(n, 1, -1))
+
+
+def index_of(ast: UOp, r: UOp) -> int | None:
+    """Where the loop with r's axis id is in the kernel's axes now (None: an action expanded all of it)."""
+    return next((i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0]), None)
 
 
 def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
@@ -80,6 +86,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     itemsize = max(u.src[0].dtype.base.itemsize for u in idxs) if idxs else 4
     width = max(1, simd_bytes // itemsize)
     total_work = prod(size(r) for r in axes)
+    reduce_work = prod(size(r) for r in axes if r.arg[1] is AxisType.REDUCE)
+    blocks: set[int] = set()  # axis ids of TILE's block loops: the cores share a block rather than split them
 
     # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
     # of every loop, whichever ranges its index uses; the store once per output element)
@@ -110,8 +118,16 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             # vector accumulator; one vector load of a row feeds every column and one of a column every row
             row, col = tile
             take(Opt(OptOps.UPCAST, index_of(plan.ast, col), amount_with_tail(size(col), (2,), divisors_first=True)))
-            row_i = index_of(plan.ast, row)
-            take(Opt(OptOps.UPCAST, row_i, amount_with_tail(size(row), (8, 6, 4, 2), divisors_first=True)))
+            if (row_i := index_of(plan.ast, row)) is not None:
+                take(Opt(OptOps.UPCAST, row_i, amount_with_tail(size(row), (8, 6, 4, 2), divisors_first=True)))
+            # the columns' operand (a weight) read by every row tile: in blocks that stay in the L2 cache
+            if (col_i := index_of(plan.ast, col)) is not None:
+                col_now = kernel_axes(plan.ast)[col_i]
+                per_col = size(col) // max(size(col_now), 1) * reduce_work  # elements of the operand per column step
+                fit = max(1, L2_BLOCK_BYTES // max(per_col * itemsize, 1))
+                if size(col_now) > fit and take(Opt(OptOps.TILE, col_i, largest_divisor(size(col_now),
+                                                                                         divisors_upto(fit)))):
+                    blocks.add(kernel_axes(plan.ast)[0].arg[0])
         elif is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
             take(Opt(OptOps.UNROLL, vec_i, amount_with_tail(size(axes[vec_i]), (4, 2), divisors_first=True)))
@@ -144,11 +160,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                 take(Opt(OptOps.SWAP, ri, vi))
 
     if threads > 1 and total_work >= MIN_THREAD_WORK:
-        thread_nests(plan, threads)
+        thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
 
 
-def thread_nests(plan: OptPlan, threads: int) -> None:
+def thread_nests(plan: OptPlan, threads: int, blocks: set[int] = frozenset()) -> None:
     """THREAD in each loop nest of the kernel (the main one, and tails with enough work): its outermost output loop
     the core count divides, else its outermost with at least 8 iterations per core, else its longest."""
     tried: set[int] = set()
@@ -157,6 +173,7 @@ def thread_nests(plan: OptPlan, threads: int) -> None:
         for nest in plan.ast.src:
             nodes = set(nest.toposort())
             loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and size(r) >= threads]
+            loops.sort(key=lambda r: r.arg[0] in blocks)  # a cache block's loop last
             work = prod(size(r) for r in nodes if r.op is Ops.RANGE)
             threaded = any(u.op is Ops.SPECIAL for u in nodes)
             if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
