@@ -13,8 +13,9 @@ import pytest
 
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
 
-from zeptograd import Context, Device, Tensor  # noqa: E402
+from zeptograd import Context, Device, Tensor, dtypes  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
+from zeptograd.codegen.linearize import linearize  # noqa: E402
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes  # noqa: E402
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations  # noqa: E402
 from zeptograd.engine.realize import schedule_tensors  # noqa: E402
@@ -93,6 +94,16 @@ def test_actions_that_still_refuse():
     threaded = apply_opt(ast, Opt(OptOps.THREAD, 0, 2))
     with pytest.raises(OptError, match="already runs"):
         apply_opt(threaded, Opt(OptOps.THREAD, 0, 2))
+
+
+def test_loop_nests_run_one_after_another():
+    # a tail's nest whose loops have smaller axis ids (a TILE block loop, say) must not open around the main nest
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float.ptr(64), (), 0)
+    r0, blocks, inner = UOp.range(8, 0), UOp.range(4, -1), UOp.range(4, 5)
+    main = buf.index(r0).store(UOp.const(dtypes.float, 1.0)).end(r0)
+    tail = buf.index(blocks * 4 + inner + 8).store(UOp.const(dtypes.float, 2.0)).end(blocks, inner)
+    order = linearize(UOp(Ops.SINK, dtypes.void, (main, tail)))
+    assert order.index(main) < order.index(blocks)  # main's END before the tail's first loop opens
 
 
 # ***** the code before (a scalar loop on one core) and after *****

@@ -1,8 +1,9 @@
 """Linearize: a kernel graph -> an ordered list of UOps with explicit loops (RANGE ... END).
 
 A priority toposort: loops open as late as possible (so loop-invariant work is placed before them, i.e. hoisted)
-and close as early as possible. One extra ordering edge: a reduce's loops open after its accumulator is
-initialised (the init is AFTER(acc, init, *ranges)'s second source).
+and close as early as possible. Extra ordering edges: a reduce's loops open after its accumulator is initialised
+(the init is AFTER(acc, init, *ranges)'s second source); the loops of the SINK's second loop nest (a tail) open
+after its first is done, and so on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ def linearize(sink: UOp) -> list[UOp]:
             others = [s for s in u.src[1:] if s.op is Ops.STORE]  # the accumulator init
             for r in ranges:
                 deps[r].update(others)
+    # the kernel's loop nests (a main part and its tails: codegen/opt/tail.py) run one after another, in SINK order:
+    # a nest's loops open after the previous nest is done, whatever their axis ids
+    seen: set[UOp] = set()
+    for prev, nest in zip(sink.src, sink.src[1:]) if sink.op is Ops.SINK else ():
+        seen.update(prev.toposort())
+        for r in nest.toposort():
+            if r.op is Ops.RANGE and r not in seen:
+                deps[r].add(prev)
     users: dict[UOp, list[UOp]] = {u: [] for u in nodes}
     for u, ds in deps.items():
         for d in ds:
