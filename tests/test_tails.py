@@ -203,6 +203,18 @@ def test_in_place_update_runs_each_tail_once(device):
             _close(t.numpy(), x + 3, 1e-6)
 
 
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_two_outputs_of_one_kernel(device):
+    # one END over a GROUP of two stores: the tail's unrolled copies of both
+    x = rng.standard_normal((37, 1001), dtype=np.float32)
+    t = Tensor(x, device=device)
+    a, b = t + 1, t * 2
+    assert len(schedule_tensors([a, b])) == 1
+    Tensor.realize(a, b)
+    np.testing.assert_array_equal(a.numpy(), x + 1)
+    np.testing.assert_array_equal(b.numpy(), x * 2)
+
+
 # ***** NOOPT and other core counts agree with the optimized kernels *****
 
 CASES = {

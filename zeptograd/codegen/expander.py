@@ -127,8 +127,8 @@ class Expander:
         if u.op is Ops.END:  # the expanded stores end together; expanded ranges are no loops any more
             keep = [r for r in u.src[1:] if r not in self.unrolled and r is not self.v]
             return Expanded((), {(): self.exp[u.src[0]].vals[()].end(*keep)}, False)
-        if u.op is Ops.SINK:
-            return Expanded((), {(): UOp(Ops.SINK, dtypes.void, tuple(self.flat_vals(u.src)))}, False)
+        if u.op in (Ops.SINK, Ops.GROUP):  # statements: every copy of every source (the stores of several outputs)
+            return Expanded((), {(): UOp(u.op, dtypes.void, tuple(self.flat_vals(u.src)))}, False)
         axes = self.axes_of(*u.src)
         vec = any(self.exp[s].vec for s in u.src)
         dtype = u.dtype.vec(self.width) if vec else u.dtype
