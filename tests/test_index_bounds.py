@@ -171,3 +171,18 @@ def test_jit_replay_raises_before_later_kernels_run():
     np.testing.assert_array_equal(acc.numpy(), before)
     step(Tensor([3]))
     np.testing.assert_allclose(acc.numpy(), before + emb.weight.numpy()[3], rtol=1e-6)
+
+
+def test_index_views_and_pending_writes_are_read_exactly():
+    """The values checked are the index's own: read through reshape/expand views of a buffer, not through a shrink
+    (it drops values), and after a pending assign (its new values)."""
+    t = Tensor([1.0, 2.0, 3.0])
+    with pytest.raises(IndexError, match="gather: index 3 is out of bounds for dimension 0 with size 3"):
+        Tensor(A).gather(0, Tensor([[3]]).expand(2, 4))
+    assert t[Tensor([0, 9])[0:1]].tolist() == [1.0]  # the 9 is shrunk away
+    assert t[Tensor([[2, 1]]).expand(2, 2).reshape(4)].tolist() == [3.0, 2.0, 3.0, 2.0]
+    assert t[Tensor.full((2,), -1, dtype=dtypes.int32)].tolist() == [3.0, 3.0]  # a constant index
+    idx = Tensor([0, 1]).contiguous().realize()
+    idx.assign(Tensor([5, 0]))
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        t[idx]
