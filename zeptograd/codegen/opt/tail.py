@@ -11,8 +11,8 @@ The tail is a copy of the range's binder (the END or REDUCE that lists it), and 
 
 Loops the binder itself binds (its other ranges, and those of the reduces inside it) get fresh copies in the tail: a
 loop opens and closes once. Loops around it and expanded ranges (vector lanes, unrolled copies) are shared, so a
-tail of an outer axis keeps the vector lanes of the inner one. Fresh ids are larger than every id so far: the
-linearizer, which opens ready loops in id order, finishes the main loop nest before it opens the tail's.
+tail of an outer axis keeps the vector lanes of the inner one. Fresh ids are larger than every id so far, and a
+tail's nest follows the main one in the SINK: the linearizer runs the nests in that order, one after another.
 
 What t is depends on the action:
 - UPCAST/UNROLL (`vector_tail`): T < c positions as unrolled copies (`RANGE(T, UPCAST|UNROLL)`, a constant for
