@@ -135,6 +135,16 @@ def test_row_reduce_code_before_and_after():
     assert all(f"+{i});" in after for i in range(992, 1000))  # the tail's 8 loads, unrolled, outside the loop
 
 
+@pytest.mark.parametrize("shape", [(4096, 1000), (512, 1000), (4096, 4096)])
+def test_softmax_reduces_vectorize_the_row(shape):
+    # both reduces (max, then sum of exp(x - max[row])) get 16-lane accumulators along the row and a tail: the
+    # max[row] load inside the second is hoisted out of the row loop, it does not make the rows the vector axis
+    items = schedule_tensors([Tensor(np.ones(shape, np.float32)).softmax(-1)])
+    for item in items[:2]:
+        _, opts = hand_coded_optimizations(item.ast, 64, threads=2)
+        assert opts[0] == Opt(OptOps.UNROLL, 1, 16)
+
+
 def test_matmul_code_has_a_register_tile_and_tails():
     a, b = Tensor(np.ones((513, 257), np.float32)), Tensor(np.ones((257, 513), np.float32))
     ast = kernel(a @ b)

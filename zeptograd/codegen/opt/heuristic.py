@@ -93,7 +93,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     # of every loop, whichever ranges its index uses; the store once per output element)
     in_reduce = {u for red in plan.ast.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()}
     out_work = prod(size(r) for r in axes if r.arg[1] is not AxisType.REDUCE)
-    weight = {u: total_work if u in in_reduce else out_work for u in idxs}
+    # ... unless its index uses no reduce range: then it is hoisted out of the reduce loops (softmax's max[row])
+    runs_in_reduce = {u for u in idxs if u in in_reduce and any(r.arg[1] is AxisType.REDUCE for r in u.src[1].ranges)}
+    weight = {u: total_work if u in runs_in_reduce else out_work for u in idxs}
 
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
