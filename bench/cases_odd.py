@@ -5,8 +5,8 @@
     sum_last_axis_odd    x.sum(1) on (4096, 1000)
     sum_first_axis_odd   x.sum(0) on (4099, 1003): the reduce over a non-last axis
     softmax_odd          x.softmax(-1) on (4096, 1000)
-    matmul_odd_1000      (1000, 1000) @ (1000, 1000)
-    matmul_odd_513       (513, 257) @ (257, 513)
+    matmul1000_odd       (1000, 1000) @ (1000, 1000)
+    matmul513_odd        (513, 257) @ (257, 513)  (not matmul_*: `--only matmul` selects the square cases)
 
 Registered in bench/run.py's CASES (`**ODD_CASES`). Like bench/cases_train.py, the case functions return an object
 with Spec's fields, so this module does not import bench.run.
@@ -116,6 +116,6 @@ ODD_CASES: dict[str, Callable[[bool], OddSpec]] = {
     "sum_last_axis_odd": case_sum_last_axis_odd,
     "sum_first_axis_odd": case_sum_first_axis_odd,
     "softmax_odd": case_softmax_odd,
-    "matmul_odd_1000": _case_matmul(1000, 1000, 1000),
-    "matmul_odd_513": _case_matmul(513, 257, 513),
+    "matmul1000_odd": _case_matmul(1000, 1000, 1000),
+    "matmul513_odd": _case_matmul(513, 257, 513),
 }
