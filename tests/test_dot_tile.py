@@ -90,3 +90,17 @@ def test_a_wide_weight_is_read_in_cache_blocks():
     thread = [o for o in opts if o.op is OptOps.THREAD]
     assert thread and thread[0].axis != 0  # axis 0 is the block loop
     np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
+
+
+def test_vector_lanes_follow_the_accesses_run_most_often():
+    """x @ w.T with many columns: the store walks the 2 columns of a tile contiguously and its index spans
+    2560*1536 elements, but the loads inside the reduce run 384 times as often: their 16-wide reduce axis is the
+    vector (before, counting index ranges only, the store won and the kernel ran 2-lane FMAs)."""
+    from zeptograd.device import Device
+
+    (x, _), (w, _) = data(2560, 384), data(1536, 384)
+    (item,) = (x @ w.T).schedule()
+    renderer = Device["CPU"].renderer
+    uops, _ = full_rewrite(item.ast, renderer)
+    src = renderer.render(kernel_name(item.ast), uops).src
+    assert set(re.findall(r"<\d+ x float>", src)) == {"<16 x float>"}

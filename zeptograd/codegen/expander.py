@@ -43,20 +43,34 @@ def is_contiguous(idx: UOp, r: UOp) -> bool:
     return (r, 1) in terms and all(r not in t.toposort() for t, _ in terms if t is not r)
 
 
+def access_counts(ast: UOp) -> dict[UOp, int]:
+    """How often each buffer access runs: the iterations of every loop around it (its loop nest's ranges, and a
+    REDUCE's when it is under one and moves with it), whichever of them its index uses. Per nest, so a tail never
+    outvotes its main part."""
+    counts: dict[UOp, int] = {}
+    for nest in ast.src:
+        outer = set(nest.src[1:]) if nest.op is Ops.END else set()
+        under_reduce = {u: set(red.src[1:]) for red in nest.toposort() if red.op is Ops.REDUCE
+                        for u in red.src[0].toposort()}
+        for u in nest.toposort():
+            if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
+                own = set(u.src[1].ranges)
+                inner = under_reduce.get(u, set())  # an index using none of them is hoisted out of the reduce
+                scope = outer | own | (inner if own & inner else set())
+                counts[u] = prod(_size(r) for r in scope if r.op is Ops.RANGE and r.src[0].op is Ops.CONST)
+    return counts
+
+
 def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | None:
-    """The expanded range most executed accesses walk contiguously (a power of two up to the SIMD width): each
-    access counts the iterations of its loops, so a tail (codegen/opt/tail.py) never outvotes its main part."""
+    """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width)."""
     scores: dict[UOp, int] = {}
-    for u in ast.toposort():
-        if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
-            idx = u.src[1]
-            weight = 0
-            for r in expanded:
-                n = _size(r)
-                if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r) and \
-                        (len(u.src) < 3 or r not in u.src[2].toposort()):
-                    weight = weight or prod(_size(x) for x in idx.ranges if x.src[0].op is Ops.CONST)
-                    scores[r] = scores.get(r, 0) + weight
+    for u, count in access_counts(ast).items():
+        idx = u.src[1]
+        for r in expanded:
+            n = _size(r)
+            if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r) and \
+                    (len(u.src) < 3 or r not in u.src[2].toposort()):
+                scores[r] = scores.get(r, 0) + count
     if not scores:
         return None
     return max(scores, key=lambda r: (scores[r], _size(r), -r.arg[0]))
