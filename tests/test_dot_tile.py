@@ -104,3 +104,12 @@ def test_vector_lanes_follow_the_accesses_run_most_often():
     uops, _ = full_rewrite(item.ast, renderer)
     src = renderer.render(kernel_name(item.ast), uops).src
     assert set(re.findall(r"<\d+ x float>", src)) == {"<16 x float>"}
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])
+def test_tiled_kernel_runs_on_every_cpu_backend(device):
+    """A TILE block loop has a negative axis id; every renderer names its loop variable."""
+    (x, xn), (w, wn) = data(2 if device == "PYTHON" else 16, 384), data(1536, 384)  # the interpreter is slow
+    (item,) = (x @ w.T).schedule()
+    assert any(o.op is OptOps.TILE for o in hand_coded_optimizations(item.ast, 64, threads=2)[1])
+    np.testing.assert_allclose((x.to(device) @ w.to(device).T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)

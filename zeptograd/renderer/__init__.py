@@ -17,6 +17,11 @@ class ProgramSpec:
     local_size: tuple[int, int, int] = (1, 1, 1)  # GPU work-group size
 
 
+def loop_var(r) -> str:
+    """The C name of a RANGE's loop variable: ridx<axis id>; a cache block's loop (TILE) has a negative id."""
+    return f"ridx{r.arg[0]}" if r.arg[0] >= 0 else f"ridxb{-r.arg[0]}"
+
+
 class Renderer:
     device = "base"
     simd_bytes = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)

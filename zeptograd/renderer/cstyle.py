@@ -6,7 +6,7 @@ import math
 from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var
 from zeptograd.uop.ops import Ops, UOp
 
 C_TYPES = {
@@ -168,7 +168,7 @@ class CStyleRenderer(Renderer):
                     emit(f"{self.render_dtype(dt.base)} {acc}[{dt.size}];")  # type: ignore[attr-defined]
                     r[u] = acc
             elif op is Ops.RANGE:
-                r[u] = f"ridx{u.arg[0]}"
+                r[u] = loop_var(u)
                 emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 depth += 1
             elif op is Ops.END:

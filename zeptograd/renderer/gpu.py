@@ -19,7 +19,7 @@ import math
 import struct
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _NATIVE_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC}
@@ -244,7 +244,7 @@ class GPURenderer(Renderer):
             elif op is Ops.BARRIER:
                 emit(self.barrier)
             elif op is Ops.RANGE:
-                r[u] = f"ridx{u.arg[0]}"
+                r[u] = loop_var(u)
                 emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 depth += 1
             elif op is Ops.END:
