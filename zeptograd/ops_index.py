@@ -8,7 +8,7 @@ An out-of-range tensor index would select nothing (a silent 0), so the values of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -308,19 +308,69 @@ def check_index_bounds(idx: Tensor, size, dim: int, wrap: bool, what: str = "") 
     capture (`_Capture.checks` in engine/jit.py), so that every replay checks them right after that kernel and
     raises before the kernels after it run. A replay never skips the check.
     """
+    _check_values(idx, size, wrap, None, lambda vals, size_v: _bounds_error(what, vals, dim, size_v))
+
+
+def check_label_bounds(labels: Tensor, num_classes, ignore_index: int | None, what: str) -> bool:
+    """Class labels (cross_entropy, nll_loss, sparse_categorical_crossentropy) must be in [0, num_classes) or equal
+    ignore_index, else an IndexError at the call with torch's text ("Target 7 is out of bounds.") and the class
+    count: a label out of range would select no class (a silent loss of 0 for it). Checked as index tensors are
+    (`check_index_bounds`: read where they lie, else realized; under TinyJit a captured min/max checked on every
+    replay), with the labels equal to ignore_index left out.
+
+    Returns whether a label may equal ignore_index: False when the values read show none (the loss then needs no
+    mask: a smaller graph), True when one does or the values are not known now (a TinyJit capture)."""
+    if not dtypes.is_int(labels.dtype):
+        raise TypeError(f"{what}: class index labels must be an integer tensor, got {labels.dtype} (class "
+                        f"probabilities need the input's shape)")
+
+    def error(vals, size_v: int) -> IndexError:
+        vals = list(dict.fromkeys(int(v) for v in vals))
+        allowed = f"[0, {size_v})" + (f" or ignore_index={ignore_index}" if ignore_index is not None else "")
+        more = f"; out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''}" \
+            if len(vals) > 1 else ""
+        return IndexError(f"Target {vals[0]} is out of bounds. ({what}: {size_v} classes, labels must be in "
+                          f"{allowed}{more})")
+
+    return _check_values(labels, num_classes, False, ignore_index, error)
+
+
+def check_one_hot_bounds(labels: Tensor, num_classes: int) -> None:
+    """one_hot's class values must be in [0, num_classes): torch's RuntimeError texts, with the value and the count."""
+
+    def error(vals, size_v: int) -> RuntimeError:
+        v = int(vals[0])
+        rule = "non-negative" if v < 0 else "smaller than num_classes"
+        return RuntimeError(f"Class values must be {rule}. (one_hot: class value {v} with num_classes={size_v})")
+
+    _check_values(labels, num_classes, False, None, error)
+
+
+def _check_values(idx: Tensor, size, wrap: bool, ignore: int | None,
+                  error: Callable[[Sequence[int], int], Exception]) -> bool:
+    """Raise error(offending values, size) if an element of idx other than `ignore` is outside [-size, size) (wrap)
+    or [0, size); offending values in order (eager) or the max or min out of range (a TinyJit capture or replay).
+    Returns whether an element may equal `ignore` (True if the values are not read now)."""
     from zeptograd.engine.realize import capturing
     from zeptograd.uop.variable import sint_value
 
     if idx.device.split(":")[0] == "NULL":
-        return  # the NULL device runs nothing: its tensors hold no values to check
+        return ignore is not None  # the NULL device runs nothing: its tensors hold no values to check
+    if ignore is not None and not dtypes.min(idx.dtype) <= ignore <= dtypes.max(idx.dtype):
+        ignore = None  # no element can equal it
     if not capturing:
         vals = _index_values(idx)
+        ignored = False
+        if ignore is not None:
+            kept = vals[vals != ignore]
+            vals, ignored = kept, kept.size < vals.size
         size_v = sint_value(size)
         lo = -size_v if wrap else 0
         if vals.size and (vals.min() < lo or vals.max() >= size_v):
-            raise _bounds_error(what, vals[(vals < lo) | (vals >= size_v)].flatten(), dim, size_v)
-        return
-    _capture_bounds_check(idx, size, dim, wrap, what)
+            raise error(vals[(vals < lo) | (vals >= size_v)].flatten(), size_v)
+        return ignored
+    _capture_bounds_check(idx, size, wrap, ignore, error)
+    return ignore is not None
 
 
 def _index_values(idx: Tensor) -> np.ndarray:
@@ -344,7 +394,8 @@ def _index_values(idx: Tensor) -> np.ndarray:
     return idx.numpy()
 
 
-def _capture_bounds_check(idx: Tensor, size, dim: int, wrap: bool, what: str):
+def _capture_bounds_check(idx: Tensor, size, wrap: bool, ignore: int | None,
+                          error: Callable[[Sequence[int], int], Exception]):
     from zeptograd.engine.buffers import buffers, view_base
     from zeptograd.engine.realize import capturing
     from zeptograd.schedule.fold import uniform_const
@@ -355,7 +406,11 @@ def _capture_bounds_check(idx: Tensor, size, dim: int, wrap: bool, what: str):
         return  # no index (a symbolic size that is 0 at a replay: its min > max, below)
     cap = capturing[-1]
     n_before = len(cap)
-    stats = T.stack(idx._inverse()._max()._inverse(), idx._max()).realize()  # min > max: empty (the identities)
+    inv, top = idx._inverse(), idx
+    if ignore is not None:  # an ignored element counts as dtypes.min for the max and dtypes.max for the min
+        skip = idx == ignore
+        inv, top = skip.where(dtypes.min(idx.dtype), inv), skip.where(dtypes.min(idx.dtype), top)
+    stats = T.stack(inv._max()._inverse(), top._max()).realize()  # min > max: empty or all ignored
     if (c := uniform_const(stats.uop)) is not None:  # a constant index: checked once, it cannot change
         read = lambda: (c.arg, c.arg)  # noqa: E731
     else:
@@ -370,7 +425,7 @@ def _capture_bounds_check(idx: Tensor, size, dim: int, wrap: bool, what: str):
         size_v = sint_value(size if var_vals is None else rebind_shape((unbound,), var_vals)[0])
         lo = -size_v if wrap else 0
         if mn <= mx and (mn < lo or mx >= size_v):
-            raise _bounds_error(what, [mx if mx >= size_v else mn], dim, size_v)
+            raise error([mx if mx >= size_v else mn], size_v)
 
     check()
     if len(cap) > n_before:

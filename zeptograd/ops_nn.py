@@ -9,7 +9,7 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
-from zeptograd.ops_index import last_hit
+from zeptograd.ops_index import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
 from zeptograd.tensor_helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 
 if TYPE_CHECKING:
@@ -255,10 +255,20 @@ class NNMixin:
         return self == classes.reshape(tuple(num_classes if i == d else 1 for i in range(self.ndim)))
 
     def one_hot(self: Tensor, num_classes: int = -1) -> Tensor:
-        if dtypes.is_float(self.dtype):
+        """int64 (..., num_classes); class values must be in [0, num_classes), checked at the call (a RuntimeError as
+        torch, naming the value and the count). num_classes=-1: the max value + 1 (read back; not under TinyJit)."""
+        if not dtypes.is_int(self.dtype):
             raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if num_classes == -1:
-            num_classes = int(self.max().item()) + 1
+            from zeptograd.engine.realize import capturing
+
+            if self.numel() == 0:
+                raise RuntimeError("Can not infer total number of classes from empty tensor.")
+            # the values set the shape: read where they lie (a capture refuses the read: JitError)
+            num_classes = max(int(self.max().item() if capturing else _index_values(self).max()) + 1, 0)
+        elif num_classes < 0:
+            raise RuntimeError(f"Class values must be smaller than num_classes. (one_hot: num_classes={num_classes})")
+        check_one_hot_bounds(self, num_classes)
         return self.unsqueeze(-1)._one_hot_along(num_classes).cast(dtypes.int64)
 
     def _do_reduction(self: Tensor, reduction: str = "mean") -> Tensor:
@@ -266,37 +276,56 @@ class NNMixin:
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         return self.mean() if reduction == "mean" else self.sum() if reduction == "sum" else self
 
-    def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-        """Classes on dim 1 (dim 0 for one unbatched sample); Y is class indices or class probabilities."""
+    def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
+                      ignore_index: int = -100) -> Tensor:
+        """Classes on dim 1 (dim 0 for one unbatched sample); Y is class indices or class probabilities. Class indices
+        must be in [0, classes) or equal ignore_index (as torch: those don't count, nor in the mean's divisor);
+        checked at the call (`check_label_bounds`)."""
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         y = Y.unsqueeze(0) if self.ndim == 1 else Y
         c = x.shape[1]
+        keep = None
         if y.ndim < x.ndim:
+            if check_label_bounds(Y, c, ignore_index, "cross_entropy"):
+                keep = y != ignore_index
             y = y.unsqueeze(1)._one_hot_along(c, 1).cast(x.dtype)
-        y = y * (1 - label_smoothing) + label_smoothing / c
+        if label_smoothing:
+            y = y * (1 - label_smoothing) + label_smoothing / c
         ret = -(x.log_softmax(axis=1) * y).sum(axis=1)
-        return (ret.reshape(()) if self.ndim == 1 else ret)._do_reduction(reduction)
+        ret = ret if keep is None else keep.where(ret, 0)
+        ret = ret.reshape(()) if self.ndim == 1 else ret
+        if keep is not None and reduction == "mean":
+            return ret.sum() / keep.sum()
+        return ret._do_reduction(reduction)
 
     def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
                  reduction: str = "mean") -> Tensor:
+        """Log-probabilities with classes on dim 1; labels in [0, classes) or equal ignore_index, checked at the call
+        (`check_label_bounds`)."""
+        masked = check_label_bounds(Y, self.shape[1], ignore_index, "nll_loss")
         w = Y.ones_like(dtype=self.dtype) if weight is None else weight._gather(0, Y.flatten()).reshape(Y.shape)
-        if ignore_index is not None:
+        if masked:
             w = w * (Y != ignore_index)
-        nll = -self._gather(1, Y.unsqueeze(1)).squeeze(1) * w  # unchecked: ignore_index labels are masked by w
+        nll = -self._gather(1, Y.unsqueeze(1)).squeeze(1) * w  # checked above; ignore_index labels are masked by w
         return nll.sum() / w.sum() if reduction == "mean" else nll._do_reduction(reduction)
 
     def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing=0.0,
                                         reduction: str = "mean") -> Tensor:
-        """Classes on the last dim; entries whose label is ignore_index don't count."""
+        """Classes on the last dim; entries whose label is ignore_index don't count, the others must be in
+        [0, classes) (checked at the call: `check_label_bounds`)."""
+        masked = check_label_bounds(Y, self.shape[-1], ignore_index, "sparse_categorical_crossentropy")
         log_probs = self.log_softmax()
-        keep = Y != ignore_index
-        y = Y.unsqueeze(-1)._one_hot_along(self.shape[-1]) & keep.unsqueeze(-1)
-        smoothing = label_smoothing * (log_probs.mean(-1) * keep)
-        unreduced = (1 - label_smoothing) * y.where(log_probs, 0).sum(-1) + smoothing
+        keep = Y != ignore_index if masked else None
+        y = Y.unsqueeze(-1)._one_hot_along(self.shape[-1])
+        y = y if keep is None else y & keep.unsqueeze(-1)
+        unreduced = y.where(log_probs, 0).sum(-1)
+        if label_smoothing:
+            smoothing = log_probs.mean(-1) if keep is None else log_probs.mean(-1) * keep
+            unreduced = (1 - label_smoothing) * unreduced + label_smoothing * smoothing
         if reduction == "mean":
-            return -unreduced.sum() / keep.sum()
+            return -unreduced.sum() / keep.sum() if keep is not None else -unreduced.mean()
         return -(unreduced.sum() if reduction == "sum" else unreduced)
 
     def binary_crossentropy(self: Tensor, Y: Tensor, reduction: str = "mean") -> Tensor:
