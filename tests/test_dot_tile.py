@@ -30,6 +30,8 @@ def test_linear_gets_a_tile_of_vector_dot_products():
     uops, _ = full_rewrite(item.ast, CStyleRenderer(), opts)
     src = CStyleRenderer().render(kernel_name(item.ast), uops).src
     assert src.count("zg_floatx16 acc") == 16  # 8 rows x 2 columns of 16-lane accumulators
+    # each folded after the loop by halves (16 -> 8 -> 4 -> 2 -> 1 lanes), not by 15 dependent scalar adds
+    assert src.count("__builtin_shufflevector") == 16 * 6 and "[15]" not in src
     loop = src[src.rindex("for (") :]
     assert len(re.findall(r"memcpy\(&val\d+, \(data", loop)) == 10  # 8 row + 2 column vector loads feed 16 FMAs
 
@@ -103,7 +105,7 @@ def test_vector_lanes_follow_the_accesses_run_most_often():
     renderer = Device["CPU"].renderer
     uops, _ = full_rewrite(item.ast, renderer)
     src = renderer.render(kernel_name(item.ast), uops).src
-    assert set(re.findall(r"<\d+ x float>", src)) == {"<16 x float>"}
+    assert set(re.findall(r"llvm\.fma\.(v\d+f32)", src)) == {"v16f32"}  # before: v2f32
 
 
 @pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])

@@ -21,13 +21,37 @@ def split_vector_alu(ctx, x: UOp) -> UOp | None:
     return UOp(Ops.VECTORIZE, x.dtype.scalar.vec(n), lanes)
 
 
+def split_masked_load(ctx, ld: UOp, idx: UOp) -> UOp | None:
+    """# LOAD(INDEX(buf, i, vector valid)) -> VECTORIZE(LOAD(INDEX(buf, i+k, valid[k]))...) where the target has no
+    masked vector loads"""
+    if len(idx.src) < 3 or idx.src[2].dtype.count == 1 or ctx.masked_vectors:
+        return None
+    return UOp(Ops.VECTORIZE, ld.dtype, tuple(UOp(Ops.LOAD, ld.dtype.scalar, (_lane_index(idx, k),))
+                                              for k in range(ld.dtype.count)))
+
+
+def split_masked_store(ctx, st: UOp, idx: UOp) -> UOp | None:
+    """# STORE(INDEX(buf, i, vector valid), x) -> GROUP(STORE(INDEX(buf, i+k, valid[k]), x[k])...)"""
+    if len(idx.src) < 3 or idx.src[2].dtype.count == 1 or ctx.masked_vectors:
+        return None
+    val = st.src[1]
+    return UOp(Ops.GROUP, dtypes.void, tuple(_lane_index(idx, k).store(_lane(val, k)) for k in range(val.dtype.count)))
+
+
+def _lane_index(idx: UOp, k: int) -> UOp:
+    i = idx.src[1] if k == 0 else idx.src[1] + UOp.const(idx.src[1].dtype, k)
+    return UOp(Ops.INDEX, idx.dtype, (idx.src[0], i, _lane(idx.src[2], k)))
+
+
 def _lane(x: UOp, i: int) -> UOp:
     return x if x.dtype.count == 1 else UOp(Ops.GEP, x.dtype.scalar, (x,), (i,))
 
 
 def fold_gep_vectorize(g: UOp, v: UOp) -> UOp:
-    """# VECTORIZE(a, b, c)[1] -> b"""
-    return v.src[g.arg[0]]
+    """# VECTORIZE(a, b, c)[1] -> b; VECTORIZE(a, b, c)[2, 0] -> VECTORIZE(c, a)"""
+    if len(g.arg) == 1:
+        return v.src[g.arg[0]]
+    return UOp(Ops.VECTORIZE, g.dtype, tuple(v.src[i] for i in g.arg))
 
 
 def fold_vectorize_gep(v: UOp) -> UOp | None:
@@ -43,6 +67,8 @@ def fold_vectorize_gep(v: UOp) -> UOp | None:
 pm_devectorize = PatternMatcher(
     [
         (UPat(GroupOp.ALU | {Ops.CAST, Ops.BITCAST}, name="x"), split_vector_alu),
+        (UPat(Ops.LOAD, name="ld", src=(UPat(Ops.INDEX, name="idx"),)), split_masked_load),
+        (UPat(Ops.STORE, name="st", src=(UPat(Ops.INDEX, name="idx"), UPat())), split_masked_store),
         (UPat(Ops.GEP, name="g", src=(UPat(Ops.VECTORIZE, name="v"),)), fold_gep_vectorize),
         (UPat(Ops.VECTORIZE, name="v"), fold_vectorize_gep),
     ]

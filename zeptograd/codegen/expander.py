@@ -68,8 +68,7 @@ def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | 
         idx = u.src[1]
         for r in expanded:
             n = _size(r)
-            if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r) and \
-                    (len(u.src) < 3 or r not in u.src[2].toposort()):
+            if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r):  # a gate on r: a masked access
                 scores[r] = scores.get(r, 0) + count
     if not scores:
         return None
@@ -163,13 +162,32 @@ class Expander:
         return [self.scalar_index(index, axes, key, lane) for lane in range(self.width)]
 
     def vector_index(self, index: UOp, axes, key) -> UOp | None:
-        """INDEX(buf, base) for a contiguous vector access of this copy, None if the lanes are not contiguous."""
+        """INDEX(buf, base[, valid]) for a contiguous vector access of this copy, None if the lanes are not contiguous.
+        A gate that differs across the lanes (a pad's border inside the vector) becomes a vector of bools: a masked
+        access; one that holds for every lane of this copy (the value ranges decide) is dropped."""
         idx = self.substitute(index.src[1], axes, key)
-        valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
-        if not is_contiguous(idx, self.v) or (valid is not None and self.v in valid.toposort()):  # type: ignore[arg-type]
+        if not is_contiguous(idx, self.v):
             return None
+        valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
+        if valid is not None and valid.op is Ops.CONST and valid.arg is True:
+            valid = None
+        elif valid is not None and self.v in valid.toposort():  # type: ignore[operator]
+            valid = self.vectorize_expr(valid)
         base = self.substitute(idx, (), (), lane=0)
         return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
+
+    def vectorize_expr(self, x: UOp) -> UOp:
+        """x (free of unrolled ranges) over the lanes of the vector range: its ops on vectors, the rest broadcast."""
+        done: dict[UOp, UOp] = {}
+        for u in x.toposort():
+            if u is self.v:
+                done[u] = self.exp[u].vals[()]
+            elif not any(s in done and done[s].dtype.count > 1 for s in u.src):
+                done[u] = u
+            else:
+                srcs = tuple(done[s] if done[s].dtype.count > 1 else self.broadcast(done[s]) for s in u.src)
+                done[u] = UOp(u.op, u.dtype.vec(self.width), srcs, u.arg)
+        return done[x]
 
     def expand_load(self, u: UOp) -> Expanded:
         index = u.src[0]
@@ -226,9 +244,20 @@ class Expander:
             accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
             res = _fold(accs, op)
             if lanes_reduced:  # one horizontal reduce, after the loop
-                res = _fold([UOp(Ops.GEP, res.dtype.scalar, (res,), (i,)) for i in range(self.width)], op)
+                res = _fold_lanes(res, self.width, op)
             vals[out_key] = res
         return Expanded(out_axes, vals, x_vec and not lanes_reduced)
+
+
+def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:
+    """# v[0] op v[1] op ... op v[w-1] -> (lo op hi) halved log2(w) times: lo, hi = v[:w/2], v[w/2:]
+    (a tree of vector ops, instead of w-1 dependent scalar ones)"""
+    while width > 1:
+        half = width // 2
+        lo = UOp(Ops.GEP, v.dtype.scalar.vec(half) if half > 1 else v.dtype.scalar, (v,), tuple(range(half)))
+        hi = UOp(Ops.GEP, lo.dtype, (v,), tuple(range(half, width)))
+        v, width = UOp(op, lo.dtype, (lo, hi)), half
+    return v
 
 
 def _fold(xs: list[UOp], op: Ops) -> UOp:

@@ -205,8 +205,12 @@ class CStyleRenderer(Renderer):
                 r[u] = new_name("vec")
                 vt = self.render_dtype(dt)
                 emit(f"{vt} {r[u]} = ({vt}){{{', '.join(r[s] for s in src)}}};")
-            elif op is Ops.GEP:
+            elif op is Ops.GEP and len(u.arg) == 1:
                 r[u] = f"{r[src[0]]}[{u.arg[0]}]"
+            elif op is Ops.GEP:  # several lanes: a shuffle (GCC 12+, clang)
+                r[u] = new_name("vec")
+                lanes = ", ".join(str(i) for i in u.arg)
+                emit(f"{self.render_dtype(dt)} {r[u]} = __builtin_shufflevector({r[src[0]]}, {r[src[0]]}, {lanes});")
             elif op in (Ops.GROUP, Ops.NOOP):
                 pass
             elif op is Ops.CAST:
