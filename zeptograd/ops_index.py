@@ -2,7 +2,9 @@
 one-hot mask and a sum; __setitem__ writes through a mask with `where`, so it stays lazy and elementwise.
 
 An out-of-range tensor index would select nothing (a silent 0), so the values of every index tensor a user passes
-(t[idx], t[idx] = v, gather, scatter, nn.Embedding) are checked at the call: `check_index_bounds`.
+(t[idx], t[idx] = v, gather, scatter, nn.Embedding) are checked at the call: `check_index_bounds`. Class labels
+(cross_entropy, nll_loss, sparse_categorical_crossentropy, one_hot in ops_nn.py) are checked the same way, with
+torch's messages and ignore_index allowed: `check_label_bounds`, `check_one_hot_bounds`.
 """
 
 from __future__ import annotations
@@ -178,8 +180,8 @@ class IndexMixin:
         return self._gather(dim, index, check=True)
 
     def _gather(self: Tensor, dim: int, index: Tensor, check: bool = False) -> Tensor:
-        """gather; without `check` for indices that are in range by construction (interpolate) or masked after
-        (nll_loss's ignore_index): their values are not read back."""
+        """gather; without `check` for indices that are in range by construction (interpolate) or checked by the
+        caller with their own rule (nll_loss's labels, where ignore_index is allowed and masked after)."""
         d = normalize_axis(dim, self.ndim, "dim")
         if index.ndim != self.ndim:
             raise ValueError(f"gather: index of shape {index.shape} needs as many dims as the input {self.shape}")
