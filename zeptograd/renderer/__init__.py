@@ -27,6 +27,7 @@ class Renderer:
     simd_bytes = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
     has_threads = True  # kernels may take a core_id and run on several cores
     alu_transcendentals = False  # vector exp2/log2/sin written as ALU ops (codegen/transcendental.py)
+    masked_vectors = False  # a vector load/store may take a vector of gates (one per lane); else it is split in lanes
 
     def keeps_vector(self, x: UOp) -> bool:
         """Whether the target computes x (an ALU, CAST or BITCAST with a vector dtype) as one vector op."""

@@ -36,6 +36,7 @@ _ARG_NS = {"AxisType": AxisType, "Ops": Ops, "inf": math.inf, "nan": math.nan, "
 
 class PythonRenderer(Renderer):
     device = "PYTHON"
+    masked_vectors = True  # a gated vector access reads/writes lane by lane
 
     def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
         pos = {u: i for i, u in enumerate(uops)}
