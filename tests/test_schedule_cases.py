@@ -406,9 +406,7 @@ def einsum_matmul_transposed():
     return Tensor.einsum("ik,jk->ij", a, b), an @ bn.T
 
 
-@case(1, rtol=1e-4, atol=1e-5, xfail="padding=1 makes a padded copy of the input its own kernel (E_2_3_8_8: "
-                                     "(2,3,6,6) -> (2,3,8,8)) before the fused conv+bn+relu r_2_4_6_6_3_3_3: "
-                                     "rangeify.must_realize realizes a PAD of a buffer read in a reduce loop")
+@case(1, rtol=1e-4, atol=1e-5)
 def conv2d_batchnorm_relu():
     import torch
 

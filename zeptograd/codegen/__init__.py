@@ -9,6 +9,7 @@ from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.peel import peel_borders
 from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
@@ -37,6 +38,8 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[list[UOp], list[Opt]]:
     sink, opts = optimize(ast, renderer, opts)
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
+    if not getattr(renderer, "has_local", False):  # GPU threads take a pad's border for free; CPU loops don't
+        sink = peel_borders(sink)  # window reads gated by a pad: border and interior parts, the interior ungated
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     if getattr(renderer, "has_local", False):
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)

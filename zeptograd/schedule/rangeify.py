@@ -125,10 +125,19 @@ class Rangeify:
                 used = {r for i in idx for r in i.ranges}
                 if scope - used:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
-        if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape) and \
-                any(_is_window(i) for idx, _ in reqs for i in idx):
-            return True  # a padded input read through a sliding window (conv): a padded copy makes reads unconditional
+        if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape):
+            window = [req for req in reqs if any(_is_window(i) for i in req[0])]
+            if window and self.divmod_read(x, window[0]):
+                return True  # a window read that costs divmods (conv_transpose's zero-inserted input): a padded copy
         return False
+
+    def divmod_read(self, x: UOp, req: Request) -> bool:
+        """Whether reading x at req reaches what lies under its view ops through an index or validity that divides
+        (a reshape that does not fold away, a zero-inserting pad): arithmetic that would run on every read."""
+        while x.op in GroupOp.Movement:
+            x, req, _ = self.src_requests(x, req)[0]
+        return any(u.op in (Ops.IDIV, Ops.MOD) for e in (*req[0], *([req[1]] if req[1] is not None else []))
+                   for u in e.toposort())
 
     def costly_nodes(self) -> dict[UOp, bool]:
         """Whether the ops inlined into a node (up to buffers, reduces and nodes already realized) hold a
@@ -287,7 +296,7 @@ class Rangeify:
 
     def lower_node(self, x: UOp, req: Request, srcs: list[UOp]) -> UOp:
         if x.op in GroupOp.Movement:
-            if x.op is Ops.PAD and (valid := pad_validity(x, req[0])) is not None:
+            if x.op is Ops.PAD and (valid := pad_validity(x, req[0])) is not None and not gated_by(srcs[0], valid):
                 return valid.where(srcs[0], UOp.const(x.dtype, 0))
             return srcs[0]
         if x.op is Ops.REDUCE_AXIS:
@@ -311,6 +320,25 @@ def renumber_ranges(ast: UOp) -> UOp:
     ranges = sorted((u for u in ast.toposort() if u.op is Ops.RANGE), key=lambda r: r.arg[0])
     mapping = {r: UOp.range(r.src[0], i, r.arg[1]) for i, r in enumerate(ranges)}
     return graph_substitute(ast, {k: v for k, v in mapping.items() if k is not v})
+
+
+def and_terms(u: UOp) -> set[UOp]:
+    """The conjuncts of a bool expression: (a & b) & c -> {a, b, c}."""
+    out, stack = set(), [u]
+    while stack:
+        x = stack.pop()
+        if x.op is Ops.AND and x.dtype == dtypes.bool:
+            stack.extend(x.src)
+        else:
+            out.add(x)
+    return out
+
+
+def gated_by(x: UOp, valid: UOp) -> bool:
+    """x is a load whose gate already implies valid (a PAD of a buffer: the load reads 0 outside, no WHERE needed)."""
+    if x.op is not Ops.LOAD or len(x.src[0].src) < 3:
+        return False
+    return and_terms(valid) <= and_terms(x.src[0].src[2])
 
 
 def pad_validity(x: UOp, idx: tuple[UOp, ...]) -> UOp | None:
