@@ -120,6 +120,19 @@ def test_a_narrow_window_is_not_peeled():
     assert peel_borders(ast) is ast
 
 
+def test_a_register_tile_is_not_peeled():
+    """Up to two vectors of lanes a nest is copied; a wider tile would triple a large body (compile time)."""
+    from zeptograd.codegen.opt import Opt, OptOps, apply_opts
+
+    ast = graph_rewrite(pool_kernel(Tensor(randn(1, 4, 10, 64)).max_pool2d(kernel_size=3, stride=1, padding=1)),
+                        symbolic)
+    vec = [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 2, 2)]  # w: 2 vectors of 16 lanes
+    two_vectors = graph_rewrite(apply_opts(ast, vec), symbolic)
+    assert len(peel_borders(two_vectors).src) == 3  # rows 0, 1..8, 9 (w has no loop left)
+    tile = graph_rewrite(apply_opts(ast, vec + [Opt(OptOps.UPCAST, 0, 2)]), symbolic)  # and 2 channels: 64 lanes
+    assert peel_borders(tile) is tile
+
+
 def test_gpu_kernels_are_not_peeled():
     from zeptograd.renderer.gpu import OpenCLRenderer
 

@@ -16,12 +16,14 @@ parts run one after another (linearize: a kernel's nests in SINK order), each wi
 binds (as a tail, codegen/opt/tail.py); a border of one iteration is a constant. The interior part is peeled again on
 its next range (at most MAX_PEELS ranges per nest): a 2-D window has 5 parts.
 
-When it pays (measured, bench/ and docs/architecture.md): where every load that moves with a reduce is window-gated
-(pooling: the gate and the mask are most of the work per element; avg_pool2d 1.4x, max_pool2d 1.07x). Not where a
+When it pays (measured on (8,64,56,56)): where every load that moves with a reduce is window-gated (pooling: the
+gate and the mask are most of the work per element; avg_pool2d up to 1.4x, max_pool2d ~1.1x, noisy). Not where a
 gated load meets an ungated one (a conv's weight): there the second load and the multiply-adds hide the gate, which
 LLVM turns into one masked load (AVX-512 mask registers), and the border copies only double the compile time. The
-interior must also hold at least half of the range, so the copies pay for themselves. CPU only: on a GPU a gate is a
-predicate per thread, and extra loop nests would run on one thread.
+interior must also hold at least half of the range, so the copies pay for themselves, and a nest expanded to more
+than MAX_LANES lanes (a register tile of 8 rows x 2 vectors: 256) is left whole: its three copies doubled a pool's
+compile time (0.45 -> 1.2 s) for a gain lost in the noise. CPU only: on a GPU a gate is a predicate per thread, and
+extra loop nests would run on one thread.
 
 A gate `a < b` holds for every value of the other ranges when `coef*r + rest < 0` at rest's largest value, with
 `a - b = coef*r + rest` (r linear; value ranges give rest's bounds); `!(a < b)` at rest's smallest.
@@ -31,11 +33,13 @@ from __future__ import annotations
 
 from zeptograd.codegen.opt.tail import bound_ranges
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import build_sum, split_sum, symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 
 MAX_PEELS = 2  # ranges peeled per loop nest (each one adds two border copies of the nest)
+MAX_LANES = 32  # a nest expanded to more lanes (a register tile) is not copied: compile time, for little gain
 
 
 def _and_terms(g: UOp) -> list[UOp]:
@@ -107,6 +111,12 @@ def interior(nest: UOp, r: UOp) -> tuple[int, int] | None:
     return lo, hi
 
 
+def lanes(nest: UOp) -> int:
+    """The copies of the nest's body the expander makes: the product of its vector lanes and unrolled copies."""
+    return prod(u.src[0].arg for u in nest.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST,
+                                                                                            AxisType.UNROLL))
+
+
 def _part(nest: UOp, r: UOp, start: int, size: int, next_id: int) -> tuple[UOp, int]:
     """The nest over r in start..start+size-1, with fresh copies of the loops it binds."""
     from zeptograd.codegen.opt import pm_fix_range_lists
@@ -141,7 +151,7 @@ def peel_borders(sink: UOp) -> UOp:
     while work:
         nest, peeled = work.pop(0)
         cut = None
-        if nest.op is Ops.END and peeled < MAX_PEELS:
+        if nest.op is Ops.END and peeled < MAX_PEELS and lanes(nest) <= MAX_LANES:
             for r in nest.src[1:]:
                 if r.op is Ops.RANGE and r.arg[1] is AxisType.LOOP and r.src[0].op is Ops.CONST and \
                         (cut := interior(nest, r)) is not None:
