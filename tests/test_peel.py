@@ -66,6 +66,16 @@ def test_padded_conv_is_one_kernel_reading_the_input_through_a_gate():
     assert not any(u.op is Ops.WHERE for u in item.ast.toposort())
 
 
+def test_a_prologue_is_computed_once_into_the_padded_copy():
+    """bn + relu before a conv: inlined, it would run for every window position and output channel (and its
+    per-channel loads would draw the vector axis); the padded copy computes it once, as before."""
+    x, w = Tensor(randn(2, 4, 8, 8)), Tensor(randn(4, 4, 3, 3))
+    a, b = Tensor(randn(1, 4, 1, 1)), Tensor(randn(1, 4, 1, 1))
+    first, conv = (x * a + b).relu().conv2d(w, padding=1).schedule()
+    assert not any(u.op is Ops.REDUCE for u in first.ast.toposort())  # (2,4,8,8) -> relu(x*a+b) padded (2,4,10,10)
+    assert gated_loads(conv.ast) == []
+
+
 def test_conv_transpose_keeps_its_padded_copy():
     """A zero-inserted input (stride 2) would be read through divmods in every iteration: a padded copy first."""
     x, w = Tensor(randn(1, 4, 9, 9)), Tensor(randn(4, 3, 3, 3))

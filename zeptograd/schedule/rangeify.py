@@ -127,17 +127,18 @@ class Rangeify:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape):
             window = [req for req in reqs if any(_is_window(i) for i in req[0])]
-            if window and self.divmod_read(x, window[0]):
-                return True  # a window read that costs divmods (conv_transpose's zero-inserted input): a padded copy
+            if window and not self.plain_read(x, window[0]):
+                return True  # a window over computed values or read through divmods: a padded copy, computed once
         return False
 
-    def divmod_read(self, x: UOp, req: Request) -> bool:
-        """Whether reading x at req reaches what lies under its view ops through an index or validity that divides
-        (a reshape that does not fold away, a zero-inserting pad): arithmetic that would run on every read."""
+    def plain_read(self, x: UOp, req: Request) -> bool:
+        """Whether x read at req is a buffer read through view ops whose index and validity do not divide: one load.
+        Not a prologue (bn + relu before a conv: recomputed for every window position and output channel) nor a
+        reshape that does not fold away or a zero-inserting pad (conv_transpose's input: divmods on every read)."""
         while x.op in GroupOp.Movement:
             x, req, _ = self.src_requests(x, req)[0]
-        return any(u.op in (Ops.IDIV, Ops.MOD) for e in (*req[0], *([req[1]] if req[1] is not None else []))
-                   for u in e.toposort())
+        exprs = [*req[0]] + ([req[1]] if req[1] is not None else [])
+        return x.op is Ops.BUFFER and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
 
     def costly_nodes(self) -> dict[UOp, bool]:
         """Whether the ops inlined into a node (up to buffers, reduces and nodes already realized) hold a
