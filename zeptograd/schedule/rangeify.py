@@ -26,6 +26,8 @@ MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materi
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}
+MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
+MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
 
 Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity or None)
@@ -151,6 +153,32 @@ class Rangeify:
             reads[u] = u.op is Ops.BUFFER or stop or any(reads[s] for s in u.src)
         return {u: trans[u] and reads[u] for u in self.nodes}
 
+    def contractions_with_costly_epilogue(self) -> set[UOp]:
+        """Large reduces over many inputs (matmuls) whose elementwise consumers hold a transcendental (gelu, sigmoid):
+        stored, and the epilogue is its own elementwise kernel. Fused, the epilogue would run once per output of a
+        tile of dot products, on scalars (x @ w.T's tile reduces its vector lanes to one value per output); its own
+        kernel runs it 16 lanes wide for one more pass over the output (about 3% of such a matmul)."""
+        consumers: dict[UOp, list[UOp]] = {}
+        for u in self.nodes:
+            for s in u.src:
+                consumers.setdefault(s, []).append(u)
+        found: set[UOp] = set()
+        for x in self.nodes:
+            if x.op is not Ops.REDUCE_AXIS or x in self.realize or prod(x.shape) < MIN_EPILOGUE_SPLIT_OUTPUTS or \
+                    prod(x.src[0].shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.shape):
+                continue
+            stack, seen = list(consumers.get(x, [])), set()
+            while stack:
+                u = stack.pop()
+                if u in seen or u in self.realize or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
+                    continue
+                seen.add(u)
+                if u.op in TRANSCENDENTAL:
+                    found.add(x)
+                    break
+                stack.extend(consumers.get(u, []))
+        return found
+
     def costly_expanded_into_reduce(self) -> set[UOp]:
         """Costly elementwise nodes that reach a reduce through an EXPAND (a layernorm or gelu before a matmul):
         inlined, they would be recomputed for every element of the expanded axis, e.g. once per output column."""
@@ -225,6 +253,7 @@ class Rangeify:
         self.realize |= outputs | {u for u in self.nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
         self.realize |= self.long_chains()
         self.realize |= self.costly_expanded_into_reduce()
+        self.realize |= self.contractions_with_costly_epilogue()
         self.realize |= self.broadcast_reduces()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
             self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
