@@ -7,6 +7,7 @@ import hashlib
 import importlib
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -176,11 +177,26 @@ class CompiledDevice:
 _pool = None  # a concurrent.futures.ThreadPoolExecutor, made (and its module imported) at the first parallel call
 
 
-def run_on_cores(fn, n: int):
-    """Call fn(core_id) for core_id in 0..n-1 in parallel; compiled kernels release the GIL while they run."""
+def small_work(spec) -> Callable[[tuple[int, ...]], bool] | None:
+    """For a ProgramSpec with `work`: vals -> whether a call is too small to be worth the other cores; else None."""
+    if not spec.work:
+        return None
+    from zeptograd.codegen.opt.heuristic import MIN_THREAD_WORK
+
+    try:
+        fn = eval(f"lambda {', '.join(spec.vars)}: {spec.work}", {"max": max})  # noqa: S307  (our own rendering)
+    except SyntaxError:  # a Variable named like a keyword
+        return None
+    return lambda vals: fn(*vals) < MIN_THREAD_WORK
+
+
+def run_on_cores(fn, n: int, serial: bool = False):
+    """Call fn(core_id) for core_id in 0..n-1 in parallel (serial: in order, in this thread); compiled kernels
+    release the GIL while they run."""
     global _pool
-    if n == 1:
-        fn(0)
+    if n == 1 or serial:
+        for core in range(n):
+            fn(core)
         return
     if _pool is None or _pool._max_workers < n - 1:
         import concurrent.futures

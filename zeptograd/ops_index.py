@@ -1,6 +1,11 @@
 """Indexing. Basic indices (ints, slices with any step, None, Ellipsis) are movement ops; tensor indices select by a
 one-hot mask and a sum; __setitem__ writes through a mask with `where`, so it stays lazy and elementwise.
 
+A bound Variable (uop/variable.py), or an index expression of bound Variables, may stand for an int index or a
+slice's start/stop (`x[v]`, `x[:v]`, `x[v:v+2]`, step 1): a symbolic shrink, so one kernel serves every value. It is
+never wrapped or clamped (a value outside [0, size] is an IndexError at its bound value; under TinyJit's capture,
+the shrink checks every value of the Variable's range).
+
 An out-of-range tensor index would select nothing (a silent 0), so the values of every index tensor a user passes
 (t[idx], t[idx] = v, gather, scatter, nn.Embedding) are checked at the call: `check_index_bounds`. Class labels
 (cross_entropy, nll_loss, sparse_categorical_crossentropy, one_hot in ops_nn.py) are checked the same way, with
@@ -16,6 +21,8 @@ import numpy as np
 
 from zeptograd.dtype import dtypes
 from zeptograd.tensor_helpers import broadcast_shape, normalize_axis
+from zeptograd.uop import variable
+from zeptograd.uop.ops import UOp
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -25,12 +32,35 @@ if TYPE_CHECKING:
 class _DimSel:
     """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all)."""
 
-    lo: int
-    hi: int
+    lo: int | UOp  # symbolic (an expression of bound Variables) for a Variable index or slice bound
+    hi: int | UOp
     flip: bool
     step: int
-    n: int
+    n: int | UOp
     drop: bool  # an int index: the dim disappears
+
+
+def _is_sym(x) -> bool:
+    """a bound Variable or an index expression of them, used as an index"""
+    return isinstance(x, UOp) and variable.is_sint(x)
+
+
+def _sym_slice(it: slice, size, dim: int) -> _DimSel:
+    """a slice with a symbolic start or stop (step 1): [start, stop), never clamped or wrapped"""
+    if it.step not in (None, 1):
+        raise IndexError(f"a slice with a symbolic bound or of a symbolic dimension takes step 1, got {it.step!r}")
+    lo: int | UOp = 0 if it.start is None else it.start
+    hi: int | UOp = size if it.stop is None else it.stop
+    lo, hi = (variable.sint_simplify(size + b if isinstance(b, int) and b < 0 else b) for b in (lo, hi))
+    lo_v, hi_v, size_v = (variable.sint_value(b) for b in (lo, hi, size))
+    if not 0 <= lo_v <= hi_v <= size_v:
+        raise IndexError(f"slice [{_show(lo)}:{_show(hi)}] with symbolic bounds is out of bounds for dimension {dim} "
+                         f"with size {_show(size)} (it is neither clamped nor wrapped)")
+    return _DimSel(lo, hi, False, 1, variable.sint_simplify(hi - lo), False)
+
+
+def _show(x) -> str:
+    return (variable.render_sint(x) or str(x)) if isinstance(x, UOp) else str(x)
 
 
 class IndexMixin:
@@ -46,6 +76,11 @@ class IndexMixin:
                 items[i] = T(np.asarray(it), device=self.device)
             elif isinstance(it, bool):
                 raise TypeError("indexing with a Python bool is not supported")
+            elif isinstance(it, UOp) and _is_sym(it):
+                items[i] = variable.sint_arg(it, "index")  # bound, one value per Variable: simplified
+            elif isinstance(it, slice) and any(isinstance(b, UOp) for b in (it.start, it.stop, it.step)):
+                items[i] = slice(*(variable.sint_arg(b, "slice") if isinstance(b, UOp) else b
+                                   for b in (it.start, it.stop, it.step)))
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
                 raise TypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
         from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
@@ -82,7 +117,18 @@ class IndexMixin:
                 out_shape.append(1)
                 continue
             size = self.shape[dim]
-            if isinstance(it, (int, np.integer)):
+            if isinstance(it, UOp) or (isinstance(it, (int, np.integer)) and isinstance(size, UOp)):
+                # a symbolic int index, or an int into a symbolic dim: shrink to [i, i+1) and drop the dim
+                if isinstance(it, (int, np.integer)):
+                    it = variable.sint_simplify(size + int(it)) if it < 0 else int(it)
+                if not 0 <= variable.sint_value(it) < variable.sint_value(size):
+                    raise IndexError(f"index {_show(it)} is out of bounds for dimension {dim} with size {_show(size)}"
+                                     f" (a symbolic index is not wrapped)")
+                sels.append(_DimSel(it, variable.sint_simplify(it + 1), False, 1, 1, True))
+            elif isinstance(it, slice) and any(isinstance(b, UOp) for b in (it.start, it.stop, it.step, size)):
+                sels.append(_sym_slice(it, size, dim))
+                out_shape.append(sels[-1].n)
+            elif isinstance(it, (int, np.integer)):
                 i = int(it)
                 if not -size <= i < size:
                     raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
@@ -131,7 +177,7 @@ class IndexMixin:
         """Indexing by items as _index_items returns them (already checked)."""
         sels, out_shape = self._basic_plan(items)
         x = self._apply_basic(sels, out_shape)
-        adv = [(pos, it) for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer)))
+        adv = [(pos, it) for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer, UOp)))
                if isinstance(it, type(self))]
         return x._advanced(adv) if adv else x
 

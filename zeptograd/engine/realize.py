@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffers, view_base
@@ -64,6 +65,8 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
             print(f"{i:4d} {u.op.name:<14} {str(u.dtype):<20} {[uops.index(s) for s in u.src]} {u.arg!r}")
     name = kernel_name(ast)
     spec = dev.renderer.render(name, uops)  # type: ignore[attr-defined]
+    if spec.vars and spec.global_size[0] > 1 and not getattr(dev.renderer, "has_local", False):
+        spec = replace(spec, work=symbolic_work(ast))  # small values run on one core (device.run_on_cores)
     if DEBUG >= 4:
         print(spec.src)
     ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)  # type: ignore[attr-defined]

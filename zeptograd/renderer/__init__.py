@@ -15,6 +15,9 @@ class ProgramSpec:
     vars: tuple[str, ...] = ()  # int arguments after the pointers, in DEFINE_VAR order
     global_size: tuple[int, int, int] = (1, 1, 1)  # GPU groups; on CPU, global_size[0] is the number of cores
     local_size: tuple[int, int, int] = (1, 1, 1)  # GPU work-group size
+    # a CPU kernel threaded over a symbolic loop: its loop iterations as a Python expression of `vars`; where that is
+    # below MIN_THREAD_WORK at a call's values its cores run one after another in the caller (no pool handoff)
+    work: str | None = None
 
 
 def loop_var(r) -> str:

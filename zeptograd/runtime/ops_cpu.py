@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
 from zeptograd.renderer import ProgramSpec
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
@@ -48,13 +48,15 @@ class CPUProgram:
         self.lib = ctypes.CDLL(path)
         self.fxn = self.lib[spec.name]
         self.fxn.restype = None
+        self.small = small_work(spec)
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         args = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(v) for v in vals]
         if self.spec.global_size[0] == 1:
             self.fxn(*args)
         else:  # one call per core; ctypes releases the GIL during each
-            run_on_cores(lambda core: self.fxn(*args, ctypes.c_int(core)), self.spec.global_size[0])
+            run_on_cores(lambda core: self.fxn(*args, ctypes.c_int(core)), self.spec.global_size[0],
+                         self.small is not None and self.small(vals))
 
 
 class CPUDevice(CompiledDevice):

@@ -20,7 +20,7 @@ import os
 import re
 from typing import Any
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
 from zeptograd.helpers import DEBUG, cache_dir, getenv
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.llvmir import LLVMRenderer
@@ -161,12 +161,14 @@ class LLVMProgram:
         self.spec, self.addr, self.has_core_id = spec, addr, has_core_id
         argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + has_core_id)
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+        self.small = small_work(spec)
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         if not self.has_core_id:
             self.fxn(*ptrs, *vals)
             return
-        run_on_cores(lambda core: self.fxn(*ptrs, *vals, core), self.spec.global_size[0])
+        run_on_cores(lambda core: self.fxn(*ptrs, *vals, core), self.spec.global_size[0],
+                     self.small is not None and self.small(vals))
 
 
 class LLVMDevice(CompiledDevice):

@@ -487,7 +487,9 @@ def _value_range(u: UOp) -> tuple[Any, Any]:
     if u.op is Ops.BIND:  # the variable's range, not the bound value: a kernel is valid for every value
         return u.src[0].vrange
     if u.op is Ops.RANGE:
-        return 0, u.src[0].vmax - 1
+        # a symbolic loop that may run once runs at most once, not "always at 0": folded to 0, its body would no
+        # longer depend on it and be hoisted out of a loop that may run 0 times (a tail of n % 2, say)
+        return 0, u.src[0].vmax - 1 if u.src[0].op is Ops.CONST else max(u.src[0].vmax - 1, 1)
     if u.op is Ops.VECTORIZE and u.src:
         return min(s.vmin for s in u.src), max(s.vmax for s in u.src)
     if u.op is Ops.SPECIAL:

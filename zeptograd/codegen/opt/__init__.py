@@ -10,6 +10,15 @@ first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of 
 
 An UPCAST/UNROLL/THREAD amount that does not divide n splits the largest part it divides and adds a tail for the
 rest (codegen/opt/tail.py); LOCAL/GROUP amounts must divide.
+
+A symbolic size n (an expression of DEFINE_VARs, uop/variable.py) is split by the same algebra wherever it holds for
+every value of the variables: UPCAST/UNROLL take RANGE(n//amt)*amt + RANGE(amt) and a tail loop over the n%amt left
+(tail.py); THREAD, where amt does not divide n, gives each core a chunk of c = ceil(n/amt) iterations, the last
+ones cut at n by the loop's own bound (no gate, no load past n):
+
+    RANGE(n) -> SPECIAL(core_id, amt)*c + RANGE(c - max((core_id+1)*c - n, 0))
+
+TILE, LOCAL and GROUP need amt to divide n for every value (n = 16*v, say), and refuse otherwise.
 """
 
 from __future__ import annotations
@@ -60,10 +69,35 @@ def kernel_axes(ast: UOp) -> list[UOp]:
     )
 
 
-def _range_size(r: UOp) -> int:
-    if r.src[0].op is not Ops.CONST:
-        raise OptError(f"axis {r.arg[0]} has a symbolic size")
-    return r.src[0].arg
+def _range_size(r: UOp) -> int | UOp:
+    """the loop's trip count: an int, or an index expression of variables (a symbolic size)"""
+    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
+
+
+def _vmax(n: int | UOp) -> int:
+    return n if isinstance(n, int) else n.vmax
+
+
+def _divides(n: int | UOp, amt: int) -> bool:
+    """amt divides n for every value of its variables"""
+    if isinstance(n, int):
+        return n % amt == 0
+    rem = (n % amt).simplify()
+    return rem.op is Ops.CONST and rem.arg == 0
+
+
+def _div(n: int | UOp, amt: int) -> int | UOp:
+    if isinstance(n, int):
+        return n // amt
+    q = (n // amt).simplify()
+    return q.arg if q.op is Ops.CONST else q
+
+
+def _chunked(n: UOp, core: UOp, cores: int, axis: int) -> UOp:
+    """# RANGE(n) -> core*c + RANGE(c - max((core+1)*c - n, 0)), c = ceil(n/cores): the last chunk ends at n"""
+    c = ((n + (cores - 1)) // cores).simplify()
+    over = ((core + 1) * c - n).maximum(UOp.const(dtypes.index, 0))
+    return core * c + UOp.range((c - over).simplify(), axis, AxisType.LOOP)
 
 
 def _fix_range_lists(x: UOp) -> UOp | None:
@@ -92,7 +126,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         raise OptError(f"{opt}: the kernel has {len(axes)} axes")
     r = axes[opt.axis]
     n, kind = _range_size(r), r.arg[1]
-    if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > n):
+    if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         if (opt.op is OptOps.UPCAST) != (kind in (AxisType.LOOP, AxisType.THREAD, AxisType.GLOBAL)):
@@ -105,23 +139,25 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
             raise OptError(f"{opt}: this loop nest already runs on {old.src[0].arg} cores")
     if opt.op is OptOps.TILE:
         # a block of the axis outermost: what the inner loops read of this axis stays in cache across the others
-        if kind is not AxisType.LOOP or n % opt.arg:
+        if kind is not AxisType.LOOP or not _divides(n, opt.arg):
             raise OptError(f"{opt}: TILE splits an output loop evenly; axis {opt.axis} is {kind.name} of size {n}")
         first = min(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE)
-        new = UOp.range(n // opt.arg, first - 1, AxisType.LOOP) * opt.arg + UOp.range(opt.arg, r.arg[0], kind)
+        new = UOp.range(_div(n, opt.arg), first - 1, AxisType.LOOP) * opt.arg + UOp.range(opt.arg, r.arg[0], kind)
         return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
-    if opt.op is not OptOps.SWAP and n % opt.arg:
+    if opt.op is not OptOps.SWAP and not _divides(n, opt.arg):
         # the largest part the amount divides, then a tail (codegen/opt/tail.py): vector lanes and cores only
         if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
             kind_t = AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL
             return apply_opt(split_tail(ast, r, opt.arg, vector_tail(kind_t)), opt)
+        if opt.op is OptOps.THREAD and isinstance(n, UOp):  # symbolic: per-core chunks, the last one cut at n
+            return graph_rewrite(graph_substitute(ast, {r: _chunked(n, core, opt.arg, r.arg[0])}), pm_fix_range_lists)
         if opt.op is OptOps.THREAD:
             return apply_opt(split_tail(ast, r, opt.arg, thread_tail(core)), opt)
         raise OptError(f"{opt}: {opt.arg} does not divide the axis size {n}")
     next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         inner = UOp.range(opt.arg, next_id, AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL)
-        new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
+        new = inner if opt.arg == n else UOp.range(_div(n, opt.arg), r.arg[0], kind) * opt.arg + inner
     elif opt.op is OptOps.SWAP:
         if not 0 <= opt.arg < len(axes) or opt.arg == opt.axis or axes[opt.arg].arg[1] is not kind:
             raise OptError(f"{opt}: SWAP needs two different axes of the same kind")
@@ -129,13 +165,13 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         a, b = UOp.range(r.src[0], other.arg[0], kind), UOp.range(other.src[0], r.arg[0], kind)
         return graph_rewrite(graph_substitute(ast, {r: a, other: b}), pm_fix_range_lists)
     elif opt.op is OptOps.THREAD:
-        new = core * (n // opt.arg) + (UOp.range(n // opt.arg, r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
+        new = core * _div(n, opt.arg) + (UOp.range(_div(n, opt.arg), r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
     elif opt.op in (OptOps.LOCAL, OptOps.GROUP):
         # RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP): neighbouring threads take neighbouring elements
         if not (kind in (AxisType.LOOP, AxisType.GLOBAL) if opt.op is OptOps.LOCAL else kind is AxisType.REDUCE):
             raise OptError(f"{opt}: LOCAL splits output loops, GROUP reduce loops; axis {opt.axis} is {kind.name}")
         inner = UOp.range(opt.arg, next_id, AxisType.LOCAL if opt.op is OptOps.LOCAL else AxisType.GROUP)
-        new = inner if opt.arg == n else UOp.range(n // opt.arg, r.arg[0], kind) * opt.arg + inner
+        new = inner if opt.arg == n else UOp.range(_div(n, opt.arg), r.arg[0], kind) * opt.arg + inner
     else:
         raise OptError(f"{opt.op} is not supported on this target")
     return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)

@@ -7,6 +7,10 @@
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
 - the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
 - an amount that does not divide its axis: the largest part it divides, and a tail for the rest.
+
+A symbolic loop (a size from a Variable) counts as its largest size (the kernel serves every value, so it is
+shaped for the most work): it is split like any other, with a tail loop for n % amount and, for THREAD, per-core
+chunks; divisors are not preferred where the size is not known.
 """
 
 from __future__ import annotations
@@ -36,7 +40,26 @@ def stride(idx: UOp, r: UOp) -> int | None:
 
 
 def size(r: UOp) -> int:
-    return r.src[0].arg if r.src[0].op is Ops.CONST else 0
+    """the loop's trip count; for a symbolic one, its largest value"""
+    return r.src[0].arg if r.src[0].op is Ops.CONST else max(r.src[0].vmax, 0)
+
+
+def symbolic_size(r: UOp) -> bool:
+    return r.src[0].op is not Ops.CONST
+
+
+def symbolic_work(ast: UOp) -> str | None:
+    """The kernel's loop iterations as a Python expression of its Variables; None without a symbolic loop. A kernel
+    threaded for its largest size runs on one core where a call's values make it small (runtime: run_on_cores)."""
+    sizes = [r.src[0] for r in kernel_axes(ast)]
+    if all(s.op is Ops.CONST for s in sizes):
+        return None
+    from zeptograd.uop.variable import render_sint
+
+    work = sizes[0]
+    for s in sizes[1:]:
+        work = work * s
+    return render_sint(work.simplify(), names_only=True)
 
 
 def largest_divisor(n: int, options: tuple[int, ...]) -> int:
@@ -102,7 +125,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
 
     def vec_amount(r: UOp) -> int:  # a full vector and a tail where the width does not divide a long enough axis
         options = tuple(w for w in (16, 8, 4, 2) if w <= width) or (1,)
-        return amount_with_tail(size(r), options) if size(r) >= options[0] else largest_divisor(size(r), options)
+        if size(r) >= options[0] or symbolic_size(r):
+            return amount_with_tail(size(r), options)
+        return largest_divisor(size(r), options)
 
     vec_i = max(
         range(len(axes)),
@@ -181,7 +206,7 @@ def thread_nests(plan: OptPlan, threads: int, blocks: set[int] = frozenset()) ->
             if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
                 continue
             r = next(
-                (r for r in loops if size(r) % threads == 0 or size(r) >= 8 * threads),
+                (r for r in loops if (size(r) % threads == 0 and not symbolic_size(r)) or size(r) >= 8 * threads),
                 max(loops, key=lambda r: size(r)),
             )
             tried.add(loops[0].arg[0])

@@ -29,7 +29,7 @@ def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
     take = plan.take
 
     axes = kernel_axes(plan.ast)
-    if not axes or any(size(r) == 0 for r in axes):
+    if not axes or any(size(r) == 0 or r.src[0].op is not Ops.CONST for r in axes):  # LOCAL/GROUP need divisors
         return plan.ast, plan.opts
     loops = [r for r in axes if r.arg[1] is AxisType.LOOP]
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]

@@ -20,6 +20,10 @@ What t is depends on the action:
 - THREAD (`thread_tail`): T < cores iterations, one per core: t = min(core_id, T-1), the tail's stores gated by
   core_id < T (every core runs the kernel; the clamp keeps the other cores' loads in bounds).
 
+A symbolic size n (uop/variable.py) splits the same way where the algebra holds for every value: M = (n//c)*c, and
+the tail's T = n%c (0 to c-1, unknown until run time) iterations are a scalar loop `M + RANGE(n%c)` of the axis's own
+kind (a loop, or a reduce), not unrolled copies. THREAD of a symbolic axis takes no tail (codegen/opt/__init__.py).
+
 `gate_single_core`: in a kernel that runs once per core, a loop nest that does not depend on core_id (a tail made
 before the THREAD, or one nothing threaded) stores from core 0 only.
 """
@@ -34,8 +38,9 @@ from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substi
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 
-# (M, T, next free axis id) -> (the value of the split range in the tail, a gate for the tail's stores or None)
-TailFn = Callable[[int, int, int], tuple[UOp, UOp | None]]
+# (M, T, next free axis id) -> (the value of the split range in the tail, a gate for the tail's stores or None);
+# M and T are index expressions (UOps) where the range's size is symbolic
+TailFn = Callable[[int | UOp, int | UOp, int], tuple[UOp, UOp | None]]
 
 
 def bound_ranges(b: UOp) -> list[UOp]:
@@ -70,8 +75,11 @@ def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
     """RANGE(n) -> RANGE(M) in the kernel, plus a tail for the n - M remaining iterations (see the module doc)."""
     from zeptograd.codegen.opt import pm_fix_range_lists
 
-    n = r.src[0].arg
-    m, t = n - n % amt, n % amt
+    if r.src[0].op is Ops.CONST:
+        n = r.src[0].arg
+        m, t = n - n % amt, n % amt
+    else:  # a symbolic size: (n//amt)*amt, then n%amt
+        m, t = ((r.src[0] // amt) * amt).simplify(), (r.src[0] % amt).simplify()
     binders = [u for u in ast.toposort() if u.op in (Ops.END, Ops.REDUCE) and r in u.src[1:]]
     if any(b.op is Ops.END and b not in ast.src for b in binders):
         from zeptograd.codegen.opt import OptError
@@ -102,8 +110,10 @@ def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
 def vector_tail(kind: AxisType) -> TailFn:
     """the T remaining positions of an UPCAST/UNROLL as unrolled copies (a constant when T = 1)"""
 
-    def fn(m: int, t: int, axis: int) -> tuple[UOp, UOp | None]:
+    def fn(m: int | UOp, t: int | UOp, axis: int) -> tuple[UOp, UOp | None]:
         start = UOp.const(dtypes.index, m)
+        if isinstance(t, UOp):  # 0 to amt-1 iterations, known at run time: a loop of the axis's kind
+            return start + UOp.range(t, axis, AxisType.LOOP if kind is AxisType.UPCAST else AxisType.REDUCE), None
         return (start + UOp.range(t, axis, kind) if t > 1 else start), None
 
     return fn
