@@ -266,3 +266,18 @@ def test_costly_epilogue_of_a_large_matmul_is_its_own_kernel():
     h = xn @ wn.T
     ref = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
     np.testing.assert_allclose((x @ w.T).gelu().numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_realized_graph_is_not_reused_after_its_buffer_is_written():
+    """zeros(6, 4).contiguous() realized, then written by setitem: an equal graph built later is computed again,
+    it does not read the written buffer (it returned the 3s)."""
+    a = Tensor.zeros(6, 4).contiguous().realize()
+    a[1] = 3
+    a.realize()
+    b = Tensor.zeros(6, 4).contiguous().realize()
+    np.testing.assert_equal(b.numpy(), np.zeros((6, 4), np.float32))
+    np.testing.assert_equal(a.numpy()[1], np.full(4, 3, np.float32))
+    c = Tensor.ones(5).contiguous().realize()
+    c.shrink(((0, 2),)).assign(Tensor.full((2,), 7.0)).realize()
+    np.testing.assert_equal(Tensor.ones(5).contiguous().numpy(), np.ones(5, np.float32))
+    np.testing.assert_equal(c.numpy(), [7, 7, 1, 1, 1])

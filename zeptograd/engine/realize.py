@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
 realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
+# under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
+_readers: dict[UOp, weakref.WeakSet] = {}
 # TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1], and
 # _schedule reuses only the realized values in capturing[-1].realized (those that don't read the jit's inputs)
 capturing: list = []
@@ -143,16 +146,39 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
     return _schedule(tensors)[0]
 
 
+def _buffer_under(u: UOp) -> UOp | None:
+    while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.EXPAND, Ops.PAD):
+        u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
+
+def remember_realized(node: UOp, value: UOp):
+    realized[node] = value
+    if (buf := _buffer_under(value)) is not None:
+        _readers.setdefault(buf, weakref.WeakSet()).add(node)
+
+
+def forget_written(buf: UOp):
+    """Buffer `buf` was written by an ASSIGN: the graphs realized into it no longer hold their value there."""
+    for node in list(_readers.pop(buf, ())):
+        realized.pop(node, None)
+
+
 def realize_tensors(tensors: list[Tensor]):
+    from zeptograd.schedule.rangeify import assign_buffer
+
     items, outs, becomes, var_vals = _schedule(tensors)
     run_schedule(items, var_vals)
+    for old in becomes:
+        if old.op is Ops.ASSIGN:
+            forget_written(assign_buffer(old))
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
         if new is not t.uop:
-            realized[t.uop] = new
+            remember_realized(t.uop, new)
             t.uop = new
     for old, new in becomes.items():
-        realized[old] = new
+        remember_realized(old, new)
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:
