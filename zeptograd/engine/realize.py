@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 # a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
 # under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
-_readers: dict[UOp, weakref.WeakSet] = {}
+_readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDictionary()
 # TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1], and
 # _schedule reuses only the realized values in capturing[-1].realized (those that don't read the jit's inputs)
 capturing: list = []
