@@ -136,7 +136,10 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     vec_r = axes[vec_i]
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
     vec_amt = vec_amount(vec_r)
-    if not is_reduce and reduce_work > 1 and vec_amt > 1 and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r) and \
+    vec_loads = [u for u in idxs if u in in_reduce and stride(u.src[1], vec_r) == 1]
+    tile_rows = [r for r in axes if r.arg[1] is AxisType.LOOP and r is not vec_r and vec_loads and
+                 all(stride(u.src[1], r) == 0 for u in vec_loads)]  # a register tile will follow (see below)
+    if not is_reduce and tile_rows and vec_amt > 1 and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r) and \
             (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8) if w <= width))) >= 8:
         # a register tile's columns (two vectors) leave over 1/8 of the axis to a tail, whose loop nest gets no
         # tile: a narrower vector that divides the axis (conv's ow=56: 7 x 8 lanes; 16 lanes tile only 32 of
