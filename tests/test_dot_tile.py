@@ -61,8 +61,7 @@ def test_a_times_b_transposed_values(shape, device):
 
 def test_batched_q_times_k_transposed_values():
     (q, qn), (k, kn) = data(2, 3, 20, 32), data(2, 3, 20, 32)
-    np.testing.assert_allclose((q @ k.transpose(-2, -1)).numpy(), qn @ kn.transpose(0, 1, 3, 2), rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose((q @ k.transpose(-2, -1)).numpy(), qn @ kn.transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4)
 
 
 def test_tile_makes_an_outermost_block_loop():

@@ -52,8 +52,16 @@ def test_padding_does_not_change_an_embedding(model_dir):
 
 
 def test_bad_inputs_name_their_shapes():
-    model = Bert(BertConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                            intermediate_size=16, max_position_embeddings=4))
+    model = Bert(
+        BertConfig(
+            vocab_size=10,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=16,
+            max_position_embeddings=4,
+        )
+    )
     with pytest.raises(ValueError, match=r"\(2, 3\).*\(2, 4\)"):
         model(Tensor.zeros(2, 3, dtype="int32"), Tensor.ones(2, 4, dtype="int32"))
     with pytest.raises(ValueError, match="sequence length 5 exceeds max_position_embeddings 4"):

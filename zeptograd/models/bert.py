@@ -136,14 +136,19 @@ class Bert:
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(f"Bert: input_ids {input_ids.shape} must be (batch, seq) and attention_mask the same "
-                             f"shape, got {attention_mask.shape}")
+            raise ValueError(
+                f"Bert: input_ids {input_ids.shape} must be (batch, seq) and attention_mask the same "
+                f"shape, got {attention_mask.shape}"
+            )
         if input_ids.shape[1] > self.cfg.max_position_embeddings:
-            raise ValueError(f"Bert: sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
-                             f"{self.cfg.max_position_embeddings}")
+            raise ValueError(
+                f"Bert: sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
+                f"{self.cfg.max_position_embeddings}"
+            )
         # padded keys get a large negative score before the softmax (HF uses the dtype's min, the same in float32)
         attn_bias = (attention_mask.reshape(input_ids.shape[0], 1, 1, -1) == 0).where(
-            float(np.finfo(np.float32).min), 0.0)
+            float(np.finfo(np.float32).min), 0.0
+        )
         return self.encoder(self.embeddings(input_ids, token_type_ids), attn_bias)
 
     def sentence_embeddings(self, input_ids: Tensor, attention_mask: Tensor, normalize: bool = True) -> Tensor:
@@ -172,8 +177,10 @@ def load_tokenizer(model_dir: str | os.PathLike, max_length: int = 256):
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
-        raise ImportError("the BERT tokenizer needs the `tokenizers` package: pip install tokenizers "
-                          "(or pip install -e \".[examples]\")") from e
+        raise ImportError(
+            "the BERT tokenizer needs the `tokenizers` package: pip install tokenizers "
+            '(or pip install -e ".[examples]")'
+        ) from e
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     tok.enable_truncation(max_length)
     tok.no_padding()
@@ -191,6 +198,6 @@ def tokenize(tok, sentences: list[str], pad_to: int = 1) -> tuple[np.ndarray, np
     ids = np.zeros((len(encodings), length), dtype=np.int32)
     mask = np.zeros((len(encodings), length), dtype=np.int32)
     for i, e in enumerate(encodings):
-        ids[i, :len(e.ids)] = e.ids
-        mask[i, :len(e.ids)] = e.attention_mask
+        ids[i, : len(e.ids)] = e.ids
+        mask[i, : len(e.ids)] = e.attention_mask
     return ids, mask
