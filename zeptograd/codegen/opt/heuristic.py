@@ -129,18 +129,22 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             return amount_with_tail(size(r), options)
         return largest_divisor(size(r), options)
 
+    def lanes_worth(r: UOp) -> int:  # 2 lanes of a 3-long axis (a conv's kw) don't pay when another axis has 4+
+        n = vec_amount(r)
+        return n if n >= 4 or all(vec_amount(a) < 4 for a in axes if contiguous_count(a)) else 0
+
     vec_i = max(
         range(len(axes)),
-        key=lambda i: (contiguous_count(axes[i]) * vec_amount(axes[i]), axes[i].arg[1] is AxisType.LOOP, i),
+        key=lambda i: (contiguous_count(axes[i]) * lanes_worth(axes[i]), axes[i].arg[1] is AxisType.LOOP, i),
     )
     vec_r = axes[vec_i]
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
     vec_amt = vec_amount(vec_r)
-    vec_loads = [u for u in idxs if u in in_reduce and stride(u.src[1], vec_r) == 1]
+    vec_loads = [u for u in idxs if u in in_reduce and stride(u.src[1], vec_r) != 0]  # contiguous or gathers
     tile_rows = [r for r in axes if r.arg[1] is AxisType.LOOP and r is not vec_r and vec_loads and
                  all(stride(u.src[1], r) == 0 for u in vec_loads)]  # a register tile will follow (see below)
     if not is_reduce and tile_rows and vec_amt > 1 and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r) and \
-            (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8) if w <= width))) >= 8:
+            (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4) if w <= width))) >= 4:
         # a register tile's columns (two vectors) leave over 1/8 of the axis to a tail, whose loop nest gets no
         # tile: a narrower vector that divides the axis (conv's ow=56: 7 x 8 lanes; 16 lanes tile only 32 of
         # the 56) is faster (conv 43 -> 15 ms); matmul 1000 (992 tiled with 16 lanes) keeps its 16
@@ -173,8 +177,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     main_ids = {r.arg[0] for r in axes}  # not the copies of loops a tail made
     loop_axes = [r for r in kernel_axes(plan.ast) if r.arg[1] is AxisType.LOOP and r.arg[0] in main_ids]
     if has_reduce and not is_reduce and len(loop_axes) >= 2 and len(plan.opts) == 1:
-        # rows: an axis no vector-loaded operand depends on, so one vector load feeds every row
-        vec_loads = [u for u in idxs if stride(u.src[1], vec_r) == 1 and u in in_reduce]
+        # rows: an axis no vector-loaded (or gathered: a strided conv's input) operand depends on, so one vector
+        # load feeds every row
+        vec_loads = [u for u in idxs if stride(u.src[1], vec_r) != 0 and u in in_reduce]
         row = next(
             (r for r in loop_axes if r.arg[0] != vec_r.arg[0] and vec_loads and
              all(stride(u.src[1], r) == 0 for u in vec_loads)),
