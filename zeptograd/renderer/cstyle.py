@@ -44,6 +44,11 @@ def _float_fn(name: str) -> Callable[[DType, str], str]:
     )
 
 
+
+def _nan_wins(dt: DType, a: str) -> str:
+    """max(a, b) is NaN when a is (numpy and torch propagate NaN; `a > b ? a : b` alone would return b)"""
+    return f"||({a}!={a})" if dtypes.is_float(dt) else ""
+
 class CStyleRenderer(Renderer):
     device = "CPU"
     kernel_prefix = ""
@@ -61,7 +66,7 @@ class CStyleRenderer(Renderer):
         Ops.FDIV: lambda dt, a, b: f"({a}/{b})",
         Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
         Ops.MOD: lambda dt, a, b: f"({a}%{b})",
-        Ops.MAX: lambda dt, a, b: f"(({a}>{b})?{a}:{b})",
+        Ops.MAX: lambda dt, a, b: f"((({a}>{b}){_nan_wins(dt, a)})?{a}:{b})",
         Ops.CMPLT: lambda dt, a, b: f"({a}<{b})",
         Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
         Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})",

@@ -131,7 +131,8 @@ class GPURenderer(Renderer):
         elif op is Ops.NEG:
             ret = f"(!{a})" if dt.scalar == dtypes.bool else f"(-{a})"
         elif op is Ops.MAX:
-            ret = f"(({a}>{srcs[1]})?{a}:{srcs[1]})"
+            nan = f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""  # NaN wins, as numpy/torch's max
+            ret = f"((({a}>{srcs[1]}){nan})?{a}:{srcs[1]})"
         elif op is Ops.WHERE:
             ret = f"({a}?{srcs[1]}:{srcs[2]})"
         elif op is Ops.MULACC:
