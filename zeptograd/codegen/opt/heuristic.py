@@ -200,6 +200,13 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             if ri is not None and vi is not None and ri < vi:
                 take(Opt(OptOps.SWAP, ri, vi))
 
+    # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
+    # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
+    # 1.16 -> 0.25 ms with 8 vectors)
+    if has_reduce and not is_reduce and len(plan.opts) == 1 and (vi := index_of(plan.ast, vec_r)) is not None:
+        if (more := amount_with_tail(size(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
+            take(Opt(OptOps.UPCAST, vi, more))
+
     if threads > 1 and total_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
