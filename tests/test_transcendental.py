@@ -36,3 +36,21 @@ def test_vector_transcendental_accuracy(alu_transcendentals, name, lo, hi, n):
     with np.errstate(all="ignore"):
         ref = getattr(np, name)(x.astype(np.float64)).astype(np.float32)
     np.testing.assert_allclose(out, ref, rtol=3e-6, atol=1e-7, equal_nan=True)
+
+
+def test_exp2_rounds_with_two_adds_and_stays_exact_at_ties():
+    """exp2's range reduction rounds x to an integer as (x + 1.5*2**23) - 1.5*2**23 (2 ops) instead of
+    floor(x + 0.5) (cast, cast, compare, select, add, sub); at halves both leave |f| <= 0.5."""
+    from zeptograd.codegen.transcendental import ROUND_MAGIC, xexp2
+    from zeptograd.dtype import dtypes
+    from zeptograd.uop.ops import UOp
+
+    lane = UOp(Ops.DEFINE_VAR, dtypes.float32, (), ("x", -200.0, 200.0))
+    graph = xexp2(UOp(Ops.VECTORIZE, dtypes.float32.vec(16), (lane,) * 16)).toposort()
+    assert any(u.op is Ops.CONST and u.arg == ROUND_MAGIC for u in graph)
+    assert sum(u.op is Ops.CAST for u in graph) == 1  # only n's cast to int; the old floor cast twice more
+    x = np.concatenate([np.arange(-149.5, 128, 0.5, dtype=np.float32), np.float32([0.49999997, -0.49999997])])
+    x = np.concatenate([x, np.zeros((-len(x)) % 16, np.float32)])
+    out = Tensor(x).exp2().numpy()
+    ref = np.exp2(x.astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(out, ref, rtol=3e-7, atol=0)

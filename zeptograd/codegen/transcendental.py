@@ -53,13 +53,14 @@ def _pow2i(n: UOp, like: UOp) -> UOp:
     return UOp(Ops.BITCAST, like.dtype, (bits,))
 
 
+ROUND_MAGIC = 1.5 * 2**23  # x + M - M rounds a float32 to an integer (the sum's low bits are gone)
 EXP2_COEFFS = [1.0] + [math.log(2) ** k / math.factorial(k) for k in range(1, 8)]
 
 
 def xexp2(x: UOp) -> UOp:
     """2**x = 2**n * 2**f with n = round(x), |f| <= 1/2; 2**n is applied in two halves to reach subnormals"""
     xc = _where(_lt(x, _c(x, -150.0)), _c(x, -150.0), _where(_lt(_c(x, 128.0), x), _c(x, 129.0), x))
-    nf = _floor(xc + _c(x, 0.5))
+    nf = (xc + _c(x, ROUND_MAGIC)) - _c(x, ROUND_MAGIC)  # round to nearest: 2 ops, exact for |xc| < 2**22
     p = _horner(xc - nf, EXP2_COEFFS)
     n = nf.cast(_ints(x))
     n1 = UOp(Ops.SHR, n.dtype, (n, UOp.const(n.dtype, 1)))  # floor(n/2): arithmetic shift
