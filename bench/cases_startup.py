@@ -23,8 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
+
+from bench.spec import Spec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINES = {
@@ -32,16 +33,6 @@ LINES = {
     "numpy": "import numpy as np; print(np.array([1.0], dtype=np.float32).sum().item())",
     "torch": "import torch; print(torch.tensor([1.0]).sum().item())",
 }
-
-
-@dataclass
-class StartupSpec:  # the fields of bench.run.Spec that run_case reads
-    runners: dict[str, Callable[[], Any] | None]
-    kind: str
-    nbytes: int = 0
-    flops: int = 0
-    note: str = ""
-    loop: int = 0
 
 
 def _process(code: str, cache_dirs: list[str] | None = None) -> Callable[[], None]:
@@ -73,8 +64,8 @@ def bare_python_s(runs: int = 5) -> float:
     return statistics.median(ts)
 
 
-def _case(cold: bool) -> Callable[[bool], StartupSpec]:
-    def case(q: bool) -> StartupSpec:
+def _case(cold: bool) -> Callable[[bool], Spec]:
+    def case(q: bool) -> Spec:
         dirs: list[str] | None = None
         if cold:
             dirs = [tempfile.mkdtemp(prefix="zg_startup_") for _ in range(4 if q else 8)]
@@ -89,12 +80,12 @@ def _case(cold: bool) -> Callable[[bool], StartupSpec]:
         pyc = " (PYTHONDONTWRITEBYTECODE=1: modules compiled each run)" if os.getenv("PYTHONDONTWRITEBYTECODE") else ""
         note = (f"whole process, {'empty' if cold else 'warm'} kernel cache; bare `python -c pass` "
                 f"{bare * 1e3:.0f} ms{pyc}")
-        return StartupSpec(runners, "latency", note=note)
+        return Spec(runners, "latency", note=note)
 
     return case
 
 
-STARTUP_CASES: dict[str, Callable[[bool], StartupSpec]] = {
+STARTUP_CASES: dict[str, Callable[[bool], Spec]] = {
     "startup": _case(cold=False),
     "startup_cold": _case(cold=True),
 }

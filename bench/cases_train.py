@@ -10,31 +10,11 @@ this module does not import bench.run (it can be imported from it).
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-
-@dataclass
-class TrainSpec:  # the fields of bench.run.Spec that run_case reads
-    runners: dict[str, Callable[[], Any] | None]
-    kind: str = "rate"
-    nbytes: int = 0
-    flops: int = 0
-    note: str = ""
-    loop: int = 0
-
-
-def _torch():
-    try:
-        import torch
-
-        torch.set_num_threads(int(os.getenv("THREADS") or os.cpu_count() or 1))
-        return torch
-    except ImportError:
-        return None
+from bench.spec import Spec, torch_or_none
 
 
 def _zg_step(model: Callable, params: list, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
@@ -74,7 +54,7 @@ def _torch_step(t, model, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
     return run
 
 
-def case_mlp_train(q: bool) -> TrainSpec:
+def case_mlp_train(q: bool) -> Spec:
     from zeptograd import nn
     from zeptograd.nn.state import get_parameters
 
@@ -84,16 +64,16 @@ def case_mlp_train(q: bool) -> TrainSpec:
     y = rng.integers(0, 10, bs).astype(np.int32)
     layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
     zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
-    t = _torch()
+    t = torch_or_none()
     tstep = None
     if t is not None:
         tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
         tstep = _torch_step(t, tmodel, x, y)
-    return TrainSpec({"zeptograd": zg, "numpy": None, "torch": tstep},
+    return Spec({"zeptograd": zg, "numpy": None, "torch": tstep}, "rate",
                      note=f"MLP {d_in}-{d_h}-10 batch {bs}, Adam, TinyJit step; numpy: n/a")
 
 
-def case_digits_train(q: bool) -> TrainSpec:
+def case_digits_train(q: bool) -> Spec:
     from zeptograd import Tensor, nn
     from zeptograd.nn.state import get_parameters
 
@@ -105,7 +85,7 @@ def case_digits_train(q: bool) -> TrainSpec:
               nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,
               lambda v: v.flatten(1), nn.Linear(128, 10)]
     zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
-    t = _torch()
+    t = torch_or_none()
     tstep = None
     if t is not None:
         m = t.nn
@@ -113,11 +93,11 @@ def case_digits_train(q: bool) -> TrainSpec:
                               m.Conv2d(16, 32, 3, padding=1), m.BatchNorm2d(32), m.ReLU(), m.MaxPool2d(2),
                               m.Flatten(), m.Linear(128, 10))
         tstep = _torch_step(t, tmodel, x, y)
-    return TrainSpec({"zeptograd": zg, "numpy": None, "torch": tstep},
+    return Spec({"zeptograd": zg, "numpy": None, "torch": tstep}, "rate",
                      note=f"examples/train_digits.py's convnet, batch {bs}, Adam, TinyJit step; numpy: n/a")
 
 
-TRAIN_CASES: dict[str, Callable[[bool], TrainSpec]] = {
+TRAIN_CASES: dict[str, Callable[[bool], Spec]] = {
     "mlp_train": case_mlp_train,
     "digits_train": case_digits_train,
 }

@@ -33,12 +33,10 @@ if __package__ in (None, ""):  # `python bench/run.py`
 
 import numpy as np
 
+from bench.spec import Spec, threads, torch_or_none
+
 IMPLS = ("zeptograd", "numpy", "torch")
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
-
-
-def threads() -> int:
-    return int(os.getenv("THREADS") or os.cpu_count() or 1)
 
 
 # ***** timing *****
@@ -95,18 +93,6 @@ def measure_loop(fn: Callable[[], Any], n: int) -> float:
 
 
 @dataclass
-class Spec:
-    """What one case runs: a callable per implementation (None: n/a), and how to turn seconds into a rate."""
-
-    runners: dict[str, Callable[[], Any] | None]
-    kind: str  # "bw" (GB/s from nbytes), "flops" (GFLOPS from flops), "rate" (per second), "latency" (time)
-    nbytes: int = 0
-    flops: int = 0
-    note: str = ""
-    loop: int = 0  # >0: cheap calls, timed as batches of `loop` calls
-
-
-@dataclass
 class CaseResult:
     name: str
     kind: str
@@ -130,14 +116,7 @@ def _zg(arr):
     return Tensor(arr).realize()
 
 
-def _torch():
-    try:
-        import torch
-
-        torch.set_num_threads(threads())
-        return torch
-    except ImportError:
-        return None
+_torch = torch_or_none
 
 
 def _peers(np_fn, torch_fn):
