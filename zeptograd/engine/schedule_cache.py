@@ -19,6 +19,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.helpers import ContextVar
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.upat import graph_substitute
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
 MAX_ENTRIES = 4096  # oldest dropped first: graphs with ever-new constants must not grow it without bound
@@ -117,21 +118,8 @@ def _make_template(items: list, becomes: dict[UOp, UOp], in_bufs: list[Buffer],
                     mapping[n] = _placeholder(n, ("new", new_index[id(b)]))
                 else:
                     return None  # a buffer the schedule neither reads nor makes
-        tbecomes[done[old]] = _substitute(new, mapping)
+        tbecomes[done[old]] = graph_substitute(new, mapping)
     return Template(titems, new_bufs, tbecomes)
-
-
-def _substitute(u: UOp, mapping: dict[UOp, UOp]) -> UOp:
-    if not mapping:
-        return u
-    done: dict[UOp, UOp] = {}
-    for n in u.toposort(gate=lambda x: x not in mapping):
-        if n in mapping:
-            done[n] = mapping[n]
-        else:
-            new_src = tuple(done[s] for s in n.src)
-            done[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
-    return done[u]
 
 
 def _copy_item(item: Any, bufs: list[Buffer]) -> Any:
@@ -167,7 +155,7 @@ def _instantiate(t: Template, in_bufs: list[Buffer], in_uops: list[UOp], done: d
         elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
             becomes[node] = reshape_uop(real(value.src[0]), value.shape)
         else:
-            becomes[node] = _substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
+            becomes[node] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
     return items, becomes
 
 

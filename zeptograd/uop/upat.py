@@ -213,6 +213,8 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
 
 def graph_substitute(sink: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """Replace nodes by the mapping (not recursively into replacements), rebuilding what depends on them."""
+    if not mapping:
+        return sink
     done: dict[UOp, UOp] = {}
     for n in sink.toposort(gate=lambda u: u not in mapping):
         if n in mapping:
