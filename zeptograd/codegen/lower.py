@@ -7,7 +7,7 @@ from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
 _HALF = (dtypes.float16, dtypes.bfloat16)
-_TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC}
+_TRANSCENDENTAL = GroupOp.Transcendental | {Ops.TRUNC}
 
 
 def compute_in_float(x: UOp) -> UOp | None:

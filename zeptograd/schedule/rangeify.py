@@ -25,7 +25,6 @@ from zeptograd.uop.upat import graph_rewrite, graph_substitute
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
-TRANSCENDENTAL = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}
 MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
 MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
@@ -149,7 +148,7 @@ class Rangeify:
         reads: dict[UOp, bool] = {}
         for u in self.nodes:
             stop = u.op is Ops.REDUCE_AXIS or u in self.realize
-            trans[u] = not stop and (u.op in TRANSCENDENTAL or any(trans[s] for s in u.src))
+            trans[u] = not stop and (u.op in GroupOp.Transcendental or any(trans[s] for s in u.src))
             reads[u] = u.op is Ops.BUFFER or stop or any(reads[s] for s in u.src)
         return {u: trans[u] and reads[u] for u in self.nodes}
 
@@ -173,7 +172,7 @@ class Rangeify:
                 if u in seen or u in self.realize or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
                     continue
                 seen.add(u)
-                if u.op in TRANSCENDENTAL:
+                if u.op in GroupOp.Transcendental:
                     found.add(x)
                     break
                 stack.extend(consumers.get(u, []))

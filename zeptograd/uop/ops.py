@@ -86,6 +86,7 @@ class Ops(Enum):
 
 class GroupOp:
     Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
+    Transcendental = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}  # costly per element
     Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
               Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
     Ternary = {Ops.WHERE, Ops.MULACC}
