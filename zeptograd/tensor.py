@@ -25,7 +25,7 @@ import numpy as np
 
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
+from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.ops_elementwise import ElementwiseMixin
 from zeptograd.ops_index import IndexMixin
 from zeptograd.ops_math import MathMixin
@@ -250,7 +250,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         value = substitute_realized([x.uop], realized)[0]
         if target.op is Ops.ASSIGN:  # not run yet: fold into one write whose value reads the previous value
             value, target = value.substitute({target: target.src[1]}), target.src[0]
-        if _buffer_base(target) is None:
+        if buffer_under(target) is None:
             self.uop = value
         else:
             if _reads_target_elsewhere(target, value):
@@ -620,20 +620,10 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
-_VIEW_OPS = {Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  # an assign target: a view that names each element once
-
-
-def _buffer_base(u: UOp) -> UOp | None:
-    """The BUFFER under a chain of view ops, or None if u is not a view of a buffer."""
-    while u.op in _VIEW_OPS:
-        u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
-
-
 def _reads_target_elsewhere(target: UOp, value: UOp) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
     one kernel that writes the buffer would read values it has already overwritten."""
-    buf = _buffer_base(target)
+    buf = buffer_under(target)
     nodes = value.toposort(gate=lambda u: u is not target)
     if buf not in nodes and target not in nodes:
         return False

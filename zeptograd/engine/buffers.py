@@ -35,6 +35,14 @@ def reshape_uop(u: UOp, shape: tuple) -> UOp:
     return UOp(Ops.RESHAPE, u.dtype, (u,), shape)
 
 
+def buffer_under(u: UOp) -> UOp | None:
+    """The BUFFER under a chain of view ops that name each element once (an ASSIGN's target, a realized value),
+    None if u is not such a view of a buffer."""
+    while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
+        u = u.src[0]
+    return u if u.op is Ops.BUFFER else None
+
+
 def view_base(u: UOp) -> UOp | None:
     """The BUFFER under a tensor that is a whole buffer (reshape_uop's forms: BUFFER, RESHAPE(BUFFER) with as many
     elements, and for a symbolic shape RESHAPE(SHRINK(BUFFER, ((0, prod(shape)),)))), else None."""

@@ -13,7 +13,7 @@ from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffers, view_base
+from zeptograd.engine.buffers import buffer_under, buffers, view_base
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, prod
 from zeptograd.schedule.fold import uniform_const
@@ -146,15 +146,9 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
     return _schedule(tensors)[0]
 
 
-def _buffer_under(u: UOp) -> UOp | None:
-    while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.EXPAND, Ops.PAD):
-        u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
-
-
 def remember_realized(node: UOp, value: UOp):
     realized[node] = value
-    if (buf := _buffer_under(value)) is not None:
+    if (buf := buffer_under(value)) is not None:
         _readers.setdefault(buf, weakref.WeakSet()).add(node)
 
 
@@ -165,13 +159,11 @@ def forget_written(buf: UOp):
 
 
 def realize_tensors(tensors: list[Tensor]):
-    from zeptograd.schedule.rangeify import assign_buffer
-
     items, outs, becomes, var_vals = _schedule(tensors)
     run_schedule(items, var_vals)
     for old in becomes:
         if old.op is Ops.ASSIGN:
-            forget_written(assign_buffer(old))
+            forget_written(buffer_under(old.src[0]))
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
         if new is not t.uop:

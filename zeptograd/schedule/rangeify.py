@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop, view_base
+from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.helpers import prod, strides_for_shape
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory
@@ -393,7 +393,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     becomes: dict[UOp, UOp] = {}
     for x in rf.nodes:  # every realized node gets a buffer; buffer views of inputs stay as they are
         if x.op is Ops.ASSIGN:  # writes into its target's existing buffer
-            old = assign_buffer(x)
+            old = buffer_under(x.src[0])
             bufs[x] = buffers[old]
             # the target's new contents get a new BUFFER UOp over the same memory: graphs realized from the old
             # contents (the `realized` map is keyed by graph) never answer for the new ones
@@ -438,14 +438,6 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
     return groups
 
 
-def assign_buffer(x: UOp) -> UOp:
-    """The BUFFER an ASSIGN writes: its target is view ops (reshape, permute, shrink, flip) over a buffer."""
-    t = x.src[0]
-    while t.op is not Ops.BUFFER:
-        t = t.src[0]
-    return t
-
-
 def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
     """Kernels in an order that respects their data dependencies and, for each ASSIGN, reads before the write:
     a kernel that reads the assigned buffer's old contents (and does not depend on the ASSIGN) runs before it."""
@@ -462,7 +454,7 @@ def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
     after: dict[UOp, set[UOp]] = {k: {d for d in below[k] if d is not k} for k in kernels}
     for a in kernels:
         if a.op is Ops.ASSIGN:
-            target = assign_buffer(a)
+            target = buffer_under(a.src[0])
             for k in kernels:
                 if k is not a and target in reads[k] and a not in below[k]:
                     after[a].add(k)  # k reads the old contents: it runs first
