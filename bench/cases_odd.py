@@ -35,36 +35,64 @@ def _three(np_fn, zg_fn, torch_fn, arrays, **kw) -> Spec:
     """runners for zeptograd, numpy and torch over the same input arrays"""
     t = torch_or_none()
     zs, ts = [_zg(a) for a in arrays], [t.from_numpy(a) for a in arrays] if t else None
-    return Spec({"zeptograd": lambda: zg_fn(*zs).realize(), "numpy": lambda: np_fn(*arrays),
-                    "torch": (lambda: torch_fn(*ts)) if ts else None}, **kw)
+    return Spec(
+        {
+            "zeptograd": lambda: zg_fn(*zs).realize(),
+            "numpy": lambda: np_fn(*arrays),
+            "torch": (lambda: torch_fn(*ts)) if ts else None,
+        },
+        **kw,
+    )
 
 
 def case_add_odd(q):
     n = 2**12 + 3 if q else 2**24 + 3
     a, b = _np(n, 1), _np(n, 2)
-    return _three(lambda x, y: x + y, lambda x, y: x + y, lambda x, y: x + y, [a, b], kind="bw",
-                  nbytes=3 * a.nbytes, note=f"{n} f32")
+    return _three(
+        lambda x, y: x + y,
+        lambda x, y: x + y,
+        lambda x, y: x + y,
+        [a, b],
+        kind="bw",
+        nbytes=3 * a.nbytes,
+        note=f"{n} f32",
+    )
 
 
 def case_sum_odd(q):
     n = 2**12 + 3 if q else 2**24 + 3
     a = _np(n)
-    return _three(lambda x: x.sum(), lambda x: x.sum(), lambda x: x.sum(), [a], kind="bw", nbytes=a.nbytes,
-                  note=f"{n} f32")
+    return _three(
+        lambda x: x.sum(), lambda x: x.sum(), lambda x: x.sum(), [a], kind="bw", nbytes=a.nbytes, note=f"{n} f32"
+    )
 
 
 def case_sum_last_axis_odd(q):
     shape = (64, 100) if q else (4096, 1000)
     x = _np(shape)
-    return _three(lambda v: v.sum(axis=1), lambda v: v.sum(axis=1), lambda v: v.sum(1), [x], kind="bw",
-                  nbytes=x.nbytes, note=f"{shape}")
+    return _three(
+        lambda v: v.sum(axis=1),
+        lambda v: v.sum(axis=1),
+        lambda v: v.sum(1),
+        [x],
+        kind="bw",
+        nbytes=x.nbytes,
+        note=f"{shape}",
+    )
 
 
 def case_sum_first_axis_odd(q):
     shape = (67, 103) if q else (4099, 1003)
     x = _np(shape)
-    return _three(lambda v: v.sum(axis=0), lambda v: v.sum(axis=0), lambda v: v.sum(0), [x], kind="bw",
-                  nbytes=x.nbytes, note=f"{shape}")
+    return _three(
+        lambda v: v.sum(axis=0),
+        lambda v: v.sum(axis=0),
+        lambda v: v.sum(0),
+        [x],
+        kind="bw",
+        nbytes=x.nbytes,
+        note=f"{shape}",
+    )
 
 
 def _np_softmax(x):
@@ -76,16 +104,30 @@ def case_softmax_odd(q):
     shape = (64, 100) if q else (4096, 1000)
     x = _np(shape)
     t = torch_or_none()
-    return _three(_np_softmax, lambda v: v.softmax(-1), lambda v: t.softmax(v, -1), [x], kind="bw",
-                  nbytes=2 * x.nbytes, note=f"{shape}")
+    return _three(
+        _np_softmax,
+        lambda v: v.softmax(-1),
+        lambda v: t.softmax(v, -1),
+        [x],
+        kind="bw",
+        nbytes=2 * x.nbytes,
+        note=f"{shape}",
+    )
 
 
 def _case_matmul(m, k, n):
     def case(q):
         mm, kk, nn = (m // 16 + 1, k // 16 + 1, n // 16 + 1) if q else (m, k, n)
         a, b = _np((mm, kk), 1), _np((kk, nn), 2)
-        return _three(lambda x, y: x @ y, lambda x, y: x @ y, lambda x, y: x @ y, [a, b], kind="flops",
-                      flops=2 * mm * kk * nn, note=f"({mm},{kk})@({kk},{nn})")
+        return _three(
+            lambda x, y: x @ y,
+            lambda x, y: x @ y,
+            lambda x, y: x @ y,
+            [a, b],
+            kind="flops",
+            flops=2 * mm * kk * nn,
+            note=f"({mm},{kk})@({kk},{nn})",
+        )
 
     return case
 

@@ -78,8 +78,9 @@ def _case(cold: bool) -> Callable[[bool], Spec]:
             runners[impl] = _process(LINES[impl]) if _available(impl) else None
         bare = bare_python_s(2 if q else 5)
         pyc = " (PYTHONDONTWRITEBYTECODE=1: modules compiled each run)" if os.getenv("PYTHONDONTWRITEBYTECODE") else ""
-        note = (f"whole process, {'empty' if cold else 'warm'} kernel cache; bare `python -c pass` "
-                f"{bare * 1e3:.0f} ms{pyc}")
+        note = (
+            f"whole process, {'empty' if cold else 'warm'} kernel cache; bare `python -c pass` {bare * 1e3:.0f} ms{pyc}"
+        )
         return Spec(runners, "latency", note=note)
 
     return case

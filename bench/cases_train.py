@@ -69,8 +69,11 @@ def case_mlp_train(q: bool) -> Spec:
     if t is not None:
         tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
         tstep = _torch_step(t, tmodel, x, y)
-    return Spec({"zeptograd": zg, "numpy": None, "torch": tstep}, "rate",
-                     note=f"MLP {d_in}-{d_h}-10 batch {bs}, Adam, TinyJit step; numpy: n/a")
+    return Spec(
+        {"zeptograd": zg, "numpy": None, "torch": tstep},
+        "rate",
+        note=f"MLP {d_in}-{d_h}-10 batch {bs}, Adam, TinyJit step; numpy: n/a",
+    )
 
 
 def case_digits_train(q: bool) -> Spec:
@@ -81,20 +84,41 @@ def case_digits_train(q: bool) -> Spec:
     rng = np.random.default_rng(0)
     x = rng.random((bs, 1, 8, 8), dtype=np.float32)
     y = rng.integers(0, 10, bs).astype(np.int32)
-    layers = [nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), Tensor.relu, Tensor.max_pool2d,
-              nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,
-              lambda v: v.flatten(1), nn.Linear(128, 10)]
+    layers = [
+        nn.Conv2d(1, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        Tensor.relu,
+        Tensor.max_pool2d,
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        Tensor.relu,
+        Tensor.max_pool2d,
+        lambda v: v.flatten(1),
+        nn.Linear(128, 10),
+    ]
     zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
     t = torch_or_none()
     tstep = None
     if t is not None:
         m = t.nn
-        tmodel = m.Sequential(m.Conv2d(1, 16, 3, padding=1), m.BatchNorm2d(16), m.ReLU(), m.MaxPool2d(2),
-                              m.Conv2d(16, 32, 3, padding=1), m.BatchNorm2d(32), m.ReLU(), m.MaxPool2d(2),
-                              m.Flatten(), m.Linear(128, 10))
+        tmodel = m.Sequential(
+            m.Conv2d(1, 16, 3, padding=1),
+            m.BatchNorm2d(16),
+            m.ReLU(),
+            m.MaxPool2d(2),
+            m.Conv2d(16, 32, 3, padding=1),
+            m.BatchNorm2d(32),
+            m.ReLU(),
+            m.MaxPool2d(2),
+            m.Flatten(),
+            m.Linear(128, 10),
+        )
         tstep = _torch_step(t, tmodel, x, y)
-    return Spec({"zeptograd": zg, "numpy": None, "torch": tstep}, "rate",
-                     note=f"examples/train_digits.py's convnet, batch {bs}, Adam, TinyJit step; numpy: n/a")
+    return Spec(
+        {"zeptograd": zg, "numpy": None, "torch": tstep},
+        "rate",
+        note=f"examples/train_digits.py's convnet, batch {bs}, Adam, TinyJit step; numpy: n/a",
+    )
 
 
 TRAIN_CASES: dict[str, Callable[[bool], Spec]] = {

@@ -50,8 +50,9 @@ class Timing:
     kernel_s: float | None = None  # zeptograd: median time inside kernels (GlobalCounters.time_sum_s)
 
 
-def measure(fn: Callable[[], Any], quick: bool, budget_s: float = 2.0, max_runs: int = 10,
-            counters: bool = False) -> Timing:
+def measure(
+    fn: Callable[[], Any], quick: bool, budget_s: float = 2.0, max_runs: int = 10, counters: bool = False
+) -> Timing:
     """Two warm-up calls (one if it is very slow), then the median of several calls (fewer when one call is slow)."""
     from zeptograd import GlobalCounters
 
@@ -127,8 +128,12 @@ def case_sum(q):
     n = 2**12 if q else 2**24
     a = _np(n)
     za, ta = _zg(a), _torch().from_numpy(a) if _torch() else None
-    return Spec({"zeptograd": lambda: za.sum().realize(), **_peers(lambda: a.sum(), lambda: ta.sum())},
-                "bw", nbytes=a.nbytes, note=f"{n} f32")
+    return Spec(
+        {"zeptograd": lambda: za.sum().realize(), **_peers(lambda: a.sum(), lambda: ta.sum())},
+        "bw",
+        nbytes=a.nbytes,
+        note=f"{n} f32",
+    )
 
 
 def case_add(q):
@@ -137,8 +142,12 @@ def case_add(q):
     za, zb = _zg(a), _zg(b)
     t = _torch()
     ta, tb = (t.from_numpy(a), t.from_numpy(b)) if t else (None, None)
-    return Spec({"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
-                "bw", nbytes=3 * a.nbytes, note=f"{n} f32")
+    return Spec(
+        {"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
+        "bw",
+        nbytes=3 * a.nbytes,
+        note=f"{n} f32",
+    )
 
 
 def case_mul_add_relu(q):
@@ -147,9 +156,15 @@ def case_mul_add_relu(q):
     za, zb, zc = _zg(a), _zg(b), _zg(c)
     t = _torch()
     ta, tb, tc = (t.from_numpy(a), t.from_numpy(b), t.from_numpy(c)) if t else (None,) * 3
-    return Spec({"zeptograd": lambda: (za * zb + zc).relu().realize(),
-                 **_peers(lambda: np.maximum(a * b + c, 0), lambda: (ta * tb + tc).relu())},
-                "bw", nbytes=4 * a.nbytes, note=f"(a*b+c).relu() {n} f32")
+    return Spec(
+        {
+            "zeptograd": lambda: (za * zb + zc).relu().realize(),
+            **_peers(lambda: np.maximum(a * b + c, 0), lambda: (ta * tb + tc).relu()),
+        },
+        "bw",
+        nbytes=4 * a.nbytes,
+        note=f"(a*b+c).relu() {n} f32",
+    )
 
 
 def _square(q):
@@ -162,8 +177,12 @@ def case_sum_last_axis(q):
     zx = _zg(x)
     t = _torch()
     tx = t.from_numpy(x) if t else None
-    return Spec({"zeptograd": lambda: zx.sum(axis=1).realize(), **_peers(lambda: x.sum(axis=1), lambda: tx.sum(1))},
-                "bw", nbytes=x.nbytes + n * 4, note=f"({n},{n})")
+    return Spec(
+        {"zeptograd": lambda: zx.sum(axis=1).realize(), **_peers(lambda: x.sum(axis=1), lambda: tx.sum(1))},
+        "bw",
+        nbytes=x.nbytes + n * 4,
+        note=f"({n},{n})",
+    )
 
 
 def _zg_softmax(x):
@@ -187,9 +206,12 @@ def case_softmax(q):
     from zeptograd import Tensor
 
     how = "Tensor.softmax" if hasattr(Tensor, "softmax") else "composed max/exp/sum"
-    return Spec({"zeptograd": lambda: _zg_softmax(zx).realize(),
-                 **_peers(lambda: _np_softmax(x), lambda: t.softmax(tx, -1))},
-                "bw", nbytes=2 * x.nbytes, note=f"({n},{n}) {how}")
+    return Spec(
+        {"zeptograd": lambda: _zg_softmax(zx).realize(), **_peers(lambda: _np_softmax(x), lambda: t.softmax(tx, -1))},
+        "bw",
+        nbytes=2 * x.nbytes,
+        note=f"({n},{n}) {how}",
+    )
 
 
 def _zg_layernorm(x, eps=1e-5):
@@ -216,9 +238,15 @@ def case_layernorm(q):
     from zeptograd import Tensor
 
     how = "Tensor.layernorm" if hasattr(Tensor, "layernorm") else "composed mean/var"
-    return Spec({"zeptograd": lambda: _zg_layernorm(zx).realize(),
-                 **_peers(lambda: _np_layernorm(x), lambda: t.nn.functional.layer_norm(tx, (n,)))},
-                "bw", nbytes=2 * x.nbytes, note=f"({n},{n}) {how}")
+    return Spec(
+        {
+            "zeptograd": lambda: _zg_layernorm(zx).realize(),
+            **_peers(lambda: _np_layernorm(x), lambda: t.nn.functional.layer_norm(tx, (n,))),
+        },
+        "bw",
+        nbytes=2 * x.nbytes,
+        note=f"({n},{n}) {how}",
+    )
 
 
 def _zg_matmul(a, b):
@@ -244,8 +272,12 @@ def _case_matmul(n_full):
         za, zb = _zg(a), _zg(b)
         t = _torch()
         ta, tb = (t.from_numpy(a), t.from_numpy(b)) if t else (None, None)
-        return Spec({"zeptograd": lambda: _zg_matmul(za, zb).realize(), **_peers(lambda: a @ b, lambda: ta @ tb)},
-                    "flops", flops=2 * n**3, note=f"{n}^3 via {matmul_how()}")
+        return Spec(
+            {"zeptograd": lambda: _zg_matmul(za, zb).realize(), **_peers(lambda: a @ b, lambda: ta @ tb)},
+            "flops",
+            flops=2 * n**3,
+            note=f"{n}^3 via {matmul_how()}",
+        )
 
     return case
 
@@ -269,9 +301,12 @@ def case_conv2d(q):
         zx, zw = _zg(x), _zg(w)
         zg = lambda: zx.conv2d(zw, padding=1).realize()  # noqa: E731
     peers = _peers(lambda: _np_conv2d(x, w), lambda: t.nn.functional.conv2d(tx, tw, padding=1))
-    return Spec({"zeptograd": zg, **peers},
-                "flops", flops=flops, note=f"({bs},{c},{hw},{hw})x({c},{c},3,3) pad 1" +
-                ("" if zg else "; zeptograd: n/a (not implemented)"))
+    return Spec(
+        {"zeptograd": zg, **peers},
+        "flops",
+        flops=flops,
+        note=f"({bs},{c},{hw},{hw})x({c},{c},3,3) pad 1" + ("" if zg else "; zeptograd: n/a (not implemented)"),
+    )
 
 
 def _mlp_data(bs, q):
@@ -356,12 +391,21 @@ def _case_mlp_step(jit: bool):
                         w -= 0.01 * w.grad
                         w.grad = None
 
-        missing = [what for what, ok in [("autograd", hasattr(Tensor, "backward")),
-                                         ("TinyJit", not jit or hasattr(zeptograd, "TinyJit")),
-                                         ("assign", not jit or hasattr(Tensor, "assign"))] if not ok]
+        missing = [
+            what
+            for what, ok in [
+                ("autograd", hasattr(Tensor, "backward")),
+                ("TinyJit", not jit or hasattr(zeptograd, "TinyJit")),
+                ("assign", not jit or hasattr(Tensor, "assign")),
+            ]
+            if not ok
+        ]
         zg = None if missing else _zg_mlp(x, y, ws, jit=jit)
-        note = f"{x.shape[1]}-{ws[0].shape[1]}-10 batch {bs} SGD, " + ("TinyJit step" if jit else "eager") + \
-            (f"; zeptograd: n/a (no {', '.join(missing)})" if missing else "")
+        note = (
+            f"{x.shape[1]}-{ws[0].shape[1]}-10 batch {bs} SGD, "
+            + ("TinyJit step" if jit else "eager")
+            + (f"; zeptograd: n/a (no {', '.join(missing)})" if missing else "")
+        )
         return Spec({"zeptograd": zg, "numpy": lambda: _np_mlp_step(x, y, np_ws), "torch": tstep}, "rate", note=note)
 
     return case
@@ -381,8 +425,11 @@ def case_first_call(q):
         (zx * c1 + c2).sqrt().exp2().numpy()
 
     c = 1.2345
-    return Spec({"zeptograd": zg, **_peers(lambda: np.exp2(np.sqrt(x * c + c)), lambda: (tx * c + c).sqrt().exp2())},
-                "latency", note=f"build+schedule+compile+run+numpy, {n} f32")
+    return Spec(
+        {"zeptograd": zg, **_peers(lambda: np.exp2(np.sqrt(x * c + c)), lambda: (tx * c + c).sqrt().exp2())},
+        "latency",
+        note=f"build+schedule+compile+run+numpy, {n} f32",
+    )
 
 
 def _small(q):
@@ -393,8 +440,12 @@ def _small(q):
 
 def case_overhead(q):
     a, b, za, zb, t, (ta, tb) = _small(q)
-    return Spec({"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
-                "latency", note="(a+b).realize() on 16 f32, eager", loop=20 if q else 300)
+    return Spec(
+        {"zeptograd": lambda: (za + zb).realize(), **_peers(lambda: a + b, lambda: ta + tb)},
+        "latency",
+        note="(a+b).realize() on 16 f32, eager",
+        loop=20 if q else 300,
+    )
 
 
 def case_overhead_jit(q):
@@ -403,9 +454,12 @@ def case_overhead_jit(q):
     a, b, za, zb, t, (ta, tb) = _small(q)
     jit = getattr(zeptograd, "TinyJit", None)
     f = jit(lambda x, y: x + y) if jit else None
-    return Spec({"zeptograd": (lambda: f(za, zb)) if f else None, **_peers(lambda: a + b, lambda: ta + tb)},
-                "latency", note="TinyJit(a+b) replay on 16 f32" + ("" if f else "; n/a (no TinyJit)"),
-                loop=20 if q else 2000)
+    return Spec(
+        {"zeptograd": (lambda: f(za, zb)) if f else None, **_peers(lambda: a + b, lambda: ta + tb)},
+        "latency",
+        note="TinyJit(a+b) replay on 16 f32" + ("" if f else "; n/a (no TinyJit)"),
+        loop=20 if q else 2000,
+    )
 
 
 CASES: dict[str, Callable[[bool], Spec]] = {
@@ -498,15 +552,19 @@ def _best(fn: Callable[[], Any], quick: bool) -> float:
 
 def _bw_numpy(a: np.ndarray, quick: bool) -> dict[str, float]:
     dst = np.empty_like(a)
-    return {"numpy_copy_GBps": 2 * a.nbytes / _best(lambda: np.copyto(dst, a), quick) / 1e9,
-            "numpy_read_GBps": a.nbytes / _best(lambda: a.sum(), quick) / 1e9}
+    return {
+        "numpy_copy_GBps": 2 * a.nbytes / _best(lambda: np.copyto(dst, a), quick) / 1e9,
+        "numpy_read_GBps": a.nbytes / _best(lambda: a.sum(), quick) / 1e9,
+    }
 
 
 def _bw_zeptograd(a: np.ndarray, quick: bool) -> dict[str, Any]:
     try:
         za = _zg(a)
-        return {"zeptograd_copy_GBps": 2 * a.nbytes / _best(lambda: za.contiguous().realize(), quick) / 1e9,
-                "zeptograd_read_GBps": a.nbytes / _best(lambda: za.sum().realize(), quick) / 1e9}
+        return {
+            "zeptograd_copy_GBps": 2 * a.nbytes / _best(lambda: za.contiguous().realize(), quick) / 1e9,
+            "zeptograd_read_GBps": a.nbytes / _best(lambda: za.sum().realize(), quick) / 1e9,
+        }
     except Exception as e:
         return {"zeptograd_probe_error": f"{type(e).__name__}: {e}"}
 
@@ -540,14 +598,21 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     t = _torch()
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "threads": threads(), "python": platform.python_version(),
-            "numpy": np.__version__, "torch": t.__version__ if t else None,
-            "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
-            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "threads": threads(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": t.__version__ if t else None,
+        "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
 
 
-def run_bench(only: list[str] | None = None, quick: bool = False, progress: bool = True,
-              with_probes: bool = True) -> dict[str, Any]:
+def run_bench(
+    only: list[str] | None = None, quick: bool = False, progress: bool = True, with_probes: bool = True
+) -> dict[str, Any]:
     """Run the selected cases (and the probes); returns {"machine", "limits", "cases": [CaseResult as dict]}."""
     from tqdm import tqdm
 
@@ -590,26 +655,40 @@ def _fmt_num(v: float | None) -> str:
 
 def format_report(report: dict[str, Any]) -> str:
     m, lim = report["machine"], report["limits"]
-    lines = [f"zeptograd bench: {m['cpu']}, {m['cpu_count']} cpus, THREADS={m['threads']} "
-             f"(torch.set_num_threads), numpy {m['numpy']}, torch {m['torch']}, python {m['python']}"
-             + (" [--quick: tiny sizes, times mean nothing]" if report.get("quick") else "")]
+    lines = [
+        f"zeptograd bench: {m['cpu']}, {m['cpu_count']} cpus, THREADS={m['threads']} "
+        f"(torch.set_num_threads), numpy {m['numpy']}, torch {m['torch']}, python {m['python']}"
+        + (" [--quick: tiny sizes, times mean nothing]" if report.get("quick") else "")
+    ]
     if m.get("load_avg_1m") is not None:
         busy = m["load_avg_1m"] > 0.5 * (m["cpu_count"] or 1)
-        lines.append(f"load average at the start: {m['load_avg_1m']:.1f}" +
-                     (" (the machine is busy: times are inflated)" if busy else ""))
+        lines.append(
+            f"load average at the start: {m['load_avg_1m']:.1f}"
+            + (" (the machine is busy: times are inflated)" if busy else "")
+        )
     for k, v in m["blas_env"].items():
         lines.append(f"WARNING: {k}={v} is set: it can slow numpy's BLAS (left as is)")
     if lim:
-        bw = ", ".join(f"{k.removesuffix('_GBps')} {v:.1f}" for k, v in lim.items()
-                       if k.endswith("GBps") and k != "bandwidth_limit_GBps")
-        fl = ", ".join(f"{k.removesuffix('_GFLOPS')} {v:.0f}" for k, v in lim.items()
-                       if k.endswith("GFLOPS") and k != "fma_peak_GFLOPS")
-        lines.append(f"limits: bandwidth {lim['bandwidth_limit_GBps']:.1f} GB/s ({bw}); "
-                     f"FMA peak {lim['fma_peak_GFLOPS']:.0f} GFLOPS ({fl})")
+        bw = ", ".join(
+            f"{k.removesuffix('_GBps')} {v:.1f}"
+            for k, v in lim.items()
+            if k.endswith("GBps") and k != "bandwidth_limit_GBps"
+        )
+        fl = ", ".join(
+            f"{k.removesuffix('_GFLOPS')} {v:.0f}"
+            for k, v in lim.items()
+            if k.endswith("GFLOPS") and k != "fma_peak_GFLOPS"
+        )
+        lines.append(
+            f"limits: bandwidth {lim['bandwidth_limit_GBps']:.1f} GB/s ({bw}); "
+            f"FMA peak {lim['fma_peak_GFLOPS']:.0f} GFLOPS ({fl})"
+        )
         if "zeptograd_probe_error" in lim:
             lines.append(f"  zeptograd probe failed: {lim['zeptograd_probe_error']}")
-    hdr = (f"{'case':<14} {'zeptograd':>10} {'(kernels)':>10} {'numpy':>10} {'torch':>10}  {'unit':<7} "
-           f"{'zg':>7} {'numpy':>7} {'torch':>7} {'zg/best':>8} {'zg/limit':>8}  note")
+    hdr = (
+        f"{'case':<14} {'zeptograd':>10} {'(kernels)':>10} {'numpy':>10} {'torch':>10}  {'unit':<7} "
+        f"{'zg':>7} {'numpy':>7} {'torch':>7} {'zg/best':>8} {'zg/limit':>8}  note"
+    )
     lines += [hdr, "-" * len(hdr)]
     for c in report["cases"]:
         s, mt = c["seconds"], c["metric"]
@@ -619,18 +698,26 @@ def format_report(report: dict[str, Any]) -> str:
         kern = _fmt_time(c["kernel_seconds"]) if c["kernel_seconds"] else ""
         metric = [_fmt_num(mt.get(i)) if c["unit"] != "us" else "" for i in IMPLS]
         note = c["note"] + "".join(f"; {i} error: {e}" for i, e in c["errors"].items())
-        lines.append(f"{c['name']:<14} {_fmt_time(s.get('zeptograd')):>10} {kern:>10} {_fmt_time(s.get('numpy')):>10} "
-                     f"{_fmt_time(s.get('torch')):>10}  {c['unit'] if c['unit'] != 'us' else 'time':<7} "
-                     f"{metric[0]:>7} {metric[1]:>7} {metric[2]:>7} {ratio:>8} {frac:>8}  {note}")
-    lines.append("zg/best: zeptograd's time / the fastest peer's (>1 is slower); zg/limit: zeptograd's GB/s or "
-                 "GFLOPS / the probe's best (over 100%: zeptograd beat the probe); (kernels): time inside kernels")
+        lines.append(
+            f"{c['name']:<14} {_fmt_time(s.get('zeptograd')):>10} {kern:>10} {_fmt_time(s.get('numpy')):>10} "
+            f"{_fmt_time(s.get('torch')):>10}  {c['unit'] if c['unit'] != 'us' else 'time':<7} "
+            f"{metric[0]:>7} {metric[1]:>7} {metric[2]:>7} {ratio:>8} {frac:>8}  {note}"
+        )
+    lines.append(
+        "zg/best: zeptograd's time / the fastest peer's (>1 is slower); zg/limit: zeptograd's GB/s or "
+        "GFLOPS / the probe's best (over 100%: zeptograd beat the probe); (kernels): time inside kernels"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", action="append", metavar="NAME",
-                    help=f"run only this case (repeatable; a prefix like 'matmul' selects all): {', '.join(CASES)}")
+    ap.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help=f"run only this case (repeatable; a prefix like 'matmul' selects all): {', '.join(CASES)}",
+    )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few runs (a smoke test of the harness)")
     ap.add_argument("--no-probes", action="store_true", help="skip the bandwidth and FMA probes")

@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     with Tensor.train():
         for i in range(steps):
             starts = rng.integers(0, len(data) - args.ctx - 1, args.bs)
-            x = np.stack([data[s:s + args.ctx] for s in starts])
-            y = np.stack([data[s + 1:s + args.ctx + 1] for s in starts])
+            x = np.stack([data[s : s + args.ctx] for s in starts])
+            y = np.stack([data[s + 1 : s + args.ctx + 1] for s in starts])
             losses.append(step(Tensor(x), Tensor(y)).item())
             if i % 25 == 0 or i == steps - 1:
                 print(f"step {i:4d}  loss {losses[-1]:.3f}  ({(i + 1) / (time.perf_counter() - t0):.1f} steps/s)")
@@ -116,16 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         return model(x)[:, -1, :].realize()
 
     forward = TinyJit(logits_last) if args.jit else logits_last
-    ctx = [int(c) for c in data[:args.ctx]]
+    ctx = [int(c) for c in data[: args.ctx]]
     out = []
     with Tensor.no_grad():
         for _ in range(n_sample):
-            logits = forward(Tensor(np.array([ctx[-args.ctx:]], dtype=np.int32))).numpy()[0] / args.temperature
+            logits = forward(Tensor(np.array([ctx[-args.ctx :]], dtype=np.int32))).numpy()[0] / args.temperature
             p = np.exp(logits - logits.max())
             nxt = int(rng.choice(len(chars), p=p / p.sum()))
             ctx.append(nxt)
             out.append(chars[nxt])
-    print("sample:\n" + text[:args.ctx] + "".join(out))
+    print("sample:\n" + text[: args.ctx] + "".join(out))
     if args.short:
         fell = last < first
         print("loss fell" if fell else "loss did NOT fall")

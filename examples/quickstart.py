@@ -1,7 +1,7 @@
 """A first zeptograd program: a fused elementwise chain and a reduce, each one kernel.
 
-    python examples/quickstart.py            # the results and the kernels that ran
-    DEBUG=4 python examples/quickstart.py    # ... and the C source of each kernel
+python examples/quickstart.py            # the results and the kernels that ran
+DEBUG=4 python examples/quickstart.py    # ... and the C source of each kernel
 """
 
 import numpy as np

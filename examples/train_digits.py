@@ -30,7 +30,7 @@ def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     try:
         from sklearn.datasets import load_digits
     except ImportError:
-        raise SystemExit("this example needs scikit-learn: pip install -e \".[examples]\"") from None
+        raise SystemExit('this example needs scikit-learn: pip install -e ".[examples]"') from None
     digits = load_digits()
     x = (digits.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
     y = digits.target.astype(np.int32)
@@ -42,9 +42,18 @@ def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 class ConvNet:
     def __init__(self):
-        self.layers = [nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), Tensor.relu, Tensor.max_pool2d,  # 4x4
-                       nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,  # 2x2
-                       lambda x: x.flatten(1), nn.Linear(32 * 2 * 2, 10)]
+        self.layers = [
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            Tensor.relu,
+            Tensor.max_pool2d,  # 4x4
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            Tensor.relu,
+            Tensor.max_pool2d,  # 2x2
+            lambda x: x.flatten(1),
+            nn.Linear(32 * 2 * 2, 10),
+        ]
 
     def __call__(self, x: Tensor) -> Tensor:
         return x.sequential(self.layers)
@@ -58,9 +67,13 @@ def accuracy(model: ConvNet, x: np.ndarray, y: np.ndarray) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--jit", action=argparse.BooleanOptionalAction, default=True,
-                    help="run the training step under TinyJit, its kernels replayed (default; --no-jit: eager, every "
-                         "step scheduled again)")
+    ap.add_argument(
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the training step under TinyJit, its kernels replayed (default; --no-jit: eager, every "
+        "step scheduled again)",
+    )
     ap.add_argument("--short", action="store_true", help="train a few steps and check that the loss fell (for CI)")
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: 200, or 12 with --short)")
     ap.add_argument("--bs", type=int, default=64, help="batch size")
@@ -100,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}", acc=f"{np.mean(accs[-10:]):.1%}")
     train_s = time.perf_counter() - t0
     acc = accuracy(model, x_test, y_test)
-    print(f"{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
-          f"{np.mean(losses[-3:]):.3f}")
+    print(
+        f"{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
+        f"{np.mean(losses[-3:]):.3f}"
+    )
     print(f"test accuracy: {acc * 100:.1f}%")
     if args.short:
         fell = np.mean(losses[-3:]) < np.mean(losses[:3])

@@ -1,88 +1,110 @@
 """Harness for the Tensor API tests: run one op on zeptograd and on torch (CPU) with the same inputs, then compare
 values (floats to atol 1e-6 / rtol 1e-3, others exactly), dtypes, shapes, and the gradients of every float input
 (to atol 1e-4 / rtol 1e-3) under the same random upstream gradient."""
+
 import numpy as np
 import torch
 
 from zeptograd import Tensor, dtypes
 
-NP_OF = {"bool": np.bool_, "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
-         "uint8": np.uint8, "float16": np.float16, "float32": np.float32, "float64": np.float64}
-TORCH_OF = {"bool": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
-            "int64": torch.int64, "uint8": torch.uint8, "float16": torch.float16, "float32": torch.float32,
-            "float64": torch.float64}
+NP_OF = {
+    "bool": np.bool_,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "int64": np.int64,
+    "uint8": np.uint8,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
+TORCH_OF = {
+    "bool": torch.bool,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
 ZEPTO_OF = {name: getattr(dtypes, name) for name in NP_OF}
 
 
 def data(shape, dtype="float32", lo=-2.0, hi=2.0, seed=0, distinct=False):
-  """Deterministic test data. distinct=True: no two values equal (so max/sort have a unique answer)."""
-  if not isinstance(dtype, str):  # data(shape, lo, hi): float32
-    dtype, lo, hi = "float32", dtype, lo
-  rng = np.random.default_rng(seed)
-  if dtype == "bool":
-    return rng.random(shape) > 0.5
-  if np.issubdtype(NP_OF[dtype], np.integer):
-    return rng.integers(int(lo), int(hi) + 1, size=shape).astype(NP_OF[dtype])
-  if distinct:
-    n = int(np.prod(shape))
-    return (lo + (hi - lo) * (rng.permutation(n) + rng.random(n) * 0.5) / max(n, 1)).reshape(shape).astype(NP_OF[dtype])
-  return rng.uniform(lo, hi, size=shape).astype(NP_OF[dtype])
+    """Deterministic test data. distinct=True: no two values equal (so max/sort have a unique answer)."""
+    if not isinstance(dtype, str):  # data(shape, lo, hi): float32
+        dtype, lo, hi = "float32", dtype, lo
+    rng = np.random.default_rng(seed)
+    if dtype == "bool":
+        return rng.random(shape) > 0.5
+    if np.issubdtype(NP_OF[dtype], np.integer):
+        return rng.integers(int(lo), int(hi) + 1, size=shape).astype(NP_OF[dtype])
+    if distinct:
+        n = int(np.prod(shape))
+        return (
+            (lo + (hi - lo) * (rng.permutation(n) + rng.random(n) * 0.5) / max(n, 1))
+            .reshape(shape)
+            .astype(NP_OF[dtype])
+        )
+    return rng.uniform(lo, hi, size=shape).astype(NP_OF[dtype])
 
 
 class V:
-  """An input: numpy data, optionally seen through a view (the same lambda works on both libraries, e.g. a permute or
-  a slice, which makes it non-contiguous). Gradients are compared on the base tensor."""
+    """An input: numpy data, optionally seen through a view (the same lambda works on both libraries, e.g. a permute or
+    a slice, which makes it non-contiguous). Gradients are compared on the base tensor."""
 
-  def __init__(self, arr, view=None, grad=True):
-    self.arr, self.view, self.grad = np.asarray(arr), view, grad
+    def __init__(self, arr, view=None, grad=True):
+        self.arr, self.view, self.grad = np.asarray(arr), view, grad
 
 
 def same_dtype(z, t):
-  name = str(t.dtype).replace("torch.", "")
-  assert z.dtype == ZEPTO_OF[name], f"dtype {z.dtype} != torch's {t.dtype}"
+    name = str(t.dtype).replace("torch.", "")
+    assert z.dtype == ZEPTO_OF[name], f"dtype {z.dtype} != torch's {t.dtype}"
 
 
 def compare(z, t, atol=1e-6, rtol=1e-3, what="value"):
-  same_dtype(z, t)
-  zn, tn = z.numpy(), t.detach().numpy()
-  assert zn.shape == tn.shape, f"{what}: shape {zn.shape} != torch's {tn.shape}"
-  if np.issubdtype(tn.dtype, np.floating):
-    np.testing.assert_allclose(zn, tn, atol=atol, rtol=rtol, equal_nan=True, err_msg=what)
-  else:
-    np.testing.assert_array_equal(zn, tn, err_msg=what)
+    same_dtype(z, t)
+    zn, tn = z.numpy(), t.detach().numpy()
+    assert zn.shape == tn.shape, f"{what}: shape {zn.shape} != torch's {tn.shape}"
+    if np.issubdtype(tn.dtype, np.floating):
+        np.testing.assert_allclose(zn, tn, atol=atol, rtol=rtol, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(zn, tn, err_msg=what)
 
 
 def check(zfn, tfn, *inputs, grad=True, atol=1e-6, rtol=1e-3, gatol=1e-4, grtol=1e-3, seed=100):
-  """zfn(*zeptograd inputs) against tfn(*torch inputs): values, dtypes, shapes, then gradients."""
-  zs, ts, leaves = [], [], []
-  for inp in inputs:
-    if not isinstance(inp, V):
-      zs.append(inp)
-      ts.append(inp)
-      continue
-    rg = grad and inp.grad and np.issubdtype(inp.arr.dtype, np.floating)
-    zb, tb = Tensor(inp.arr, requires_grad=rg or None), torch.tensor(inp.arr, requires_grad=rg)
-    zs.append(inp.view(zb) if inp.view else zb)
-    ts.append(inp.view(tb) if inp.view else tb)
-    if rg:
-      leaves.append((zb, tb))
-  zo, to = zfn(*zs), tfn(*ts)
-  zo, to = (list(zo), list(to)) if isinstance(to, (tuple, list)) else ([zo], [to])
-  assert len(zo) == len(to), f"{len(zo)} outputs, torch has {len(to)}"
-  for i, (z, t) in enumerate(zip(zo, to)):
-    compare(z, t, atol, rtol, f"output {i}")
-  outs = [(z, t) for z, t in zip(zo, to) if t.requires_grad and t.dtype.is_floating_point]
-  if not leaves or not outs:
+    """zfn(*zeptograd inputs) against tfn(*torch inputs): values, dtypes, shapes, then gradients."""
+    zs, ts, leaves = [], [], []
+    for inp in inputs:
+        if not isinstance(inp, V):
+            zs.append(inp)
+            ts.append(inp)
+            continue
+        rg = grad and inp.grad and np.issubdtype(inp.arr.dtype, np.floating)
+        zb, tb = Tensor(inp.arr, requires_grad=rg or None), torch.tensor(inp.arr, requires_grad=rg)
+        zs.append(inp.view(zb) if inp.view else zb)
+        ts.append(inp.view(tb) if inp.view else tb)
+        if rg:
+            leaves.append((zb, tb))
+    zo, to = zfn(*zs), tfn(*ts)
+    zo, to = (list(zo), list(to)) if isinstance(to, (tuple, list)) else ([zo], [to])
+    assert len(zo) == len(to), f"{len(zo)} outputs, torch has {len(to)}"
+    for i, (z, t) in enumerate(zip(zo, to)):
+        compare(z, t, atol, rtol, f"output {i}")
+    outs = [(z, t) for z, t in zip(zo, to) if t.requires_grad and t.dtype.is_floating_point]
+    if not leaves or not outs:
+        return zo
+    rng = np.random.default_rng(seed)
+    gs = [rng.uniform(-1, 1, size=t.shape).astype(np.float32) for _, t in outs]
+    tloss = sum((t * torch.tensor(g).to(t.dtype)).sum() for (_, t), g in zip(outs, gs))
+    zloss = sum((z * Tensor(g).cast(z.dtype)).sum() for (z, _), g in zip(outs, gs))
+    tloss.backward()
+    if zloss.requires_grad:  # else no float input reaches the output differentiably (x ** 0): all gradients are 0
+        zloss.backward()
+    for i, (zb, tb) in enumerate(leaves):
+        tg = tb.grad if tb.grad is not None else torch.zeros_like(tb)
+        zg = zb.grad if zb.grad is not None else zb.zeros_like()
+        compare(zg, tg, gatol, grtol, f"gradient of input {i}")
     return zo
-  rng = np.random.default_rng(seed)
-  gs = [rng.uniform(-1, 1, size=t.shape).astype(np.float32) for _, t in outs]
-  tloss = sum((t * torch.tensor(g).to(t.dtype)).sum() for (_, t), g in zip(outs, gs))
-  zloss = sum((z * Tensor(g).cast(z.dtype)).sum() for (z, _), g in zip(outs, gs))
-  tloss.backward()
-  if zloss.requires_grad:  # else no float input reaches the output differentiably (x ** 0): all gradients are 0
-    zloss.backward()
-  for i, (zb, tb) in enumerate(leaves):
-    tg = tb.grad if tb.grad is not None else torch.zeros_like(tb)
-    zg = zb.grad if zb.grad is not None else zb.zeros_like()
-    compare(zg, tg, gatol, grtol, f"gradient of input {i}")
-  return zo

@@ -1,4 +1,5 @@
 """Autograd: requires_grad, backward, .grad, gradient(), detach, no_grad, train; against torch 2.13 (CPU)."""
+
 import numpy as np
 import pytest
 import torch
@@ -10,185 +11,211 @@ from zeptograd.uop.ops import Ops
 
 
 def test_backward_accumulates_into_grad():
-  x = data((3, 4), seed=1)
-  z = Tensor(x, requires_grad=True)
-  t = torch.tensor(x, requires_grad=True)
-  for _ in range(2):  # .grad accumulates over backward calls, as torch
-    (z * z).sum().backward()
-    (t * t).sum().backward()
-  np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-6)
-  assert z.grad.dtype == dtypes.float32 and z.grad.shape == (3, 4)
+    x = data((3, 4), seed=1)
+    z = Tensor(x, requires_grad=True)
+    t = torch.tensor(x, requires_grad=True)
+    for _ in range(2):  # .grad accumulates over backward calls, as torch
+        (z * z).sum().backward()
+        (t * t).sum().backward()
+    np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+    assert z.grad.dtype == dtypes.float32 and z.grad.shape == (3, 4)
 
 
 def test_requires_grad_flags():
-  x = Tensor([1.0, 2.0])
-  assert x.requires_grad is None and x.grad is None
-  assert x.requires_grad_() is x and x.requires_grad is True
-  y = x * 2
-  assert y.requires_grad is True
-  assert (Tensor([1.0]) * 2).requires_grad is None
-  assert x.detach().requires_grad is False
-  for ctor in (lambda: Tensor.zeros(3, requires_grad=True), lambda: Tensor.ones(2, 2, requires_grad=True),
-               lambda: Tensor.full((2,), 3.0, requires_grad=True), lambda: Tensor.rand(3, requires_grad=True),
-               lambda: Tensor.randn(3, requires_grad=True), lambda: Tensor(2.0, requires_grad=True),
-               lambda: Tensor.eye(2, requires_grad=True), lambda: Tensor.arange(3.0, requires_grad=True),
-               lambda: Tensor.uniform(3, requires_grad=True), lambda: Tensor.empty(2, requires_grad=True)):
-    assert ctor().requires_grad is True
+    x = Tensor([1.0, 2.0])
+    assert x.requires_grad is None and x.grad is None
+    assert x.requires_grad_() is x and x.requires_grad is True
+    y = x * 2
+    assert y.requires_grad is True
+    assert (Tensor([1.0]) * 2).requires_grad is None
+    assert x.detach().requires_grad is False
+    for ctor in (
+        lambda: Tensor.zeros(3, requires_grad=True),
+        lambda: Tensor.ones(2, 2, requires_grad=True),
+        lambda: Tensor.full((2,), 3.0, requires_grad=True),
+        lambda: Tensor.rand(3, requires_grad=True),
+        lambda: Tensor.randn(3, requires_grad=True),
+        lambda: Tensor(2.0, requires_grad=True),
+        lambda: Tensor.eye(2, requires_grad=True),
+        lambda: Tensor.arange(3.0, requires_grad=True),
+        lambda: Tensor.uniform(3, requires_grad=True),
+        lambda: Tensor.empty(2, requires_grad=True),
+    ):
+        assert ctor().requires_grad is True
 
 
 def test_constants_requiring_grad_are_distinct():
-  """two equal constants that require grad are two leaves (constants are interned, so each gets a buffer)"""
-  a, b = Tensor.ones(3, requires_grad=True), Tensor.ones(3, requires_grad=True)
-  (a * 2 + b * 3).sum().backward()
-  np.testing.assert_array_equal(a.grad.numpy(), [2, 2, 2])
-  np.testing.assert_array_equal(b.grad.numpy(), [3, 3, 3])
-  c = Tensor(4.0, requires_grad=True)
-  (c * c).backward()
-  assert c.grad.item() == 8.0
+    """two equal constants that require grad are two leaves (constants are interned, so each gets a buffer)"""
+    a, b = Tensor.ones(3, requires_grad=True), Tensor.ones(3, requires_grad=True)
+    (a * 2 + b * 3).sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), [2, 2, 2])
+    np.testing.assert_array_equal(b.grad.numpy(), [3, 3, 3])
+    c = Tensor(4.0, requires_grad=True)
+    (c * c).backward()
+    assert c.grad.item() == 8.0
 
 
 def test_backward_with_gradient_argument():
-  x = data((2, 3), seed=2)
-  g = data((2, 3), seed=3)
-  z, t = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-  z.exp().backward(Tensor(g))
-  t.exp().backward(torch.tensor(g))
-  np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5)
+    x = data((2, 3), seed=2)
+    g = data((2, 3), seed=3)
+    z, t = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    z.exp().backward(Tensor(g))
+    t.exp().backward(torch.tensor(g))
+    np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5)
 
 
 def test_backward_non_scalar_raises():
-  x = Tensor.ones(3, requires_grad=True)
-  with pytest.raises(RuntimeError, match="non-scalar"):
-    (x * 2).backward()
-  with pytest.raises(ValueError):
-    (x * 2).backward(Tensor.ones(4))
+    x = Tensor.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="non-scalar"):
+        (x * 2).backward()
+    with pytest.raises(ValueError):
+        (x * 2).backward(Tensor.ones(4))
 
 
 def test_backward_without_grad_leaves_raises():
-  with pytest.raises(RuntimeError, match="requires grad"):
-    (Tensor([1.0, 2.0]) * 2).sum().backward()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        (Tensor([1.0, 2.0]) * 2).sum().backward()
 
 
 def test_gradient_returns_list():
-  x, y = Tensor(data((3,), seed=4)), Tensor(data((3,), seed=5))
-  loss = (x * y).sum()
-  gx, gy = loss.gradient(x, y)
-  np.testing.assert_allclose(gx.numpy(), data((3,), seed=5))
-  np.testing.assert_allclose(gy.numpy(), data((3,), seed=4))
-  assert isinstance(loss.gradient(x), list)
-  (gxx,) = (x * x).gradient(x, gradient=Tensor([1.0, 2.0, 3.0]))
-  np.testing.assert_allclose(gxx.numpy(), 2 * data((3,), seed=4) * [1, 2, 3], rtol=1e-6)
+    x, y = Tensor(data((3,), seed=4)), Tensor(data((3,), seed=5))
+    loss = (x * y).sum()
+    gx, gy = loss.gradient(x, y)
+    np.testing.assert_allclose(gx.numpy(), data((3,), seed=5))
+    np.testing.assert_allclose(gy.numpy(), data((3,), seed=4))
+    assert isinstance(loss.gradient(x), list)
+    (gxx,) = (x * x).gradient(x, gradient=Tensor([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(gxx.numpy(), 2 * data((3,), seed=4) * [1, 2, 3], rtol=1e-6)
 
 
 def test_gradient_not_in_graph_raises():
-  x, other = Tensor([1.0, 2.0]), Tensor([3.0, 4.0])
-  with pytest.raises(ValueError, match="not in the graph"):
-    (x * 2).sum().gradient(other)
+    x, other = Tensor([1.0, 2.0]), Tensor([3.0, 4.0])
+    with pytest.raises(ValueError, match="not in the graph"):
+        (x * 2).sum().gradient(other)
 
 
 def test_gradient_blocked_by_detach_is_zero():
-  x = Tensor([1.0, 2.0])
-  (g,) = (x.detach() * x).sum().gradient(x)  # only the non-detached path counts
-  np.testing.assert_array_equal(g.numpy(), [1.0, 2.0])
-  (g0,) = (x.detach() * 2 + x.sum() * 0).sum().gradient(x)
-  np.testing.assert_array_equal(g0.numpy(), [0.0, 0.0])
+    x = Tensor([1.0, 2.0])
+    (g,) = (x.detach() * x).sum().gradient(x)  # only the non-detached path counts
+    np.testing.assert_array_equal(g.numpy(), [1.0, 2.0])
+    (g0,) = (x.detach() * 2 + x.sum() * 0).sum().gradient(x)
+    np.testing.assert_array_equal(g0.numpy(), [0.0, 0.0])
 
 
 def test_no_grad():
-  w = Tensor([1.0, 2.0], requires_grad=True)
-  with Tensor.no_grad():
-    frozen = w * 3
-  assert frozen.requires_grad is not True
-  (frozen * w).sum().backward()
-  np.testing.assert_array_equal(w.grad.numpy(), [3.0, 6.0])  # no gradient through `frozen`
+    w = Tensor([1.0, 2.0], requires_grad=True)
+    with Tensor.no_grad():
+        frozen = w * 3
+    assert frozen.requires_grad is not True
+    (frozen * w).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), [3.0, 6.0])  # no gradient through `frozen`
 
-  @Tensor.no_grad()
-  def step(p):
-    p.assign(p - 0.5 * p.grad)
-  step(w)
-  np.testing.assert_array_equal(w.numpy(), [-0.5, -1.0])
+    @Tensor.no_grad()
+    def step(p):
+        p.assign(p - 0.5 * p.grad)
+
+    step(w)
+    np.testing.assert_array_equal(w.numpy(), [-0.5, -1.0])
 
 
 def test_train_context():
-  assert Tensor.training is False
-  with Tensor.train():
-    assert Tensor.training is True
-    with Tensor.train(False):
-      assert Tensor.training is False
-    assert Tensor.training is True
-  assert Tensor.training is False
+    assert Tensor.training is False
+    with Tensor.train():
+        assert Tensor.training is True
+        with Tensor.train(False):
+            assert Tensor.training is False
+        assert Tensor.training is True
+    assert Tensor.training is False
 
 
 def test_backward_after_realize_and_item():
-  """reading a value (item/numpy) keeps the graph for backward, as torch"""
-  x = data((4,), seed=6)
-  z, t = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
-  zl, tl = (z.exp() * z).sum(), (t.exp() * t).sum()
-  assert abs(zl.item() - tl.item()) < 1e-4
-  mid = z.exp().realize()
-  (mid * 2).sum().backward()
-  zl.backward()
-  tl.backward()
-  (t.exp() * 2).sum().backward()
-  np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5)
+    """reading a value (item/numpy) keeps the graph for backward, as torch"""
+    x = data((4,), seed=6)
+    z, t = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    zl, tl = (z.exp() * z).sum(), (t.exp() * t).sum()
+    assert abs(zl.item() - tl.item()) < 1e-4
+    mid = z.exp().realize()
+    (mid * 2).sum().backward()
+    zl.backward()
+    tl.backward()
+    (t.exp() * 2).sum().backward()
+    np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5)
 
 
 def test_training_loop_matches_torch():
-  """a small MLP trained for 3 SGD steps: the same weights as torch"""
-  rng = np.random.default_rng(7)
-  xs, ys = rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, size=8)
-  w1, w2 = rng.normal(size=(4, 5)).astype(np.float32) * 0.5, rng.normal(size=(5, 3)).astype(np.float32) * 0.5
-  zw = [Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)]
-  tw = [torch.tensor(w1, requires_grad=True), torch.tensor(w2, requires_grad=True)]
-  for _ in range(3):
-    zl = (Tensor(xs) @ zw[0]).gelu("none").matmul(zw[1]).cross_entropy(Tensor(ys))
-    tl = torch.nn.functional.cross_entropy(torch.nn.functional.gelu(torch.tensor(xs) @ tw[0]) @ tw[1],
-                                           torch.tensor(ys))
-    zl.backward()
-    tl.backward()
-    with Tensor.no_grad():
-      for p in zw:
-        p.assign(p - 0.1 * p.grad)
-        p.grad = None
-      Tensor.realize(zl, *zw)  # one schedule: the loss reads the weights before the step overwrites them
-    with torch.no_grad():
-      for p in tw:
-        p -= 0.1 * p.grad
-        p.grad = None
-    np.testing.assert_allclose(zl.numpy(), tl.detach().numpy(), rtol=1e-4, atol=1e-6)
-  for z, t in zip(zw, tw):
-    np.testing.assert_allclose(z.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-5)
-    assert z.requires_grad and (z * 2).requires_grad
+    """a small MLP trained for 3 SGD steps: the same weights as torch"""
+    rng = np.random.default_rng(7)
+    xs, ys = rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, size=8)
+    w1, w2 = rng.normal(size=(4, 5)).astype(np.float32) * 0.5, rng.normal(size=(5, 3)).astype(np.float32) * 0.5
+    zw = [Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)]
+    tw = [torch.tensor(w1, requires_grad=True), torch.tensor(w2, requires_grad=True)]
+    for _ in range(3):
+        zl = (Tensor(xs) @ zw[0]).gelu("none").matmul(zw[1]).cross_entropy(Tensor(ys))
+        tl = torch.nn.functional.cross_entropy(
+            torch.nn.functional.gelu(torch.tensor(xs) @ tw[0]) @ tw[1], torch.tensor(ys)
+        )
+        zl.backward()
+        tl.backward()
+        with Tensor.no_grad():
+            for p in zw:
+                p.assign(p - 0.1 * p.grad)
+                p.grad = None
+            Tensor.realize(zl, *zw)  # one schedule: the loss reads the weights before the step overwrites them
+        with torch.no_grad():
+            for p in tw:
+                p -= 0.1 * p.grad
+                p.grad = None
+        np.testing.assert_allclose(zl.numpy(), tl.detach().numpy(), rtol=1e-4, atol=1e-6)
+    for z, t in zip(zw, tw):
+        np.testing.assert_allclose(z.numpy(), t.detach().numpy(), rtol=1e-4, atol=1e-5)
+        assert z.requires_grad and (z * 2).requires_grad
 
 
 def test_higher_order():
-  x = Tensor([0.5, 1.5], requires_grad=True)
-  (g,) = (x * x * x).sum().gradient(x)
-  (gg,) = g.sum().gradient(x)
-  np.testing.assert_allclose(gg.numpy(), 6 * np.array([0.5, 1.5]), rtol=1e-6)
+    x = Tensor([0.5, 1.5], requires_grad=True)
+    (g,) = (x * x * x).sum().gradient(x)
+    (gg,) = g.sum().gradient(x)
+    np.testing.assert_allclose(gg.numpy(), 6 * np.array([0.5, 1.5]), rtol=1e-6)
 
 
 def test_deep_graph_backward_no_recursion():
-  """backward walks the toposort, not the graph's depth"""
-  x = Tensor([1.0, 2.0], requires_grad=True)
-  y = x
-  for i in range(3000):
-    y = y * 1.0001 if i % 2 else y + 0.001
-  y.sum().backward()
-  np.testing.assert_allclose(x.grad.numpy(), [1.0001 ** 1500] * 2, rtol=1e-4)
+    """backward walks the toposort, not the graph's depth"""
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x
+    for i in range(3000):
+        y = y * 1.0001 if i % 2 else y + 0.001
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0001**1500] * 2, rtol=1e-4)
 
 
 def test_int_paths_have_no_gradient():
-  x = Tensor([1.5, -2.5], requires_grad=True)
-  y = x * x.floor() + x.cast(dtypes.int32).cast(dtypes.float32) + (x > 0).where(x, 0)
-  y.sum().backward()
-  t = torch.tensor([1.5, -2.5], requires_grad=True)
-  (t * t.floor() + t.int().float() + torch.where(t > 0, t, 0)).sum().backward()
-  np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy())
+    x = Tensor([1.5, -2.5], requires_grad=True)
+    y = x * x.floor() + x.cast(dtypes.int32).cast(dtypes.float32) + (x > 0).where(x, 0)
+    y.sum().backward()
+    t = torch.tensor([1.5, -2.5], requires_grad=True)
+    (t * t.floor() + t.int().float() + torch.where(t > 0, t, 0)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy())
 
 
 def test_one_rule_per_primitive():
-  """the backward rules are one PatternMatcher over the primitive ops"""
-  for op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.REDUCE_AXIS, Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK,
-             Ops.FLIP, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.WHERE, Ops.CAST):
-    assert op in pm_gradient.pdict, f"no gradient rule for {op}"
+    """the backward rules are one PatternMatcher over the primitive ops"""
+    for op in (
+        Ops.ADD,
+        Ops.MUL,
+        Ops.MAX,
+        Ops.REDUCE_AXIS,
+        Ops.RESHAPE,
+        Ops.PERMUTE,
+        Ops.EXPAND,
+        Ops.PAD,
+        Ops.SHRINK,
+        Ops.FLIP,
+        Ops.EXP2,
+        Ops.LOG2,
+        Ops.SIN,
+        Ops.SQRT,
+        Ops.RECIPROCAL,
+        Ops.WHERE,
+        Ops.CAST,
+    ):
+        assert op in pm_gradient.pdict, f"no gradient rule for {op}"

@@ -1,5 +1,6 @@
 """NN ops against torch 2.13 (CPU): products, einsum, convolutions, pooling, interpolation, normalization,
 attention, dropout and losses, forward and backward."""
+
 import numpy as np
 import pytest
 import torch
@@ -11,321 +12,459 @@ from zeptograd import Context, GlobalCounters, Tensor, dtypes
 # ----------------------------------------------------------------------------- products
 
 
-@pytest.mark.parametrize("sa,sb", [((3,), (3,)), ((2, 3), (3,)), ((3,), (3, 4)), ((2, 3), (3, 4)),
-                                   ((2, 2, 3), (3, 4)), ((2, 1, 2, 3), (3, 3, 2)), ((0, 3), (3, 2)), ((2, 0), (0, 3))])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((3,), (3,)),
+        ((2, 3), (3,)),
+        ((3,), (3, 4)),
+        ((2, 3), (3, 4)),
+        ((2, 2, 3), (3, 4)),
+        ((2, 1, 2, 3), (3, 3, 2)),
+        ((0, 3), (3, 2)),
+        ((2, 0), (0, 3)),
+    ],
+)
 def test_matmul(sa, sb):
-  a, b = V(data(sa, seed=1)), V(data(sb, seed=2))
-  check(lambda x, y: x @ y, lambda x, y: x @ y, a, b)
-  check(lambda x, y: x.matmul(y), torch.matmul, a, b)
+    a, b = V(data(sa, seed=1)), V(data(sb, seed=2))
+    check(lambda x, y: x @ y, lambda x, y: x @ y, a, b)
+    check(lambda x, y: x.matmul(y), torch.matmul, a, b)
 
 
 def test_matmul_views_and_ints():
-  check(lambda x, y: x @ y, lambda x, y: x @ y, V(data((4, 3), seed=3), lambda t: t.T), V(data((5, 8), seed=4),
-                                                                                         lambda t: t[1:5, ::2]))
-  check(lambda x, y: x.dot(y), lambda x, y: x @ y, V(data((2, 3), "int32", -5, 5, seed=5)),
-        V(data((3, 2), "int32", -5, 5, seed=6)))
-  check(lambda x, y: x.dot(y, dtype=dtypes.float64), lambda x, y: (x @ y).double(), V(data((2, 3), seed=7)),
-        V(data((3, 2), seed=8)), grad=False)
+    check(
+        lambda x, y: x @ y,
+        lambda x, y: x @ y,
+        V(data((4, 3), seed=3), lambda t: t.T),
+        V(data((5, 8), seed=4), lambda t: t[1:5, ::2]),
+    )
+    check(
+        lambda x, y: x.dot(y),
+        lambda x, y: x @ y,
+        V(data((2, 3), "int32", -5, 5, seed=5)),
+        V(data((3, 2), "int32", -5, 5, seed=6)),
+    )
+    check(
+        lambda x, y: x.dot(y, dtype=dtypes.float64),
+        lambda x, y: (x @ y).double(),
+        V(data((2, 3), seed=7)),
+        V(data((3, 2), seed=8)),
+        grad=False,
+    )
 
 
 @pytest.mark.parametrize("sa,sb", [((2, 3), (4,)), ((2, 3), (2, 3)), ((3,), (4, 5)), ((), (3,))])
 def test_matmul_incompatible_raises(sa, sb):
-  with pytest.raises(ValueError, match="matmul"):
-    Tensor.ones(*sa) @ Tensor.ones(*sb)
+    with pytest.raises(ValueError, match="matmul"):
+        Tensor.ones(*sa) @ Tensor.ones(*sb)
 
 
 def test_linear():
-  x, w, b = V(data((4, 3), seed=9)), V(data((5, 3), seed=10)), V(data((5,), seed=11))
-  check(lambda x, w, b: x.linear(w.T, b), F.linear, x, w, b)
-  check(lambda x, w: x.linear(w.T), F.linear, x, w)
+    x, w, b = V(data((4, 3), seed=9)), V(data((5, 3), seed=10)), V(data((5,), seed=11))
+    check(lambda x, w, b: x.linear(w.T, b), F.linear, x, w, b)
+    check(lambda x, w: x.linear(w.T), F.linear, x, w)
 
 
-@pytest.mark.parametrize("formula,shapes", [
-  ("ij,jk->ik", [(2, 3), (3, 4)]), ("ij,jk", [(2, 3), (3, 4)]), ("i,i->", [(4,), (4,)]), ("i,j->ij", [(3,), (2,)]),
-  ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]), ("ij->ji", [(2, 3)]), ("ii->i", [(3, 3)]), ("ii", [(3, 3)]),
-  ("...ij,...jk->...ik", [(2, 2, 3), (2, 3, 2)]), ("ijk,k->ij", [(2, 3, 4), (4,)]), ("ij,ij,ij->i", [(2, 3)] * 3),
-  ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
-])
+@pytest.mark.parametrize(
+    "formula,shapes",
+    [
+        ("ij,jk->ik", [(2, 3), (3, 4)]),
+        ("ij,jk", [(2, 3), (3, 4)]),
+        ("i,i->", [(4,), (4,)]),
+        ("i,j->ij", [(3,), (2,)]),
+        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
+        ("ij->ji", [(2, 3)]),
+        ("ii->i", [(3, 3)]),
+        ("ii", [(3, 3)]),
+        ("...ij,...jk->...ik", [(2, 2, 3), (2, 3, 2)]),
+        ("ijk,k->ij", [(2, 3, 4), (4,)]),
+        ("ij,ij,ij->i", [(2, 3)] * 3),
+        ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+    ],
+)
 def test_einsum(formula, shapes):
-  ins = [V(data(s, seed=12 + i)) for i, s in enumerate(shapes)]
-  check(lambda *xs: Tensor.einsum(formula, *xs), lambda *xs: torch.einsum(formula, *xs), *ins)
+    ins = [V(data(s, seed=12 + i)) for i, s in enumerate(shapes)]
+    check(lambda *xs: Tensor.einsum(formula, *xs), lambda *xs: torch.einsum(formula, *xs), *ins)
 
 
 def test_einsum_list_operands():
-  check(lambda a, b: Tensor.einsum("ij,jk->ik", [a, b]), lambda a, b: torch.einsum("ij,jk->ik", [a, b]),
-        V(data((2, 3), seed=20)), V(data((3, 2), seed=21)))
+    check(
+        lambda a, b: Tensor.einsum("ij,jk->ik", [a, b]),
+        lambda a, b: torch.einsum("ij,jk->ik", [a, b]),
+        V(data((2, 3), seed=20)),
+        V(data((3, 2), seed=21)),
+    )
 
 
 # ----------------------------------------------------------------------------- convolutions
 
 CONV = [  # (input shape, weight shape, kwargs)
-  ((1, 2, 5, 5), (3, 2, 3, 3), {}),
-  ((2, 2, 6, 5), (4, 2, 3, 2), {"padding": 1}),
-  ((1, 2, 7, 7), (2, 2, 3, 3), {"stride": 2}),
-  ((1, 2, 7, 7), (2, 2, 2, 2), {"dilation": 2, "padding": (1, 2)}),
-  ((1, 4, 5, 5), (6, 2, 3, 3), {"groups": 2}),
-  ((1, 2, 6, 6), (3, 2, 3, 3), {"stride": (2, 1), "padding": (2, 1, 0, 1)}),
-  ((2, 3, 8), (4, 3, 3), {"padding": 1, "stride": 2}),  # 1-D through the same code
-  ((1, 2, 4, 4, 4), (2, 2, 2, 2, 2), {"padding": 1}),  # 3-D
+    ((1, 2, 5, 5), (3, 2, 3, 3), {}),
+    ((2, 2, 6, 5), (4, 2, 3, 2), {"padding": 1}),
+    ((1, 2, 7, 7), (2, 2, 3, 3), {"stride": 2}),
+    ((1, 2, 7, 7), (2, 2, 2, 2), {"dilation": 2, "padding": (1, 2)}),
+    ((1, 4, 5, 5), (6, 2, 3, 3), {"groups": 2}),
+    ((1, 2, 6, 6), (3, 2, 3, 3), {"stride": (2, 1), "padding": (2, 1, 0, 1)}),
+    ((2, 3, 8), (4, 3, 3), {"padding": 1, "stride": 2}),  # 1-D through the same code
+    ((1, 2, 4, 4, 4), (2, 2, 2, 2, 2), {"padding": 1}),  # 3-D
 ]
 
 
 def _torch_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
-  nd = w.ndim - 2
-  if isinstance(padding, tuple) and len(padding) == 2 * nd:  # torch-style flat pads: pad first, then conv
-    x, padding = F.pad(x, padding), 0
-  return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd](x, w, b, stride, padding, dilation, groups)
+    nd = w.ndim - 2
+    if isinstance(padding, tuple) and len(padding) == 2 * nd:  # torch-style flat pads: pad first, then conv
+        x, padding = F.pad(x, padding), 0
+    return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd](x, w, b, stride, padding, dilation, groups)
 
 
 @pytest.mark.parametrize("xs,ws,kw", CONV)
 def test_conv2d(xs, ws, kw):
-  b = V(data((ws[0],), seed=23))
-  check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: _torch_conv(x, w, b, **kw),
-        V(data(xs, seed=21)), V(data(ws, seed=22)), b)
+    b = V(data((ws[0],), seed=23))
+    check(
+        lambda x, w, b: x.conv2d(w, b, **kw),
+        lambda x, w, b: _torch_conv(x, w, b, **kw),
+        V(data(xs, seed=21)),
+        V(data(ws, seed=22)),
+        b,
+    )
 
 
 def test_conv2d_noncontiguous_input():
-  check(lambda x, w: x.conv2d(w), lambda x, w: F.conv2d(x, w),
-        V(data((1, 5, 5, 2), seed=24), lambda t: t.permute(0, 3, 1, 2)), V(data((2, 2, 2, 2), seed=25)))
+    check(
+        lambda x, w: x.conv2d(w),
+        lambda x, w: F.conv2d(x, w),
+        V(data((1, 5, 5, 2), seed=24), lambda t: t.permute(0, 3, 1, 2)),
+        V(data((2, 2, 2, 2), seed=25)),
+    )
 
 
 def test_conv2d_wrong_channels_raises():
-  with pytest.raises(ValueError, match="channels"):
-    Tensor.ones(1, 3, 5, 5).conv2d(Tensor.ones(4, 2, 3, 3))
-  with pytest.raises(ValueError, match="channels"):
-    Tensor.ones(1, 4, 5, 5).conv2d(Tensor.ones(4, 3, 3, 3), groups=2)
+    with pytest.raises(ValueError, match="channels"):
+        Tensor.ones(1, 3, 5, 5).conv2d(Tensor.ones(4, 2, 3, 3))
+    with pytest.raises(ValueError, match="channels"):
+        Tensor.ones(1, 4, 5, 5).conv2d(Tensor.ones(4, 3, 3, 3), groups=2)
 
 
 def test_conv2d_kernel_count():
-  x, w = Tensor(data((1, 2, 6, 6), seed=26)).realize(), Tensor(data((3, 2, 3, 3), seed=27)).realize()
-  GlobalCounters.reset()
-  x.conv2d(w, padding=1).realize()
-  assert GlobalCounters.kernel_count <= 2
+    x, w = Tensor(data((1, 2, 6, 6), seed=26)).realize(), Tensor(data((3, 2, 3, 3), seed=27)).realize()
+    GlobalCounters.reset()
+    x.conv2d(w, padding=1).realize()
+    assert GlobalCounters.kernel_count <= 2
 
 
 CONVT = [
-  ((1, 2, 4, 4), (2, 3, 3, 3), {}),
-  ((1, 2, 3, 3), (2, 2, 3, 3), {"stride": 2}),
-  ((1, 2, 4, 4), (2, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
-  ((1, 4, 3, 3), (4, 1, 2, 2), {"groups": 2, "dilation": 2}),
-  ((2, 2, 5), (2, 3, 3), {"stride": 3, "padding": 1}),  # 1-D
+    ((1, 2, 4, 4), (2, 3, 3, 3), {}),
+    ((1, 2, 3, 3), (2, 2, 3, 3), {"stride": 2}),
+    ((1, 2, 4, 4), (2, 2, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    ((1, 4, 3, 3), (4, 1, 2, 2), {"groups": 2, "dilation": 2}),
+    ((2, 2, 5), (2, 3, 3), {"stride": 3, "padding": 1}),  # 1-D
 ]
 
 
 @pytest.mark.parametrize("xs,ws,kw", CONVT)
 def test_conv_transpose2d(xs, ws, kw):
-  fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d}[len(ws)]
-  b = V(data((ws[1] * kw.get("groups", 1),), seed=30))
-  check(lambda x, w, b: x.conv_transpose2d(w, b, **kw), lambda x, w, b: fn(x, w, b, **kw),
-        V(data(xs, seed=28)), V(data(ws, seed=29)), b)
+    fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d}[len(ws)]
+    b = V(data((ws[1] * kw.get("groups", 1),), seed=30))
+    check(
+        lambda x, w, b: x.conv_transpose2d(w, b, **kw),
+        lambda x, w, b: fn(x, w, b, **kw),
+        V(data(xs, seed=28)),
+        V(data(ws, seed=29)),
+        b,
+    )
 
 
 # ----------------------------------------------------------------------------- pooling
 
 POOL = [
-  {"kernel_size": (2, 2)},
-  {"kernel_size": (3, 3), "stride": 2},
-  {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1},
-  {"kernel_size": (3, 3), "stride": 2, "ceil_mode": True},
-  {"kernel_size": (2, 2), "stride": 2, "padding": 1, "ceil_mode": True},
-  {"kernel_size": (2, 3), "dilation": (2, 1)},
+    {"kernel_size": (2, 2)},
+    {"kernel_size": (3, 3), "stride": 2},
+    {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1},
+    {"kernel_size": (3, 3), "stride": 2, "ceil_mode": True},
+    {"kernel_size": (2, 2), "stride": 2, "padding": 1, "ceil_mode": True},
+    {"kernel_size": (2, 3), "dilation": (2, 1)},
 ]
 
 
 @pytest.mark.parametrize("kw", POOL)
 def test_max_pool2d(kw):
-  x = V(data((1, 2, 7, 6), seed=31, distinct=True))
-  check(lambda t: t.max_pool2d(**kw), lambda t: F.max_pool2d(t, **kw), x)
-  check(lambda t: t.max_pool2d(**kw, return_indices=True), lambda t: F.max_pool2d(t, **kw, return_indices=True), x)
+    x = V(data((1, 2, 7, 6), seed=31, distinct=True))
+    check(lambda t: t.max_pool2d(**kw), lambda t: F.max_pool2d(t, **kw), x)
+    check(lambda t: t.max_pool2d(**kw, return_indices=True), lambda t: F.max_pool2d(t, **kw, return_indices=True), x)
 
 
 @pytest.mark.parametrize("kw", [k for k in POOL if "dilation" not in k])
 @pytest.mark.parametrize("count_include_pad", [True, False])
 def test_avg_pool2d(kw, count_include_pad):
-  check(lambda t: t.avg_pool2d(**kw, count_include_pad=count_include_pad),
-        lambda t: F.avg_pool2d(t, **kw, count_include_pad=count_include_pad), V(data((2, 1, 7, 6), seed=32)))
+    check(
+        lambda t: t.avg_pool2d(**kw, count_include_pad=count_include_pad),
+        lambda t: F.avg_pool2d(t, **kw, count_include_pad=count_include_pad),
+        V(data((2, 1, 7, 6), seed=32)),
+    )
 
 
 def test_pool_1d_and_views():
-  check(lambda t: t.max_pool2d((3,), 2), lambda t: F.max_pool1d(t, 3, 2), V(data((1, 2, 9), seed=33, distinct=True)))
-  check(lambda t: t.avg_pool2d((2,)), lambda t: F.avg_pool1d(t, 2), V(data((1, 2, 8), seed=34)))
-  check(lambda t: t.avg_pool2d(), lambda t: F.avg_pool2d(t, 2), V(data((1, 4, 4, 2), seed=35),
-                                                                     lambda t: t.permute(0, 3, 1, 2)))
+    check(lambda t: t.max_pool2d((3,), 2), lambda t: F.max_pool1d(t, 3, 2), V(data((1, 2, 9), seed=33, distinct=True)))
+    check(lambda t: t.avg_pool2d((2,)), lambda t: F.avg_pool1d(t, 2), V(data((1, 2, 8), seed=34)))
+    check(
+        lambda t: t.avg_pool2d(),
+        lambda t: F.avg_pool2d(t, 2),
+        V(data((1, 4, 4, 2), seed=35), lambda t: t.permute(0, 3, 1, 2)),
+    )
 
 
 @pytest.mark.parametrize("kw", [{"kernel_size": (2, 2)}, {"kernel_size": (3, 3), "stride": 2, "padding": 1}])
 def test_max_unpool2d(kw):
-  x = data((1, 2, 6, 6), seed=36, distinct=True)
-  tv, ti = F.max_pool2d(torch.tensor(x), **kw, return_indices=True)
-  zv, zi = Tensor(x).max_pool2d(**kw, return_indices=True)
-  if "padding" not in kw:  # else torch's default output size (5x5) can't hold its own indices
-    check(lambda v, i: v.max_unpool2d(i, **kw), lambda v, i: F.max_unpool2d(v, i, **kw), V(tv.numpy()),
-          V(ti.numpy()))
-  check(lambda v: v.max_unpool2d(zi, **kw, output_size=(6, 6)),
+    x = data((1, 2, 6, 6), seed=36, distinct=True)
+    tv, ti = F.max_pool2d(torch.tensor(x), **kw, return_indices=True)
+    zv, zi = Tensor(x).max_pool2d(**kw, return_indices=True)
+    if "padding" not in kw:  # else torch's default output size (5x5) can't hold its own indices
+        check(
+            lambda v, i: v.max_unpool2d(i, **kw), lambda v, i: F.max_unpool2d(v, i, **kw), V(tv.numpy()), V(ti.numpy())
+        )
+    check(
+        lambda v: v.max_unpool2d(zi, **kw, output_size=(6, 6)),
         lambda v: F.max_unpool2d(v, ti, **kw, output_size=(6, 6)),
-        V(zv.numpy()), grad="padding" not in kw)  # overlapping windows: torch passes each duplicate the whole gradient
+        V(zv.numpy()),
+        grad="padding" not in kw,
+    )  # overlapping windows: torch passes each duplicate the whole gradient
 
 
-@pytest.mark.parametrize("size,mode,align", [((6,), "nearest", False), ((3,), "nearest", False),
-                                             ((7,), "linear", False), ((7,), "linear", True), ((2,), "linear", False)])
+@pytest.mark.parametrize(
+    "size,mode,align",
+    [
+        ((6,), "nearest", False),
+        ((3,), "nearest", False),
+        ((7,), "linear", False),
+        ((7,), "linear", True),
+        ((2,), "linear", False),
+    ],
+)
 def test_interpolate_1d(size, mode, align):
-  kw = {"align_corners": align} if mode == "linear" else {}
-  check(lambda t: t.interpolate(size, mode, **kw), lambda t: F.interpolate(t, size, mode=mode, **kw),
-        V(data((1, 2, 4), seed=37)))
+    kw = {"align_corners": align} if mode == "linear" else {}
+    check(
+        lambda t: t.interpolate(size, mode, **kw),
+        lambda t: F.interpolate(t, size, mode=mode, **kw),
+        V(data((1, 2, 4), seed=37)),
+    )
 
 
-@pytest.mark.parametrize("size,mode,align", [((5, 7), "nearest", False), ((2, 3), "nearest", False),
-                                             ((5, 7), "linear", False), ((6, 3), "linear", True)])
+@pytest.mark.parametrize(
+    "size,mode,align",
+    [((5, 7), "nearest", False), ((2, 3), "nearest", False), ((5, 7), "linear", False), ((6, 3), "linear", True)],
+)
 def test_interpolate_2d(size, mode, align):
-  kw = {"align_corners": align} if mode == "linear" else {}
-  tmode = "bilinear" if mode == "linear" else mode
-  check(lambda t: t.interpolate(size, mode, **kw), lambda t: F.interpolate(t, size, mode=tmode, **kw),
-        V(data((1, 2, 3, 4), seed=38)))
+    kw = {"align_corners": align} if mode == "linear" else {}
+    tmode = "bilinear" if mode == "linear" else mode
+    check(
+        lambda t: t.interpolate(size, mode, **kw),
+        lambda t: F.interpolate(t, size, mode=tmode, **kw),
+        V(data((1, 2, 3, 4), seed=38)),
+    )
 
 
 # ----------------------------------------------------------------------------- normalization, attention, dropout
 
+
 def test_layernorm():
-  check(lambda t: t.layernorm(), lambda t: F.layer_norm(t, (4,)), V(data((3, 4), seed=39)))
-  check(lambda t: t.layernorm((1, 2), eps=1e-3), lambda t: F.layer_norm(t, (3, 4), eps=1e-3),
-        V(data((2, 3, 4), seed=40)))
-  check(lambda t: t.layernorm(), lambda t: F.layer_norm(t, (3,)), V(data((3, 2), seed=41), lambda t: t.T))
+    check(lambda t: t.layernorm(), lambda t: F.layer_norm(t, (4,)), V(data((3, 4), seed=39)))
+    check(
+        lambda t: t.layernorm((1, 2), eps=1e-3),
+        lambda t: F.layer_norm(t, (3, 4), eps=1e-3),
+        V(data((2, 3, 4), seed=40)),
+    )
+    check(lambda t: t.layernorm(), lambda t: F.layer_norm(t, (3,)), V(data((3, 2), seed=41), lambda t: t.T))
 
 
 def test_batchnorm():
-  x, w, b = V(data((2, 3, 4), seed=42)), V(data((3,), seed=43)), V(data((3,), seed=44))
-  mean, var = data((3,), seed=45), data((3,), 0.5, 2, seed=46)
-  check(lambda x, w, b: x.batchnorm(w, b, Tensor(mean), Tensor(1 / np.sqrt(var + 1e-5))),
-        lambda x, w, b: F.batch_norm(x, torch.tensor(mean), torch.tensor(var), w, b, eps=1e-5), x, w, b)
-  check(lambda x: x.batchnorm(None, None, Tensor(mean), Tensor(1 / np.sqrt(var + 1e-5))),
-        lambda x: F.batch_norm(x, torch.tensor(mean), torch.tensor(var), eps=1e-5), x)
+    x, w, b = V(data((2, 3, 4), seed=42)), V(data((3,), seed=43)), V(data((3,), seed=44))
+    mean, var = data((3,), seed=45), data((3,), 0.5, 2, seed=46)
+    check(
+        lambda x, w, b: x.batchnorm(w, b, Tensor(mean), Tensor(1 / np.sqrt(var + 1e-5))),
+        lambda x, w, b: F.batch_norm(x, torch.tensor(mean), torch.tensor(var), w, b, eps=1e-5),
+        x,
+        w,
+        b,
+    )
+    check(
+        lambda x: x.batchnorm(None, None, Tensor(mean), Tensor(1 / np.sqrt(var + 1e-5))),
+        lambda x: F.batch_norm(x, torch.tensor(mean), torch.tensor(var), eps=1e-5),
+        x,
+    )
 
 
 @pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, 0), (3.0, -1)])
 def test_normalize(p, dim):
-  check(lambda t: t.normalize(p, dim), lambda t: F.normalize(t, p, dim), V(data((3, 4), seed=47)))
+    check(lambda t: t.normalize(p, dim), lambda t: F.normalize(t, p, dim), V(data((3, 4), seed=47)))
 
 
 def test_dropout():
-  x = Tensor.ones(1000)
-  assert (x.dropout(0.5).numpy() == 1).all()  # not training: the identity
-  with Tensor.train():
-    Tensor.manual_seed(3)
-    out = x.dropout(0.25).numpy()
-    assert set(np.unique(out).tolist()) <= {0.0, float(np.float32(1 / 0.75))}
-    assert 0.15 < (out == 0).mean() < 0.35
-    assert (x.dropout(0.0).numpy() == 1).all() and (x.dropout(1.0).numpy() == 0).all()
-  assert not Tensor.training
-  with pytest.raises(ValueError):
-    x.dropout(1.5)
+    x = Tensor.ones(1000)
+    assert (x.dropout(0.5).numpy() == 1).all()  # not training: the identity
+    with Tensor.train():
+        Tensor.manual_seed(3)
+        out = x.dropout(0.25).numpy()
+        assert set(np.unique(out).tolist()) <= {0.0, float(np.float32(1 / 0.75))}
+        assert 0.15 < (out == 0).mean() < 0.35
+        assert (x.dropout(0.0).numpy() == 1).all() and (x.dropout(1.0).numpy() == 0).all()
+    assert not Tensor.training
+    with pytest.raises(ValueError):
+        x.dropout(1.5)
 
 
 def test_dropout_grad():
-  with Tensor.train():
-    x = Tensor.ones(64, requires_grad=True)
-    y = x.dropout(0.5)
-    y.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), y.numpy())  # the same mask scales the gradient
+    with Tensor.train():
+        x = Tensor.ones(64, requires_grad=True)
+        y = x.dropout(0.5)
+        y.sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), y.numpy())  # the same mask scales the gradient
 
 
 @pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}])
 def test_scaled_dot_product_attention(kw):
-  q, k, v = V(data((2, 2, 3, 4), seed=48)), V(data((2, 2, 5, 4), seed=49)), V(data((2, 2, 5, 3), seed=50))
-  if kw.get("is_causal"):
-    k, v = V(data((2, 2, 3, 4), seed=49)), V(data((2, 2, 3, 3), seed=50))
-  mask = kw.get("mask")
-  m = data((3, 5), "bool", seed=51) if mask == "bool" else data((3, 5), seed=51) if mask else None
-  if mask == "bool":
-    m[:, 0] = True
-  zk = {"is_causal": True} if kw.get("is_causal") else {"attn_mask": Tensor(m)} if mask else {}
-  tk = {"is_causal": True} if kw.get("is_causal") else {"attn_mask": torch.tensor(m)} if mask else {}
-  with Context(NOOPT=1):  # see test_batched_softmax_matmul_backward_codegen
-    check(lambda q, k, v: q.scaled_dot_product_attention(k, v, **zk),
-          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **tk), q, k, v)
+    q, k, v = V(data((2, 2, 3, 4), seed=48)), V(data((2, 2, 5, 4), seed=49)), V(data((2, 2, 5, 3), seed=50))
+    if kw.get("is_causal"):
+        k, v = V(data((2, 2, 3, 4), seed=49)), V(data((2, 2, 3, 3), seed=50))
+    mask = kw.get("mask")
+    m = data((3, 5), "bool", seed=51) if mask == "bool" else data((3, 5), seed=51) if mask else None
+    if mask == "bool":
+        m[:, 0] = True
+    zk = {"is_causal": True} if kw.get("is_causal") else {"attn_mask": Tensor(m)} if mask else {}
+    tk = {"is_causal": True} if kw.get("is_causal") else {"attn_mask": torch.tensor(m)} if mask else {}
+    with Context(NOOPT=1):  # see test_batched_softmax_matmul_backward_codegen
+        check(
+            lambda q, k, v: q.scaled_dot_product_attention(k, v, **zk),
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **tk),
+            q,
+            k,
+            v,
+        )
 
 
 def test_batched_softmax_matmul_backward_codegen():  # an UPCAST by 1 once broke the expander here
-  q = Tensor(data((2, 3, 4), seed=69), requires_grad=True)
-  k = Tensor(data((2, 5, 4), seed=70))
-  (q @ k.transpose(-2, -1)).softmax(-1).sum().backward()
-  q.grad.numpy()
+    q = Tensor(data((2, 3, 4), seed=69), requires_grad=True)
+    k = Tensor(data((2, 5, 4), seed=70))
+    (q @ k.transpose(-2, -1)).softmax(-1).sum().backward()
+    q.grad.numpy()
 
 
 # ----------------------------------------------------------------------------- classification and losses
 
+
 def test_one_hot():
-  y = data((2, 3), "int64", 0, 4, seed=52)
-  check(lambda t: t.one_hot(5), lambda t: F.one_hot(t, 5), V(y))
-  check(lambda t: t.one_hot(), lambda t: F.one_hot(t), V(y))
-  with pytest.raises(TypeError):
-    Tensor([1.0]).one_hot(3)
+    y = data((2, 3), "int64", 0, 4, seed=52)
+    check(lambda t: t.one_hot(5), lambda t: F.one_hot(t, 5), V(y))
+    check(lambda t: t.one_hot(), lambda t: F.one_hot(t), V(y))
+    with pytest.raises(TypeError):
+        Tensor([1.0]).one_hot(3)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ls", [0.0, 0.2])
 def test_cross_entropy(reduction, ls):
-  x, y = V(data((4, 5), seed=53)), V(data((4,), "int64", 0, 4, seed=54))
-  check(lambda x, y: x.cross_entropy(y, reduction, ls), lambda x, y: F.cross_entropy(x, y, reduction=reduction,
-                                                                                       label_smoothing=ls), x, y)
-  probs = V(np.abs(data((4, 5), seed=55)) / np.abs(data((4, 5), seed=55)).sum(1, keepdims=True))
-  check(lambda x, p: x.cross_entropy(p, reduction, ls), lambda x, p: F.cross_entropy(x, p, reduction=reduction,
-                                                                                       label_smoothing=ls), x, probs)
+    x, y = V(data((4, 5), seed=53)), V(data((4,), "int64", 0, 4, seed=54))
+    check(
+        lambda x, y: x.cross_entropy(y, reduction, ls),
+        lambda x, y: F.cross_entropy(x, y, reduction=reduction, label_smoothing=ls),
+        x,
+        y,
+    )
+    probs = V(np.abs(data((4, 5), seed=55)) / np.abs(data((4, 5), seed=55)).sum(1, keepdims=True))
+    check(
+        lambda x, p: x.cross_entropy(p, reduction, ls),
+        lambda x, p: F.cross_entropy(x, p, reduction=reduction, label_smoothing=ls),
+        x,
+        probs,
+    )
 
 
 def test_cross_entropy_shapes():
-  check(lambda x, y: x.cross_entropy(y), F.cross_entropy, V(data((2, 3, 4), seed=56)),
-        V(data((2, 4), "int64", 0, 2, seed=57)))
-  check(lambda x, y: x.cross_entropy(y), F.cross_entropy, V(data((5,), seed=58)), V(np.array(3, np.int64)))
+    check(
+        lambda x, y: x.cross_entropy(y),
+        F.cross_entropy,
+        V(data((2, 3, 4), seed=56)),
+        V(data((2, 4), "int64", 0, 2, seed=57)),
+    )
+    check(lambda x, y: x.cross_entropy(y), F.cross_entropy, V(data((5,), seed=58)), V(np.array(3, np.int64)))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss(reduction):
-  x, y, w = V(data((4, 5), seed=59)), V(np.array([0, 4, 2, 2], np.int64)), V(data((5,), 0.5, 2, seed=60), grad=False)
-  check(lambda x, y: x.nll_loss(y, reduction=reduction), lambda x, y: F.nll_loss(x, y, reduction=reduction), x, y)
-  check(lambda x, y, w: x.nll_loss(y, w, reduction=reduction),
-        lambda x, y, w: F.nll_loss(x, y, w, reduction=reduction), x, y, w)
-  check(lambda x, y: x.nll_loss(y, ignore_index=2, reduction=reduction),
-        lambda x, y: F.nll_loss(x, y, ignore_index=2, reduction=reduction), x, y)
+    x, y, w = V(data((4, 5), seed=59)), V(np.array([0, 4, 2, 2], np.int64)), V(data((5,), 0.5, 2, seed=60), grad=False)
+    check(lambda x, y: x.nll_loss(y, reduction=reduction), lambda x, y: F.nll_loss(x, y, reduction=reduction), x, y)
+    check(
+        lambda x, y, w: x.nll_loss(y, w, reduction=reduction),
+        lambda x, y, w: F.nll_loss(x, y, w, reduction=reduction),
+        x,
+        y,
+        w,
+    )
+    check(
+        lambda x, y: x.nll_loss(y, ignore_index=2, reduction=reduction),
+        lambda x, y: F.nll_loss(x, y, ignore_index=2, reduction=reduction),
+        x,
+        y,
+    )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_sparse_categorical_crossentropy(reduction):
-  x, y = V(data((4, 5), seed=61)), V(np.array([0, 4, -1, 2], np.int64))
-  check(lambda x, y: x.sparse_categorical_crossentropy(y, reduction=reduction),
-        lambda x, y: F.cross_entropy(x, y, ignore_index=-1, reduction=reduction), x, y)
-  y2 = V(np.array([0, 4, 3, 2], np.int64))
-  check(lambda x, y: x.sparse_categorical_crossentropy(y, label_smoothing=0.1, reduction=reduction),
-        lambda x, y: F.cross_entropy(x, y, label_smoothing=0.1, reduction=reduction), x, y2)
+    x, y = V(data((4, 5), seed=61)), V(np.array([0, 4, -1, 2], np.int64))
+    check(
+        lambda x, y: x.sparse_categorical_crossentropy(y, reduction=reduction),
+        lambda x, y: F.cross_entropy(x, y, ignore_index=-1, reduction=reduction),
+        x,
+        y,
+    )
+    y2 = V(np.array([0, 4, 3, 2], np.int64))
+    check(
+        lambda x, y: x.sparse_categorical_crossentropy(y, label_smoothing=0.1, reduction=reduction),
+        lambda x, y: F.cross_entropy(x, y, label_smoothing=0.1, reduction=reduction),
+        x,
+        y2,
+    )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_crossentropy(reduction):
-  p, y = V(data((3, 4), 0.05, 0.95, seed=62)), V(data((3, 4), 0, 1, seed=63))
-  check(lambda p, y: p.binary_crossentropy(y, reduction), lambda p, y: F.binary_cross_entropy(p, y,
-                                                                                             reduction=reduction), p, y)
-  x = V(data((3, 4), -3, 3, seed=64))
-  check(lambda x, y: x.binary_crossentropy_logits(y, reduction),
-        lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction=reduction), x, y)
-  pw = V(data((4,), 0.5, 2, seed=65), grad=False)  # torch: no gradient for pos_weight
-  check(lambda x, y, w: x.binary_crossentropy_logits(y, reduction, pos_weight=w),
-        lambda x, y, w: F.binary_cross_entropy_with_logits(x, y, reduction=reduction, pos_weight=w), x, y, pw)
+    p, y = V(data((3, 4), 0.05, 0.95, seed=62)), V(data((3, 4), 0, 1, seed=63))
+    check(
+        lambda p, y: p.binary_crossentropy(y, reduction),
+        lambda p, y: F.binary_cross_entropy(p, y, reduction=reduction),
+        p,
+        y,
+    )
+    x = V(data((3, 4), -3, 3, seed=64))
+    check(
+        lambda x, y: x.binary_crossentropy_logits(y, reduction),
+        lambda x, y: F.binary_cross_entropy_with_logits(x, y, reduction=reduction),
+        x,
+        y,
+    )
+    pw = V(data((4,), 0.5, 2, seed=65), grad=False)  # torch: no gradient for pos_weight
+    check(
+        lambda x, y, w: x.binary_crossentropy_logits(y, reduction, pos_weight=w),
+        lambda x, y, w: F.binary_cross_entropy_with_logits(x, y, reduction=reduction, pos_weight=w),
+        x,
+        y,
+        pw,
+    )
 
 
 def test_bad_reduction_raises():
-  with pytest.raises(ValueError):
-    Tensor.ones(2, 3).cross_entropy(Tensor([0, 1]), reduction="avg")
+    with pytest.raises(ValueError):
+        Tensor.ones(2, 3).cross_entropy(Tensor([0, 1]), reduction="avg")
 
 
 def test_sequential():
-  w1, w2 = data((3, 4), seed=66), data((4, 2), seed=67)
-  out = Tensor(data((2, 3), seed=68)).sequential([lambda t: t @ Tensor(w1), Tensor.relu, lambda t: t @ Tensor(w2)])
-  exp = np.maximum(data((2, 3), seed=68) @ w1, 0) @ w2
-  np.testing.assert_allclose(out.numpy(), exp, rtol=1e-5, atol=1e-6)
-
+    w1, w2 = data((3, 4), seed=66), data((4, 2), seed=67)
+    out = Tensor(data((2, 3), seed=68)).sequential([lambda t: t @ Tensor(w1), Tensor.relu, lambda t: t @ Tensor(w2)])
+    exp = np.maximum(data((2, 3), seed=68) @ w1, 0) @ w2
+    np.testing.assert_allclose(out.numpy(), exp, rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_categorical_crossentropy_batch16():
-  """two sibling reduces inside an outer reduce, vectorized by the optimizer (was a cycle in the kernel graph)"""
-  x, y = data((16, 10), seed=71), data((16,), "int64", 0, 9, seed=72)
-  out = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
-  np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
+    """two sibling reduces inside an outer reduce, vectorized by the optimizer (was a cycle in the kernel graph)"""
+    x, y = data((16, 10), seed=71), data((16,), "int64", 0, 9, seed=72)
+    out = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
+    np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)

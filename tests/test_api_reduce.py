@@ -1,4 +1,5 @@
 """Reductions, scans, softmax and sorting against torch 2.13 (CPU), forward and backward."""
+
 import numpy as np
 import pytest
 import torch
@@ -8,152 +9,175 @@ from zeptograd import GlobalCounters, Tensor
 
 AXES = [None, 0, -1, (0, 1), 1]
 INPUTS = {
-  "2d": lambda s: V(data((3, 4), seed=s, distinct=True)),
-  "3d": lambda s: V(data((2, 3, 4), seed=s, distinct=True)),
-  "perm": lambda s: V(data((4, 3), seed=s, distinct=True), lambda x: x.permute(1, 0)),
-  "slice": lambda s: V(data((5, 8), seed=s, distinct=True), lambda x: x[1:4, ::2]),
+    "2d": lambda s: V(data((3, 4), seed=s, distinct=True)),
+    "3d": lambda s: V(data((2, 3, 4), seed=s, distinct=True)),
+    "perm": lambda s: V(data((4, 3), seed=s, distinct=True), lambda x: x.permute(1, 0)),
+    "slice": lambda s: V(data((5, 8), seed=s, distinct=True), lambda x: x[1:4, ::2]),
 }
 
 
 def _tdim(axis):
-  return () if axis is None else axis
+    return () if axis is None else axis
 
 
 REDUCE = {  # zeptograd(x, axis, keepdim), torch(x, axis, keepdim)
-  "sum": (lambda x, a, k: x.sum(a, keepdim=k), lambda x, a, k: x.sum(_tdim(a), keepdim=k)),
-  "mean": (lambda x, a, k: x.mean(a, keepdim=k), lambda x, a, k: x.mean(_tdim(a), keepdim=k)),
-  "prod": (lambda x, a, k: x.prod(a, keepdim=k),
-           lambda x, a, k: x.prod() if a is None else x.prod(a, keepdim=k) if isinstance(a, int) else
-           x.prod(a[1], keepdim=k).prod(a[0], keepdim=k)),
-  "max": (lambda x, a, k: x.max(a, keepdim=k), lambda x, a, k: x.amax(_tdim(a), keepdim=k)),
-  "min": (lambda x, a, k: x.min(a, keepdim=k), lambda x, a, k: x.amin(_tdim(a), keepdim=k)),
-  "var": (lambda x, a, k: x.var(a, keepdim=k), lambda x, a, k: x.var(a, keepdim=k)),
-  "std": (lambda x, a, k: x.std(a, keepdim=k), lambda x, a, k: x.std(a, keepdim=k)),
-  "var0": (lambda x, a, k: x.var(a, keepdim=k, correction=0), lambda x, a, k: x.var(a, keepdim=k, correction=0)),
-  "std_mean": (lambda x, a, k: x.std_mean(a, keepdim=k), lambda x, a, k: torch.std_mean(x, a, keepdim=k)),
-  "var_mean": (lambda x, a, k: x.var_mean(a, keepdim=k, correction=2),
-               lambda x, a, k: torch.var_mean(x, a, keepdim=k, correction=2)),
-  "logsumexp": (lambda x, a, k: x.logsumexp(a, keepdim=k),
-                lambda x, a, k: x.logsumexp(tuple(range(x.ndim)) if a is None else a, keepdim=k)),
+    "sum": (lambda x, a, k: x.sum(a, keepdim=k), lambda x, a, k: x.sum(_tdim(a), keepdim=k)),
+    "mean": (lambda x, a, k: x.mean(a, keepdim=k), lambda x, a, k: x.mean(_tdim(a), keepdim=k)),
+    "prod": (
+        lambda x, a, k: x.prod(a, keepdim=k),
+        lambda x, a, k: (
+            x.prod()
+            if a is None
+            else x.prod(a, keepdim=k)
+            if isinstance(a, int)
+            else x.prod(a[1], keepdim=k).prod(a[0], keepdim=k)
+        ),
+    ),
+    "max": (lambda x, a, k: x.max(a, keepdim=k), lambda x, a, k: x.amax(_tdim(a), keepdim=k)),
+    "min": (lambda x, a, k: x.min(a, keepdim=k), lambda x, a, k: x.amin(_tdim(a), keepdim=k)),
+    "var": (lambda x, a, k: x.var(a, keepdim=k), lambda x, a, k: x.var(a, keepdim=k)),
+    "std": (lambda x, a, k: x.std(a, keepdim=k), lambda x, a, k: x.std(a, keepdim=k)),
+    "var0": (lambda x, a, k: x.var(a, keepdim=k, correction=0), lambda x, a, k: x.var(a, keepdim=k, correction=0)),
+    "std_mean": (lambda x, a, k: x.std_mean(a, keepdim=k), lambda x, a, k: torch.std_mean(x, a, keepdim=k)),
+    "var_mean": (
+        lambda x, a, k: x.var_mean(a, keepdim=k, correction=2),
+        lambda x, a, k: torch.var_mean(x, a, keepdim=k, correction=2),
+    ),
+    "logsumexp": (
+        lambda x, a, k: x.logsumexp(a, keepdim=k),
+        lambda x, a, k: x.logsumexp(tuple(range(x.ndim)) if a is None else a, keepdim=k),
+    ),
 }
 
 
 @pytest.mark.parametrize("axis", AXES)
 @pytest.mark.parametrize("op", list(REDUCE))
 def test_reduce(op, axis):
-  zf, tf = REDUCE[op]
-  check(lambda x: zf(x, axis, False), lambda x: tf(x, axis, False), INPUTS["2d"](1))
+    zf, tf = REDUCE[op]
+    check(lambda x: zf(x, axis, False), lambda x: tf(x, axis, False), INPUTS["2d"](1))
 
 
 @pytest.mark.parametrize("inp", ["3d", "perm", "slice"])
 @pytest.mark.parametrize("op", ["sum", "max", "mean", "std", "prod", "logsumexp"])
 def test_reduce_keepdim_views(op, inp):
-  zf, tf = REDUCE[op]
-  check(lambda x: zf(x, 1, True), lambda x: tf(x, 1, True), INPUTS[inp](2))
-  check(lambda x: zf(x, -1, False), lambda x: tf(x, -1, False), INPUTS[inp](3))
+    zf, tf = REDUCE[op]
+    check(lambda x: zf(x, 1, True), lambda x: tf(x, 1, True), INPUTS[inp](2))
+    check(lambda x: zf(x, -1, False), lambda x: tf(x, -1, False), INPUTS[inp](3))
 
 
 @pytest.mark.parametrize("op", ["sum", "max", "mean", "prod", "min"])
 def test_reduce_0d(op):
-  zf, tf = REDUCE[op]
-  check(lambda x: zf(x, None, False), lambda x: tf(x, None, False), V(data((), seed=4)))
-  check(lambda x: zf(x, 0, True), lambda x: tf(x, 0, True), V(data((), seed=4)))
+    zf, tf = REDUCE[op]
+    check(lambda x: zf(x, None, False), lambda x: tf(x, None, False), V(data((), seed=4)))
+    check(lambda x: zf(x, 0, True), lambda x: tf(x, 0, True), V(data((), seed=4)))
 
 
 def test_reduce_zero_size():
-  x = data((0, 3), seed=5)
-  for zf, tf in [(lambda t: t.sum(0), lambda t: t.sum(0)), (lambda t: t.sum(), lambda t: t.sum()),
-                 (lambda t: t.prod(0), lambda t: t.prod(0)), (lambda t: t.max(1), lambda t: t.amax(1)),
-                 (lambda t: t.sum(1, keepdim=True), lambda t: t.sum(1, keepdim=True)),
-                 (lambda t: t.any(0), lambda t: t.any(0)), (lambda t: t.all(0), lambda t: t.all(0))]:
-    check(zf, tf, V(x))
+    x = data((0, 3), seed=5)
+    for zf, tf in [
+        (lambda t: t.sum(0), lambda t: t.sum(0)),
+        (lambda t: t.sum(), lambda t: t.sum()),
+        (lambda t: t.prod(0), lambda t: t.prod(0)),
+        (lambda t: t.max(1), lambda t: t.amax(1)),
+        (lambda t: t.sum(1, keepdim=True), lambda t: t.sum(1, keepdim=True)),
+        (lambda t: t.any(0), lambda t: t.any(0)),
+        (lambda t: t.all(0), lambda t: t.all(0)),
+    ]:
+        check(zf, tf, V(x))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int8", "bool", "int64", "float16", "uint8"])
 def test_reduce_dtypes(dtype):
-  """sum/prod of ints and bools are int64, of halves half; max/min keep the dtype; any/all are bool"""
-  x = data((3, 5), dtype, -4, 4, seed=6)
-  tol = dict(atol=1e-2) if dtype == "float16" else {}
-  for zf, tf in [(lambda t: t.sum(), lambda t: t.sum()), (lambda t: t.sum(1), lambda t: t.sum(1)),
-                 (lambda t: t.prod(0), lambda t: t.prod(0)), (lambda t: t.max(1), lambda t: t.amax(1)),
-                 (lambda t: t.min(), lambda t: t.amin()), (lambda t: t.any(1), lambda t: t.any(1)),
-                 (lambda t: t.all(0), lambda t: t.all(0)), (lambda t: t.argmax(1), lambda t: t.argmax(1))]:
-    if dtype != "bool" or "argmax" not in str(tf.__code__.co_names):  # torch: no argmax of bools
-      check(zf, tf, V(x), grad=False, **tol)
+    """sum/prod of ints and bools are int64, of halves half; max/min keep the dtype; any/all are bool"""
+    x = data((3, 5), dtype, -4, 4, seed=6)
+    tol = dict(atol=1e-2) if dtype == "float16" else {}
+    for zf, tf in [
+        (lambda t: t.sum(), lambda t: t.sum()),
+        (lambda t: t.sum(1), lambda t: t.sum(1)),
+        (lambda t: t.prod(0), lambda t: t.prod(0)),
+        (lambda t: t.max(1), lambda t: t.amax(1)),
+        (lambda t: t.min(), lambda t: t.amin()),
+        (lambda t: t.any(1), lambda t: t.any(1)),
+        (lambda t: t.all(0), lambda t: t.all(0)),
+        (lambda t: t.argmax(1), lambda t: t.argmax(1)),
+    ]:
+        if dtype != "bool" or "argmax" not in str(tf.__code__.co_names):  # torch: no argmax of bools
+            check(zf, tf, V(x), grad=False, **tol)
 
 
 def test_sum_dtype_arg():
-  x = data((3, 4), "int32", -9, 9, seed=7)
-  from zeptograd import dtypes
-  check(lambda t: t.sum(1, dtype=dtypes.int32), lambda t: t.sum(1, dtype=torch.int32), V(x))
-  check(lambda t: t.sum(dtype=dtypes.float64), lambda t: t.sum(dtype=torch.float64), V(x))
+    x = data((3, 4), "int32", -9, 9, seed=7)
+    from zeptograd import dtypes
+
+    check(lambda t: t.sum(1, dtype=dtypes.int32), lambda t: t.sum(1, dtype=torch.int32), V(x))
+    check(lambda t: t.sum(dtype=dtypes.float64), lambda t: t.sum(dtype=torch.float64), V(x))
 
 
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("axis", [None, 0, 1, -1])
 def test_argmax_argmin(axis, keepdim):
-  x = data((4, 5), "int32", -3, 3, seed=8)  # ties: the first one wins, as torch
-  for zf, tf in [(Tensor.argmax, torch.argmax), (Tensor.argmin, torch.argmin)]:
-    if axis is None and keepdim:
-      check(lambda t: zf(t, None, True), lambda t: tf(t, None, True), V(x))
-    else:
-      check(lambda t: zf(t, axis, keepdim), lambda t: tf(t, axis, keepdim), V(x))
-  check(lambda t: t.argmax(0), lambda t: t.argmax(0), V(data((3, 4), seed=9), lambda t: t.permute(1, 0)))
-  check(lambda t: t.argmax(), lambda t: t.argmax(), V(data((), seed=9)))
+    x = data((4, 5), "int32", -3, 3, seed=8)  # ties: the first one wins, as torch
+    for zf, tf in [(Tensor.argmax, torch.argmax), (Tensor.argmin, torch.argmin)]:
+        if axis is None and keepdim:
+            check(lambda t: zf(t, None, True), lambda t: tf(t, None, True), V(x))
+        else:
+            check(lambda t: zf(t, axis, keepdim), lambda t: tf(t, axis, keepdim), V(x))
+    check(lambda t: t.argmax(0), lambda t: t.argmax(0), V(data((3, 4), seed=9), lambda t: t.permute(1, 0)))
+    check(lambda t: t.argmax(), lambda t: t.argmax(), V(data((), seed=9)))
 
 
 def test_any_all():
-  x = data((3, 4), "int32", 0, 1, seed=10)
-  x[0] = 1
-  x[1] = 0
-  for a in (None, 0, 1):
-    check(lambda t: t.any(a), lambda t: t.any() if a is None else t.any(a), V(x))
-    check(lambda t: t.all(a), lambda t: t.all() if a is None else t.all(a), V(x))
-    check(lambda t: t.any(a), lambda t: t.any() if a is None else t.any(a), V(data((3, 4), seed=11)))
+    x = data((3, 4), "int32", 0, 1, seed=10)
+    x[0] = 1
+    x[1] = 0
+    for a in (None, 0, 1):
+        check(lambda t: t.any(a), lambda t: t.any() if a is None else t.any(a), V(x))
+        check(lambda t: t.all(a), lambda t: t.all() if a is None else t.all(a), V(x))
+        check(lambda t: t.any(a), lambda t: t.any() if a is None else t.any(a), V(data((3, 4), seed=11)))
 
 
 # ----------------------------------------------------------------------------- scans
 
 SCANS = {
-  "cumsum": (lambda x, a: x.cumsum(a), lambda x, a: x.cumsum(a)),
-  "cumprod": (lambda x, a: x.cumprod(a), lambda x, a: x.cumprod(a)),
-  "cummax": (lambda x, a: x.cummax(a), lambda x, a: tuple(torch.cummax(x, a))),
-  "cummin": (lambda x, a: x.cummin(a), lambda x, a: tuple(torch.cummin(x, a))),
-  "logcumsumexp": (lambda x, a: x.logcumsumexp(a), lambda x, a: x.logcumsumexp(a)),
+    "cumsum": (lambda x, a: x.cumsum(a), lambda x, a: x.cumsum(a)),
+    "cumprod": (lambda x, a: x.cumprod(a), lambda x, a: x.cumprod(a)),
+    "cummax": (lambda x, a: x.cummax(a), lambda x, a: tuple(torch.cummax(x, a))),
+    "cummin": (lambda x, a: x.cummin(a), lambda x, a: tuple(torch.cummin(x, a))),
+    "logcumsumexp": (lambda x, a: x.logcumsumexp(a), lambda x, a: x.logcumsumexp(a)),
 }
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("op", list(SCANS))
 def test_scan(op, axis):
-  zf, tf = SCANS[op]
-  check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS["2d"](12))
+    zf, tf = SCANS[op]
+    check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS["2d"](12))
 
 
 @pytest.mark.parametrize("op", list(SCANS))
 def test_scan_shapes(op):
-  zf, tf = SCANS[op]
-  check(lambda x: zf(x, 0), lambda x: tf(x, 0), INPUTS["perm"](13))
-  check(lambda x: zf(x, 1), lambda x: tf(x, 1), INPUTS["slice"](14))
-  check(lambda x: zf(x, 0), lambda x: tf(x, 0), V(data((), seed=15)))
-  check(lambda x: zf(x, 1), lambda x: tf(x, 1), V(data((0, 3), seed=16)))
+    zf, tf = SCANS[op]
+    check(lambda x: zf(x, 0), lambda x: tf(x, 0), INPUTS["perm"](13))
+    check(lambda x: zf(x, 1), lambda x: tf(x, 1), INPUTS["slice"](14))
+    check(lambda x: zf(x, 0), lambda x: tf(x, 0), V(data((), seed=15)))
+    check(lambda x: zf(x, 1), lambda x: tf(x, 1), V(data((0, 3), seed=16)))
 
 
 @pytest.mark.parametrize("dtype", ["int32", "bool", "int8"])
 def test_scan_int(dtype):
-  x = data((3, 5), dtype, -3, 3, seed=17)
-  check(lambda t: t.cumsum(1), lambda t: t.cumsum(1), V(x))
-  if dtype != "bool":
-    check(lambda t: t.cumprod(0), lambda t: t.cumprod(0), V(x))
-    check(lambda t: t.cummax(1), lambda t: tuple(torch.cummax(t, 1)), V(x))  # ties: the last index, as torch
+    x = data((3, 5), dtype, -3, 3, seed=17)
+    check(lambda t: t.cumsum(1), lambda t: t.cumsum(1), V(x))
+    if dtype != "bool":
+        check(lambda t: t.cumprod(0), lambda t: t.cumprod(0), V(x))
+        check(lambda t: t.cummax(1), lambda t: tuple(torch.cummax(t, 1)), V(x))  # ties: the last index, as torch
 
 
 # ----------------------------------------------------------------------------- softmax
 
 SOFT = {
-  "softmax": (lambda x, a: x.softmax(a), lambda x, a: x.softmax(a)),
-  "log_softmax": (lambda x, a: x.log_softmax(a), lambda x, a: x.log_softmax(a)),
-  "softmin": (lambda x, a: x.softmin(a), lambda x, a: torch.nn.functional.softmin(x, a)),
+    "softmax": (lambda x, a: x.softmax(a), lambda x, a: x.softmax(a)),
+    "log_softmax": (lambda x, a: x.log_softmax(a), lambda x, a: x.log_softmax(a)),
+    "softmin": (lambda x, a: x.softmin(a), lambda x, a: torch.nn.functional.softmin(x, a)),
 }
 
 
@@ -161,63 +185,77 @@ SOFT = {
 @pytest.mark.parametrize("inp", list(INPUTS))
 @pytest.mark.parametrize("op", list(SOFT))
 def test_softmax(op, inp, axis):
-  zf, tf = SOFT[op]
-  check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS[inp](18))
+    zf, tf = SOFT[op]
+    check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS[inp](18))
 
 
 def test_softmax_edge():
-  check(lambda x: x.softmax(0), lambda x: x.softmax(0), V(data((), seed=19)))
-  check(lambda x: x.softmax(1), lambda x: x.softmax(1), V(data((0, 3), seed=19)))
-  check(lambda x: x.softmax(-1), lambda x: x.softmax(-1), V(data((2, 3), lo=50, hi=90, seed=19)))  # large: stable
-  from zeptograd import dtypes
-  check(lambda x: x.softmax(-1, dtype=dtypes.float64), lambda x: x.softmax(-1, dtype=torch.float64),
-        V(data((2, 3), seed=19)))
-  check(lambda x: x.softmax(-1), lambda x: x.float().softmax(-1), V(data((2, 3), "int32", -3, 3, seed=19)))
+    check(lambda x: x.softmax(0), lambda x: x.softmax(0), V(data((), seed=19)))
+    check(lambda x: x.softmax(1), lambda x: x.softmax(1), V(data((0, 3), seed=19)))
+    check(lambda x: x.softmax(-1), lambda x: x.softmax(-1), V(data((2, 3), lo=50, hi=90, seed=19)))  # large: stable
+    from zeptograd import dtypes
+
+    check(
+        lambda x: x.softmax(-1, dtype=dtypes.float64),
+        lambda x: x.softmax(-1, dtype=torch.float64),
+        V(data((2, 3), seed=19)),
+    )
+    check(lambda x: x.softmax(-1), lambda x: x.float().softmax(-1), V(data((2, 3), "int32", -3, 3, seed=19)))
 
 
 def test_softmax_kernel_count():
-  x = Tensor(data((8, 16), seed=20)).realize()
-  GlobalCounters.reset()
-  x.softmax(-1).realize()
-  assert GlobalCounters.kernel_count == 3  # max, sum of exp, divide
+    x = Tensor(data((8, 16), seed=20)).realize()
+    GlobalCounters.reset()
+    x.softmax(-1).realize()
+    assert GlobalCounters.kernel_count == 3  # max, sum of exp, divide
 
 
 # ----------------------------------------------------------------------------- sort / topk
 
+
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((3, 5), -1), ((3, 5), 0), ((2, 3, 4), 1), ((8,), 0), ((1, 4), 0)])
 def test_sort(shape, dim, descending):
-  check(lambda x: x.sort(dim, descending), lambda x: tuple(torch.sort(x, dim, descending)),
-        V(data(shape, seed=21, distinct=True)))
-  check(lambda x: x.argsort(dim, descending), lambda x: torch.argsort(x, dim=dim, descending=descending),
-        V(data(shape, seed=22, distinct=True)))
+    check(
+        lambda x: x.sort(dim, descending),
+        lambda x: tuple(torch.sort(x, dim, descending)),
+        V(data(shape, seed=21, distinct=True)),
+    )
+    check(
+        lambda x: x.argsort(dim, descending),
+        lambda x: torch.argsort(x, dim=dim, descending=descending),
+        V(data(shape, seed=22, distinct=True)),
+    )
 
 
 def test_sort_views_ints_and_ties():
-  check(lambda x: x.sort(0), lambda x: tuple(torch.sort(x, 0)), INPUTS["perm"](23))
-  check(lambda x: x.sort(-1, True), lambda x: tuple(torch.sort(x, -1, True)), INPUTS["slice"](24))
-  x = data((2, 9), "int32", -20, 20, seed=25)
-  check(lambda t: t.sort(-1)[0], lambda t: torch.sort(t, -1)[0], V(x))
-  ties = np.array([3, 1, 3, 2, 1, 3], np.float32)  # equal values keep their order: torch's stable sort
-  check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, dim=0, stable=True)), V(ties), grad=False)
-  check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, 0)), V(data((0,), seed=26)))
-  check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, 0)), V(data((), seed=26)))
+    check(lambda x: x.sort(0), lambda x: tuple(torch.sort(x, 0)), INPUTS["perm"](23))
+    check(lambda x: x.sort(-1, True), lambda x: tuple(torch.sort(x, -1, True)), INPUTS["slice"](24))
+    x = data((2, 9), "int32", -20, 20, seed=25)
+    check(lambda t: t.sort(-1)[0], lambda t: torch.sort(t, -1)[0], V(x))
+    ties = np.array([3, 1, 3, 2, 1, 3], np.float32)  # equal values keep their order: torch's stable sort
+    check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, dim=0, stable=True)), V(ties), grad=False)
+    check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, 0)), V(data((0,), seed=26)))
+    check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, 0)), V(data((), seed=26)))
 
 
 @pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (1, 0, True), (2, -1, False), (5, 1, True), (0, -1, True)])
 def test_topk(k, dim, largest):
-  check(lambda x: x.topk(k, dim, largest), lambda x: tuple(torch.topk(x, k, dim, largest)),
-        V(data((3, 5), seed=27, distinct=True)))
+    check(
+        lambda x: x.topk(k, dim, largest),
+        lambda x: tuple(torch.topk(x, k, dim, largest)),
+        V(data((3, 5), seed=27, distinct=True)),
+    )
 
 
 def test_topk_too_large_raises():
-  with pytest.raises(ValueError):
-    Tensor([1.0, 2.0]).topk(3)
+    with pytest.raises(ValueError):
+        Tensor([1.0, 2.0]).topk(3)
 
 
 def test_sort_kernel_count():
-  x = Tensor(data((4, 8), seed=28, distinct=True)).realize()
-  GlobalCounters.reset()
-  values, idx = x.sort(-1)
-  Tensor.realize(values, idx)
-  assert GlobalCounters.kernel_count <= 13  # 6 compare-exchange steps for 8 elements, then the indices
+    x = Tensor(data((4, 8), seed=28, distinct=True)).realize()
+    GlobalCounters.reset()
+    values, idx = x.sort(-1)
+    Tensor.realize(values, idx)
+    assert GlobalCounters.kernel_count <= 13  # 6 compare-exchange steps for 8 elements, then the indices

@@ -15,13 +15,17 @@ def _kernels(t: Tensor) -> list:
     return t.schedule()
 
 
-@pytest.mark.parametrize("shape,axis", [((0, 4), 0), ((4, 0), 1), ((0, 4), None), ((2, 0, 3), 1), ((0, 40000), 0),
-                                        ((2, 0, 3), (0, 1))])
+@pytest.mark.parametrize(
+    "shape,axis", [((0, 4), 0), ((4, 0), 1), ((0, 4), None), ((2, 0, 3), 1), ((0, 40000), 0), ((2, 0, 3), (0, 1))]
+)
 def test_sum_prod_mean_of_empty_axis_are_identities_without_kernels(shape, axis):
     x = Tensor.empty(*shape)
     ref = np.zeros(shape, np.float32)
-    for t, want in ((x.sum(axis), ref.sum(axis)), (x.prod(axis), ref.prod(axis)),
-                    (Tensor.empty(*shape, dtype=dtypes.int32).sum(axis), ref.astype(np.int64).sum(axis))):
+    for t, want in (
+        (x.sum(axis), ref.sum(axis)),
+        (x.prod(axis), ref.prod(axis)),
+        (Tensor.empty(*shape, dtype=dtypes.int32).sum(axis), ref.astype(np.int64).sum(axis)),
+    ):
         assert _kernels(t) == []
         got = t.numpy()
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -46,8 +50,11 @@ def test_no_kernel_renders_a_zero_divisor():
 
     srcs = [get_kernel(item.device, item.ast).src for item in t.schedule()]
     assert srcs and not any("% 0" in s or "/ 0" in s for s in srcs)
-    assert not any(u.op in (Ops.MOD, Ops.IDIV) and u.src[1].op is Ops.CONST and u.src[1].arg == 0
-                   for item in t.schedule() for u in item.ast.toposort())
+    assert not any(
+        u.op in (Ops.MOD, Ops.IDIV) and u.src[1].op is Ops.CONST and u.src[1].arg == 0
+        for item in t.schedule()
+        for u in item.ast.toposort()
+    )
 
 
 @pytest.mark.parametrize("name", ["max", "min", "argmax", "argmin"])

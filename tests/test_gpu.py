@@ -240,8 +240,11 @@ def test_cuda_compiles_with_nvcc(tmp_path):
     for name, spec in ks.items():
         path = tmp_path / f"{name}.cu"
         path.write_text(spec.src)
-        proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / f"{name}.cubin"), str(path)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["nvcc", "-cubin", "-arch=sm_90", "-o", str(tmp_path / f"{name}.cubin"), str(path)],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 0, f"{name}:\n{proc.stderr}\n{spec.src}"
 
 
@@ -359,8 +362,13 @@ def test_missing_opencl_platform_is_one_sentence(monkeypatch):
 
 
 def test_missing_cuda_driver_or_nvrtc_is_one_sentence(monkeypatch):
-    monkeypatch.setattr(ops_cuda, "_driver", lambda: (_ for _ in ()).throw(
-        ops_cuda.DeviceUnavailable("CUDA needs the NVIDIA driver (libcuda.so.1), which is not installed here")))
+    monkeypatch.setattr(
+        ops_cuda,
+        "_driver",
+        lambda: (_ for _ in ()).throw(
+            ops_cuda.DeviceUnavailable("CUDA needs the NVIDIA driver (libcuda.so.1), which is not installed here")
+        ),
+    )
     with pytest.raises(ops_cuda.DeviceUnavailable, match="NVIDIA driver"):
         ops_cuda.open_device("CUDA")
     monkeypatch.setattr(ops_cuda, "_nvrtc_candidates", lambda: [])

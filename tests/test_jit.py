@@ -119,8 +119,11 @@ def test_tensor_argument_replaced_by_a_non_tensor_errors():
         f2(Tensor(rnd(4)), Tensor(rnd(4)))
 
 
-@pytest.mark.parametrize("new", [lambda: Tensor(rnd(5)), lambda: Tensor(rnd(2, 2)),
-                                 lambda: Tensor(rnd(4).astype(np.float64))], ids=["size", "shape", "dtype"])
+@pytest.mark.parametrize(
+    "new",
+    [lambda: Tensor(rnd(5)), lambda: Tensor(rnd(2, 2)), lambda: Tensor(rnd(4).astype(np.float64))],
+    ids=["size", "shape", "dtype"],
+)
 def test_shape_or_dtype_change_errors(new):
     f = counted(lambda x: x * 2)
     for i in range(3):
@@ -147,8 +150,11 @@ def test_tensors_nested_in_a_list_argument_error():
         f([Tensor(rnd(4)), Tensor(rnd(4))])
 
 
-@pytest.mark.parametrize("ret", [lambda x: 3, lambda x: np.zeros(3),
-                                 lambda x: (x, 1), lambda x: {"out": x}], ids=["int", "ndarray", "mixed", "dict"])
+@pytest.mark.parametrize(
+    "ret",
+    [lambda x: 3, lambda x: np.zeros(3), lambda x: (x, 1), lambda x: {"out": x}],
+    ids=["int", "ndarray", "mixed", "dict"],
+)
 def test_non_tensor_return_errors(ret):
     f = counted(ret)
     with pytest.raises(JitError, match="must return"):
@@ -286,8 +292,10 @@ def _sgd_step(w, lr=0.1):
     return step
 
 
-@pytest.mark.skipif(not (hasattr(Tensor, "backward") and hasattr(Tensor, "assign") and hasattr(Tensor, "__matmul__")),
-                    reason="needs autograd, Tensor.assign and matmul")
+@pytest.mark.skipif(
+    not (hasattr(Tensor, "backward") and hasattr(Tensor, "assign") and hasattr(Tensor, "__matmul__")),
+    reason="needs autograd, Tensor.assign and matmul",
+)
 def test_training_step_matches_eager():
     w0 = rnd(4, 3, seed=0)
     data = [(rnd(8, 4, seed=10 + i), rnd(8, 3, seed=20 + i)) for i in range(6)]

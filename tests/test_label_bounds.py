@@ -31,8 +31,10 @@ def test_cross_entropy_good_labels_and_ignore_index(reduction, ls):
         ours = Tensor(X).cross_entropy(Tensor(y), reduction, ls)
         close(ours, F.cross_entropy(torch.tensor(X), torch.tensor(y), reduction=reduction, label_smoothing=ls))
     y = [0, 7, 4, 7, 1, 3]
-    close(Tensor(X).cross_entropy(Tensor(y), reduction, ls, ignore_index=7),
-          F.cross_entropy(torch.tensor(X), torch.tensor(y), reduction=reduction, label_smoothing=ls, ignore_index=7))
+    close(
+        Tensor(X).cross_entropy(Tensor(y), reduction, ls, ignore_index=7),
+        F.cross_entropy(torch.tensor(X), torch.tensor(y), reduction=reduction, label_smoothing=ls, ignore_index=7),
+    )
 
 
 def test_cross_entropy_shapes_and_gradient():
@@ -48,8 +50,11 @@ def test_cross_entropy_shapes_and_gradient():
 
 def test_cross_entropy_out_of_range():
     x = Tensor(X)
-    with pytest.raises(IndexError, match=r"^Target 5 is out of bounds\. \(cross_entropy: 5 classes, labels must be in "
-                                         r"\[0, 5\) or ignore_index=-100\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^Target 5 is out of bounds\. \(cross_entropy: 5 classes, labels must be in "
+        r"\[0, 5\) or ignore_index=-100\)$",
+    ):
         x.cross_entropy(Tensor([0, 5, 1, 1, 1, 1]))
     with pytest.raises(IndexError, match=r"^Target -1 is out of bounds\. .*; out-of-bounds values: -1, 9\)$"):
         x.cross_entropy(Tensor([0, -1, 1, 9, -100, 1]))
@@ -64,8 +69,10 @@ def test_cross_entropy_out_of_range():
     with pytest.raises(TypeError, match="integer tensor, got dtypes.float"):
         x.cross_entropy(Tensor([0.0, 1, 2, 3, 4, 1]))
     # class probabilities (the input's shape) are not labels: not checked
-    close(x.cross_entropy(Tensor(np.full((6, 5), 0.2, np.float32))),
-          F.cross_entropy(torch.tensor(X), torch.full((6, 5), 0.2)))
+    close(
+        x.cross_entropy(Tensor(np.full((6, 5), 0.2, np.float32))),
+        F.cross_entropy(torch.tensor(X), torch.full((6, 5), 0.2)),
+    )
 
 
 def test_realized_labels_are_read_where_they_lie():
@@ -84,10 +91,14 @@ def test_nll_loss_good_labels_and_ignore_index(reduction):
     lp, w = F.log_softmax(torch.tensor(X), 1), torch.tensor([0.5, 1.0, 2.0, 1.5, 0.7])
     for y, ign in (([0, 4, 2, 2, 1, 3], None), ([0, -100, 4, -100, 1, 3], -100), ([0, 9, 4, 9, 1, 3], 9)):
         kw = {} if ign is None else {"ignore_index": ign}
-        close(Tensor(lp.numpy()).nll_loss(Tensor(y), reduction=reduction, **kw),
-              F.nll_loss(lp, torch.tensor(y), reduction=reduction, **kw))
-        close(Tensor(lp.numpy()).nll_loss(Tensor(y), Tensor(w.numpy()), reduction=reduction, **kw),
-              F.nll_loss(lp, torch.tensor(y), w, reduction=reduction, **kw))
+        close(
+            Tensor(lp.numpy()).nll_loss(Tensor(y), reduction=reduction, **kw),
+            F.nll_loss(lp, torch.tensor(y), reduction=reduction, **kw),
+        )
+        close(
+            Tensor(lp.numpy()).nll_loss(Tensor(y), Tensor(w.numpy()), reduction=reduction, **kw),
+            F.nll_loss(lp, torch.tensor(y), w, reduction=reduction, **kw),
+        )
     lp3 = F.log_softmax(torch.tensor(X3), 1)
     y3 = np.array([[0, 4, 3], [2, 2, 1]])
     close(Tensor(lp3.numpy()).nll_loss(Tensor(y3)), F.nll_loss(lp3, torch.tensor(y3)))
@@ -95,15 +106,21 @@ def test_nll_loss_good_labels_and_ignore_index(reduction):
 
 def test_nll_loss_out_of_range():
     lp = Tensor(X).log_softmax(1)
-    with pytest.raises(IndexError, match=r"^Target 5 is out of bounds\. \(nll_loss: 5 classes, labels must be in "
-                                         r"\[0, 5\)\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^Target 5 is out of bounds\. \(nll_loss: 5 classes, labels must be in "
+        r"\[0, 5\)\)$",
+    ):
         lp.nll_loss(Tensor([0, 5, 1, 1, 1, 1]))
     with pytest.raises(IndexError, match=r"^Target -3 is out of bounds\."):
         lp.nll_loss(Tensor([0, -3, 1, 1, 1, 1]), ignore_index=-100)
     with pytest.raises(IndexError, match=r"^Target -100 is out of bounds\."):  # no ignore_index: -100 is a label
         lp.nll_loss(Tensor([0, -100, 1, 1, 1, 1]))
-    with pytest.raises(IndexError, match=r"^Target 8 is out of bounds\. \(nll_loss: 5 classes, labels must be in "
-                                         r"\[0, 5\) or ignore_index=-1; out-of-bounds values: 8, 5\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^Target 8 is out of bounds\. \(nll_loss: 5 classes, labels must be in "
+        r"\[0, 5\) or ignore_index=-1; out-of-bounds values: 8, 5\)$",
+    ):
         lp.nll_loss(Tensor([8, -1, 5, 1, 1, 8]), Tensor.ones(5), ignore_index=-1)
 
 
@@ -114,15 +131,21 @@ def test_nll_loss_out_of_range():
 @pytest.mark.parametrize("ls", [0.0, 0.1])
 def test_sparse_categorical_crossentropy_good_labels(reduction, ls):
     for y, ign in (([0, 4, 2, 2, 1, 3], -1), ([0, -1, 4, -1, 1, 3], -1), ([0, 6, 4, 6, 1, 3], 6), ([-1] * 6, -1)):
-        close(Tensor(X).sparse_categorical_crossentropy(Tensor(y), ign, ls, reduction),
-              F.cross_entropy(torch.tensor(X), torch.tensor(y), ignore_index=ign, label_smoothing=ls,
-                              reduction=reduction))
+        close(
+            Tensor(X).sparse_categorical_crossentropy(Tensor(y), ign, ls, reduction),
+            F.cross_entropy(
+                torch.tensor(X), torch.tensor(y), ignore_index=ign, label_smoothing=ls, reduction=reduction
+            ),
+        )
 
 
 def test_sparse_categorical_crossentropy_out_of_range():
     x = Tensor(X)
-    with pytest.raises(IndexError, match=r"^Target 5 is out of bounds\. \(sparse_categorical_crossentropy: 5 classes, "
-                                         r"labels must be in \[0, 5\) or ignore_index=-1\)$"):
+    with pytest.raises(
+        IndexError,
+        match=r"^Target 5 is out of bounds\. \(sparse_categorical_crossentropy: 5 classes, "
+        r"labels must be in \[0, 5\) or ignore_index=-1\)$",
+    ):
         x.sparse_categorical_crossentropy(Tensor([0, 5, 1, 1, 1, 1]))
     with pytest.raises(IndexError, match=r"^Target -2 is out of bounds\."):
         x.sparse_categorical_crossentropy(Tensor([0, -1, -2, 1, 1, 1]))
@@ -139,11 +162,17 @@ def test_one_hot_good_and_out_of_range():
     y = np.array([[0, 3], [4, 1]])
     np.testing.assert_array_equal(Tensor(y).one_hot(5).numpy(), F.one_hot(torch.tensor(y), 5).numpy())
     np.testing.assert_array_equal(Tensor(y).one_hot().numpy(), F.one_hot(torch.tensor(y)).numpy())
-    with pytest.raises(RuntimeError, match=r"^Class values must be smaller than num_classes\. \(one_hot: class value 5 "
-                                           r"with num_classes=5\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^Class values must be smaller than num_classes\. \(one_hot: class value 5 "
+        r"with num_classes=5\)$",
+    ):
         Tensor([0, 5, 2]).one_hot(5)
-    with pytest.raises(RuntimeError, match=r"^Class values must be non-negative\. \(one_hot: class value -1 with "
-                                           r"num_classes=5\)$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^Class values must be non-negative\. \(one_hot: class value -1 with "
+        r"num_classes=5\)$",
+    ):
         Tensor([0, -1, 9]).one_hot(5)
     with pytest.raises(RuntimeError, match=r"^Class values must be non-negative\. \(one_hot: class value -2"):
         Tensor([1, -2]).one_hot()
@@ -163,14 +192,18 @@ def test_one_hot_good_and_out_of_range():
 def test_jit_replay_checks_labels(fn):
     x = Tensor(X)
     ign = {"cross_entropy": -100, "nll_loss": -100, "sparse_categorical_crossentropy": -1}.get(fn)
-    call = {"cross_entropy": lambda y: x.cross_entropy(y),
-            "nll_loss": lambda y: x.log_softmax(1).nll_loss(y, ignore_index=-100),
-            "sparse_categorical_crossentropy": lambda y: x.sparse_categorical_crossentropy(y),
-            "one_hot": lambda y: y.one_hot(5).sum(0)}[fn]
-    ref = {"cross_entropy": lambda y: F.cross_entropy(torch.tensor(X), y),
-           "nll_loss": lambda y: F.nll_loss(F.log_softmax(torch.tensor(X), 1), y),
-           "sparse_categorical_crossentropy": lambda y: F.cross_entropy(torch.tensor(X), y, ignore_index=-1),
-           "one_hot": lambda y: F.one_hot(y, 5).sum(0)}[fn]
+    call = {
+        "cross_entropy": lambda y: x.cross_entropy(y),
+        "nll_loss": lambda y: x.log_softmax(1).nll_loss(y, ignore_index=-100),
+        "sparse_categorical_crossentropy": lambda y: x.sparse_categorical_crossentropy(y),
+        "one_hot": lambda y: y.one_hot(5).sum(0),
+    }[fn]
+    ref = {
+        "cross_entropy": lambda y: F.cross_entropy(torch.tensor(X), y),
+        "nll_loss": lambda y: F.nll_loss(F.log_softmax(torch.tensor(X), 1), y),
+        "sparse_categorical_crossentropy": lambda y: F.cross_entropy(torch.tensor(X), y, ignore_index=-1),
+        "one_hot": lambda y: F.one_hot(y, 5).sum(0),
+    }[fn]
     f = TinyJit(lambda y: call(y) * 2)
     goods = [[0, 4, 2, 2, 1, 3], [1, 1, 1, 0, 0, 4], [4, 3, 2, 1, 0, 0], [2, 2, 2, 2, 2, 2]]
     if ign is not None:
@@ -182,8 +215,11 @@ def test_jit_replay_checks_labels(fn):
     if ign is None:
         bads.append(([-100, 1, 1, 1, 1, 1], -100))
     for y, shown in bads:
-        msg = f"Target {shown} is out of bounds" if fn != "one_hot" else \
-            f"Class values must be {'non-negative' if shown < 0 else 'smaller than num_classes'}.*value {shown}"
+        msg = (
+            f"Target {shown} is out of bounds"
+            if fn != "one_hot"
+            else f"Class values must be {'non-negative' if shown < 0 else 'smaller than num_classes'}.*value {shown}"
+        )
         with pytest.raises(IndexError if fn != "one_hot" else RuntimeError, match=msg):
             f(Tensor(y))
     close(f(Tensor(goods[0])), ref(torch.tensor(goods[0])) * 2)  # replays go on

@@ -44,8 +44,7 @@ def check(zmod, tmod, x: np.ndarray, grad: bool = True, rtol=1e-4, atol=1e-5, tr
     np.testing.assert_allclose(zx.grad.numpy(), tx.grad.numpy(), rtol=rtol * 10, atol=atol * 10)
     tparams = dict(tmod.named_parameters())
     for k, v in params.items():
-        np.testing.assert_allclose(v.grad.numpy(), tparams[k].grad.numpy(), rtol=rtol * 10, atol=atol * 10,
-                                   err_msg=k)
+        np.testing.assert_allclose(v.grad.numpy(), tparams[k].grad.numpy(), rtol=rtol * 10, atol=atol * 10, err_msg=k)
     return zout
 
 
@@ -55,10 +54,17 @@ def test_linear():
 
 
 def test_conv2d_padding_stride_groups():
-    check(nn.Conv2d(4, 6, 3, padding=1, stride=2, groups=2), torch.nn.Conv2d(4, 6, 3, padding=1, stride=2, groups=2),
-          rnd(2, 4, 7, 7))
-    check(nn.Conv2d(2, 3, (3, 2), padding="same", dilation=(2, 1)),
-          torch.nn.Conv2d(2, 3, (3, 2), padding="same", dilation=(2, 1)), rnd(1, 2, 6, 5), grad=False)
+    check(
+        nn.Conv2d(4, 6, 3, padding=1, stride=2, groups=2),
+        torch.nn.Conv2d(4, 6, 3, padding=1, stride=2, groups=2),
+        rnd(2, 4, 7, 7),
+    )
+    check(
+        nn.Conv2d(2, 3, (3, 2), padding="same", dilation=(2, 1)),
+        torch.nn.Conv2d(2, 3, (3, 2), padding="same", dilation=(2, 1)),
+        rnd(1, 2, 6, 5),
+        grad=False,
+    )
 
 
 def test_conv1d():
@@ -66,8 +72,12 @@ def test_conv1d():
 
 
 def test_conv_transpose():
-    check(nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
-          torch.nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1), rnd(2, 4, 4, 4), grad=False)
+    check(
+        nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
+        torch.nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
+        rnd(2, 4, 4, 4),
+        grad=False,
+    )
     check(nn.ConvTranspose1d(2, 3, 3, stride=2), torch.nn.ConvTranspose1d(2, 3, 3, stride=2), rnd(2, 2, 5))
 
 
@@ -99,8 +109,12 @@ def test_batchnorm_gradients_and_separate_buffers():
 
 def test_layernorms():
     check(nn.LayerNorm(6), torch.nn.LayerNorm(6), rnd(2, 3, 6))
-    check(nn.LayerNorm((3, 4), elementwise_affine=False), torch.nn.LayerNorm((3, 4), elementwise_affine=False),
-          rnd(2, 3, 4), grad=False)
+    check(
+        nn.LayerNorm((3, 4), elementwise_affine=False),
+        torch.nn.LayerNorm((3, 4), elementwise_affine=False),
+        rnd(2, 3, 4),
+        grad=False,
+    )
     z = nn.LayerNorm2d(3)
     x = rnd(2, 3, 4, 4)
     ref = torch.nn.functional.layer_norm(torch.tensor(x).permute(0, 2, 3, 1), (3,)).permute(0, 3, 1, 2)
@@ -143,11 +157,16 @@ def test_lstm_cell():
 
 
 def test_state_dict_names_match_torch():
-    pairs = [(nn.Linear(2, 3), torch.nn.Linear(2, 3)), (nn.Conv2d(2, 4, 3), torch.nn.Conv2d(2, 4, 3)),
-             (nn.ConvTranspose2d(2, 4, 3), torch.nn.ConvTranspose2d(2, 4, 3)),
-             (nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)),
-             (nn.LayerNorm(3), torch.nn.LayerNorm(3)), (nn.GroupNorm(1, 2), torch.nn.GroupNorm(1, 2)),
-             (nn.Embedding(5, 2), torch.nn.Embedding(5, 2)), (nn.LSTMCell(2, 3), torch.nn.LSTMCell(2, 3))]
+    pairs = [
+        (nn.Linear(2, 3), torch.nn.Linear(2, 3)),
+        (nn.Conv2d(2, 4, 3), torch.nn.Conv2d(2, 4, 3)),
+        (nn.ConvTranspose2d(2, 4, 3), torch.nn.ConvTranspose2d(2, 4, 3)),
+        (nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)),
+        (nn.LayerNorm(3), torch.nn.LayerNorm(3)),
+        (nn.GroupNorm(1, 2), torch.nn.GroupNorm(1, 2)),
+        (nn.Embedding(5, 2), torch.nn.Embedding(5, 2)),
+        (nn.LSTMCell(2, 3), torch.nn.LSTMCell(2, 3)),
+    ]
     for z, t in pairs:
         zsd = get_state_dict(z)
         assert set(zsd) == set(t.state_dict()), type(z).__name__
@@ -155,12 +174,15 @@ def test_state_dict_names_match_torch():
             assert zsd[k].shape == tuple(v.shape), (type(z).__name__, k)
 
 
-@pytest.mark.parametrize("make, bound", [
-    (lambda: nn.Linear(50, 40).weight, 1 / math.sqrt(50)),
-    (lambda: nn.Conv2d(6, 8, 3, groups=2).weight, 1 / math.sqrt(3 * 9)),
-    (lambda: nn.ConvTranspose2d(6, 8, 3).weight, 1 / math.sqrt(8 * 9)),
-    (lambda: nn.LSTMCell(5, 16).weight_hh, 1 / math.sqrt(16)),
-])
+@pytest.mark.parametrize(
+    "make, bound",
+    [
+        (lambda: nn.Linear(50, 40).weight, 1 / math.sqrt(50)),
+        (lambda: nn.Conv2d(6, 8, 3, groups=2).weight, 1 / math.sqrt(3 * 9)),
+        (lambda: nn.ConvTranspose2d(6, 8, 3).weight, 1 / math.sqrt(8 * 9)),
+        (lambda: nn.LSTMCell(5, 16).weight_hh, 1 / math.sqrt(16)),
+    ],
+)
 def test_uniform_init_bounds(make, bound):
     Tensor.manual_seed(1)
     w = make().numpy()

@@ -98,8 +98,17 @@ def test_lamb_and_lars_against_numpy(fused):
         for a, b in zip(z, r):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     for nesterov in (False, True):
-        zout = run_zg(nn.optim.LARS, init, grads, fused=fused, lr=0.5, momentum=0.9, weight_decay=1e-3, tcoef=0.01,
-                      nesterov=nesterov)
+        zout = run_zg(
+            nn.optim.LARS,
+            init,
+            grads,
+            fused=fused,
+            lr=0.5,
+            momentum=0.9,
+            weight_decay=1e-3,
+            tcoef=0.01,
+            nesterov=nesterov,
+        )
         ref = np_lars(init, grads, 0.5, 0.9, 1e-3, 0.01, nesterov)
         for z, r in zip(zout, ref):
             for a, b in zip(z, r):

@@ -56,8 +56,9 @@ def test_seed000_vector_accumulator_in_the_c():
     assert re.search(r"zg_floatx16 alu\d+ = \(val\d+\+val\d+\);", loop)  # acc = acc + val, 16 lanes at once
     assert not re.search(r"\[\d+\]", loop)  # never a lane of a vector inside the loop
     # the lanes are summed once, after it, by halves: 16 -> 8 -> 4 -> 2 -> 1
-    assert re.search(r"zg_floatx8 vec\d+ = __builtin_shufflevector\(alu\d+, alu\d+, 8, 9, 10, 11, 12, 13, 14, 15\)",
-                     after)
+    assert re.search(
+        r"zg_floatx8 vec\d+ = __builtin_shufflevector\(alu\d+, alu\d+, 8, 9, 10, 11, 12, 13, 14, 15\)", after
+    )
     assert re.search(r"float alu\d+ = \(alu\d+\[0\]\+alu\d+\[1\]\);", after)
     assert src.count("zg_floatx16 acc") == 4  # four accumulators hide the add latency
 

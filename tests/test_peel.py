@@ -95,8 +95,9 @@ def pool_kernel(t: Tensor) -> UOp:
 
 
 def test_pool_is_peeled_into_border_and_interior_parts():
-    ast = graph_rewrite(pool_kernel(Tensor(randn(1, 2, 10, 12)).max_pool2d(kernel_size=3, stride=1, padding=1)),
-                        symbolic)
+    ast = graph_rewrite(
+        pool_kernel(Tensor(randn(1, 2, 10, 12)).max_pool2d(kernel_size=3, stride=1, padding=1)), symbolic
+    )
     assert len(ast.src) == 1 and len(gated_loads(ast)) == 1  # before: one nest, its load gated
     after = peel_borders(ast)
     # h: row 0, rows 1..8, row 9; the interior rows again in w: column 0, columns 1..10, column 11
@@ -134,8 +135,9 @@ def test_a_register_tile_is_not_peeled():
     """Up to two vectors of lanes a nest is copied; a wider tile would triple a large body (compile time)."""
     from zeptograd.codegen.opt import Opt, OptOps, apply_opts
 
-    ast = graph_rewrite(pool_kernel(Tensor(randn(1, 4, 10, 64)).max_pool2d(kernel_size=3, stride=1, padding=1)),
-                        symbolic)
+    ast = graph_rewrite(
+        pool_kernel(Tensor(randn(1, 4, 10, 64)).max_pool2d(kernel_size=3, stride=1, padding=1)), symbolic
+    )
     vec = [Opt(OptOps.UPCAST, 2, 16), Opt(OptOps.UPCAST, 2, 2)]  # w: 2 vectors of 16 lanes
     two_vectors = graph_rewrite(apply_opts(ast, vec), symbolic)
     assert len(peel_borders(two_vectors).src) == 3  # rows 0, 1..8, 9 (w has no loop left)
@@ -233,8 +235,14 @@ def test_conv_bn_relu_and_its_gradient():
     X, W = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
     tx, tw = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
     out = X.conv2d(W, padding=1).batchnorm(Tensor(g), Tensor(b), Tensor(m), Tensor(v).rsqrt()).relu()
-    ref = F.batch_norm(F.conv2d(tx, tw, padding=1), torch.from_numpy(m), torch.from_numpy(v), torch.from_numpy(g),
-                       torch.from_numpy(b), eps=0.0).relu()
+    ref = F.batch_norm(
+        F.conv2d(tx, tw, padding=1),
+        torch.from_numpy(m),
+        torch.from_numpy(v),
+        torch.from_numpy(g),
+        torch.from_numpy(b),
+        eps=0.0,
+    ).relu()
     np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-4)
     out.sum().backward()
     ref.sum().backward()

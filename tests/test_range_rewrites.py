@@ -247,7 +247,7 @@ def test_load_collapse_count():
     assert Ops.REDUCE not in ops_of(after) and Ops.MAX in ops_of(after)
     assert [r.src[0].arg for r in ranges_of(after)] == [6]
     assert_same_values(before, after, lambda rng: {0: [0] * 6, 1: ints(rng, 6, -80, 80)})
-    assert_same_values(before, after, lambda rng: {0: [0] * 6, 1: [-2**31, 2**31 - 1, 0, 64, 65, -1]}, trials=1)
+    assert_same_values(before, after, lambda rng: {0: [0] * 6, 1: [-(2**31), 2**31 - 1, 0, 64, 65, -1]}, trials=1)
 
 
 def test_load_collapse_count_through_tensor():
@@ -269,18 +269,21 @@ def bounds_inputs(rng):
     return {0: [0.0] * 5, 1: ints(rng, 5), 2: ints(rng, 5), 3: halves(rng, 5)}
 
 
-@pytest.mark.parametrize("name,gate_fn,v_on_true", [
-    ("lower: sum(r < cut ? 0 : v)", lambda r, a, b: r < a, False),
-    ("upper: sum(r < cut ? v : 0)", lambda r, a, b: r < a, True),
-    ("two-sided: sum(lo <= r & r < hi ? v : 0)", lambda r, a, b: (r < a).logical_not() & (r < b), True),
-    ("reversed: sum(lo < r ? v : 0)", lambda r, a, b: a < r, True),
-    ("lifted: sum(r + lo < hi ? v : 0)", lambda r, a, b: (r + a) < b, True),
-    ("lifted: sum(hi < r + lo ? 0 : v)", lambda r, a, b: b < (r + a), False),
-    ("scaled: sum(r*3 < cut ? v : 0)", lambda r, a, b: (r * 3) < a, True),
-    ("equal: sum(r == e ? v : 0)", lambda r, a, b: r.eq(a), True),
-    ("complement: sum(r != e ? v : 0)", lambda r, a, b: r.ne(a), True),
-    ("complement: sum(lo <= r & r < hi ? 0 : v)", lambda r, a, b: (r < a).logical_not() & (r < b), False),
-])
+@pytest.mark.parametrize(
+    "name,gate_fn,v_on_true",
+    [
+        ("lower: sum(r < cut ? 0 : v)", lambda r, a, b: r < a, False),
+        ("upper: sum(r < cut ? v : 0)", lambda r, a, b: r < a, True),
+        ("two-sided: sum(lo <= r & r < hi ? v : 0)", lambda r, a, b: (r < a).logical_not() & (r < b), True),
+        ("reversed: sum(lo < r ? v : 0)", lambda r, a, b: a < r, True),
+        ("lifted: sum(r + lo < hi ? v : 0)", lambda r, a, b: (r + a) < b, True),
+        ("lifted: sum(hi < r + lo ? 0 : v)", lambda r, a, b: b < (r + a), False),
+        ("scaled: sum(r*3 < cut ? v : 0)", lambda r, a, b: (r * 3) < a, True),
+        ("equal: sum(r == e ? v : 0)", lambda r, a, b: r.eq(a), True),
+        ("complement: sum(r != e ? v : 0)", lambda r, a, b: r.ne(a), True),
+        ("complement: sum(lo <= r & r < hi ? 0 : v)", lambda r, a, b: (r < a).logical_not() & (r < b), False),
+    ],
+)
 def test_reduce_collapse_bounds(name, gate_fn, v_on_true):
     before = bounds_kernel(gate_fn, v_on_true)
     after = rewrite(before)
@@ -288,30 +291,54 @@ def test_reduce_collapse_bounds(name, gate_fn, v_on_true):
     assert_same_values(before, after, bounds_inputs)
 
 
-EXTREMES = [-2**31, -2**31 + 5, -1, 0, 7, 16, 2**31 - 6, 2**31 - 1]
+EXTREMES = [-(2**31), -(2**31) + 5, -1, 0, 7, 16, 2**31 - 6, 2**31 - 1]
 
 
-@pytest.mark.parametrize("gate_fn", [lambda r, a, b: r < a, lambda r, a, b: a < r, lambda r, a, b: r.eq(a),
-                                     lambda r, a, b: (r < a).logical_not() & (r < b)])
+@pytest.mark.parametrize(
+    "gate_fn",
+    [
+        lambda r, a, b: r < a,
+        lambda r, a, b: a < r,
+        lambda r, a, b: r.eq(a),
+        lambda r, a, b: (r < a).logical_not() & (r < b),
+    ],
+)
 def test_bounds_at_the_int_limits(gate_fn):
     """clamped before any + 1: no bound overflows, whatever the loaded cut"""
     before = bounds_kernel(gate_fn, True)
     after = rewrite(before)
     assert Ops.REDUCE not in ops_of(after)
-    assert_same_values(before, after, lambda rng: {0: [0.0] * 5, 1: [rng.choice(EXTREMES) for _ in range(5)],
-                                                   2: [rng.choice(EXTREMES) for _ in range(5)], 3: halves(rng, 5)})
+    assert_same_values(
+        before,
+        after,
+        lambda rng: {
+            0: [0.0] * 5,
+            1: [rng.choice(EXTREMES) for _ in range(5)],
+            2: [rng.choice(EXTREMES) for _ in range(5)],
+            3: halves(rng, 5),
+        },
+    )
 
 
-@pytest.mark.parametrize("gate_fn", [lambda r, a, b: (r + a) < b, lambda r, a, b: b < (r + a),
-                                     lambda r, a, b: (r + a).eq(b)])
+@pytest.mark.parametrize(
+    "gate_fn", [lambda r, a, b: (r + a) < b, lambda r, a, b: b < (r + a), lambda r, a, b: (r + a).eq(b)]
+)
 def test_lifting_does_not_overflow(gate_fn):
     """r + a < b -> r < b - a: b - a is computed in int64 when int32 could overflow (r + a itself never does here)"""
     before = bounds_kernel(gate_fn, True)
     after = rewrite(before)
     assert Ops.REDUCE not in ops_of(after) and dtypes.int64 in {u.dtype for u in after.toposort()}
-    low = [-2**31, -2**31 + 5, -2**31 + 20, -3, 0, 5]
-    assert_same_values(before, after, lambda rng: {0: [0.0] * 5, 1: [rng.choice(low) for _ in range(5)],
-                                                   2: [rng.choice(EXTREMES) for _ in range(5)], 3: halves(rng, 5)})
+    low = [-(2**31), -(2**31) + 5, -(2**31) + 20, -3, 0, 5]
+    assert_same_values(
+        before,
+        after,
+        lambda rng: {
+            0: [0.0] * 5,
+            1: [rng.choice(low) for _ in range(5)],
+            2: [rng.choice(EXTREMES) for _ in range(5)],
+            3: halves(rng, 5),
+        },
+    )
 
 
 def test_reduce_collapse_bounds_form():
@@ -372,8 +399,12 @@ def gather_kernel(B: int, V: int, D: int, form: str, offset: int = 0) -> UOp:
     emb, idx = glob(1, f32, V * D), glob(2, i32, B)
     e, row, lhs = idx.index(rb).load(), emb.index(rv * D + rd).load(), rv + offset if offset else rv
     zero = c(0.0, f32)
-    body = {"ne": lhs.ne(e).where(zero, row), "eq": lhs.eq(e).where(row, zero),
-            "cast": row * lhs.eq(e).cast(f32), "not_ne": lhs.ne(e).logical_not().where(row * c(2.0, f32), zero)}[form]
+    body = {
+        "ne": lhs.ne(e).where(zero, row),
+        "eq": lhs.eq(e).where(row, zero),
+        "cast": row * lhs.eq(e).cast(f32),
+        "not_ne": lhs.ne(e).logical_not().where(row * c(2.0, f32), zero),
+    }[form]
     return kernel(red(body, rv), rb, rd)
 
 
@@ -392,8 +423,12 @@ def test_gather_collapse(form, offset):
         return {0: [0.0] * (B * D), 1: halves(rng, V * D), 2: ints(rng, B, -3, V + 5)}
 
     assert_same_values(before, after, inputs)
-    assert_same_values(before, after, lambda rng: {0: [0.0] * (B * D), 1: halves(rng, V * D),
-                                                   2: [-2**31, 2**31 - 1, -1, V]}, trials=1)
+    assert_same_values(
+        before,
+        after,
+        lambda rng: {0: [0.0] * (B * D), 1: halves(rng, V * D), 2: [-(2**31), 2**31 - 1, -1, V]},
+        trials=1,
+    )
 
 
 @pytest.mark.parametrize("form", ["where", "cast"])
@@ -479,8 +514,14 @@ def test_unparented_unit(op, n):
 
 def test_random_gated_sums():
     rng = random.Random(3)
-    gates = [lambda r, a, b: r < a, lambda r, a, b: a < r, lambda r, a, b: (r < a).logical_not() & (r < b),
-             lambda r, a, b: (r + b) < a, lambda r, a, b: r.eq(a), lambda r, a, b: r.ne(b)]
+    gates = [
+        lambda r, a, b: r < a,
+        lambda r, a, b: a < r,
+        lambda r, a, b: (r < a).logical_not() & (r < b),
+        lambda r, a, b: (r + b) < a,
+        lambda r, a, b: r.eq(a),
+        lambda r, a, b: r.ne(b),
+    ]
     for _ in range(12):
         n, which, v_on_true = rng.randint(1, 12), rng.randrange(len(gates)), rng.random() < 0.5
         r0, r1 = UOp.range(3, 0), UOp.range(n, 1, RED)
@@ -490,8 +531,12 @@ def test_random_gated_sums():
         before = kernel(red(g.where(v, c(0)) if v_on_true else g.where(c(0), v), r1), r0)
         after = rewrite(before)
         assert Ops.REDUCE not in ops_of(after), pretty_pair(before, after)
-        assert_same_values(before, after, lambda rng: {0: [0] * 3, 1: ints(rng, 3, -4, n + 4),
-                                                       2: ints(rng, 3, -4, n + 4), 3: ints(rng, 3)}, trials=10)
+        assert_same_values(
+            before,
+            after,
+            lambda rng: {0: [0] * 3, 1: ints(rng, 3, -4, n + 4), 2: ints(rng, 3, -4, n + 4), 3: ints(rng, 3)},
+            trials=10,
+        )
 
 
 def pretty_pair(before: UOp, after: UOp) -> str:

@@ -69,8 +69,9 @@ def test_multi_kernel_softmax_and_intermediates(count):
     for i in range(3):
         x = rnd(5, 7, seed=i)
         e = np.exp(x - x.max(1, keepdims=True))
-        np.testing.assert_allclose(count.realize(softmax(realized(x))), e / e.sum(1, keepdims=True), rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            count.realize(softmax(realized(x))), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6
+        )
     assert (count.misses, count.hits) == (1, 2)
 
 
@@ -126,8 +127,14 @@ def test_results_of_a_hit_are_independent_buffers():
 
 def test_random_expressions_match_the_uncached_schedule():
     rng = np.random.default_rng(0)
-    ops = [lambda a, b: a + b, lambda a, b: a * b - a, lambda a, b: (a - b).relu(), lambda a, b: a.sum(axis=0) + b[0],
-           lambda a, b: a.max(axis=1, keepdim=True) * b, lambda a, b: (a + b.T if hasattr(b, "T") else a + b)]
+    ops = [
+        lambda a, b: a + b,
+        lambda a, b: a * b - a,
+        lambda a, b: (a - b).relu(),
+        lambda a, b: a.sum(axis=0) + b[0],
+        lambda a, b: a.max(axis=1, keepdim=True) * b,
+        lambda a, b: a + b.T if hasattr(b, "T") else a + b,
+    ]
     for trial in range(12):
         op = ops[trial % len(ops)]
         x, y = rng.standard_normal((3, 3)).astype(np.float32), rng.standard_normal((3, 3)).astype(np.float32)

@@ -59,10 +59,12 @@ def case(kernels: int, rtol: float = 1e-5, atol: float = 1e-6, xfail: str | None
     def deco(fn):
         CASES.append(Case(fn.__name__, fn, kernels, rtol, atol, xfail, at_most))
         return fn
+
     return deco
 
 
 # ***** elementwise chains and broadcasting *****
+
 
 @case(1)
 def ew_broadcast_chain():
@@ -131,6 +133,7 @@ def ew_int_arithmetic():
 
 # ***** movement ops inside fused chains *****
 
+
 @case(1)
 def mv_pad_in_chain():
     x, xn = rand(4, 5)
@@ -187,6 +190,7 @@ def mv_tril_and_triu():
 
 # ***** cat / stack *****
 
+
 @case(1)
 def cat_two():
     (a, an), (b, bn) = rand(3, 4), rand(5, 4)
@@ -213,6 +217,7 @@ def stack_three():
 
 
 # ***** reduces with prologue / epilogue *****
+
 
 @case(1)
 def red_prologue_and_epilogue():
@@ -320,6 +325,7 @@ def red_l2_normalize():
 
 # ***** softmax and normalization *****
 
+
 @case(3, rtol=1e-5, atol=1e-6, at_most=True)
 def softmax_last_axis():
     x, xn = rand(8, 30, lo=-3, hi=3)
@@ -352,6 +358,7 @@ def layernorm_by_hand_affine():
 
 
 # ***** matmul, conv *****
+
 
 @case(1, rtol=1e-4, atol=1e-5)
 def matmul_bias_relu():
@@ -415,8 +422,15 @@ def conv2d_batchnorm_relu():
     v, vn = rand(4, lo=0.5, hi=2.0)
     t = x.conv2d(w, padding=1).batchnorm(g, b, m, (v + 1e-5).rsqrt()).relu()
     conv = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), padding=1)
-    bnorm = torch.nn.functional.batch_norm(conv, torch.from_numpy(mn), torch.from_numpy(vn), torch.from_numpy(gn),
-                                           torch.from_numpy(bn), training=False, eps=1e-5)
+    bnorm = torch.nn.functional.batch_norm(
+        conv,
+        torch.from_numpy(mn),
+        torch.from_numpy(vn),
+        torch.from_numpy(gn),
+        torch.from_numpy(bn),
+        training=False,
+        eps=1e-5,
+    )
     return t, bnorm.relu().numpy()
 
 
@@ -445,6 +459,7 @@ def avg_pool2d():
 
 
 # ***** indexing and gather *****
+
 
 @case(1)
 def index_with_int_tensor():
@@ -513,6 +528,7 @@ def masked_fill():
 
 # ***** multi-output, constants, arange, contiguous, split reduce *****
 
+
 @case(1)
 def multi_output_same_shape():
     x, xn = rand(4, 6)
@@ -578,6 +594,7 @@ def large_full_sum_unsplit():
 
 # ***** the test *****
 
+
 def _seeded_build(c: Case) -> tuple:
     global rng
     rng = np.random.default_rng(zlib.crc32(c.name.encode()))  # each case's inputs, whatever order cases run in
@@ -598,8 +615,17 @@ def _run(c: Case):
     return outs, refs, scheduled, ran
 
 
-@pytest.mark.parametrize("c", [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(
-    reason=c.xfail, raises=KernelCountMismatch, strict=True)] if c.xfail else []) for c in CASES])
+@pytest.mark.parametrize(
+    "c",
+    [
+        pytest.param(
+            c,
+            id=c.name,
+            marks=[pytest.mark.xfail(reason=c.xfail, raises=KernelCountMismatch, strict=True)] if c.xfail else [],
+        )
+        for c in CASES
+    ],
+)
 def test_case(c: Case):
     outs, refs, scheduled, ran = _run(c)
     for i, (o, r) in enumerate(zip(outs, refs)):  # values first: a wrong value is never an expected failure
@@ -608,8 +634,9 @@ def test_case(c: Case):
         np.testing.assert_allclose(got, r, rtol=c.rtol, atol=c.atol, err_msg=f"output {i} of {c.name}")
     ok = (lambda n: n <= c.kernels) if c.at_most else (lambda n: n == c.kernels)
     if not (ok(scheduled) and ok(ran)):
-        raise KernelCountMismatch(f"{c.name}: scheduled {scheduled}, ran {ran}, expected "
-                                  f"{'at most ' if c.at_most else ''}{c.kernels}")
+        raise KernelCountMismatch(
+            f"{c.name}: scheduled {scheduled}, ran {ran}, expected {'at most ' if c.at_most else ''}{c.kernels}"
+        )
 
 
 def test_enough_cases():

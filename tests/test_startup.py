@@ -22,15 +22,18 @@ def _run(code: str, cache: str) -> str:
     env = dict(os.environ, XDG_CACHE_HOME=cache, PYTHONPATH=ROOT)
     env.pop("DEV", None)
     env.pop("CPU_LLVM", None)
-    return subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=ROOT, env=env, capture_output=True, text=True
+    ).stdout
 
 
 def test_import_loads_only_what_a_computation_needs(tmp_path):
-    code = ("import sys; from zeptograd import Tensor; print(Tensor([1.0, 2.0]).sum().item()); "
-            "print(sorted(m for m in sys.modules if m.startswith(('zeptograd.nn', 'zeptograd.engine.jit', "
-            "'zeptograd.engine.search', 'zeptograd.codegen.gpudims', 'zeptograd.renderer.cstyle', "
-            "'zeptograd.renderer.gpu', 'zeptograd.runtime.ops_python', 'concurrent.futures', 'subprocess'))))")
+    code = (
+        "import sys; from zeptograd import Tensor; print(Tensor([1.0, 2.0]).sum().item()); "
+        "print(sorted(m for m in sys.modules if m.startswith(('zeptograd.nn', 'zeptograd.engine.jit', "
+        "'zeptograd.engine.search', 'zeptograd.codegen.gpudims', 'zeptograd.renderer.cstyle', "
+        "'zeptograd.renderer.gpu', 'zeptograd.runtime.ops_python', 'concurrent.futures', 'subprocess'))))"
+    )
     assert _run(code, str(tmp_path)).split() == ["3.0", "[]"]
 
 
@@ -44,8 +47,10 @@ def test_lazy_package_attributes(tmp_path):
 
 
 def test_cached_kernels_run_without_llvmlite(tmp_path):
-    code = ("import sys; from zeptograd import Tensor; "
-            "print((Tensor([1.0, 4.0, 9.0]).sqrt() * 2).exp2().tolist(), 'llvmlite.binding' in sys.modules)")
+    code = (
+        "import sys; from zeptograd import Tensor; "
+        "print((Tensor([1.0, 4.0, 9.0]).sqrt() * 2).exp2().tolist(), 'llvmlite.binding' in sys.modules)"
+    )
     assert _run(code, str(tmp_path)).split("]")[1].strip() == "True"  # the first run compiles
     out = _run(code, str(tmp_path))
     assert out.strip() == "[4.0, 16.0, 64.0] False"
@@ -82,10 +87,12 @@ def test_loader_runs_kernels(dtype, monkeypatch):
 
 def test_loaded_code_equals_mcjit_on_real_objects(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    src = ("define void @probe(ptr noalias %out, ptr noalias %in) {\nentry:\n"
-           "  %x = load double, ptr %in\n  %e = call double @llvm.exp2.f64(double %x)\n"
-           "  %s = fadd double %e, 0x400921FB54442D18\n  store double %s, ptr %out\n  ret void\n}\n"
-           "declare double @llvm.exp2.f64(double)\n")
+    src = (
+        "define void @probe(ptr noalias %out, ptr noalias %in) {\nentry:\n"
+        "  %x = load double, ptr %in\n  %e = call double @llvm.exp2.f64(double %x)\n"
+        "  %s = fadd double %e, 0x400921FB54442D18\n  store double %s, ptr %out\n  ret void\n}\n"
+        "declare double @llvm.exp2.f64(double)\n"
+    )
     dev = LLVMDevice("CPU")
     obj = dev.compiler.compile(src)
     renamed = unique_symbol(src)
@@ -102,8 +109,10 @@ def test_loader_refuses_what_it_does_not_handle():
     with pytest.raises(elf.UnsupportedObject, match="ELF64"):
         elf.LoadedObject(b"\xcf\xfa\xed\xfe" + bytes(60))  # Mach-O
     dev = LLVMDevice("CPU")
-    src = ("define void @calls_missing(ptr noalias %a) {\nentry:\n  call void @zg_no_such_function(ptr %a)\n"
-           "  ret void\n}\ndeclare void @zg_no_such_function(ptr)\n")
+    src = (
+        "define void @calls_missing(ptr noalias %a) {\nentry:\n  call void @zg_no_such_function(ptr %a)\n"
+        "  ret void\n}\ndeclare void @zg_no_such_function(ptr)\n"
+    )
     obj = dev.compiler.compile(src)
     with pytest.raises(elf.UnsupportedObject, match="zg_no_such_function"):
         elf.LoadedObject(obj)
@@ -119,8 +128,9 @@ def test_unsupported_object_falls_back_to_mcjit(monkeypatch):
     dev = LLVMDevice("CPU")
     monkeypatch.setitem(Device._opened, "CPU", dev)
     x = np.array([1.0, 2.0, 3.0], dtype=np.float32)
-    np.testing.assert_allclose((Tensor(x, device="CPU") * 2.5 + 0.125).exp2().numpy(), np.exp2(x * 2.5 + 0.125),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        (Tensor(x, device="CPU") * 2.5 + 0.125).exp2().numpy(), np.exp2(x * 2.5 + 0.125), rtol=1e-6
+    )
     assert dev._engine is not None and not dev.objects
 
 

@@ -25,9 +25,20 @@ from safetensors.numpy import save_file as st_save_np  # noqa: E402
 from safetensors.torch import load_file as st_load_torch  # noqa: E402
 from safetensors.torch import save_file as st_save_torch  # noqa: E402
 
-NP_DTYPES = {"bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "uint16": np.uint16, "int16": np.int16,
-             "uint32": np.uint32, "int32": np.int32, "uint64": np.uint64, "int64": np.int64, "float16": np.float16,
-             "float32": np.float32, "float64": np.float64}
+NP_DTYPES = {
+    "bool": np.bool_,
+    "uint8": np.uint8,
+    "int8": np.int8,
+    "uint16": np.uint16,
+    "int16": np.int16,
+    "uint32": np.uint32,
+    "int32": np.int32,
+    "uint64": np.uint64,
+    "int64": np.int64,
+    "float16": np.float16,
+    "float32": np.float32,
+    "float64": np.float64,
+}
 
 
 def sample(name: str, shape=(3, 4), seed=0) -> np.ndarray:
@@ -52,9 +63,19 @@ class Net:
 def test_state_dict_names_and_parameters():
     net = Net()
     sd = get_state_dict(net)
-    assert set(sd) == {"conv.weight", "conv.bias", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var",
-                       "bn.num_batches_tracked", "layers.0.weight", "layers.0.bias", "layers.1.weight",
-                       "extra.emb.weight"}
+    assert set(sd) == {
+        "conv.weight",
+        "conv.bias",
+        "bn.weight",
+        "bn.bias",
+        "bn.running_mean",
+        "bn.running_var",
+        "bn.num_batches_tracked",
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "extra.emb.weight",
+    }
     net.tied = net.layers[0].weight  # a tied tensor appears twice by name, once as a parameter
     assert len(get_parameters(net)) == len(sd)
 
@@ -70,8 +91,11 @@ def test_load_state_dict_roundtrip_and_errors():
         load_state_dict(b, missing)
     with pytest.raises(KeyError, match="unexpected key.*head.weight"):
         load_state_dict(b, {**sd, "head.weight": np.zeros(2, np.float32)})
-    with pytest.raises(ValueError, match=r"shape mismatch for layers.0.weight: the model has \(3, 4\), the state_dict "
-                                         r"\(4, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"shape mismatch for layers.0.weight: the model has \(3, 4\), the state_dict "
+        r"\(4, 3\)",
+    ):
         load_state_dict(b, {**sd, "layers.0.weight": np.zeros((4, 3), np.float32)})
     partial = {"conv.bias": np.array([5.0, 6.0], np.float32), "junk": np.zeros(1)}
     load_state_dict(b, partial, strict=False, consume=True)
@@ -123,7 +147,7 @@ def test_safetensors_metadata_layout_and_errors(tmp_path):
     raw = fn.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     assert n % 8 == 0
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     assert header["__metadata__"] == {"format": "np"}
     assert header["a"] == {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
     assert header["b"]["data_offsets"] == [4, 10]

@@ -44,8 +44,18 @@ def evaluate(u: UOp, env: dict[str, int], check_ranges: bool = True) -> dict[UOp
     return vals
 
 
-_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.IDIV: "//", Ops.MOD: "%", Ops.CMPLT: "<", Ops.CMPNE: "!=",
-          Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|"}
+_INFIX = {
+    Ops.ADD: "+",
+    Ops.SUB: "-",
+    Ops.MUL: "*",
+    Ops.IDIV: "//",
+    Ops.MOD: "%",
+    Ops.CMPLT: "<",
+    Ops.CMPNE: "!=",
+    Ops.CMPEQ: "==",
+    Ops.AND: "&",
+    Ops.OR: "|",
+}
 
 
 def fmt(u: UOp) -> str:
@@ -259,9 +269,29 @@ def expr_trees(vs):
                 return v, v.arg[1], v.arg[2]
             k = draw(st.integers(-10, 10))
             return c(k), k, k
-        op = draw(st.sampled_from(["add", "sub", "mulc", "cmul", "mul", "div", "mod", "max", "min", "neg", "where",
-                                   "cadd", "adiv", "amod", "ddiv",
-                                   "recombine", "where"]))
+        op = draw(
+            st.sampled_from(
+                [
+                    "add",
+                    "sub",
+                    "mulc",
+                    "cmul",
+                    "mul",
+                    "div",
+                    "mod",
+                    "max",
+                    "min",
+                    "neg",
+                    "where",
+                    "cadd",
+                    "adiv",
+                    "amod",
+                    "ddiv",
+                    "recombine",
+                    "where",
+                ]
+            )
+        )
         l, l0, l1 = draw(tree(depth - 1))
         if op == "neg":
             return -l, -l1, -l0
@@ -335,8 +365,14 @@ def expr_trees(vs):
                 p, (p0, p1) = p * k, _bounds_mul(p0, p1, k, k)
             q = c(draw(st.integers(max(p0, -LIMIT), min(p1 + 1, LIMIT))))
         cmp = draw(st.sampled_from(["<", ">", "<=", ">=", "!=", "=="]))
-        cond = {"<": lambda: p < q, ">": lambda: p > q, "<=": lambda: p <= q, ">=": lambda: p >= q,
-                "!=": lambda: p.ne(q), "==": lambda: p.eq(q)}[cmp]()
+        cond = {
+            "<": lambda: p < q,
+            ">": lambda: p > q,
+            "<=": lambda: p <= q,
+            ">=": lambda: p >= q,
+            "!=": lambda: p.ne(q),
+            "==": lambda: p.eq(q),
+        }[cmp]()
         return cond.where(l, r), min(l0, r0), max(l1, r1)
 
     return tree(5)
@@ -368,8 +404,7 @@ def check_case(vs, e, seed):
         want = evaluate(e, env)[e]
         got_vals = evaluate(s, env)
         got = got_vals[s]
-        assert got == want, (f"simplify changed the value at {env}: {fmt(e)} = {want}, "
-                             f"but simplified {fmt(s)} = {got}")
+        assert got == want, f"simplify changed the value at {env}: {fmt(e)} = {want}, but simplified {fmt(s)} = {got}"
         assert s.vmin <= got <= s.vmax
         assert e.vmin <= want <= e.vmax
     return s

@@ -332,10 +332,12 @@ def test_upat_named_copy():
 
 def test_pattern_matcher_rule_order_first_wins():
     x = var("x")
-    pm = PatternMatcher([
-        (UPat(Ops.ADD, name="a"), lambda a: c(1)),
-        (UPat(Ops.ADD, name="a"), lambda a: c(2)),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.ADD, name="a"), lambda a: c(1)),
+            (UPat(Ops.ADD, name="a"), lambda a: c(2)),
+        ]
+    )
     assert pm.rewrite(x + 1) is c(1)
     assert pm.rewrite(x * 1) is None
 
@@ -348,17 +350,20 @@ def test_pattern_matcher_ctx():
         ctx.append(v)
         return None
 
-    pm = PatternMatcher([
-        (UPat(Ops.DEFINE_VAR, name="v"), log),
-        (UPat(Ops.MUL, src=(UPat.var("a"), UPat.var("b"))), lambda a, b: a + b),  # no ctx: not passed one
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.DEFINE_VAR, name="v"), log),
+            (UPat(Ops.MUL, src=(UPat.var("a"), UPat.var("b"))), lambda a, b: a + b),  # no ctx: not passed one
+        ]
+    )
     out = graph_rewrite(x * y, pm, ctx=seen)
     assert out is x + y
     assert set(seen) == {x, y}
 
     vals = {"x": 7}
-    subst = PatternMatcher([(UPat(Ops.DEFINE_VAR, name="v"),
-                             lambda ctx, v: c(ctx[v.arg[0]]) if v.arg[0] in ctx else None)])
+    subst = PatternMatcher(
+        [(UPat(Ops.DEFINE_VAR, name="v"), lambda ctx, v: c(ctx[v.arg[0]]) if v.arg[0] in ctx else None)]
+    )
     assert graph_rewrite(x + y, subst, ctx=vals) is c(7) + y
     assert graph_rewrite(x + y, subst, ctx={}) is x + y
 
@@ -375,10 +380,12 @@ def test_graph_rewrite_rule_returning_none_leaves_node():
 
 def test_graph_rewrite_reaches_fixed_point():
     x = var("x")
-    pm = PatternMatcher([
-        (UPat(Ops.MUL, src=(UPat.var("a"), UPat.const(dtypes.int, 2))), lambda a: a + a),
-        (UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("a"))), lambda a: UOp(Ops.SHL, a.dtype, (a, c(1)))),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.MUL, src=(UPat.var("a"), UPat.const(dtypes.int, 2))), lambda a: a + a),
+            (UPat(Ops.ADD, src=(UPat.var("a"), UPat.var("a"))), lambda a: UOp(Ops.SHL, a.dtype, (a, c(1)))),
+        ]
+    )
     shl = UOp(Ops.SHL, dtypes.int, (x, c(1)))
     assert graph_rewrite(x * 2, pm) is shl
     assert graph_rewrite(x * 2, pm, bottom_up=True) is shl
@@ -386,8 +393,9 @@ def test_graph_rewrite_reaches_fixed_point():
     assert graph_rewrite((x * 2) * 2, pm) is UOp(Ops.SHL, dtypes.int, (shl, c(1)))
 
     # a counter that counts down to 0, one step per rewrite
-    count = PatternMatcher([(UPat(Ops.NOOP, name="n"),
-                             lambda n: UOp(Ops.NOOP, dtypes.void, (), n.arg - 1) if n.arg > 0 else None)])
+    count = PatternMatcher(
+        [(UPat(Ops.NOOP, name="n"), lambda n: UOp(Ops.NOOP, dtypes.void, (), n.arg - 1) if n.arg > 0 else None)]
+    )
     start = UOp(Ops.NOOP, dtypes.void, (), 50)
     assert graph_rewrite(start, count) is UOp(Ops.NOOP, dtypes.void, (), 0)
     sink = UOp(Ops.SINK, dtypes.void, (start, UOp(Ops.NOOP, dtypes.void, (), 3)))
@@ -399,11 +407,15 @@ def test_graph_rewrite_reaches_fixed_point():
 def test_graph_rewrite_fixed_point_when_parent_rule_enabled_by_child_rewrite():
     x = var("x")
     # x + 0 -> x; then the parent (x) * 3 can only match after its source was rewritten
-    pm = PatternMatcher([
-        (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), lambda a: a),
-        (UPat(Ops.MUL, src=(UPat(Ops.DEFINE_VAR, name="v"), UPat.cvar("k"))),
-         lambda v, k: UOp(Ops.SHL, v.dtype, (v, k))),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), lambda a: a),
+            (
+                UPat(Ops.MUL, src=(UPat(Ops.DEFINE_VAR, name="v"), UPat.cvar("k"))),
+                lambda v, k: UOp(Ops.SHL, v.dtype, (v, k)),
+            ),
+        ]
+    )
     want = UOp(Ops.SHL, dtypes.int, (x, c(3)))
     assert graph_rewrite((x + 0) * 3, pm) is want
     assert graph_rewrite((x + 0) * 3, pm, bottom_up=True) is want
@@ -418,10 +430,12 @@ def test_graph_rewrite_top_down_vs_bottom_up():
         ctx.append(a)
         return marker
 
-    pm = PatternMatcher([
-        (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), lambda a: a),
-        (UPat(Ops.MUL, name="m", src=(UPat(Ops.ADD, name="a"), UPat.var())), on_mul),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), lambda a: a),
+            (UPat(Ops.MUL, name="m", src=(UPat(Ops.ADD, name="a"), UPat.var())), on_mul),
+        ]
+    )
     e = (x + 0) * y
     # default: sources first, so the MUL sees x (not the ADD) and its rule cannot match
     assert graph_rewrite(e, pm, ctx=seen_mul_src) is x * y
@@ -470,10 +484,12 @@ def test_track_match_stats():
     x, y = var("x"), var("y")
     drop_zero = lambda a: a  # noqa: E731
     never = lambda m: None  # noqa: E731
-    pm = PatternMatcher([
-        (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), drop_zero),
-        (UPat(Ops.MUL, name="m"), never),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.ADD, src=(UPat.var("a"), UPat.const(dtypes.int, 0))), drop_zero),
+            (UPat(Ops.MUL, name="m"), never),
+        ]
+    )
     k_drop, k_never = _stats_key(drop_zero), _stats_key(never)
     assert k_drop != k_never
 

@@ -13,8 +13,9 @@ from zeptograd.uop.ops import Ops
 DEVICES = ["CPU", "CPU:C", "PYTHON", "CL"]  # CPU is LLVM; PYTHON is the reference; CL where pyopencl finds one
 
 
-@pytest.fixture(params=[d for d in DEVICES if not os.getenv("ZG_TEST_DEVICES") or
-                        d in os.environ["ZG_TEST_DEVICES"].split(",")])
+@pytest.fixture(
+    params=[d for d in DEVICES if not os.getenv("ZG_TEST_DEVICES") or d in os.environ["ZG_TEST_DEVICES"].split(",")]
+)
 def device(request) -> str:
     try:
         Device[request.param]
@@ -66,7 +67,7 @@ def test_shrink_sum(device):
     for i in (4, 7):
         vi = Variable("i", 1, 10).bind(i)
         close(a.shrink(((0, 3), (0, vi))).sum(1).numpy(), an[:, :i].sum(1))
-        close(a.shrink(((0, 3), (vi, vi + 2))).numpy(), an[:, i:i + 2])
+        close(a.shrink(((0, 3), (vi, vi + 2))).numpy(), an[:, i : i + 2])
 
 
 def test_reduces_over_a_symbolic_axis(device):
@@ -125,8 +126,9 @@ def test_closed_form_reduce_over_a_symbolic_range(device):
         vi = Variable("i", 1, 10).bind(i)
         assert Tensor.ones(5, device=device).pad(((0, 5),)).shrink(((0, vi),)).sum().item() == min(i, 5)
         x = Tensor.arange(10, device=device).float().contiguous().realize().shrink(((0, vi),))
-        assert (Tensor.arange(10, device=device).shrink(((0, vi),)) == 5).where(x, 0).sum().item() == (5 if i > 5
-                                                                                                        else 0)
+        assert (Tensor.arange(10, device=device).shrink(((0, vi),)) == 5).where(x, 0).sum().item() == (
+            5 if i > 5 else 0
+        )
 
 
 def test_zero_size(device):

@@ -78,7 +78,8 @@ def test_unroll_symbolic_adds_a_tail_reduce():
     assert value.op is Ops.ADD and all(s.op is Ops.REDUCE for s in value.src)  # sum(main) + sum(tail)
     main, tail = value.src
     assert sorted((r.src[0], r.arg[1]) for r in main.src[1:]) == sorted(
-        [((N // 16).simplify(), AxisType.REDUCE), (UOp.const(N.dtype, 16), AxisType.UNROLL)], key=str)
+        [((N // 16).simplify(), AxisType.REDUCE), (UOp.const(N.dtype, 16), AxisType.UNROLL)], key=str
+    )
     assert [(r.src[0], r.arg[1]) for r in tail.src[1:]] == [((N % 16).simplify(), AxisType.REDUCE)]
 
 
@@ -193,8 +194,13 @@ def test_elementwise_values(device):
     vmax = 70_000 if device != "PYTHON" else 1024
     xn, yn = rng.standard_normal(vmax, dtype=np.float32), rng.standard_normal(vmax, dtype=np.float32)
     x, y = Tensor(xn, device=device).realize(), Tensor(yn, device=device).realize()
-    _check_values(device, vmax, lambda v: x[:v] * y[:v] + 1, lambda n: xn[:n] * yn[:n] + 1,
-                  VALUES + ((65_537,) if device != "PYTHON" else ()))
+    _check_values(
+        device,
+        vmax,
+        lambda v: x[:v] * y[:v] + 1,
+        lambda n: xn[:n] * yn[:n] + 1,
+        VALUES + ((65_537,) if device != "PYTHON" else ()),
+    )
 
 
 def test_full_reduce_values(device):
@@ -214,8 +220,14 @@ def test_row_and_column_reduces_values(device):
     _check_values(device, vmax, lambda v: x[:v].sum(0), lambda n: xn[:n].sum(0), vals, 1e-4)  # over symbolic rows
     xt = Tensor(xn.T.copy(), device=device).realize()  # (70, vmax): reduces along a symbolic row
     _check_values(device, vmax, lambda v: xt[:, :v].sum(1), lambda n: xn.T[:, :n].sum(1), vals, 1e-4)
-    _check_values(device, vmax, lambda v: xt[:, :v].softmax(-1).sum(0),
-                  lambda n: (np.exp(xn.T[:, :n]) / np.exp(xn.T[:, :n]).sum(1, keepdims=True)).sum(0), vals, 1e-4)
+    _check_values(
+        device,
+        vmax,
+        lambda v: xt[:, :v].softmax(-1).sum(0),
+        lambda n: (np.exp(xn.T[:, :n]) / np.exp(xn.T[:, :n]).sum(1, keepdims=True)).sum(0),
+        vals,
+        1e-4,
+    )
 
 
 def test_matmul_values(device):
@@ -230,8 +242,14 @@ def test_matmul_values(device):
 @pytest.mark.parametrize("ctx", [{"NOOPT": 1}, {"THREADS": 3}, {"THREADS": 1}])
 def test_noopt_and_core_counts_agree(ctx):
     an = rng.standard_normal((300, 100), dtype=np.float32)
-    cases = [lambda a, v: (a[:v] * 2 + 1).exp(), lambda a, v: a[:v].sum(1), lambda a, v: a[:v].sum(0),
-             lambda a, v: a[:v] @ a[:v].T, lambda a, v: a[:v].T @ a[:v], lambda a, v: a.T[:, :v].max(1)]
+    cases = [
+        lambda a, v: (a[:v] * 2 + 1).exp(),
+        lambda a, v: a[:v].sum(1),
+        lambda a, v: a[:v].sum(0),
+        lambda a, v: a[:v] @ a[:v].T,
+        lambda a, v: a[:v].T @ a[:v],
+        lambda a, v: a.T[:, :v].max(1),
+    ]
     var = Variable("n", 1, 300)
     for n in (1, 17, 100, 299):
         for case in cases:
@@ -270,8 +288,8 @@ def test_slice_and_index_with_a_variable(device):
         close(x[:, v].numpy(), xn[:, i])  # an int index: the dim is dropped
         close(x[1, v - 1].numpy(), xn[1, i - 1])
         close(x[:, v:].numpy(), xn[:, i:])
-        close(x[:, v - 1:v + 1].numpy(), xn[:, i - 1:i + 1])
-        assert x[:, v - 1:v + 1].shape == (4, 2)
+        close(x[:, v - 1 : v + 1].numpy(), xn[:, i - 1 : i + 1])
+        assert x[:, v - 1 : v + 1].shape == (4, 2)
         close(x[:, :v][:, -1].numpy(), xn[:, i - 1])  # an int into a symbolic dim
         close(x[:, :v][1:3, 1:].numpy(), xn[1:3, 1:i])
         close(x[None, 2:, :v, None].sum((0, 2, 3)).numpy(), xn[2:, :i].sum(1))
@@ -283,7 +301,7 @@ def test_variable_index_compiles_once():
     compiled = None
     for p in (0, 3, 7):
         close(x[var.bind(p)].numpy(), x.numpy()[p])
-        close(x[:var.bind(p) + 1].sum(0).numpy(), x.numpy()[:p + 1].sum(0), 1e-5)
+        close(x[: var.bind(p) + 1].sum(0).numpy(), x.numpy()[: p + 1].sum(0), 1e-5)
         if compiled is None:
             compiled = set(realize._kernel_cache)
         assert set(realize._kernel_cache) == compiled
@@ -294,7 +312,7 @@ def test_setitem_with_a_variable():
     for pos in range(3):
         vp = Variable("p", 0, 5).bind(pos)
         cache[vp] = Tensor.full((4,), pos + 1.0)
-        cache[vp:vp + 1, :2] = 9
+        cache[vp : vp + 1, :2] = 9
         cache.realize()
     want = np.zeros((6, 4), np.float32)
     want[:3] = np.arange(1, 4)[:, None]
@@ -312,13 +330,13 @@ def test_variable_index_errors():
     with pytest.raises(IndexError, match="index 4 is out of bounds for dimension 0 with size i=4"):
         x[:v][4]
     with pytest.raises(IndexError, match="neither clamped nor wrapped"):
-        x[v:v + 7]
+        x[v : v + 7]
     with pytest.raises(IndexError, match="takes step 1"):
         x[::v]
     with pytest.raises(IndexError, match="takes step 1"):
         x[:v][::-1]
     with pytest.raises(ValueError, match="not bound"):
-        x[:Variable("j", 1, 10)]
+        x[: Variable("j", 1, 10)]
 
 
 def test_small_values_run_on_one_core():
@@ -326,9 +344,9 @@ def test_small_values_run_on_one_core():
     # after another (a pool handoff costs ~50 us, more than the work): ProgramSpec.work, device.run_on_cores
     x = Tensor(rng.random(1 << 16, dtype=np.float32), device="CPU").realize()
     with Context(THREADS=2):
-        (item,) = realize._schedule([x[:N.bind(5)] * 2])[0]
+        (item,) = realize._schedule([x[: N.bind(5)] * 2])[0]
         ck = realize.get_kernel(item.device, item.ast)
         assert ck.program.spec.global_size[0] == 2 and ck.program.spec.work == "n"
         assert ck.program.small((5,)) and not ck.program.small((60_000,))
         for n in (5, 60_000):
-            close((x[:N.bind(n)] * 2).numpy(), x.numpy()[:n] * 2)
+            close((x[: N.bind(n)] * 2).numpy(), x.numpy()[:n] * 2)

@@ -44,40 +44,69 @@ def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
     raise NotImplementedError(f"no gradient for a {op} reduce")
 
 
-pm_gradient = PatternMatcher([
-    (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
-    (UPat(Ops.SUB), lambda ctx: (ctx, -ctx)),
-    (UPat(Ops.NEG), lambda ctx: (-ctx,)),
-    (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[1], ctx), ctx * _t(ret.src[0], ctx))),
-    (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / _t(ret.src[1], ctx),
-                                                   -ctx * _t(ret, ctx) / _t(ret.src[1], ctx))),
-    (UPat(Ops.MAX, name="ret"), _max_grad),
-    (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, _t(ret.src[0], ctx).where(ctx, 0),
-                                                    _t(ret.src[0], ctx).where(0, ctx))),
-    (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * _t(ret, ctx) * math.log(2),)),
-    (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (_t(ret.src[0], ctx) * math.log(2)),)),
-    (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[0], ctx).cos(),)),
-    (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (_t(ret, ctx) * 2),)),
-    (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * _t(ret, ctx) * _t(ret, ctx),)),
-    (UPat(Ops.TRUNC), lambda ctx: (ctx.zeros_like(),)),
-    (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
-    (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
-    (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
-    (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(argsort(list(ret.arg))),)),
-    (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (ctx.sum(tuple(i for i, (a, b) in enumerate(
-        zip(ret.src[0].shape, ret.shape)) if a != b), keepdim=True),)),
-    (UPat(Ops.PAD, name="ret"), lambda ctx, ret: (ctx.shrink(tuple((b, b + s) for s, (b, _) in
-                                                                   zip(ret.src[0].shape, ret.arg))),)),
-    (UPat(Ops.SHRINK, name="ret"), lambda ctx, ret: (ctx.pad(tuple((b, s - e) for s, (b, e) in
-                                                                   zip(ret.src[0].shape, ret.arg))),)),
-    (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip([i for i, f in enumerate(ret.arg) if f]),)),
-    (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
-    (UPat(Ops.DETACH), lambda: (None,)),
-    (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),
-])
+pm_gradient = PatternMatcher(
+    [
+        (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
+        (UPat(Ops.SUB), lambda ctx: (ctx, -ctx)),
+        (UPat(Ops.NEG), lambda ctx: (-ctx,)),
+        (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[1], ctx), ctx * _t(ret.src[0], ctx))),
+        (
+            UPat(Ops.FDIV, name="ret"),
+            lambda ctx, ret: (ctx / _t(ret.src[1], ctx), -ctx * _t(ret, ctx) / _t(ret.src[1], ctx)),
+        ),
+        (UPat(Ops.MAX, name="ret"), _max_grad),
+        (
+            UPat(Ops.WHERE, name="ret"),
+            lambda ctx, ret: (None, _t(ret.src[0], ctx).where(ctx, 0), _t(ret.src[0], ctx).where(0, ctx)),
+        ),
+        (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * _t(ret, ctx) * math.log(2),)),
+        (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (_t(ret.src[0], ctx) * math.log(2)),)),
+        (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[0], ctx).cos(),)),
+        (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (_t(ret, ctx) * 2),)),
+        (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * _t(ret, ctx) * _t(ret, ctx),)),
+        (UPat(Ops.TRUNC), lambda ctx: (ctx.zeros_like(),)),
+        (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
+        (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
+        (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+        (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(argsort(list(ret.arg))),)),
+        (
+            UPat(Ops.EXPAND, name="ret"),
+            lambda ctx, ret: (
+                ctx.sum(tuple(i for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)) if a != b), keepdim=True),
+            ),
+        ),
+        (
+            UPat(Ops.PAD, name="ret"),
+            lambda ctx, ret: (ctx.shrink(tuple((b, b + s) for s, (b, _) in zip(ret.src[0].shape, ret.arg))),),
+        ),
+        (
+            UPat(Ops.SHRINK, name="ret"),
+            lambda ctx, ret: (ctx.pad(tuple((b, s - e) for s, (b, e) in zip(ret.src[0].shape, ret.arg))),),
+        ),
+        (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip([i for i, f in enumerate(ret.arg) if f]),)),
+        (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
+        (UPat(Ops.DETACH), lambda: (None,)),
+        (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),
+    ]
+)
 
-_NO_GRAD = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
-            Ops.BITCAST, Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE}
+_NO_GRAD = {
+    Ops.CMPLT,
+    Ops.CMPNE,
+    Ops.CMPEQ,
+    Ops.AND,
+    Ops.OR,
+    Ops.XOR,
+    Ops.SHL,
+    Ops.SHR,
+    Ops.IDIV,
+    Ops.MOD,
+    Ops.BITCAST,
+    Ops.BUFFER,
+    Ops.CONST,
+    Ops.IOTA,
+    Ops.DEVICE,
+}
 
 
 def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UOp, Tensor]:

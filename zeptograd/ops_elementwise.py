@@ -278,8 +278,9 @@ class ElementwiseMixin:
         return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
 
     def logical_not(self: Tensor) -> Tensor:
-        return self.cast(dtypes.bool)._alu(Ops.CMPNE, self._scalar(True, dtypes.bool)._broadcast_to(self.shape),
-                                           dtype=dtypes.bool)
+        return self.cast(dtypes.bool)._alu(
+            Ops.CMPNE, self._scalar(True, dtypes.bool)._broadcast_to(self.shape), dtype=dtypes.bool
+        )
 
     def logical_and(self: Tensor, x) -> Tensor:
         return self.bool() & (x.bool() if isinstance(x, type(self)) else bool(x))

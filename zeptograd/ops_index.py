@@ -54,8 +54,10 @@ def _sym_slice(it: slice, size, dim: int) -> _DimSel:
     lo, hi = (variable.sint_simplify(size + b if isinstance(b, int) and b < 0 else b) for b in (lo, hi))
     lo_v, hi_v, size_v = (variable.sint_value(b) for b in (lo, hi, size))
     if not 0 <= lo_v <= hi_v <= size_v:
-        raise IndexError(f"slice [{_show(lo)}:{_show(hi)}] with symbolic bounds is out of bounds for dimension {dim} "
-                         f"with size {_show(size)} (it is neither clamped nor wrapped)")
+        raise IndexError(
+            f"slice [{_show(lo)}:{_show(hi)}] with symbolic bounds is out of bounds for dimension {dim} "
+            f"with size {_show(size)} (it is neither clamped nor wrapped)"
+        )
     return _DimSel(lo, hi, False, 1, variable.sint_simplify(hi - lo), False)
 
 
@@ -79,8 +81,9 @@ class IndexMixin:
             elif isinstance(it, UOp) and _is_sym(it):
                 items[i] = variable.sint_arg(it, "index")  # bound, one value per Variable: simplified
             elif isinstance(it, slice) and any(isinstance(b, UOp) for b in (it.start, it.stop, it.step)):
-                items[i] = slice(*(variable.sint_arg(b, "slice") if isinstance(b, UOp) else b
-                                   for b in (it.start, it.stop, it.step)))
+                items[i] = slice(
+                    *(variable.sint_arg(b, "slice") if isinstance(b, UOp) else b for b in (it.start, it.stop, it.step))
+                )
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
                 raise TypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
         from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
@@ -88,8 +91,8 @@ class IndexMixin:
             it = items[i]
             if isinstance(it, T) and it.dtype == dtypes.bool:
                 coords = it.nonzero() if it.ndim else None
-                items[i: i + 1] = [coords[:, j] for j in range(it.ndim)] if coords is not None else [None]
-                from_masks.update(id(x) for x in items[i: i + it.ndim] if coords is not None)
+                items[i : i + 1] = [coords[:, j] for j in range(it.ndim)] if coords is not None else [None]
+                from_masks.update(id(x) for x in items[i : i + it.ndim] if coords is not None)
             elif isinstance(it, T) and not dtypes.is_int(it.dtype):
                 raise IndexError(f"tensors used as indices must be integer or bool tensors, got {it.dtype}")
         consumed = sum(1 for it in items if it is not None and it is not Ellipsis)
@@ -122,8 +125,10 @@ class IndexMixin:
                 if isinstance(it, (int, np.integer)):
                     it = variable.sint_simplify(size + int(it)) if it < 0 else int(it)
                 if not 0 <= variable.sint_value(it) < variable.sint_value(size):
-                    raise IndexError(f"index {_show(it)} is out of bounds for dimension {dim} with size {_show(size)}"
-                                     f" (a symbolic index is not wrapped)")
+                    raise IndexError(
+                        f"index {_show(it)} is out of bounds for dimension {dim} with size {_show(size)}"
+                        f" (a symbolic index is not wrapped)"
+                    )
                 sels.append(_DimSel(it, variable.sint_simplify(it + 1), False, 1, 1, True))
             elif isinstance(it, slice) and any(isinstance(b, UOp) for b in (it.start, it.stop, it.step, size)):
                 sels.append(_sym_slice(it, size, dim))
@@ -153,9 +158,9 @@ class IndexMixin:
         for d, s in enumerate(sels):  # every step-th: pad to n*step, split into (n, step), keep column 0
             if s.step > 1 and s.n > 0:
                 x = x.pad(tuple((0, s.n * s.step - x.shape[d]) if i == d else None for i in range(x.ndim)))
-                x = x.reshape(x.shape[:d] + (s.n, s.step) + x.shape[d + 1:])
+                x = x.reshape(x.shape[:d] + (s.n, s.step) + x.shape[d + 1 :])
                 x = x.shrink(tuple((0, 1) if i == d + 1 else None for i in range(x.ndim)))
-                x = x.reshape(x.shape[: d + 1] + x.shape[d + 2:])
+                x = x.reshape(x.shape[: d + 1] + x.shape[d + 2 :])
         return x.reshape(out_shape)
 
     def _unapply_basic(self: Tensor, v: Tensor, sels: list[_DimSel]) -> Tensor:
@@ -163,9 +168,9 @@ class IndexMixin:
         v = v.reshape(tuple(1 if s.drop else s.n for s in sels))
         for d, s in enumerate(sels):
             if s.step > 1 and s.n > 0:  # put step-1 zeros after each element
-                v = v.reshape(v.shape[: d + 1] + (1,) + v.shape[d + 1:])
+                v = v.reshape(v.shape[: d + 1] + (1,) + v.shape[d + 1 :])
                 v = v.pad(tuple((0, s.step - 1) if i == d + 1 else None for i in range(v.ndim)))
-                v = v.reshape(v.shape[:d] + (s.n * s.step,) + v.shape[d + 2:])
+                v = v.reshape(v.shape[:d] + (s.n * s.step,) + v.shape[d + 2 :])
                 v = v.shrink(tuple((0, s.hi - s.lo) if i == d else None for i in range(v.ndim)))
         v = v.flip([d for d, s in enumerate(sels) if s.flip]) if any(s.flip for s in sels) else v
         return v.pad(tuple((s.lo, size - s.hi) for s, size in zip(sels, self.shape)))
@@ -177,8 +182,11 @@ class IndexMixin:
         """Indexing by items as _index_items returns them (already checked)."""
         sels, out_shape = self._basic_plan(items)
         x = self._apply_basic(sels, out_shape)
-        adv = [(pos, it) for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer, UOp)))
-               if isinstance(it, type(self))]
+        adv = [
+            (pos, it)
+            for pos, it in enumerate(i for i in items if not isinstance(i, (int, np.integer, UOp)))
+            if isinstance(it, type(self))
+        ]
         return x._advanced(adv) if adv else x
 
     def _advanced(self: Tensor, adv: list) -> Tensor:
@@ -267,12 +275,15 @@ class IndexMixin:
         src, mask = self._pre_scatter(dim, index, src)
         return mask.any(-1).where(last_hit(mask, src), self)
 
-    def scatter_reduce(self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str,
-                       include_self: bool = True) -> Tensor:
+    def scatter_reduce(
+        self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True
+    ) -> Tensor:
         src, mask = self._pre_scatter(dim, index, src)
         hit = mask.any(-1)
+
         def base(identity):
             return self if include_self else hit.where(identity, self)
+
         if reduce == "sum":
             return mask.where(src, 0).sum(-1).cast(self.dtype) + base(0)
         if reduce == "prod":
@@ -285,8 +296,11 @@ class IndexMixin:
             count = mask.sum(-1) + (1 if include_self else hit.logical_not())
             total = mask.where(src, 0).sum(-1) + base(0)
             out = total / count
-            return out.cast(self.dtype) if dtypes.is_float(self.dtype) else total.div(count, rounding_mode="floor") \
-                .cast(self.dtype)
+            return (
+                out.cast(self.dtype)
+                if dtypes.is_float(self.dtype)
+                else total.div(count, rounding_mode="floor").cast(self.dtype)
+            )
         raise ValueError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
 
     # ***** masks *****
@@ -312,9 +326,13 @@ class IndexMixin:
         m = self != 0
         if size is None:
             size = int(m.sum().item())
-        coords = [type(self).arange(s, dtype=dtypes.int64, device=self.device)
-                  .reshape(tuple(s if i == d else 1 for i in range(self.ndim)))._broadcast_to(self.shape)
-                  for d, s in enumerate(self.shape)]
+        coords = [
+            type(self)
+            .arange(s, dtype=dtypes.int64, device=self.device)
+            .reshape(tuple(s if i == d else 1 for i in range(self.ndim)))
+            ._broadcast_to(self.shape)
+            for d, s in enumerate(self.shape)
+        ]
         if not coords:
             return type(self).zeros(size, 0, dtype=dtypes.int64, device=self.device)
         return type(self).stack(*[c._compact(m, size, fill_value) for c in coords], dim=1)
@@ -328,15 +346,17 @@ def last_hit(hit: Tensor, values: Tensor) -> Tensor:
     return values._broadcast_to(hit.shape)._select_sum(pos == last, -1)
 
 
-
 # ***** the bounds of index tensors *****
 
 
 def _bounds_error(what: str, values, dim: int, size: int) -> IndexError:
     """values: the offending ones (the first is named; a few more are listed)."""
     vals = list(dict.fromkeys(int(v) for v in values))
-    more = f" (out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''})" \
-        if len(vals) > 1 else ""
+    more = (
+        f" (out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''})"
+        if len(vals) > 1
+        else ""
+    )
     return IndexError(f"{what}index {vals[0]} is out of bounds for dimension {dim} with size {size}{more}")
 
 
@@ -369,16 +389,22 @@ def check_label_bounds(labels: Tensor, num_classes, ignore_index: int | None, wh
     Returns whether a label may equal ignore_index: False when the values read show none (the loss then needs no
     mask: a smaller graph), True when one does or the values are not known now (a TinyJit capture)."""
     if not dtypes.is_int(labels.dtype):
-        raise TypeError(f"{what}: class index labels must be an integer tensor, got {labels.dtype} (class "
-                        f"probabilities need the input's shape)")
+        raise TypeError(
+            f"{what}: class index labels must be an integer tensor, got {labels.dtype} (class "
+            f"probabilities need the input's shape)"
+        )
 
     def error(vals, size_v: int) -> IndexError:
         vals = list(dict.fromkeys(int(v) for v in vals))
         allowed = f"[0, {size_v})" + (f" or ignore_index={ignore_index}" if ignore_index is not None else "")
-        more = f"; out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''}" \
-            if len(vals) > 1 else ""
-        return IndexError(f"Target {vals[0]} is out of bounds. ({what}: {size_v} classes, labels must be in "
-                          f"{allowed}{more})")
+        more = (
+            f"; out-of-bounds values: {', '.join(map(str, vals[:8]))}{', ...' if len(vals) > 8 else ''}"
+            if len(vals) > 1
+            else ""
+        )
+        return IndexError(
+            f"Target {vals[0]} is out of bounds. ({what}: {size_v} classes, labels must be in {allowed}{more})"
+        )
 
     return _check_values(labels, num_classes, False, ignore_index, error)
 
@@ -394,8 +420,9 @@ def check_one_hot_bounds(labels: Tensor, num_classes: int) -> None:
     _check_values(labels, num_classes, False, None, error)
 
 
-def _check_values(idx: Tensor, size, wrap: bool, ignore: int | None,
-                  error: Callable[[Sequence[int], int], Exception]) -> bool:
+def _check_values(
+    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int], int], Exception]
+) -> bool:
     """Raise error(offending values, size) if an element of idx other than `ignore` is outside [-size, size) (wrap)
     or [0, size); offending values in order (eager) or the max or min out of range (a TinyJit capture or replay).
     Returns whether an element may equal `ignore` (True if the values are not read now)."""
@@ -442,8 +469,9 @@ def _index_values(idx: Tensor) -> np.ndarray:
     return idx.numpy()
 
 
-def _capture_bounds_check(idx: Tensor, size, wrap: bool, ignore: int | None,
-                          error: Callable[[Sequence[int], int], Exception]):
+def _capture_bounds_check(
+    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int], int], Exception]
+):
     from zeptograd.engine.buffers import buffers, view_base
     from zeptograd.engine.realize import capturing
     from zeptograd.schedule.fold import uniform_const

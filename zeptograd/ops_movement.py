@@ -140,11 +140,12 @@ class MovementMixin:
         return x
 
     # ***** windows, diagonals, triangles *****
-    def _pool(self: Tensor, k_: tuple[int, ...], stride: int | tuple[int, ...] = 1,
-              dilation: int | tuple[int, ...] = 1) -> Tensor:
+    def _pool(
+        self: Tensor, k_: tuple[int, ...], stride: int | tuple[int, ...] = 1, dilation: int | tuple[int, ...] = 1
+    ) -> Tensor:
         """Sliding windows over the last len(k_) dims: (..., *in) -> (..., *out, *k_), with movement ops only."""
         s_, d_ = make_tuple(stride, len(k_)), make_tuple(dilation, len(k_))
-        noop, i_ = [None] * (self.ndim - len(k_)), self.shape[-len(k_):]
+        noop, i_ = [None] * (self.ndim - len(k_)), self.shape[-len(k_) :]
         for k, d, i in zip(k_, d_, i_):
             if d * (k - 1) + 1 > i:
                 raise ValueError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
@@ -285,4 +286,3 @@ def _fill_minus_one(sizes: tuple[int, ...], total: int) -> tuple[int, ...]:
     if prod(sizes) != total:
         raise ValueError(f"unflatten sizes {sizes} don't multiply to {total}")
     return sizes
-

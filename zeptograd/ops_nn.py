@@ -27,8 +27,9 @@ class NNMixin:
             raise ValueError(f"matmul needs tensors of at least 1 dimension, got shapes {x.shape} and {w.shape}")
         axis_w = -min(dw, 2)
         if x.shape[-1] != w.shape[axis_w]:
-            raise ValueError(f"matmul of incompatible shapes {x.shape} and {w.shape}: "
-                             f"{x.shape[-1]} != {w.shape[axis_w]}")
+            raise ValueError(
+                f"matmul of incompatible shapes {x.shape} and {w.shape}: {x.shape[-1]} != {w.shape[axis_w]}"
+            )
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
@@ -62,7 +63,7 @@ class NNMixin:
             while len(set(letters)) != len(letters):  # a repeated letter takes the diagonal ("ii->i")
                 c = next(c for c in letters if letters.count(c) > 1)
                 i, j = letters.index(c), letters.index(c, letters.index(c) + 1)
-                x, letters = x.diagonal(0, i, j), letters[:i] + letters[i + 1:j] + letters[j + 1:] + c
+                x, letters = x.diagonal(0, i, j), letters[:i] + letters[i + 1 : j] + letters[j + 1 :] + c
             for c, s in zip(letters, x.shape):
                 if c in sizes and s != sizes[c] and 1 not in (s, sizes[c]):
                     raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
@@ -81,15 +82,25 @@ class NNMixin:
         return ret.permute([remaining.index(c) for c in output])
 
     # ***** convolutions *****
-    def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1, dilation=1,
-               padding: int | Sequence[int] = 0, dtype: DTypeLike | None = None) -> Tensor:
+    def conv2d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride=1,
+        dilation=1,
+        padding: int | Sequence[int] = 0,
+        dtype: DTypeLike | None = None,
+    ) -> Tensor:
         """N-d convolution (1-d, 2-d, 3-d by the weight's rank): sliding windows times the weight, summed."""
         (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
         if self.ndim != weight.ndim or groups * cin != cin_ or cout % groups:
-            raise ValueError(f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
-                             f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})")
+            raise ValueError(
+                f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
+                f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})"
+            )
         x = self.pad(resolve_pool_pads(padding, len(hw)))._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
-        rcout, oyx = cout // groups, x.shape[2:-len(hw)]
+        rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
         x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
         x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
         w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
@@ -98,18 +109,31 @@ class NNMixin:
         ret = ret.reshape(bs, cout, *oyx)
         return ret if bias is None else ret + bias.reshape(1, -1, *[1] * len(hw))
 
-    def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, groups: int = 1, stride=1,
-                         dilation=1, padding=0, output_padding=0) -> Tensor:
+    def conv_transpose2d(
+        self: Tensor,
+        weight: Tensor,
+        bias: Tensor | None = None,
+        groups: int = 1,
+        stride=1,
+        dilation=1,
+        padding=0,
+        output_padding=0,
+    ) -> Tensor:
         """The gradient of conv2d as a conv2d: stride becomes zeros between inputs, the kernel flips."""
         hw = weight.shape[2:]
         if self.ndim != weight.ndim or self.shape[1] != weight.shape[0]:
-            raise ValueError(f"conv_transpose2d: input of shape {self.shape} does not match weight of shape "
-                             f"{weight.shape} (input channels must equal weight.shape[0])")
+            raise ValueError(
+                f"conv_transpose2d: input of shape {self.shape} does not match weight of shape "
+                f"{weight.shape} (input channels must equal weight.shape[0])"
+            )
         w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1))
         dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
         grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
-        pads = [p for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
-                for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)]
+        pads = [
+            p
+            for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
+            for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
+        ]
         x, strides = self, make_tuple(stride, len(hw))
         if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
             x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
@@ -121,7 +145,7 @@ class NNMixin:
     # ***** pooling *****
     def _ceil_pads(self: Tensor, pads: list[int], k_: tuple[int, ...], s_, d_) -> list[int]:
         """Extra right padding so that ceil_mode's last, partial window exists (and never starts in the padding)."""
-        s_, d_, i_ = make_tuple(s_, len(k_)), make_tuple(d_, len(k_)), self.shape[-len(k_):]
+        s_, d_, i_ = make_tuple(s_, len(k_)), make_tuple(d_, len(k_)), self.shape[-len(k_) :]
         pads = list(pads)
         for dim, (i, s, k, d, (pb, pa)) in enumerate(zip(i_, s_, k_, d_, flat_to_grouped(pads))):
             o = -(-(i + pb + pa - (d * (k - 1) + 1)) // s) + 1
@@ -136,8 +160,9 @@ class NNMixin:
             pads = self._ceil_pads(pads, k_, s_, dilation)
         return self.pad(pads, value=value)._pool(k_, s_, dilation), k_, s_, pads
 
-    def avg_pool2d(self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False,
-                   count_include_pad=True) -> Tensor:
+    def avg_pool2d(
+        self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False, count_include_pad=True
+    ) -> Tensor:
         k_ = make_tuple(kernel_size, 2)
         axis = tuple(range(-len(k_), 0))
         pooled, k_, s_, pads = self._pool_windows(k_, stride, dilation, padding, ceil_mode)
@@ -150,32 +175,35 @@ class NNMixin:
         ones = self.pad(reg).ones_like().pad([c - r for c, r in zip(pads, reg)])._pool(k_, s_, dilation)
         return pooled.sum(axis) / ones.sum(axis)
 
-    def max_pool2d(self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False,
-                   return_indices=False):
+    def max_pool2d(
+        self: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, ceil_mode=False, return_indices=False
+    ):
         k_ = make_tuple(kernel_size, 2)
         axis = tuple(range(-len(k_), 0))
         pooled, k_, s_, pads = self._pool_windows(k_, stride, dilation, padding, ceil_mode, dtypes.min(self.dtype))
         out = pooled.max(axis)
         if not return_indices:
             return out
-        spatial = self.shape[-len(k_):]
+        spatial = self.shape[-len(k_) :]
         n = math.prod(spatial)  # flat index within the spatial dims, as torch; the first maximum wins
         rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device).reshape(spatial)
         rev = rev.pad(pads)._pool(k_, s_, dilation)
         idx = (pooled == out.reshape(*out.shape, *[1] * len(k_))).where(rev, 0).max(axis)
         return out, n - idx
 
-    def max_unpool2d(self: Tensor, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0,
-                     output_size=None) -> Tensor:
+    def max_unpool2d(
+        self: Tensor, indices: Tensor, kernel_size=(2, 2), stride=None, dilation=1, padding=0, output_size=None
+    ) -> Tensor:
         bs, c, *spatial = self.shape
         if output_size is None:
             k_ = make_tuple(kernel_size, len(spatial))
             d_, s_ = make_tuple(dilation, len(spatial)), make_tuple(stride if stride is not None else k_, len(spatial))
             p_ = flat_to_grouped(resolve_pool_pads(padding, len(spatial)))
-            output_size = tuple((i - 1) * s - (pb + pa) + (d * (k - 1) + 1)
-                                for i, k, d, s, (pb, pa) in zip(spatial, k_, d_, s_, p_))
+            output_size = tuple(
+                (i - 1) * s - (pb + pa) + (d * (k - 1) + 1) for i, k, d, s, (pb, pa) in zip(spatial, k_, d_, s_, p_)
+            )
         else:
-            output_size = tuple(output_size[-len(spatial):])
+            output_size = tuple(output_size[-len(spatial) :])
         n = math.prod(output_size)
         hot = indices.reshape(bs, c, 1, -1)._one_hot_along(n, 2)  # overlapping windows can name one index twice
         return last_hit(hot, self.reshape(bs, c, 1, -1)).reshape(bs, c, *output_size)
@@ -210,8 +238,14 @@ class NNMixin:
         y = self - self.mean(axis, keepdim=True)
         return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
 
-    def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
-                  axis: int | tuple[int, ...] = 1) -> Tensor:
+    def batchnorm(
+        self: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        mean: Tensor,
+        invstd: Tensor,
+        axis: int | tuple[int, ...] = 1,
+    ) -> Tensor:
         axes = tuple(normalize_axis(a, self.ndim) for a in argfix(axis))
         shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
         x = self - mean.reshape(shape)
@@ -233,8 +267,15 @@ class NNMixin:
         keep = type(self).rand(*self.shape, device=self.device) >= p
         return keep.where(self * (1 / (1 - p)), 0)
 
-    def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                                     dropout_p: float = 0.0, is_causal: bool = False, enable_gqa: bool = False):
+    def scaled_dot_product_attention(
+        self: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attn_mask: Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        enable_gqa: bool = False,
+    ):
         if enable_gqa:
             key = key.repeat_interleave(self.shape[-3] // key.shape[-3], dim=-3)
             value = value.repeat_interleave(self.shape[-3] // value.shape[-3], dim=-3)
@@ -276,8 +317,9 @@ class NNMixin:
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         return self.mean() if reduction == "mean" else self.sum() if reduction == "sum" else self
 
-    def cross_entropy(self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                      ignore_index: int = -100) -> Tensor:
+    def cross_entropy(
+        self: Tensor, Y: Tensor, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
+    ) -> Tensor:
         """Classes on dim 1 (dim 0 for one unbatched sample); Y is class indices or class probabilities. Class indices
         must be in [0, classes) or equal ignore_index (as torch: those don't count, nor in the mean's divisor);
         checked at the call (`check_label_bounds`)."""
@@ -300,8 +342,9 @@ class NNMixin:
             return ret.sum() / keep.sum()
         return ret._do_reduction(reduction)
 
-    def nll_loss(self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None,
-                 reduction: str = "mean") -> Tensor:
+    def nll_loss(
+        self: Tensor, Y: Tensor, weight: Tensor | None = None, ignore_index: int | None = None, reduction: str = "mean"
+    ) -> Tensor:
         """Log-probabilities with classes on dim 1; labels in [0, classes) or equal ignore_index, checked at the call
         (`check_label_bounds`)."""
         masked = check_label_bounds(Y, self.shape[1], ignore_index, "nll_loss")
@@ -311,8 +354,9 @@ class NNMixin:
         nll = -self._gather(1, Y.unsqueeze(1)).squeeze(1) * w  # checked above; ignore_index labels are masked by w
         return nll.sum() / w.sum() if reduction == "mean" else nll._do_reduction(reduction)
 
-    def sparse_categorical_crossentropy(self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing=0.0,
-                                        reduction: str = "mean") -> Tensor:
+    def sparse_categorical_crossentropy(
+        self: Tensor, Y: Tensor, ignore_index: int = -1, label_smoothing=0.0, reduction: str = "mean"
+    ) -> Tensor:
         """Classes on the last dim; entries whose label is ignore_index don't count, the others must be in
         [0, classes) (checked at the call: `check_label_bounds`)."""
         masked = check_label_bounds(Y, self.shape[-1], ignore_index, "sparse_categorical_crossentropy")
@@ -332,8 +376,9 @@ class NNMixin:
         log_p, log_1mp = self.log().maximum(-100), (1 - self).log().maximum(-100)  # clamped as torch
         return (-(Y * log_p + (1 - Y) * log_1mp))._do_reduction(reduction)
 
-    def binary_crossentropy_logits(self: Tensor, Y: Tensor, reduction: str = "mean",
-                                   pos_weight: Tensor | None = None) -> Tensor:
+    def binary_crossentropy_logits(
+        self: Tensor, Y: Tensor, reduction: str = "mean", pos_weight: Tensor | None = None
+    ) -> Tensor:
         pos = Y * self.logsigmoid() * (1 if pos_weight is None else pos_weight)
         return (-(pos + (1 - Y) * (-self).logsigmoid()))._do_reduction(reduction)
 
@@ -349,12 +394,16 @@ def _parse_einsum(formula: str, xs: list) -> tuple[list[str], str]:
         free = [c for c in string.ascii_letters if c not in formula]
         n_ell = max((x.ndim - (len(s) - 3) for s, x in zip(inputs, xs) if "..." in s), default=0)
         ell = "".join(free[:n_ell])
-        inputs = [s.replace("...", ell[n_ell - (x.ndim - (len(s) - 3)):]) for s, x in zip(inputs, xs)]
+        inputs = [s.replace("...", ell[n_ell - (x.ndim - (len(s) - 3)) :]) for s, x in zip(inputs, xs)]
         if "->" in formula:
             rhs = rhs.replace("...", ell)
     if "->" not in formula:
         joined = "".join(inputs)
-        rhs = ("".join(free[:n_ell]) if "..." in formula else "") + \
-            "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c.isalpha() and c not in
-                           ("".join(free[:n_ell]) if "..." in formula else "")))
+        rhs = ("".join(free[:n_ell]) if "..." in formula else "") + "".join(
+            sorted(
+                c
+                for c in set(joined)
+                if joined.count(c) == 1 and c.isalpha() and c not in ("".join(free[:n_ell]) if "..." in formula else "")
+            )
+        )
     return inputs, rhs

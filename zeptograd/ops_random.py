@@ -40,8 +40,9 @@ class RandomMixin:
         return x.reshape(shape)
 
     @classmethod
-    def rand(cls, *shape, dtype: DTypeLike | None = None, device: str | None = None, contiguous: bool = True,
-             **kwargs) -> Tensor:
+    def rand(
+        cls, *shape, dtype: DTypeLike | None = None, device: str | None = None, contiguous: bool = True, **kwargs
+    ) -> Tensor:
         """Uniform in [0, 1)."""
         dt = to_dtype(dtype or dtypes.default_float)
         if not dtypes.is_float(dt):
@@ -52,8 +53,9 @@ class RandomMixin:
         return _grad(out.contiguous() if contiguous else out, kwargs)
 
     def rand_like(self: Tensor, **kwargs) -> Tensor:
-        return type(self).rand(*self.shape, dtype=kwargs.pop("dtype", self.dtype),
-                               device=kwargs.pop("device", self.device), **kwargs)
+        return type(self).rand(
+            *self.shape, dtype=kwargs.pop("dtype", self.dtype), device=kwargs.pop("device", self.device), **kwargs
+        )
 
     @classmethod
     def randn(cls, *shape, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
@@ -64,8 +66,9 @@ class RandomMixin:
         return _grad(out.cast(to_dtype(dtype or dtypes.default_float)).contiguous(), kwargs)
 
     def randn_like(self: Tensor, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=kwargs.pop("device", self.device),
-                                **kwargs)
+        return type(self).randn(
+            *self.shape, dtype=dtype or self.dtype, device=kwargs.pop("device", self.device), **kwargs
+        )
 
     @classmethod
     def randint(cls, *shape, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs) -> Tensor:
@@ -75,8 +78,7 @@ class RandomMixin:
         return (cls.rand(*shape, dtype=dtypes.float64, **kwargs) * (high - low) + low).floor().cast(dt)
 
     @classmethod
-    def uniform(cls, *shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None,
-                **kwargs) -> Tensor:
+    def uniform(cls, *shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
         rg = kwargs.pop("requires_grad", None)
         out = (cls.rand(*shape, **kwargs) * (high - low) + low).cast(to_dtype(dtype or dtypes.default_float))
         return _grad(out, {"requires_grad": rg})
@@ -89,7 +91,7 @@ class RandomMixin:
     @classmethod
     def scaled_uniform(cls, *shape, **kwargs) -> Tensor:
         shape = cls._shape_arg(shape)
-        return cls.uniform(*shape, low=-prod(shape) ** -0.5, high=prod(shape) ** -0.5, **kwargs)
+        return cls.uniform(*shape, low=-(prod(shape) ** -0.5), high=prod(shape) ** -0.5, **kwargs)
 
     @classmethod
     def glorot_uniform(cls, *shape, **kwargs) -> Tensor:
@@ -116,8 +118,9 @@ class RandomMixin:
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Draw class indices (int64) with probabilities proportional to the weights on the last axis."""
         if not 1 <= self.ndim <= 2 or num_samples < 1:
-            raise ValueError(f"multinomial needs 1-D or 2-D weights and num_samples >= 1, got {self.shape}, "
-                             f"{num_samples}")
+            raise ValueError(
+                f"multinomial needs 1-D or 2-D weights and num_samples >= 1, got {self.shape}, {num_samples}"
+            )
         w = self.unsqueeze(0) if self.ndim == 1 else self
         if not replacement:  # Gumbel top-k: the k largest of log(w) + Gumbel noise are a sample without replacement
             if num_samples > w.shape[1]:

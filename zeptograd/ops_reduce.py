@@ -55,8 +55,10 @@ class ReduceMixin:
         if self.ndim == 0:
             return
         if axis is None and 0 in self.shape:
-            raise IndexError(f"{name}(): the tensor of shape {self.shape} has no elements to reduce; specify the "
-                             f"reduction dim (over the others the result is empty)")
+            raise IndexError(
+                f"{name}(): the tensor of shape {self.shape} has no elements to reduce; specify the "
+                f"reduction dim (over the others the result is empty)"
+            )
         for a in self._axes(axis):
             if isinstance(self.shape[a], int) and self.shape[a] == 0:
                 raise IndexError(f"{name}(): Expected reduction dim {a} to have non-zero size (shape {self.shape})")
@@ -202,10 +204,12 @@ class ReduceMixin:
         n = self.shape[d]
         s = (n - 1).bit_length()
         fill = dtypes.min(self.dtype) if descending else dtypes.max(self.dtype)
-        x = self.pad(tuple((0, 2 ** s - n) if i == d else None for i in range(self.ndim)), value=fill)
+        x = self.pad(tuple((0, 2**s - n) if i == d else None for i in range(self.ndim)), value=fill)
         x = x.unflatten(d, (2,) * s)  # bit k of the position is dim d + s - 1 - k
+
         def bit(k: int) -> int:
             return d + s - 1 - k
+
         for stage in range(1, s + 1):
             flips = [bit(k) for k in range(stage)]
             if stage != s:  # reverse the upper half of each 2^(stage+1) block: its merge then sorts it backwards
@@ -226,8 +230,10 @@ class ReduceMixin:
         n = self.shape[d]
         tri = type(self).ones(n, n, dtype=dtypes.bool, device=self.device).tril()
         tri = tri.reshape((n, n) + (1,) * (self.ndim - d - 1))
+
         def rank(t: Tensor) -> Tensor:  # how many equal values come before (and at) each position
             return (tri & (t.unsqueeze(d) == t.unsqueeze(d + 1))).sum(d + 1)
+
         same = (self.unsqueeze(d + 1) == x.unsqueeze(d)) & (rank(self).unsqueeze(d + 1) == rank(x).unsqueeze(d))
         pos = type(self).arange(n, dtype=dtypes.int64, device=self.device)
         pos = pos.reshape((n,) + (1,) * (self.ndim - d))

@@ -72,8 +72,9 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         def __exit__(self, *exc):
             Tensor._grad_off -= 1
 
-    def __init__(self, data: Any, device: str | None = None, dtype: DTypeLike | None = None,
-                 requires_grad: bool | None = None):
+    def __init__(
+        self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None
+    ):
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.requires_grad, self.grad, self.device = requires_grad, None, device
@@ -99,8 +100,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
                 raise ValueError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
-                raise TypeError(f"numpy dtype {data.dtype} is not supported by zeptograd "
-                                f"(supported: bool, int8..int64, uint8..uint64, float16, float32, float64)")
+                raise TypeError(
+                    f"numpy dtype {data.dtype} is not supported by zeptograd "
+                    f"(supported: bool, int8..int64, uint8..uint64, float16, float32, float64)"
+                )
             dt = dt or from_numpy_dtype(data.dtype)
             arr = data.astype(to_numpy_dtype(dt)) if dt != dtypes.bfloat16 else data.astype(np.float32)
         else:
@@ -200,8 +203,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
 
     def item(self) -> ConstType:
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with exactly one element, this one has shape {self.shape} "
-                             f"({self.numel()} elements)")
+            raise ValueError(
+                f"item() needs a tensor with exactly one element, this one has shape {self.shape} "
+                f"({self.numel()} elements)"
+            )
         return self.numpy().reshape(()).item()
 
     def data(self) -> memoryview:
@@ -302,8 +307,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
     def _root_grad(self, gradient: Tensor | None) -> Tensor:
         if gradient is None:
             if self.numel() != 1:
-                raise RuntimeError(f"backward/gradient of a non-scalar tensor of shape {self.shape} needs a gradient "
-                                   f"argument of that shape")
+                raise RuntimeError(
+                    f"backward/gradient of a non-scalar tensor of shape {self.shape} needs a gradient "
+                    f"argument of that shape"
+                )
             return self.ones_like()
         if gradient.shape != self.shape:
             raise ValueError(f"the gradient's shape {gradient.shape} must equal the tensor's shape {self.shape}")
@@ -317,8 +324,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             shape = tuple(shape[0])
         if any(isinstance(s, UOp) for s in shape):
             if not symbolic:
-                raise ValueError(f"this creation function needs int sizes, got the symbolic shape {shape}: make it at "
-                                 f"the largest size and shrink it to the Variable")
+                raise ValueError(
+                    f"this creation function needs int sizes, got the symbolic shape {shape}: make it at "
+                    f"the largest size and shrink it to the Variable"
+                )
             return _symbolic_shape(shape, "shape")
         for s in shape:
             if not isinstance(s, (int, np.integer)) or s < 0:
@@ -326,8 +335,14 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return tuple(int(s) for s in shape)
 
     @staticmethod
-    def full(shape: tuple[int, ...] | int, fill_value: ConstType, dtype: DTypeLike | None = None,
-             device: str | None = None, requires_grad: bool | None = None, **kwargs) -> Tensor:
+    def full(
+        shape: tuple[int, ...] | int,
+        fill_value: ConstType,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        requires_grad: bool | None = None,
+        **kwargs,
+    ) -> Tensor:
         shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), symbolic=True)
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
         device = Device.canonicalize(device)
@@ -343,16 +358,18 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return Tensor.full(Tensor._shape_arg(shape, True), 1, dtype=dtype or dtypes.default_float, **kwargs)
 
     @staticmethod
-    def empty(*shape, dtype: DTypeLike | None = None, device: str | None = None,
-              requires_grad: bool | None = None) -> Tensor:
+    def empty(
+        *shape, dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None
+    ) -> Tensor:
         shape = Tensor._shape_arg(shape, symbolic=True)  # a symbolic shape: a buffer of its largest size
         dt, device = to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
         n = prod(shape)
         ret = Tensor(reshape_uop(new_buffer_uop(device, n.vmax if isinstance(n, UOp) else n, dt), shape), device=device)
         return ret.requires_grad_(True) if requires_grad else ret
 
-    def full_like(self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None,
-                  **kwargs) -> Tensor:
+    def full_like(
+        self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None, **kwargs
+    ) -> Tensor:
         return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device, **kwargs)
 
     def zeros_like(self, **kwargs) -> Tensor:
@@ -373,8 +390,14 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), n), device=device)
 
     @staticmethod
-    def arange(start: ConstType, stop: ConstType | None = None, step: ConstType = 1,
-               dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
+    def arange(
+        start: ConstType,
+        stop: ConstType | None = None,
+        step: ConstType = 1,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        **kwargs,
+    ) -> Tensor:
         if stop is None:
             start, stop = 0, start
         if step == 0:
@@ -385,8 +408,14 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
     @staticmethod
-    def linspace(start: ConstType, stop: ConstType, steps: int, dtype: DTypeLike | None = None,
-                 device: str | None = None, **kwargs) -> Tensor:
+    def linspace(
+        start: ConstType,
+        stop: ConstType,
+        steps: int,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        **kwargs,
+    ) -> Tensor:
         if steps < 0:
             raise ValueError(f"linspace: steps must be non-negative, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
@@ -399,12 +428,13 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
     @staticmethod
-    def eye(n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None,
-            **kwargs) -> Tensor:
+    def eye(
+        n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None, **kwargs
+    ) -> Tensor:
         m = n if m is None else m
         if n < 0 or m < 0:
             raise ValueError(f"eye needs non-negative sizes, got {n}, {m}")
-        ret = (Tensor._iota(n, device).reshape(n, 1) == Tensor._iota(m, device).reshape(1, m))
+        ret = Tensor._iota(n, device).reshape(n, 1) == Tensor._iota(m, device).reshape(1, m)
         ret = ret.cast(to_dtype(dtype or dtypes.default_float))
         return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
@@ -425,8 +455,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             raise ValueError(f"can't reshape to {shape}: sizes must be non-negative ints")
         shape = tuple(int(s) for s in shape)
         if prod(shape) != self.numel():
-            raise ValueError(f"can't reshape a tensor of shape {self.shape} ({self.numel()} elements) to {shape} "
-                             f"({prod(shape)} elements)")
+            raise ValueError(
+                f"can't reshape a tensor of shape {self.shape} ({self.numel()} elements) to {shape} "
+                f"({prod(shape)} elements)"
+            )
         return self if shape == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
 
     def _reshape_symbolic(self, shape: tuple) -> Tensor:
@@ -444,12 +476,16 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         old_n, new_n = variable.sint_prod(self.shape), variable.sint_prod(shape)
         if not (old_n is new_n or (isinstance(old_n, int) and old_n == new_n)):
             if _capturing():
-                raise ValueError(f"can't reshape a tensor of shape {self.shape} to {shape} while TinyJit captures: "
-                                 f"the element counts {old_n} and {new_n} are equal only for some values of the "
-                                 f"Variables, and a replay runs with others")
+                raise ValueError(
+                    f"can't reshape a tensor of shape {self.shape} to {shape} while TinyJit captures: "
+                    f"the element counts {old_n} and {new_n} are equal only for some values of the "
+                    f"Variables, and a replay runs with others"
+                )
             if variable.sint_value(old_n) != variable.sint_value(new_n):
-                raise ValueError(f"can't reshape a tensor of shape {self.shape} ({variable.sint_value(old_n)} "
-                                 f"elements) to {shape} ({variable.sint_value(new_n)} elements)")
+                raise ValueError(
+                    f"can't reshape a tensor of shape {self.shape} ({variable.sint_value(old_n)} "
+                    f"elements) to {shape} ({variable.sint_value(new_n)} elements)"
+                )
         return self if shape == self.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
 
     def view(self, shape, *args) -> Tensor:
@@ -483,8 +519,9 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
-            return [(0, 0)] * (self.ndim - len(padding) // 2) + \
-                [(int(padding[i]), int(padding[i + 1])) for i in range(len(padding) - 2, -1, -2)]
+            return [(0, 0)] * (self.ndim - len(padding) // 2) + [
+                (int(padding[i]), int(padding[i + 1])) for i in range(len(padding) - 2, -1, -2)
+            ]
         if len(padding) != self.ndim:
             raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
@@ -495,8 +532,9 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         if all(not isinstance(p, (tuple, list)) and p is not None for p in padding):  # flat, last dimension first
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
-            padding = [None] * (self.ndim - len(padding) // 2) + \
-                [(padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)]
+            padding = [None] * (self.ndim - len(padding) // 2) + [
+                (padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)
+            ]
         if len(padding) != self.ndim:
             raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
         return [(0, 0) if p is None else tuple(_symbolic_shape(tuple(p), f"padding {tuple(padding)}")) for p in padding]
@@ -510,8 +548,10 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
         if any(isinstance(x, UOp) for p in pairs for x in p + tuple(self.shape)):
             if mode != "constant" or any(isinstance(x, int) and x < 0 for p in pairs for x in p):
-                raise ValueError(f"pad with symbolic sizes is constant and non-negative; got mode {mode!r}, padding "
-                                 f"{tuple(pairs)} on {self.shape}")
+                raise ValueError(
+                    f"pad with symbolic sizes is constant and non-negative; got mode {mode!r}, padding "
+                    f"{tuple(pairs)} on {self.shape}"
+                )
         elif any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
             x = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
             return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode=mode, value=value)
@@ -535,14 +575,16 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
             limit = n - 1 if mode == "reflect" else n if mode == "circular" else math.inf
             if max(b, a) > limit or n == 0:
                 raise ValueError(f"{mode} padding ({b}, {a}) is too large for dimension {d} of size {n}")
+
             def part(lo: int, hi: int) -> Tensor:
                 return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
+
             if mode == "reflect":
                 left, right = part(1, b + 1).flip(d), part(n - 1 - a, n - 1).flip(d)
             elif mode == "replicate":
                 edge = [s if i != d else 1 for i, s in enumerate(x.shape)]
-                left = part(0, 1).expand(*edge[:d], b, *edge[d + 1:])
-                right = part(n - 1, n).expand(*edge[:d], a, *edge[d + 1:])
+                left = part(0, 1).expand(*edge[:d], b, *edge[d + 1 :])
+                right = part(n - 1, n).expand(*edge[:d], a, *edge[d + 1 :])
             else:
                 left, right = part(n - b, n), part(0, a)
             x = left.cat(x, right, dim=d)
@@ -551,10 +593,13 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
     def shrink(self, arg) -> Tensor:
         if len(arg) != self.ndim:
             raise ValueError(f"shrink {tuple(arg)} must have one (start, end) or None per dimension of {self.shape}")
-        if any(isinstance(x, UOp) for a in arg if a is not None for x in a) or \
-                any(isinstance(s, UOp) for s in self.shape):
-            norm = tuple((0, s) if a is None else (variable.sint_arg(a[0], "shrink"), variable.sint_arg(a[1], "shrink"))
-                         for a, s in zip(arg, self.shape))
+        if any(isinstance(x, UOp) for a in arg if a is not None for x in a) or any(
+            isinstance(s, UOp) for s in self.shape
+        ):
+            norm = tuple(
+                (0, s) if a is None else (variable.sint_arg(a[0], "shrink"), variable.sint_arg(a[1], "shrink"))
+                for a, s in zip(arg, self.shape)
+            )
             _check_symbolic_bounds(norm, self.shape, f"shrink {tuple(arg)}")
         else:
             norm = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
@@ -600,15 +645,18 @@ def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
     for (b, e), s in zip(pairs, shape):
         vb, ve, vs = variable.sint_value(b), variable.sint_value(e), variable.sint_value(s)
         if not 0 <= vb <= ve <= vs:
-            raise ValueError(f"{what} is out of bounds for shape {shape}: ({b!r}, {e!r}) is ({vb}, {ve}) in a "
-                             f"dimension of size {vs}")
+            raise ValueError(
+                f"{what} is out of bounds for shape {shape}: ({b!r}, {e!r}) is ({vb}, {ve}) in a dimension of size {vs}"
+            )
         if _capturing():
             for lo, hi in ((0, b), (b, e), (e, s)):
                 d = variable.sint_simplify(hi - lo)
                 if isinstance(d, UOp) and d.vmin < 0:
-                    raise ValueError(f"{what} while TinyJit captures: ({b!r}, {e!r}) in a dimension of size {s!r} "
-                                     f"is out of bounds for some values of the Variables, and a replay runs with "
-                                     f"other values (narrow the Variables' ranges)")
+                    raise ValueError(
+                        f"{what} while TinyJit captures: ({b!r}, {e!r}) in a dimension of size {s!r} "
+                        f"is out of bounds for some values of the Variables, and a replay runs with "
+                        f"other values (narrow the Variables' ranges)"
+                    )
 
 
 # ***** graph leaves and assign helpers *****

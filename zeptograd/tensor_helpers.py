@@ -26,10 +26,16 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     for dims in zip(*padded):
         sizes = {d for d in dims if d != 1}
         if len(sizes) > 1:
-            hint = "; a symbolic size (a bound Variable) only matches the same expression: reshape the other tensor " \
-                "to it first" if any(not isinstance(d, int) for d in sizes) else ""
-            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
-                             f"(sizes {sorted(sizes, key=str)} meet in one dimension){hint}")
+            hint = (
+                "; a symbolic size (a bound Variable) only matches the same expression: reshape the other tensor "
+                "to it first"
+                if any(not isinstance(d, int) for d in sizes)
+                else ""
+            )
+            raise ValueError(
+                f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                f"(sizes {sorted(sizes, key=str)} meet in one dimension){hint}"
+            )
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
 

@@ -71,8 +71,11 @@ def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
     zero, ranges = UOp.const(dtypes.index, 0), red.src[1:]
     outer = ctx.scopes.get(ranges, ())
     acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1), (), next(ctx.regs))
-    init = (acc.after(*outer) if outer else acc).index(zero).store(
-        UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    init = (
+        (acc.after(*outer) if outer else acc)
+        .index(zero)
+        .store(UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+    )
     current = acc.after(init, *ranges).index(zero).load()
     end = acc.index(zero).store(accumulate(red.arg, current, red.src[0])).end(*ranges)
     return acc.after(end).index(zero).load()
@@ -98,8 +101,11 @@ def lower_reduces(sink: UOp) -> UOp:
         for red in reds:
             value = red.src[0].substitute(replaced) if replaced else red.src[0]  # inner reduces already lowered
             acc = UOp(Ops.DEFINE_REG, red.dtype.ptr(1), (), next(regs))
-            init = (acc.after(*deps) if deps else acc).index(zero).store(
-                UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+            init = (
+                (acc.after(*deps) if deps else acc)
+                .index(zero)
+                .store(UOp.const(red.dtype, reduce_identity(red.arg, red.dtype)))
+            )
             current = acc.after(init, *ranges).index(zero).load()
             updates.append(acc.index(zero).store(accumulate(red.arg, current, value)))
             accs.append(acc)

@@ -26,8 +26,11 @@ def split_masked_load(ctx, ld: UOp, idx: UOp) -> UOp | None:
     masked vector loads"""
     if len(idx.src) < 3 or idx.src[2].dtype.count == 1 or ctx.masked_vectors:
         return None
-    return UOp(Ops.VECTORIZE, ld.dtype, tuple(UOp(Ops.LOAD, ld.dtype.scalar, (_lane_index(idx, k),))
-                                              for k in range(ld.dtype.count)))
+    return UOp(
+        Ops.VECTORIZE,
+        ld.dtype,
+        tuple(UOp(Ops.LOAD, ld.dtype.scalar, (_lane_index(idx, k),)) for k in range(ld.dtype.count)),
+    )
 
 
 def split_masked_store(ctx, st: UOp, idx: UOp) -> UOp | None:

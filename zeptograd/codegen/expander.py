@@ -50,8 +50,9 @@ def access_counts(ast: UOp) -> dict[UOp, int]:
     counts: dict[UOp, int] = {}
     for nest in ast.src:
         outer = set(nest.src[1:]) if nest.op is Ops.END else set()
-        under_reduce = {u: set(red.src[1:]) for red in nest.toposort() if red.op is Ops.REDUCE
-                        for u in red.src[0].toposort()}
+        under_reduce = {
+            u: set(red.src[1:]) for red in nest.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()
+        }
         for u in nest.toposort():
             if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
                 own = set(u.src[1].ranges)

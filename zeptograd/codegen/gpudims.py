@@ -134,8 +134,11 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
         raise OptError("LOCAL/GROUP need an axis of constant size")
     # neighbouring threads on neighbouring addresses: local ids ordered by their stride in the stores, the
     # smallest innermost (lidx0); GROUP ranges, which no store uses, innermost of all
-    stores = [u.src[0].src[1] for u in nodes if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and
-              u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+    stores = [
+        u.src[0].src[1]
+        for u in nodes
+        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
+    ]
     local.sort(key=lambda r: max([s for i in stores if (s := stride(i, r))] or [0]), reverse=True)
     n_threads = prod(_const_size(r) for r in local)  # type: ignore[misc]
     if n_threads > renderer.local_threads_max:
@@ -149,10 +152,16 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     # 1. GROUP reduces: partial per thread, through shared memory, then the partials of the group
     groups = [r for r in local if r.arg[1] is AxisType.GROUP]
     if groups:
-        strides = [prod(_const_size(r) for r in local[i + 1:]) for i in range(len(local))]  # type: ignore[misc]
+        strides = [prod(_const_size(r) for r in local[i + 1 :]) for i in range(len(local))]  # type: ignore[misc]
         terms = [r * UOp.const(dtypes.index, s) if s != 1 else r for r, s in zip(local, strides)]
-        ctx = _GroupCtx(groups, n_threads, terms[0] if len(terms) == 1 else sum(terms[1:], start=terms[0]),
-                        range_scopes(sink), itertools.count(max(r.arg[0] for r in ranges) + 1), set(gmap) | set(lmap))
+        ctx = _GroupCtx(
+            groups,
+            n_threads,
+            terms[0] if len(terms) == 1 else sum(terms[1:], start=terms[0]),
+            range_scopes(sink),
+            itertools.count(max(r.arg[0] for r in ranges) + 1),
+            set(gmap) | set(lmap),
+        )
         sink = graph_rewrite(sink, pm_group_reduce, ctx=ctx)
 
     # 2. ranges -> thread ids

@@ -65,8 +65,9 @@ def _linear(x: UOp, r: UOp) -> tuple[int, UOp] | None:
 
 def true_interval(term: UOp, r: UOp, n: int) -> tuple[int, int] | None:
     """[lo, hi): the values of r for which term holds whatever the other ranges are; None if it can't be told."""
-    neg = term.op is Ops.CMPNE and term.src[0].op is Ops.CMPLT and term.src[1].op is Ops.CONST and \
-        term.src[1].arg is True
+    neg = (
+        term.op is Ops.CMPNE and term.src[0].op is Ops.CMPLT and term.src[1].op is Ops.CONST and term.src[1].arg is True
+    )
     cmp = term.src[0] if neg else term
     if cmp.op is not Ops.CMPLT or not dtypes.is_int(cmp.src[0].dtype) or cmp.src[0].dtype.count != 1:
         return None
@@ -89,10 +90,19 @@ def window_gates(nest: UOp, r: UOp) -> list[UOp]:
     for red in nest.toposort():
         if red.op is not Ops.REDUCE:
             continue
-        moving = [u for u in red.src[0].toposort() if u.op is Ops.LOAD and any(x in u.src[0].toposort()
-                                                                                for x in red.src[1:])]
-        terms = [[t for t in _and_terms(u.src[0].src[2]) if r in t.toposort() and
-                  any(x in t.toposort() for x in red.src[1:])] if len(u.src[0].src) > 2 else [] for u in moving]
+        moving = [
+            u for u in red.src[0].toposort() if u.op is Ops.LOAD and any(x in u.src[0].toposort() for x in red.src[1:])
+        ]
+        terms = [
+            [
+                t
+                for t in _and_terms(u.src[0].src[2])
+                if r in t.toposort() and any(x in t.toposort() for x in red.src[1:])
+            ]
+            if len(u.src[0].src) > 2
+            else []
+            for u in moving
+        ]
         if moving and all(terms):
             out.extend(t for ts in terms for t in ts)
     return out
@@ -113,8 +123,9 @@ def interior(nest: UOp, r: UOp) -> tuple[int, int] | None:
 
 def lanes(nest: UOp) -> int:
     """The copies of the nest's body the expander makes: the product of its vector lanes and unrolled copies."""
-    return prod(u.src[0].arg for u in nest.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST,
-                                                                                            AxisType.UNROLL))
+    return prod(
+        u.src[0].arg for u in nest.toposort() if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST, AxisType.UNROLL)
+    )
 
 
 def _part(nest: UOp, r: UOp, start: int, size: int, next_id: int) -> tuple[UOp, int]:
@@ -153,8 +164,12 @@ def peel_borders(sink: UOp) -> UOp:
         cut = None
         if nest.op is Ops.END and peeled < MAX_PEELS and lanes(nest) <= MAX_LANES:
             for r in nest.src[1:]:
-                if r.op is Ops.RANGE and r.arg[1] is AxisType.LOOP and r.src[0].op is Ops.CONST and \
-                        (cut := interior(nest, r)) is not None:
+                if (
+                    r.op is Ops.RANGE
+                    and r.arg[1] is AxisType.LOOP
+                    and r.src[0].op is Ops.CONST
+                    and (cut := interior(nest, r)) is not None
+                ):
                     break
         if cut is None:
             out.append(nest)

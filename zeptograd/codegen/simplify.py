@@ -89,8 +89,9 @@ def _len_as(r: UOp, dtype) -> UOp:
 def flatten_range(u: UOp) -> UOp | None:
     """# END/REDUCE(x, f(r1, r0), ...) -> END/REDUCE(x, r0, r1, ...): the ranges the list uses, by axis id (the
     linearizer nests loops in axis-id order)"""
-    new = sorted({x for x in UOp(Ops.SINK, dtypes.void, u.src[1:]).toposort() if x.op is Ops.RANGE},
-                 key=lambda r: r.arg[0])
+    new = sorted(
+        {x for x in UOp(Ops.SINK, dtypes.void, u.src[1:]).toposort() if x.op is Ops.RANGE}, key=lambda r: r.arg[0]
+    )
     if tuple(new) == u.src[1:]:
         return None
     if not new and (u.op is Ops.END or u.dtype == u.src[0].dtype):
@@ -98,13 +99,17 @@ def flatten_range(u: UOp) -> UOp | None:
     return UOp(u.op, u.dtype, (u.src[0], *new), u.arg)
 
 
-pm_flatten_range = PatternMatcher([
-    # END(END(x, r1), r0) -> END(x, r0, r1): r1 (closed first) is the inner loop
-    (UPat(Ops.END, src=(UPat(Ops.END, name="inner"),), allow_any_len=True, name="outer"),
-     lambda outer, inner: UOp(Ops.END, outer.dtype, (inner.src[0], *outer.src[1:], *inner.src[1:]))),
-    # END/REDUCE(x, f(r1, r0)) -> END/REDUCE(x, r0, r1), by axis id
-    (UPat((Ops.END, Ops.REDUCE), name="u"), flatten_range),
-])
+pm_flatten_range = PatternMatcher(
+    [
+        # END(END(x, r1), r0) -> END(x, r0, r1): r1 (closed first) is the inner loop
+        (
+            UPat(Ops.END, src=(UPat(Ops.END, name="inner"),), allow_any_len=True, name="outer"),
+            lambda outer, inner: UOp(Ops.END, outer.dtype, (inner.src[0], *outer.src[1:], *inner.src[1:])),
+        ),
+        # END/REDUCE(x, f(r1, r0)) -> END/REDUCE(x, r0, r1), by axis id
+        (UPat((Ops.END, Ops.REDUCE), name="u"), flatten_range),
+    ]
+)
 
 
 pm_symbolic_flatten = symbolic + pm_flatten_range
@@ -229,7 +234,7 @@ def fold_one_range(body: UOp, r: UOp) -> UOp | None:
             e = e.cast(r.dtype)  # exact, and n fits
         inb = _ge(e, UOp.const(e.dtype, 0)) & (e < _len_as(r, e.dtype))
         inner = x
-        for g2, neg2 in reversed(gates[:i] + gates[i + 1:]):
+        for g2, neg2 in reversed(gates[:i] + gates[i + 1 :]):
             inner = g2.where(zero, inner) if neg2 else g2.where(inner, zero)
         return inb.where(substitute_gated(inner, r, e.cast(r.dtype), inb), zero)
     return None
@@ -322,58 +327,108 @@ def lift_mul(x: UOp, k: UOp, c: UOp) -> UOp | None:
     return x < (_min(c, UOp.const(c.dtype, top)) + (k.arg - 1)) // k
 
 
-pm_reduce_collapse = PatternMatcher([
-    # (x + y) < c -> x < c - y, with y and c free of the reduce's ranges (ints; in int64 if c - y could overflow)
-    ((UPat.var("x") + UPat.var("y")) < UPat.var("c"), lambda x, y, c: lift_add(x, y, c, lambda a, b: a < b)),
-    # c < (x + y) -> c - y < x
-    (UPat.var("c") < (UPat.var("x") + UPat.var("y")), lambda x, y, c: lift_add(x, y, c, lambda a, b: b < a)),
-    # (x + y) != c -> x != c - y ; (x + y) == c -> x == c - y
-    ((UPat.var("x") + UPat.var("y")).ne(UPat.var("c")), lambda x, y, c: lift_add(x, y, c, lambda a, b: a.ne(b))),
-    ((UPat.var("x") + UPat.var("y")).eq(UPat.var("c")), lambda x, y, c: lift_add(x, y, c, lambda a, b: a.eq(b))),
-    # x*k < c -> x < (min(c, k*(max(x)+1)) + k-1)//k for k > 0 and x >= 0 (ceil(c/k); a c <= 0 gives a bound <= 0)
-    ((UPat.var("x") * UPat.cvar("k")) < UPat.var("c"), lift_mul),
-    # bool.cast(int).cast(float) -> bool.cast(float): 0 and 1 survive any cast (one_hot(...).float())
-    (UPat(Ops.CAST, name="x", src=(UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),)),
-     lambda x, b: b.cast(x.dtype)),
-    # x * bool.cast() -> where(bool, x, 0)
-    (UPat.var("x") * UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),
-     lambda x, b: b.where(x, UOp.const(x.dtype, 0)) if x.dtype.count == 1 else None),
-    # where(!b, x, y) -> where(b, y, x)
-    (UPat(Ops.WHERE, src=(UPat(Ops.CMPNE, name="g"), UPat.var("x"), UPat.var("y"))),
-     lambda g, x, y: b.where(y, x) if (b := negated(g)) is not None else None),
-    # (a < b) | (a == b) -> !(b < a) (ints: Tensor's a <= b)
-    (UPat(Ops.CMPLT, src=(UPat.var("a"), UPat.var("b"))) | UPat(Ops.CMPEQ, src=(UPat.var("a"), UPat.var("b"))),
-     lambda a, b: (b < a).logical_not() if is_int(a) else None),
-    # cast(where(g, a, b)) -> where(g, cast(a), cast(b)) with constant arms
-    (UPat(Ops.CAST, name="x", src=(UPat(Ops.WHERE, src=(UPat.var("g"), UPat.cvar("a"), UPat.cvar("b"))),)),
-     lambda x, g, a, b: g.where(a.cast(x.dtype), b.cast(x.dtype)) if x.dtype.count == 1 else None),
-    # where(g, load(index(buf, i, g)), 0) -> load(index(buf, i, g)): the gated load already reads 0
-    (UPat(Ops.WHERE, src=(UPat.var("g"), UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"),
-                          UPat.cvar("z"))),
-     lambda g, idx, ld, z: ld if is_zero(z) and len(idx.src) == 3 and idx.src[2] is g else None),
-    # sum(bool.cast()) -> sum(where(bool, 1, 0))
-    (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),), name="c"),),
-          allow_any_len=True, name="red"),
-     lambda red, c, b: red.replace(src=(b.where(UOp.const(c.dtype, 1), UOp.const(c.dtype, 0)), *red.src[1:]))),
-    # sum(x + y) -> sum(x) + sum(y): kept only when the whole reduce collapses (see reduce_collapse)
-    (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x") + UPat.var("y"),), allow_any_len=True, name="red"),
-     lambda red, x, y: red.replace(src=(x, *red.src[1:])) + red.replace(src=(y, *red.src[1:]))),
-    # sum(x * y) -> sum(x) * y for y free of the reduce's ranges
-    (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x") * UPat.var("y"),), allow_any_len=True, name="red"),
-     lambda red, x, y: red.replace(src=(x, *red.src[1:])) * y if _reduce_free(red, y) and not _reduce_free(red, x)
-     else None),
-    # sum(where(g, x, 0)) -> where(g, sum(x), 0) for g free of the reduce's ranges
-    (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat(Ops.WHERE, src=(UPat.var("g"), UPat.var("x"), UPat.cvar("z"))),),
-          allow_any_len=True, name="red"),
-     lambda red, g, x, z: g.where(red.replace(src=(x, *red.src[1:])), z) if is_zero(z) and _reduce_free(red, g)
-     else None),
-    # gated sums: lower, upper, two-sided bounds, and the gather
-    (UPat(Ops.REDUCE, name="red"), fold_gated_reduce),
-    # sum(r) -> n*(n-1)/2
-    (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x"),), allow_any_len=True, name="red"), fold_gauss),
-    # a range the body does not use: ADD -> *n ; MUL -> **n ; MAX -> dropped
-    (UPat(Ops.REDUCE, name="red"), reduce_unparented),
-]) + symbolic
+pm_reduce_collapse = (
+    PatternMatcher(
+        [
+            # (x + y) < c -> x < c - y, y and c free of the reduce's ranges (ints; in int64 if c - y could overflow)
+            ((UPat.var("x") + UPat.var("y")) < UPat.var("c"), lambda x, y, c: lift_add(x, y, c, lambda a, b: a < b)),
+            # c < (x + y) -> c - y < x
+            (UPat.var("c") < (UPat.var("x") + UPat.var("y")), lambda x, y, c: lift_add(x, y, c, lambda a, b: b < a)),
+            # (x + y) != c -> x != c - y ; (x + y) == c -> x == c - y
+            (
+                (UPat.var("x") + UPat.var("y")).ne(UPat.var("c")),
+                lambda x, y, c: lift_add(x, y, c, lambda a, b: a.ne(b)),
+            ),
+            (
+                (UPat.var("x") + UPat.var("y")).eq(UPat.var("c")),
+                lambda x, y, c: lift_add(x, y, c, lambda a, b: a.eq(b)),
+            ),
+            # x*k < c -> x < (min(c, k*(max(x)+1)) + k-1)//k for k > 0, x >= 0 (ceil(c/k); c <= 0 gives a bound <= 0)
+            ((UPat.var("x") * UPat.cvar("k")) < UPat.var("c"), lift_mul),
+            # bool.cast(int).cast(float) -> bool.cast(float): 0 and 1 survive any cast (one_hot(...).float())
+            (
+                UPat(Ops.CAST, name="x", src=(UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),)),
+                lambda x, b: b.cast(x.dtype),
+            ),
+            # x * bool.cast() -> where(bool, x, 0)
+            (
+                UPat.var("x") * UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),)),
+                lambda x, b: b.where(x, UOp.const(x.dtype, 0)) if x.dtype.count == 1 else None,
+            ),
+            # where(!b, x, y) -> where(b, y, x)
+            (
+                UPat(Ops.WHERE, src=(UPat(Ops.CMPNE, name="g"), UPat.var("x"), UPat.var("y"))),
+                lambda g, x, y: b.where(y, x) if (b := negated(g)) is not None else None,
+            ),
+            # (a < b) | (a == b) -> !(b < a) (ints: Tensor's a <= b)
+            (
+                UPat(Ops.CMPLT, src=(UPat.var("a"), UPat.var("b")))
+                | UPat(Ops.CMPEQ, src=(UPat.var("a"), UPat.var("b"))),
+                lambda a, b: (b < a).logical_not() if is_int(a) else None,
+            ),
+            # cast(where(g, a, b)) -> where(g, cast(a), cast(b)) with constant arms
+            (
+                UPat(Ops.CAST, name="x", src=(UPat(Ops.WHERE, src=(UPat.var("g"), UPat.cvar("a"), UPat.cvar("b"))),)),
+                lambda x, g, a, b: g.where(a.cast(x.dtype), b.cast(x.dtype)) if x.dtype.count == 1 else None,
+            ),
+            # where(g, load(index(buf, i, g)), 0) -> load(index(buf, i, g)): the gated load already reads 0
+            (
+                UPat(
+                    Ops.WHERE,
+                    src=(UPat.var("g"), UPat(Ops.LOAD, src=(UPat(Ops.INDEX, name="idx"),), name="ld"), UPat.cvar("z")),
+                ),
+                lambda g, idx, ld, z: ld if is_zero(z) and len(idx.src) == 3 and idx.src[2] is g else None,
+            ),
+            # sum(bool.cast()) -> sum(where(bool, 1, 0))
+            (
+                UPat(
+                    Ops.REDUCE,
+                    arg=Ops.ADD,
+                    src=(UPat(Ops.CAST, src=(UPat.var("b", dtypes.bool),), name="c"),),
+                    allow_any_len=True,
+                    name="red",
+                ),
+                lambda red, c, b: red.replace(
+                    src=(b.where(UOp.const(c.dtype, 1), UOp.const(c.dtype, 0)), *red.src[1:])
+                ),
+            ),
+            # sum(x + y) -> sum(x) + sum(y): kept only when the whole reduce collapses (see reduce_collapse)
+            (
+                UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x") + UPat.var("y"),), allow_any_len=True, name="red"),
+                lambda red, x, y: red.replace(src=(x, *red.src[1:])) + red.replace(src=(y, *red.src[1:])),
+            ),
+            # sum(x * y) -> sum(x) * y for y free of the reduce's ranges
+            (
+                UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x") * UPat.var("y"),), allow_any_len=True, name="red"),
+                lambda red, x, y: (
+                    red.replace(src=(x, *red.src[1:])) * y
+                    if _reduce_free(red, y) and not _reduce_free(red, x)
+                    else None
+                ),
+            ),
+            # sum(where(g, x, 0)) -> where(g, sum(x), 0) for g free of the reduce's ranges
+            (
+                UPat(
+                    Ops.REDUCE,
+                    arg=Ops.ADD,
+                    src=(UPat(Ops.WHERE, src=(UPat.var("g"), UPat.var("x"), UPat.cvar("z"))),),
+                    allow_any_len=True,
+                    name="red",
+                ),
+                lambda red, g, x, z: (
+                    g.where(red.replace(src=(x, *red.src[1:])), z) if is_zero(z) and _reduce_free(red, g) else None
+                ),
+            ),
+            # gated sums: lower, upper, two-sided bounds, and the gather
+            (UPat(Ops.REDUCE, name="red"), fold_gated_reduce),
+            # sum(r) -> n*(n-1)/2
+            (UPat(Ops.REDUCE, arg=Ops.ADD, src=(UPat.var("x"),), allow_any_len=True, name="red"), fold_gauss),
+            # a range the body does not use: ADD -> *n ; MUL -> **n ; MAX -> dropped
+            (UPat(Ops.REDUCE, name="red"), reduce_unparented),
+        ]
+    )
+    + symbolic
+)
 
 
 _OPAQUE_KEEP = (Ops.CONST, Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR)
@@ -405,12 +460,14 @@ def reduce_collapse(red: UOp) -> UOp | None:
     return graph_substitute(ret, {v: k for k, v in replaces.items()}) if replaces else ret
 
 
-pm_load_collapse = PatternMatcher([
-    # a REDUCE with a closed form in one of its ranges loses that range
-    (UPat(Ops.REDUCE, name="red"), reduce_collapse),
-    # a range the body does not use: ADD -> *n ; MUL -> **n ; MAX -> dropped
-    (UPat(Ops.REDUCE, name="red"), reduce_unparented),
-])
+pm_load_collapse = PatternMatcher(
+    [
+        # a REDUCE with a closed form in one of its ranges loses that range
+        (UPat(Ops.REDUCE, name="red"), reduce_collapse),
+        # a range the body does not use: ADD -> *n ; MUL -> **n ; MAX -> dropped
+        (UPat(Ops.REDUCE, name="red"), reduce_unparented),
+    ]
+)
 
 
 # ***** 3. range splitting *****
@@ -438,12 +495,14 @@ def split_at_sink(ctx: dict[UOp, int], sink: UOp) -> UOp | None:
     return graph_substitute(sink, subs)
 
 
-pm_split_ranges = PatternMatcher([
-    # RANGE(n) % c, n % c == 0: a candidate
-    (UPat(Ops.RANGE, name="r") % UPat.cvar("c"), mark_range_mod),
-    # at the SINK: RANGE(n) -> RANGE(n/c)*c + RANGE(c) for all candidates
-    (UPat(Ops.SINK, name="sink"), split_at_sink),
-])
+pm_split_ranges = PatternMatcher(
+    [
+        # RANGE(n) % c, n % c == 0: a candidate
+        (UPat(Ops.RANGE, name="r") % UPat.cvar("c"), mark_range_mod),
+        # at the SINK: RANGE(n) -> RANGE(n/c)*c + RANGE(c) for all candidates
+        (UPat(Ops.SINK, name="sink"), split_at_sink),
+    ]
+)
 
 
 # ***** 4. range merging *****

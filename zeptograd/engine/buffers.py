@@ -49,8 +49,12 @@ def view_base(u: UOp) -> UOp | None:
     base = u.src[0] if u.op is Ops.RESHAPE else u
     if base.op is Ops.BUFFER:
         return base if base.arg[1] == _numel(u.shape) else None
-    if base.op is Ops.SHRINK and base.src[0].op is Ops.BUFFER and base.arg[0][0] == 0 and \
-            isinstance(base.arg[0][1], UOp):
+    if (
+        base.op is Ops.SHRINK
+        and base.src[0].op is Ops.BUFFER
+        and base.arg[0][0] == 0
+        and isinstance(base.arg[0][1], UOp)
+    ):
         from zeptograd.uop.variable import sint_prod
 
         return base.src[0] if _same(base.arg[0][1], sint_prod(u.shape)) else None

@@ -69,8 +69,10 @@ def _split_args(args: tuple, kwargs: dict) -> tuple[dict[ArgKey, Any], dict[ArgK
             tensors[key] = a
         else:
             if _holds_tensor(a):
-                raise JitError(f"TinyJit: argument {_name(key)} is a {type(a).__name__} holding tensors; pass each "
-                               f"input tensor as its own argument")
+                raise JitError(
+                    f"TinyJit: argument {_name(key)} is a {type(a).__name__} holding tensors; pass each "
+                    f"input tensor as its own argument"
+                )
             others[key] = a
     return tensors, others
 
@@ -120,8 +122,7 @@ def _outputs(ret: Any) -> list:
         return [ret]
     if isinstance(ret, (tuple, list)) and all(isinstance(t, Tensor) for t in ret):
         return list(ret)
-    raise JitError(f"TinyJit: the function must return a Tensor, a tuple/list of Tensors or None, "
-                   f"not {_describe(ret)}")
+    raise JitError(f"TinyJit: the function must return a Tensor, a tuple/list of Tensors or None, not {_describe(ret)}")
 
 
 def _describe(ret: Any) -> str:
@@ -229,8 +230,10 @@ def _realized_inputs(tensors: dict[ArgKey, Any]) -> dict[ArgKey, Buffer]:
         seen: dict[int, ArgKey] = {}
         for k, b in bufs.items():
             if id(b) in seen:
-                raise JitError(f"TinyJit: arguments {_name(seen[id(b)])} and {_name(k)} are the same buffer; pass "
-                               f"distinct tensors (e.g. x.contiguous() for one of them)")
+                raise JitError(
+                    f"TinyJit: arguments {_name(seen[id(b)])} and {_name(k)} are the same buffer; pass "
+                    f"distinct tensors (e.g. x.contiguous() for one of them)"
+                )
             seen[id(b)] = k
     return bufs
 
@@ -355,12 +358,16 @@ class TinyJit:
         finally:
             _realize.capturing.pop()
         if _rng_snapshot() != rng_before:
-            raise JitError("TinyJit: the function draws random numbers (Tensor.rand/randn/...); a replay would repeat "
-                           "the captured ones. Draw them outside and pass them in as inputs")
+            raise JitError(
+                "TinyJit: the function draws random numbers (Tensor.rand/randn/...); a replay would repeat "
+                "the captured ones. Draw them outside and pass them in as inputs"
+            )
         for k, t in tensors.items():
             if _input_buffer(t) is not in_bufs[k]:
-                raise JitError(f"TinyJit: input {_name(k)} was given a new buffer by the function (an assign that "
-                               f"does not write in place); a replay could not update it")
+                raise JitError(
+                    f"TinyJit: input {_name(k)} was given a new buffer by the function (an assign that "
+                    f"does not write in place); a replay could not update it"
+                )
         slot_of = {id(b): k for k, b in in_bufs.items()}
         var_vals = _var_vals(tensors, others)
         calls, input_slots, held, written, names = [], [], {}, set(), []
@@ -380,8 +387,10 @@ class TinyJit:
                     written.add(id(item.bufs[o]))
             missing = [v for v in kernel.vars if v not in var_vals]
             if missing:
-                raise JitError(f"TinyJit: kernel {kernel.name} uses Variable(s) {missing}, which no input's shape "
-                               f"and no argument carries; pass the bound Variable as an argument")
+                raise JitError(
+                    f"TinyJit: kernel {kernel.name} uses Variable(s) {missing}, which no input's shape "
+                    f"and no argument carries; pass the bound Variable as an argument"
+                )
             calls.append((kernel.program, ptrs, kernel.vars))
             names.append(kernel.name)
             n_ops += kernel.n_ops
@@ -405,9 +414,19 @@ class TinyJit:
         for ci, check in items.checks:
             checks.setdefault(ci, []).append(check)
         self.captured = CapturedJit(
-            calls, input_slots, list(held.values()), written,
-            {k: (unbound_shape(t.shape), t.dtype, t.device) for k, t in tensors.items()}, others, out_specs, ret, names,
-            n_ops, mem, checks)
+            calls,
+            input_slots,
+            list(held.values()),
+            written,
+            {k: (unbound_shape(t.shape), t.dtype, t.device) for k, t in tensors.items()},
+            others,
+            out_specs,
+            ret,
+            names,
+            n_ops,
+            mem,
+            checks,
+        )
         if DEBUG >= 1:
             print(f"TinyJit: captured {len(calls)} kernels")
         return ret
@@ -450,8 +469,12 @@ class TinyJit:
                 t = tensors[k]
                 shape, dtype, device = cap.signature[k]
                 if (unbound_shape(t.shape), t.dtype, t.device) != (shape, dtype, device):
-                    raise JitError(f"TinyJit: input {_name(k)} is {t.shape} {t.dtype} on {t.device}, but was captured "
-                                   f"as {shape} {dtype} on {device}; use a new TinyJit (or .reset()) for new shapes")
+                    raise JitError(
+                        f"TinyJit: input {_name(k)} is {t.shape} {t.dtype} on {t.device}, but was captured "
+                        f"as {shape} {dtype} on {device}; use a new TinyJit (or .reset()) for new shapes"
+                    )
             elif k not in others or k not in cap.others or not _same_value(others[k], cap.others[k]):
-                raise JitError(f"TinyJit: non-Tensor argument {_name(k)} is {others.get(k, 'missing')!r}, but was "
-                               f"{cap.others.get(k, 'missing')!r} when captured; the capture depends on it")
+                raise JitError(
+                    f"TinyJit: non-Tensor argument {_name(k)} is {others.get(k, 'missing')!r}, but was "
+                    f"{cap.others.get(k, 'missing')!r} when captured; the capture depends on it"
+                )

@@ -55,8 +55,12 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if DEBUG >= 5:
         print(pretty(ast))
     opts = None
-    if BEAM >= 1 and bufs is not None and device.split(":")[0] not in ("PYTHON", "NULL") and \
-            not any(u.op is Ops.DEFINE_VAR for u in ast.toposort()):  # BEAM times kernels without variable values
+    if (
+        BEAM >= 1
+        and bufs is not None
+        and device.split(":")[0] not in ("PYTHON", "NULL")
+        and not any(u.op is Ops.DEFINE_VAR for u in ast.toposort())
+    ):  # BEAM times kernels without variable values
         from zeptograd.engine.search import beam_search
 
         opts = beam_search(device, ast, bufs, BEAM.value)
@@ -77,8 +81,19 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     return ck
 
 
-_COUNTED_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.MAX, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.MULACC,
-                Ops.REDUCE}
+_COUNTED_OPS = {
+    Ops.ADD,
+    Ops.SUB,
+    Ops.MUL,
+    Ops.FDIV,
+    Ops.MAX,
+    Ops.EXP2,
+    Ops.LOG2,
+    Ops.SIN,
+    Ops.SQRT,
+    Ops.MULACC,
+    Ops.REDUCE,
+}
 
 
 def estimate_ops(ast: UOp) -> int:
@@ -107,8 +122,10 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         t0 = time.perf_counter()
         if kernel.vars:
             if var_vals is None or any(v not in var_vals for v in kernel.vars):
-                raise ValueError(f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
-                                 f"values (var_vals), got {var_vals}")
+                raise ValueError(
+                    f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
+                    f"values (var_vals), got {var_vals}"
+                )
             kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))  # type: ignore
         else:
             kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
@@ -119,9 +136,11 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         mem = sum(b.nbytes for b in item.bufs)
         GlobalCounters.global_mem += mem
         if DEBUG >= 2:
-            print(f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
-                  f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
-                  f"{mem / dt * 1e-9 if dt else 0:8.2f} GB/s")
+            print(
+                f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
+                f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
+                f"{mem / dt * 1e-9 if dt else 0:8.2f} GB/s"
+            )
 
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
@@ -177,8 +196,10 @@ def tensor_to_numpy(t: Tensor) -> np.ndarray:
     from zeptograd.dtype import to_numpy_dtype
 
     if capturing:
-        raise RuntimeError("TinyJit: reading a tensor's values on the host (numpy/item/tolist) inside a jitted "
-                           "function is not supported: replays would not refresh them")
+        raise RuntimeError(
+            "TinyJit: reading a tensor's values on the host (numpy/item/tolist) inside a jitted "
+            "function is not supported: replays would not refresh them"
+        )
     t.realize()
     u = t.uop
     np_dtype = np.float32 if t.dtype.name == "bfloat16" else to_numpy_dtype(t.dtype)
@@ -187,4 +208,4 @@ def tensor_to_numpy(t: Tensor) -> np.ndarray:
         return np.full(shape, c.arg if not isinstance(c.arg, UOp) else variable.sint_value(c.arg), dtype=np_dtype)
     base = view_base(u)
     assert base is not None, f"realize left {u.op}, not a buffer"
-    return buffers[base].numpy()[:prod(shape)].reshape(shape)
+    return buffers[base].numpy()[: prod(shape)].reshape(shape)

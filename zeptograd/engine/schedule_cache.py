@@ -80,8 +80,9 @@ def _knobs() -> tuple:
     return tuple((k, v.value) for k, v in ContextVar._cache.items())
 
 
-def _make_template(items: list, becomes: dict[UOp, UOp], in_bufs: list[Buffer],
-                   done: dict[UOp, UOp]) -> Template | None:
+def _make_template(
+    items: list, becomes: dict[UOp, UOp], in_bufs: list[Buffer], done: dict[UOp, UOp]
+) -> Template | None:
     in_index = {id(b): i for i, b in enumerate(in_bufs)}
     new_index: dict[int, int] = {}
     new_bufs: list[tuple[str, int, Any]] = []
@@ -100,8 +101,9 @@ def _make_template(items: list, becomes: dict[UOp, UOp], in_bufs: list[Buffer],
             return None
         for f in dataclasses.fields(item):  # a Buffer held anywhere but .bufs could not be swapped: don't cache
             v = getattr(item, f.name)
-            if f.name != "bufs" and (isinstance(v, Buffer) or
-                                     (isinstance(v, (list, tuple)) and any(isinstance(x, Buffer) for x in v))):
+            if f.name != "bufs" and (
+                isinstance(v, Buffer) or (isinstance(v, (list, tuple)) and any(isinstance(x, Buffer) for x in v))
+            ):
                 return None
         titems.append((dataclasses.replace(item, bufs=[]), [slot(b) for b in item.bufs]))
     tbecomes: dict[UOp, UOp] = {}

@@ -24,9 +24,26 @@ from zeptograd.tensor_helpers import flatten, make_tuple, prod
 
 from . import optim, state  # noqa: E402,F401
 
-__all__ = ["Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d", "BatchNorm", "BatchNorm1d",
-           "BatchNorm2d", "BatchNorm3d", "GroupNorm", "InstanceNorm", "LayerNorm", "LayerNorm2d", "RMSNorm",
-           "Embedding", "LSTMCell", "optim", "state"]
+__all__ = [
+    "Linear",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose1d",
+    "ConvTranspose2d",
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "BatchNorm3d",
+    "GroupNorm",
+    "InstanceNorm",
+    "LayerNorm",
+    "LayerNorm2d",
+    "RMSNorm",
+    "Embedding",
+    "LSTMCell",
+    "optim",
+    "state",
+]
 
 
 def _uniform(*shape: int, bound: float) -> Tensor:
@@ -57,20 +74,34 @@ class Conv2d:
     """N-d convolution (2-d with an int kernel_size; the kernel's length sets the rank). padding: int, per-dim
     ints, a flat torch-style (left, right, top, bottom) tuple, or 'same' (stride 1)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, ...], stride=1,
-                 padding: int | tuple[int, ...] | str = 0, dilation=1, groups: int = 1, bias: bool = True):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride=1,
+        padding: int | tuple[int, ...] | str = 0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+    ):
         self.kernel_size = make_tuple(kernel_size, 2)
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by "
-                             f"groups ({groups})")
+            raise ValueError(
+                f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({groups})"
+            )
         if isinstance(padding, str):
             if padding.lower() != "same":
                 raise ValueError(f"padding must be an int, a tuple of ints or 'same', got {padding!r}")
             if any(s != 1 for s in make_tuple(stride, len(self.kernel_size))):
                 raise ValueError("padding='same' needs stride 1")
             dil = make_tuple(dilation, len(self.kernel_size))
-            padding = tuple(flatten((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2)
-                                    for d, k in zip(dil[::-1], self.kernel_size[::-1])))
+            padding = tuple(
+                flatten(
+                    (d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2)
+                    for d, k in zip(dil[::-1], self.kernel_size[::-1])
+                )
+            )
         self.stride, self.dilation, self.groups, self.padding = stride, dilation, groups, padding
         self.in_channels, self.out_channels = in_channels, out_channels
         bound = 1 / math.sqrt(in_channels // groups * prod(self.kernel_size))
@@ -81,19 +112,44 @@ class Conv2d:
         return x.conv2d(self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding)
 
 
-def Conv1d(in_channels: int, out_channels: int, kernel_size: int, stride=1, padding: int | str = 0, dilation=1,
-           groups: int = 1, bias: bool = True) -> Conv2d:
+def Conv1d(
+    in_channels: int,
+    out_channels: int,
+    kernel_size: int,
+    stride=1,
+    padding: int | str = 0,
+    dilation=1,
+    groups: int = 1,
+    bias: bool = True,
+) -> Conv2d:
     """A 1-d convolution over (batch, channels, length): a Conv2d with a one-element kernel size."""
-    return Conv2d(in_channels, out_channels, (kernel_size,) if isinstance(kernel_size, int) else kernel_size,
-                  stride, padding, dilation, groups, bias)
+    return Conv2d(
+        in_channels,
+        out_channels,
+        (kernel_size,) if isinstance(kernel_size, int) else kernel_size,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bias,
+    )
 
 
 class ConvTranspose2d(Conv2d):
     """The transpose (gradient) of Conv2d; weight (in_channels, out_channels/groups, *kernel)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int | tuple[int, ...], stride=1,
-                 padding: int | tuple[int, ...] = 0, output_padding=0, dilation=1, groups: int = 1,
-                 bias: bool = True):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, ...],
+        stride=1,
+        padding: int | tuple[int, ...] = 0,
+        output_padding=0,
+        dilation=1,
+        groups: int = 1,
+        bias: bool = True,
+    ):
         if isinstance(padding, str):
             raise ValueError("ConvTranspose2d takes an int or tuple padding, not a string")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias=False)
@@ -103,14 +159,33 @@ class ConvTranspose2d(Conv2d):
         self.output_padding = output_padding
 
     def __call__(self, x: Tensor) -> Tensor:
-        return x.conv_transpose2d(self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding,
-                                  self.output_padding)
+        return x.conv_transpose2d(
+            self.weight, self.bias, self.groups, self.stride, self.dilation, self.padding, self.output_padding
+        )
 
 
-def ConvTranspose1d(in_channels: int, out_channels: int, kernel_size: int, stride=1, padding=0, output_padding=0,
-                    dilation=1, groups: int = 1, bias: bool = True) -> ConvTranspose2d:
-    return ConvTranspose2d(in_channels, out_channels, (kernel_size,) if isinstance(kernel_size, int) else kernel_size,
-                           stride, padding, output_padding, dilation, groups, bias)
+def ConvTranspose1d(
+    in_channels: int,
+    out_channels: int,
+    kernel_size: int,
+    stride=1,
+    padding=0,
+    output_padding=0,
+    dilation=1,
+    groups: int = 1,
+    bias: bool = True,
+) -> ConvTranspose2d:
+    return ConvTranspose2d(
+        in_channels,
+        out_channels,
+        (kernel_size,) if isinstance(kernel_size, int) else kernel_size,
+        stride,
+        padding,
+        output_padding,
+        dilation,
+        groups,
+        bias,
+    )
 
 
 class BatchNorm:
@@ -118,8 +193,9 @@ class BatchNorm:
     set it normalizes with the batch's mean and biased variance and moves the running statistics towards them
     (running_var with the unbiased variance, as PyTorch); otherwise it uses the running statistics."""
 
-    def __init__(self, sz: int, eps: float = 1e-5, affine: bool = True, track_running_stats: bool = True,
-                 momentum: float = 0.1):
+    def __init__(
+        self, sz: int, eps: float = 1e-5, affine: bool = True, track_running_stats: bool = True, momentum: float = 0.1
+    ):
         self.eps, self.track_running_stats, self.momentum = eps, track_running_stats, momentum
         self.weight: Tensor | None = Tensor.ones(sz) if affine else None
         self.bias: Tensor | None = Tensor.zeros(sz) if affine else None
@@ -139,15 +215,18 @@ class BatchNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or (self.weight is not None and x.shape[1] != self.weight.shape[0]):
-            raise ValueError(f"BatchNorm of {self.weight.shape[0] if self.weight is not None else '?'} channels "
-                             f"got an input of shape {x.shape} (channels on axis 1)")
+            raise ValueError(
+                f"BatchNorm of {self.weight.shape[0] if self.weight is not None else '?'} channels "
+                f"got an input of shape {x.shape} (channels on axis 1)"
+            )
         batch_mean, batch_var = self.calc_stats(x)
         if self.track_running_stats and Tensor.training:
             n = x.numel() // x.shape[1]
             with Tensor.no_grad():
                 self.running_mean.assign((1 - self.momentum) * self.running_mean + self.momentum * batch_mean.detach())
-                self.running_var.assign((1 - self.momentum) * self.running_var +
-                                        self.momentum * n / max(n - 1, 1) * batch_var.detach())
+                self.running_var.assign(
+                    (1 - self.momentum) * self.running_var + self.momentum * n / max(n - 1, 1) * batch_var.detach()
+                )
                 self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         return x.batchnorm(self.weight, self.bias, batch_mean, batch_var.add(self.eps).rsqrt())
 
@@ -166,9 +245,11 @@ class LayerNorm:
         self.bias: Tensor | None = Tensor.zeros(*self.normalized_shape) if elementwise_affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        if x.shape[-len(self.normalized_shape):] != self.normalized_shape:
-            raise ValueError(f"LayerNorm{self.normalized_shape}: the last dimensions of the input {x.shape} must be "
-                             f"{self.normalized_shape}")
+        if x.shape[-len(self.normalized_shape) :] != self.normalized_shape:
+            raise ValueError(
+                f"LayerNorm{self.normalized_shape}: the last dimensions of the input {x.shape} must be "
+                f"{self.normalized_shape}"
+            )
         x = x.layernorm(eps=self.eps, axis=self.axis)
         return x if self.weight is None or self.bias is None else x * self.weight + self.bias
 

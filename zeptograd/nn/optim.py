@@ -125,12 +125,16 @@ class Optimizer:
         """The step as lazy assigns; returns the tensors to realize (together) to run it."""
         self._settle()
         if not Tensor.training:
-            raise RuntimeError("Tensor.training is False: an optimizer steps only in training mode "
-                               "(use `with Tensor.train():` or set Tensor.training = True)")
+            raise RuntimeError(
+                "Tensor.training is False: an optimizer steps only in training mode "
+                "(use `with Tensor.train():` or set Tensor.training = True)"
+            )
         for i, p in enumerate(self.params):
             if p.grad is None:
-                raise RuntimeError(f"parameter {i} (shape {p.shape}) has no gradient: call loss.backward() before "
-                                   f"step(), and pass the optimizer only tensors the loss depends on")
+                raise RuntimeError(
+                    f"parameter {i} (shape {p.shape}) has no gradient: call loss.backward() before "
+                    f"step(), and pass the optimizer only tensors the loss depends on"
+                )
         return self.schedule_step_with_grads([p.grad for p in self.params])  # type: ignore[misc]
 
     def schedule_step_with_grads(self, grads: list[Tensor]) -> list[Tensor]:
@@ -141,8 +145,10 @@ class Optimizer:
                 raise ValueError(f"a gradient of shape {g.shape} for a parameter of shape {p.shape}")
         # each gradient is its own kernel (as in PyTorch): a lazy gradient read inside the concatenation of all of
         # them, or by two state updates, would be computed again in each reader
-        grads = [g if _is_buffer(g) and g.dtype == p.dtype else g.detach().cast(p.dtype).contiguous()
-                 for p, g in zip(self.params, grads)]
+        grads = [
+            g if _is_buffer(g) and g.dtype == p.dtype else g.detach().cast(p.dtype).contiguous()
+            for p, g in zip(self.params, grads)
+        ]
         new, extra = self._step(grads)
         for p, n in zip(self.params, new):
             p.assign(n.cast(p.dtype))
@@ -160,9 +166,18 @@ class LARS(Optimizer):
     classic=True applies the learning rate before the momentum (as the paper), False after (as PyTorch's SGD);
     pre_wd adds weight decay to the gradient, otherwise it is applied to the weight directly."""
 
-    def __init__(self, params: list[Tensor], lr: float = 0.001, momentum: float = 0.9, weight_decay: float = 1e-4,
-                 nesterov: bool = False, classic: bool = True, pre_wd: bool = True, tcoef: float = 0.001,
-                 fused: bool | None = None):
+    def __init__(
+        self,
+        params: list[Tensor],
+        lr: float = 0.001,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-4,
+        nesterov: bool = False,
+        classic: bool = True,
+        pre_wd: bool = True,
+        tcoef: float = 0.001,
+        fused: bool | None = None,
+    ):
         super().__init__(params, lr, fused)
         if nesterov and momentum <= 0:
             raise ValueError("nesterov momentum needs momentum > 0")
@@ -210,8 +225,15 @@ class LARS(Optimizer):
         return ret, self.b
 
 
-def SGD(params: list[Tensor], lr: float = 0.001, momentum: float = 0.0, weight_decay: float = 0.0,
-        nesterov: bool = False, classic: bool = False, fused: bool | None = None) -> LARS:
+def SGD(
+    params: list[Tensor],
+    lr: float = 0.001,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    classic: bool = False,
+    fused: bool | None = None,
+) -> LARS:
     """Stochastic gradient descent as PyTorch's (dampening 0): g += wd*w; b = momentum*b + g;
     w -= lr * (g + momentum*b if nesterov else b)."""
     return LARS(params, lr, momentum, weight_decay, nesterov, classic, pre_wd=True, tcoef=0.0, fused=fused)
@@ -221,8 +243,17 @@ class LAMB(Optimizer):
     """LAMB (You et al. 2019): Adam moments with bias correction, decoupled weight decay, and a per-parameter trust
     ratio |w| / |update|; adam=True leaves the ratio out (that is AdamW)."""
 
-    def __init__(self, params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-                 weight_decay: float = 0.0, adam: bool = False, fused: bool | None = None):
+    def __init__(
+        self,
+        params: list[Tensor],
+        lr: float = 0.001,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam: bool = False,
+        fused: bool | None = None,
+    ):
         super().__init__(params, lr, fused)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
         # b1**t and b2**t, as one tensor (one kernel per step); float32 whatever the parameters' dtype
@@ -252,14 +283,27 @@ class LAMB(Optimizer):
         return ret, [self.beta_t, *self.m, *self.v]
 
 
-def AdamW(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-          weight_decay: float = 0.01, fused: bool | None = None) -> LAMB:
+def AdamW(
+    params: list[Tensor],
+    lr: float = 0.001,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    weight_decay: float = 0.01,
+    fused: bool | None = None,
+) -> LAMB:
     """Adam with decoupled weight decay, as PyTorch's AdamW: w -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * w)."""
     return LAMB(params, lr, b1, b2, eps, weight_decay, adam=True, fused=fused)
 
 
-def Adam(params: list[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-         fused: bool | None = None) -> LAMB:
+def Adam(
+    params: list[Tensor],
+    lr: float = 0.001,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    fused: bool | None = None,
+) -> LAMB:
     """Adam as PyTorch's (no weight decay): w -= lr * m_hat / (sqrt(v_hat) + eps)."""
     return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, fused=fused)
 

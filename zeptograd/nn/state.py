@@ -28,8 +28,15 @@ from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.tensor import Tensor
 from zeptograd.uop.ops import Ops
 
-__all__ = ["get_state_dict", "get_parameters", "load_state_dict", "safe_load", "safe_save", "safe_load_metadata",
-           "torch_load"]
+__all__ = [
+    "get_state_dict",
+    "get_parameters",
+    "load_state_dict",
+    "safe_load",
+    "safe_save",
+    "safe_load_metadata",
+    "torch_load",
+]
 
 
 def _realize_leaves(*tensors: Tensor, others: tuple[Tensor, ...] = ()) -> None:
@@ -101,8 +108,14 @@ def get_parameters(obj: Any) -> list[Tensor]:
     return [t for t in get_state_dict(obj).values() if not (id(t) in seen or seen.add(id(t)))]  # type: ignore
 
 
-def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True, verbose: bool = False,
-                    consume: bool = False, realize: bool = True) -> None:
+def load_state_dict(
+    model: Any,
+    state_dict: dict[str, Any],
+    strict: bool = True,
+    verbose: bool = False,
+    consume: bool = False,
+    realize: bool = True,
+) -> None:
     """Assign each tensor of state_dict (Tensors or numpy arrays) into the model's tensor of the same name, cast to
     its dtype. strict: a name missing from state_dict or not in the model is an error (all of them are listed);
     otherwise they are skipped. A shape mismatch is always an error. consume: remove the loaded names from
@@ -119,8 +132,11 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True,
         raise KeyError(f"load_state_dict: {'; '.join(parts)}")
     bad = []
     for k, v in model_sd.items():
-        if k in state_dict and tuple(np.shape(state_dict[k]) if not isinstance(state_dict[k], Tensor)
-                                     else state_dict[k].shape) != v.shape:
+        if (
+            k in state_dict
+            and tuple(np.shape(state_dict[k]) if not isinstance(state_dict[k], Tensor) else state_dict[k].shape)
+            != v.shape
+        ):
             new_shape = state_dict[k].shape if isinstance(state_dict[k], Tensor) else np.shape(state_dict[k])
             bad.append(f"{k}: the model has {v.shape}, the state_dict {tuple(new_shape)}")
     if bad:
@@ -147,15 +163,37 @@ def load_state_dict(model: Any, state_dict: dict[str, Any], strict: bool = True,
 
 # ***** safetensors *****
 
-_ST_DTYPES: dict[str, DType] = {"BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16,
-                                "I16": dtypes.int16, "U32": dtypes.uint32, "I32": dtypes.int32, "U64": dtypes.uint64,
-                                "I64": dtypes.int64, "F16": dtypes.float16, "BF16": dtypes.bfloat16,
-                                "F32": dtypes.float32, "F64": dtypes.float64}
+_ST_DTYPES: dict[str, DType] = {
+    "BOOL": dtypes.bool,
+    "U8": dtypes.uint8,
+    "I8": dtypes.int8,
+    "U16": dtypes.uint16,
+    "I16": dtypes.int16,
+    "U32": dtypes.uint32,
+    "I32": dtypes.int32,
+    "U64": dtypes.uint64,
+    "I64": dtypes.int64,
+    "F16": dtypes.float16,
+    "BF16": dtypes.bfloat16,
+    "F32": dtypes.float32,
+    "F64": dtypes.float64,
+}
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-_NP = {dtypes.bool: np.bool_, dtypes.uint8: np.uint8, dtypes.int8: np.int8, dtypes.uint16: np.uint16,
-       dtypes.int16: np.int16, dtypes.uint32: np.uint32, dtypes.int32: np.int32, dtypes.uint64: np.uint64,
-       dtypes.int64: np.int64, dtypes.float16: np.float16, dtypes.bfloat16: np.uint16, dtypes.float32: np.float32,
-       dtypes.float64: np.float64}
+_NP = {
+    dtypes.bool: np.bool_,
+    dtypes.uint8: np.uint8,
+    dtypes.int8: np.int8,
+    dtypes.uint16: np.uint16,
+    dtypes.int16: np.int16,
+    dtypes.uint32: np.uint32,
+    dtypes.int32: np.int32,
+    dtypes.uint64: np.uint64,
+    dtypes.int64: np.int64,
+    dtypes.float16: np.float16,
+    dtypes.bfloat16: np.uint16,
+    dtypes.float32: np.float32,
+    dtypes.float64: np.float64,
+}
 
 
 def _tensor_from_raw(raw: np.ndarray, dt: DType, shape: tuple[int, ...], device: str | None = None) -> Tensor:
@@ -187,7 +225,7 @@ def _safe_header(data: memoryview, where: str) -> tuple[dict, int]:
     if n > len(data) - 8:
         raise ValueError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
     try:
-        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+        header = json.loads(bytes(data[8 : 8 + n]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
     if not isinstance(header, dict):
@@ -212,14 +250,18 @@ def safe_load(fn: str | os.PathLike | bytes, device: str | None = None) -> dict[
         if name == "__metadata__":
             continue
         if info.get("dtype") not in _ST_DTYPES:
-            raise ValueError(f"{where}: tensor {name!r} has dtype {info.get('dtype')!r}, which zeptograd does not "
-                             f"support (supported: {', '.join(_ST_DTYPES)})")
+            raise ValueError(
+                f"{where}: tensor {name!r} has dtype {info.get('dtype')!r}, which zeptograd does not "
+                f"support (supported: {', '.join(_ST_DTYPES)})"
+            )
         dt, shape = _ST_DTYPES[info["dtype"]], tuple(info["shape"])
         b, e = info["data_offsets"]
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if e - b != n or e > len(body) or b < 0:
-            raise ValueError(f"{where}: tensor {name!r} of {info['dtype']} {list(shape)} needs {n} bytes, its data "
-                             f"offsets are [{b}, {e}] in a data section of {len(body)} bytes")
+            raise ValueError(
+                f"{where}: tensor {name!r} of {info['dtype']} {list(shape)} needs {n} bytes, its data "
+                f"offsets are [{b}, {e}] in a data section of {len(body)} bytes"
+            )
         ret[name] = _tensor_from_raw(body[b:e], dt, shape, device)
     return ret
 
@@ -252,14 +294,35 @@ def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[
 
 # ***** PyTorch files *****
 
-_TORCH_STORAGES: dict[str, Any] = {"DoubleStorage": np.float64, "FloatStorage": np.float32, "HalfStorage": np.float16,
-                                   "BFloat16Storage": "bf16", "LongStorage": np.int64, "IntStorage": np.int32,
-                                   "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8,
-                                   "BoolStorage": np.bool_}
-_TORCH_DTYPES = {"float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
-                 "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage", "int16": "ShortStorage",
-                 "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage", "float": "FloatStorage",
-                 "double": "DoubleStorage", "half": "HalfStorage", "long": "LongStorage", "int": "IntStorage"}
+_TORCH_STORAGES: dict[str, Any] = {
+    "DoubleStorage": np.float64,
+    "FloatStorage": np.float32,
+    "HalfStorage": np.float16,
+    "BFloat16Storage": "bf16",
+    "LongStorage": np.int64,
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
+}
+_TORCH_DTYPES = {
+    "float64": "DoubleStorage",
+    "float32": "FloatStorage",
+    "float16": "HalfStorage",
+    "bfloat16": "BFloat16Storage",
+    "int64": "LongStorage",
+    "int32": "IntStorage",
+    "int16": "ShortStorage",
+    "int8": "CharStorage",
+    "uint8": "ByteStorage",
+    "bool": "BoolStorage",
+    "float": "FloatStorage",
+    "double": "DoubleStorage",
+    "half": "HalfStorage",
+    "long": "LongStorage",
+    "int": "IntStorage",
+}
 
 
 class _StorageType:
@@ -295,10 +358,13 @@ class _TorchTensor:
         else:
             last = self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride))
             if self.offset < 0 or last >= len(data):
-                raise ValueError(f"torch_load: a tensor of size {self.size} stride {self.stride} at offset "
-                                 f"{self.offset} reaches past its storage of {len(data)} elements")
-            arr = np.lib.stride_tricks.as_strided(data[self.offset:], self.size,
-                                                  [st * data.itemsize for st in self.stride])
+                raise ValueError(
+                    f"torch_load: a tensor of size {self.size} stride {self.stride} at offset "
+                    f"{self.offset} reaches past its storage of {len(data)} elements"
+                )
+            arr = np.lib.stride_tricks.as_strided(
+                data[self.offset :], self.size, [st * data.itemsize for st in self.stride]
+            )
         arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d tensor 1-d)
         if self.storage.kind == "BFloat16Storage":
             return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
@@ -335,8 +401,10 @@ class _TorchUnpickler(pickle.Unpickler):
             return _StorageType("ByteStorage")
         if (module, name) == ("builtins", "set"):
             return set
-        raise pickle.UnpicklingError(f"torch_load: {module}.{name} is not part of a plain state_dict; only tensors, "
-                                     f"dicts and plain values can be loaded")
+        raise pickle.UnpicklingError(
+            f"torch_load: {module}.{name} is not part of a plain state_dict; only tensors, "
+            f"dicts and plain values can be loaded"
+        )
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):

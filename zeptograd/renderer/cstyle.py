@@ -44,10 +44,10 @@ def _float_fn(name: str) -> Callable[[DType, str], str]:
     )
 
 
-
 def _nan_wins(dt: DType, a: str) -> str:
     """max(a, b) is NaN when a is (numpy and torch propagate NaN; `a > b ? a : b` alone would return b)"""
     return f"||({a}!={a})" if dtypes.is_float(dt) else ""
+
 
 class CStyleRenderer(Renderer):
     device = "CPU"

@@ -138,9 +138,22 @@ class GPURenderer(Renderer):
         elif op is Ops.MULACC:
             ret = self.render_fma(dt, *srcs) if dtypes.is_float(dt.scalar) else f"(({a}*{srcs[1]})+{srcs[2]})"
         else:
-            sym = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.MOD: "%",
-                   Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "==", Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^",
-                   Ops.SHL: "<<", Ops.SHR: ">>"}[op]
+            sym = {
+                Ops.ADD: "+",
+                Ops.SUB: "-",
+                Ops.MUL: "*",
+                Ops.FDIV: "/",
+                Ops.IDIV: "/",
+                Ops.MOD: "%",
+                Ops.CMPLT: "<",
+                Ops.CMPNE: "!=",
+                Ops.CMPEQ: "==",
+                Ops.AND: "&",
+                Ops.OR: "|",
+                Ops.XOR: "^",
+                Ops.SHL: "<<",
+                Ops.SHR: ">>",
+            }[op]
             if dt.scalar == dtypes.bool and op in (Ops.ADD, Ops.MUL):
                 sym = {Ops.ADD: "|", Ops.MUL: "&"}[op]
             ret = f"({a}{sym}{srcs[1]})"
@@ -275,8 +288,11 @@ class GPURenderer(Renderer):
                 if len(u.arg) == 1:
                     r[u] = self.render_gep(r[src[0]], src[0].dtype, u.arg[0])
                 else:
-                    decl(u, "vec", self.render_vectorize([self.render_gep(r[src[0]], src[0].dtype, i) for i in u.arg],
-                                                         dt))
+                    decl(
+                        u,
+                        "vec",
+                        self.render_vectorize([self.render_gep(r[src[0]], src[0].dtype, i) for i in u.arg], dt),
+                    )
             elif op in (Ops.GROUP, Ops.NOOP):
                 pass
             elif op is Ops.CAST:
@@ -294,11 +310,22 @@ class GPURenderer(Renderer):
         params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names]
         gsize = tuple(sizes.get(f"gidx{i}", 1) for i in range(3))
         lsize = tuple(sizes.get(f"lidx{i}", 1) for i in range(3))
-        structs = sorted({(self.vtype(d), self.types[d.scalar], d.count) for u in uops
-                          for d in (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype,)
-                          if d.count > 1 and not self.is_native(d)})
-        code = self.prelude_for(uops) + "".join(self.struct_decl(*s) for s in structs) + \
-            self.kernel_header(name, params, lsize) + " {\n" + "\n".join(lines) + "\n}\n"
+        structs = sorted(
+            {
+                (self.vtype(d), self.types[d.scalar], d.count)
+                for u in uops
+                for d in (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype,)
+                if d.count > 1 and not self.is_native(d)
+            }
+        )
+        code = (
+            self.prelude_for(uops)
+            + "".join(self.struct_decl(*s) for s in structs)
+            + self.kernel_header(name, params, lsize)
+            + " {\n"
+            + "\n".join(lines)
+            + "\n}\n"
+        )
         return ProgramSpec(name, code, len(args), tuple(var_names), global_size=gsize, local_size=lsize)  # type: ignore
 
     def prelude_for(self, uops: list[UOp]) -> str:
@@ -324,18 +351,33 @@ class OpenCLRenderer(GPURenderer):
     global_max = (2**31 - 1, 2**31 - 1, 2**31 - 1)
     local_max = (256, 256, 256)
     local_threads_max = 256
-    types = {dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short",
-             dtypes.uint16: "ushort", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long",
-             dtypes.uint64: "ulong", dtypes.float16: "float", dtypes.bfloat16: "ushort", dtypes.float32: "float",
-             dtypes.float64: "double"}
+    types = {
+        dtypes.bool: "bool",
+        dtypes.int8: "char",
+        dtypes.uint8: "uchar",
+        dtypes.int16: "short",
+        dtypes.uint16: "ushort",
+        dtypes.int32: "int",
+        dtypes.uint32: "uint",
+        dtypes.int64: "long",
+        dtypes.uint64: "ulong",
+        dtypes.float16: "float",
+        dtypes.bfloat16: "ushort",
+        dtypes.float32: "float",
+        dtypes.float64: "double",
+    }
     mem_types = {dtypes.bool: "uchar", dtypes.float16: "half"}  # no bool kernel arguments; half only in memory
     native_vector_counts = (2, 4, 8, 16)
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     shared = "__local "
     float_suffix = ""
 
-    def __init__(self, global_max: tuple[int, ...] | None = None, local_max: tuple[int, ...] | None = None,
-                 local_threads_max: int | None = None):
+    def __init__(
+        self,
+        global_max: tuple[int, ...] | None = None,
+        local_max: tuple[int, ...] | None = None,
+        local_threads_max: int | None = None,
+    ):
         if global_max is not None:
             self.global_max = global_max
         if local_max is not None:
@@ -344,8 +386,10 @@ class OpenCLRenderer(GPURenderer):
             self.local_threads_max = local_threads_max
 
     def prelude_for(self, uops: list[UOp]) -> str:
-        fp64 = any((u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar == dtypes.float64  # type: ignore
-                   for u in uops)
+        fp64 = any(
+            (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar == dtypes.float64  # type: ignore
+            for u in uops
+        )
         return ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if fp64 else "") + CL_PRELUDE
 
     def struct_decl(self, name: str, scalar: str, n: int) -> str:
@@ -360,8 +404,11 @@ class OpenCLRenderer(GPURenderer):
         if math.isnan(x):
             return "NAN" if dt != dtypes.float64 else "(double)NAN"
         if math.isinf(x):
-            return ("INFINITY" if x > 0 else "(-INFINITY)") if dt != dtypes.float64 else \
-                ("(double)INFINITY" if x > 0 else "(-(double)INFINITY)")
+            return (
+                ("INFINITY" if x > 0 else "(-INFINITY)")
+                if dt != dtypes.float64
+                else ("(double)INFINITY" if x > 0 else "(-(double)INFINITY)")
+            )
         return repr(float(x)) + ("" if dt == dtypes.float64 else "f")
 
     def long_literal(self, x: int, dt: DType) -> str:
@@ -431,10 +478,21 @@ class CUDARenderer(GPURenderer):
     """CUDA C for NVRTC / nvcc: `extern "C" __global__`, blockIdx / threadIdx, `__shared__`, `__syncthreads()`."""
 
     device = "CUDA"
-    types = {dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
-             dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int",
-             dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float16: "float",
-             dtypes.bfloat16: "unsigned short", dtypes.float32: "float", dtypes.float64: "double"}
+    types = {
+        dtypes.bool: "bool",
+        dtypes.int8: "signed char",
+        dtypes.uint8: "unsigned char",
+        dtypes.int16: "short",
+        dtypes.uint16: "unsigned short",
+        dtypes.int32: "int",
+        dtypes.uint32: "unsigned int",
+        dtypes.int64: "long long",
+        dtypes.uint64: "unsigned long long",
+        dtypes.float16: "float",
+        dtypes.bfloat16: "unsigned short",
+        dtypes.float32: "float",
+        dtypes.float64: "double",
+    }
     mem_types = {dtypes.float16: "unsigned short"}
     prelude = CUDA_PRELUDE
     barrier = "__syncthreads();"
@@ -451,8 +509,13 @@ class CUDARenderer(GPURenderer):
             if dt == dtypes.float64:
                 bits = struct.unpack("<q", struct.pack("<d", x))[0]
                 return f"__longlong_as_double({bits}ll)"
-            return "__int_as_float(0x7fc00000)" if math.isnan(x) else "__int_as_float(0x7f800000)" if x > 0 else \
-                "__int_as_float(0xff800000)"
+            return (
+                "__int_as_float(0x7fc00000)"
+                if math.isnan(x)
+                else "__int_as_float(0x7f800000)"
+                if x > 0
+                else "__int_as_float(0xff800000)"
+            )
         return repr(float(x)) + ("" if dt == dtypes.float64 else "f")
 
     def render_vectorize(self, lanes: list[str], dt: DType) -> str:

@@ -115,8 +115,14 @@ class LoadedObject:
             self.base = None
             raise
 
-    def _relocate(self, obj: bytes, secs: list[_Section], place: dict[int, int], image: bytearray,
-                  resolve: Callable[[str], int | None]) -> dict[str, int]:
+    def _relocate(
+        self,
+        obj: bytes,
+        secs: list[_Section],
+        place: dict[int, int],
+        image: bytearray,
+        resolve: Callable[[str], int | None],
+    ) -> dict[str, int]:
         def name_at(strtab: _Section, off: int) -> str:
             end = obj.index(b"\0", strtab.offset + off)
             return obj[strtab.offset + off : end].decode()

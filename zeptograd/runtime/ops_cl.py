@@ -24,8 +24,10 @@ def _cl():
     try:
         import pyopencl as cl
     except ImportError:
-        raise DeviceUnavailable("OpenCL needs the pyopencl package: `pip install pyopencl` (and an OpenCL platform, "
-                                "e.g. `apt-get install pocl-opencl-icd` for the CPU)") from None
+        raise DeviceUnavailable(
+            "OpenCL needs the pyopencl package: `pip install pyopencl` (and an OpenCL platform, "
+            "e.g. `apt-get install pocl-opencl-icd` for the CPU)"
+        ) from None
     return cl
 
 
@@ -110,10 +112,12 @@ class CLDevice(CompiledDevice):
         self.ctx = cl.Context([device])
         self.queue = cl.CommandQueue(self.ctx, device)
         sizes = tuple(device.max_work_item_sizes)[:3]
-        renderer = OpenCLRenderer(local_max=tuple(min(s, 256) for s in sizes),
-                                  local_threads_max=min(device.max_work_group_size, 256))
-        super().__init__(name, renderer, CLCompiler(cl, self.ctx, device), CLProgram, CLAllocator(cl, self.ctx,
-                                                                                                  self.queue))
+        renderer = OpenCLRenderer(
+            local_max=tuple(min(s, 256) for s in sizes), local_threads_max=min(device.max_work_group_size, 256)
+        )
+        super().__init__(
+            name, renderer, CLCompiler(cl, self.ctx, device), CLProgram, CLAllocator(cl, self.ctx, self.queue)
+        )
 
     def build(self, spec: ProgramSpec) -> CLProgram:
         return CLProgram(self, spec)
@@ -127,8 +131,10 @@ def open_device(name: str) -> CLDevice:
     cl = _cl()
     devs = cl_devices()
     if not devs:
-        raise DeviceUnavailable("no OpenCL platform found: install one (e.g. `apt-get install pocl-opencl-icd "
-                                "ocl-icd-libopencl1` for the CPU, or your GPU vendor's OpenCL driver)")
+        raise DeviceUnavailable(
+            "no OpenCL platform found: install one (e.g. `apt-get install pocl-opencl-icd "
+            "ocl-icd-libopencl1` for the CPU, or your GPU vendor's OpenCL driver)"
+        )
     idx = int(num or 0)
     if idx >= len(devs):
         raise DeviceUnavailable(f"{name}: there are only {len(devs)} OpenCL devices")

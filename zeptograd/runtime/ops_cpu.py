@@ -55,8 +55,11 @@ class CPUProgram:
         if self.spec.global_size[0] == 1:
             self.fxn(*args)
         else:  # one call per core; ctypes releases the GIL during each
-            run_on_cores(lambda core: self.fxn(*args, ctypes.c_int(core)), self.spec.global_size[0],
-                         self.small is not None and self.small(vals))
+            run_on_cores(
+                lambda core: self.fxn(*args, ctypes.c_int(core)),
+                self.spec.global_size[0],
+                self.small is not None and self.small(vals),
+            )
 
 
 class CPUDevice(CompiledDevice):

@@ -48,8 +48,10 @@ def nvrtc() -> ctypes.CDLL:
             continue
         lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         return lib
-    raise DeviceUnavailable("CUDA needs NVRTC (libnvrtc), which was not found: `pip install nvidia-cuda-nvrtc` "
-                            "(or install the CUDA toolkit, or set ZG_NVRTC to the library's path)")
+    raise DeviceUnavailable(
+        "CUDA needs NVRTC (libnvrtc), which was not found: `pip install nvidia-cuda-nvrtc` "
+        "(or install the CUDA toolkit, or set ZG_NVRTC to the library's path)"
+    )
 
 
 def nvrtc_compile(src: str, arch: str = "sm_90", name: str = "kernel.cu") -> bytes:
@@ -65,8 +67,10 @@ def nvrtc_compile(src: str, arch: str = "sm_90", name: str = "kernel.cu") -> byt
                 buf = ctypes.create_string_buffer(size.value)
                 lib.nvrtcGetProgramLog(prog, buf)
                 log = buf.value
-            raise CompileError(f"internal error: NVRTC {what} failed ({lib.nvrtcGetErrorString(status).decode()}):\n"
-                               f"{log.decode(errors='replace')}\n{src}")
+            raise CompileError(
+                f"internal error: NVRTC {what} failed ({lib.nvrtcGetErrorString(status).decode()}):\n"
+                f"{log.decode(errors='replace')}\n{src}"
+            )
 
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None, None), "create")
     try:
@@ -102,8 +106,10 @@ def _driver() -> ctypes.CDLL:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    raise DeviceUnavailable("CUDA needs the NVIDIA driver (libcuda.so.1), which is not installed here: use a "
-                            "machine with an NVIDIA GPU and its driver")
+    raise DeviceUnavailable(
+        "CUDA needs the NVIDIA driver (libcuda.so.1), which is not installed here: use a "
+        "machine with an NVIDIA GPU and its driver"
+    )
 
 
 class CUDAError(RuntimeError):
@@ -151,15 +157,23 @@ class CUDAAllocator(Allocator):
     def copyin(self, mem: CUDAMem, src: np.ndarray):  # type: ignore[override]
         if src.nbytes:
             self.dev.set_current()
-            self.dev.cu("cuMemcpyHtoD_v2", ctypes.c_uint64(mem.ptr), ctypes.c_void_p(src.ctypes.data),
-                        ctypes.c_size_t(src.nbytes))
+            self.dev.cu(
+                "cuMemcpyHtoD_v2",
+                ctypes.c_uint64(mem.ptr),
+                ctypes.c_void_p(src.ctypes.data),
+                ctypes.c_size_t(src.nbytes),
+            )
 
     def copyout(self, mem: CUDAMem) -> np.ndarray:  # type: ignore[override]
         out = np.empty(mem.nbytes, dtype=np.uint8)
         if out.nbytes:
             self.dev.set_current()
-            self.dev.cu("cuMemcpyDtoH_v2", ctypes.c_void_p(out.ctypes.data), ctypes.c_uint64(mem.ptr),
-                        ctypes.c_size_t(out.nbytes))
+            self.dev.cu(
+                "cuMemcpyDtoH_v2",
+                ctypes.c_void_p(out.ctypes.data),
+                ctypes.c_uint64(mem.ptr),
+                ctypes.c_size_t(out.nbytes),
+            )
         return out
 
 
@@ -177,13 +191,30 @@ class CUDAProgram:
         args = [ctypes.c_uint64(p) for p in ptrs] + [ctypes.c_int32(v) for v in vals]
         params = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         self.dev.set_current()
-        self.dev.cu("cuLaunchKernel", self.fn, *[ctypes.c_uint(g) for g in self.spec.global_size],
-                    *[ctypes.c_uint(x) for x in self.spec.local_size], ctypes.c_uint(0), None, params, None)
+        self.dev.cu(
+            "cuLaunchKernel",
+            self.fn,
+            *[ctypes.c_uint(g) for g in self.spec.global_size],
+            *[ctypes.c_uint(x) for x in self.spec.local_size],
+            ctypes.c_uint(0),
+            None,
+            params,
+            None,
+        )
         self.dev.cu("cuCtxSynchronize")
 
 
-_ATTR = {"max_threads": 1, "block_x": 2, "block_y": 3, "block_z": 4, "grid_x": 5, "grid_y": 6, "grid_z": 7,
-         "cc_major": 75, "cc_minor": 76}
+_ATTR = {
+    "max_threads": 1,
+    "block_x": 2,
+    "block_y": 3,
+    "block_z": 4,
+    "grid_x": 5,
+    "grid_y": 6,
+    "grid_z": 7,
+    "cc_major": 75,
+    "cc_minor": 76,
+}
 
 
 class CUDADevice(CompiledDevice):

@@ -123,8 +123,20 @@ def _host_fingerprint() -> str | None:
             first = f.read().split("\n\n", 1)[0]
     except OSError:
         return None
-    keys = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features", "CPU implementer",
-            "CPU architecture", "CPU variant", "CPU part", "CPU revision")
+    keys = (
+        "vendor_id",
+        "cpu family",
+        "model",
+        "model name",
+        "stepping",
+        "flags",
+        "Features",
+        "CPU implementer",
+        "CPU architecture",
+        "CPU variant",
+        "CPU part",
+        "CPU revision",
+    )
     lines = [line for line in first.splitlines() if line.split(":")[0].strip() in keys]
     if not lines:
         return None
@@ -167,8 +179,11 @@ class LLVMProgram:
         if not self.has_core_id:
             self.fxn(*ptrs, *vals)
             return
-        run_on_cores(lambda core: self.fxn(*ptrs, *vals, core), self.spec.global_size[0],
-                     self.small is not None and self.small(vals))
+        run_on_cores(
+            lambda core: self.fxn(*ptrs, *vals, core),
+            self.spec.global_size[0],
+            self.small is not None and self.small(vals),
+        )
 
 
 class LLVMDevice(CompiledDevice):

@@ -89,8 +89,10 @@ class Rangeify:
         if op is Ops.RESHAPE:
             # the outermost dimension needs no `% size`: where the read is valid, lin is in range
             lin = flat_index(idx, x.shape)
-            new = tuple(UOp.const(dtypes.index, 0) if s == 1 else simplify(lin // st if i == 0 else (lin // st) % s)
-                        for i, (st, s) in enumerate(zip(strides_for_shape(src.shape), src.shape)))
+            new = tuple(
+                UOp.const(dtypes.index, 0) if s == 1 else simplify(lin // st if i == 0 else (lin // st) % s)
+                for i, (st, s) in enumerate(zip(strides_for_shape(src.shape), src.shape))
+            )
             return [(src, (new, valid), ())]
         if op is Ops.PERMUTE:
             new_list: list[UOp] = [UOp.const(dtypes.index, 0)] * len(arg)
@@ -106,8 +108,9 @@ class Rangeify:
             new = tuple(simplify((s - 1) - i) if f else i for i, s, f in zip(idx, src.shape, arg))
             return [(src, (new, valid), ())]
         if op is Ops.PAD:
-            new = tuple(simplify(i - b) if s != 1 else UOp.const(dtypes.index, 0)
-                        for i, s, (b, _) in zip(idx, src.shape, arg))
+            new = tuple(
+                simplify(i - b) if s != 1 else UOp.const(dtypes.index, 0) for i, s, (b, _) in zip(idx, src.shape, arg)
+            )
             return [(src, (new, and_valid(valid, pad_validity(x, idx))), ())]
         if op is Ops.REDUCE_AXIS:
             key = (x, req)
@@ -163,8 +166,12 @@ class Rangeify:
                 consumers.setdefault(s, []).append(u)
         found: set[UOp] = set()
         for x in self.nodes:
-            if x.op is not Ops.REDUCE_AXIS or x in self.realize or prod(x.shape) < MIN_EPILOGUE_SPLIT_OUTPUTS or \
-                    prod(x.src[0].shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.shape):
+            if (
+                x.op is not Ops.REDUCE_AXIS
+                or x in self.realize
+                or prod(x.shape) < MIN_EPILOGUE_SPLIT_OUTPUTS
+                or prod(x.src[0].shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.shape)
+            ):
                 continue
             stack, seen = list(consumers.get(x, [])), set()
             while stack:
@@ -255,8 +262,9 @@ class Rangeify:
         self.realize |= self.contractions_with_costly_epilogue()
         self.realize |= self.broadcast_reduces()
         for u in self.nodes:  # holds a reduce that is inlined, so recomputing it is costly
-            self.has_reduce[u] = (u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)) and \
-                u not in self.realize
+            self.has_reduce[u] = (
+                u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)
+            ) and u not in self.realize
         for x in reversed(self.nodes):
             if x.op in (Ops.SINK, Ops.DEVICE, Ops.BUFFER) or uniform_const(x) is not None:
                 continue

@@ -87,8 +87,23 @@ class Ops(Enum):
 class GroupOp:
     Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
     Transcendental = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}  # costly per element
-    Binary = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-              Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR}
+    Binary = {
+        Ops.ADD,
+        Ops.SUB,
+        Ops.MUL,
+        Ops.FDIV,
+        Ops.IDIV,
+        Ops.MOD,
+        Ops.MAX,
+        Ops.CMPLT,
+        Ops.CMPNE,
+        Ops.CMPEQ,
+        Ops.AND,
+        Ops.OR,
+        Ops.XOR,
+        Ops.SHL,
+        Ops.SHR,
+    }
     Ternary = {Ops.WHERE, Ops.MULACC}
     ALU = Unary | Binary | Ternary
     Elementwise = ALU | {Ops.CAST, Ops.BITCAST}
@@ -244,8 +259,9 @@ class UOp(MathMixin, metaclass=UOpMeta):
         return UOp, (self.op, self.dtype, self.src, self.arg)
 
     def __repr__(self):
-        if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (self.dtype is dtypes.index and self.shape is None and
-                                                     self.op in GroupOp.ALU):
+        if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (
+            self.dtype is dtypes.index and self.shape is None and self.op in GroupOp.ALU
+        ):
             from zeptograd.uop.variable import render_sint
 
             if (text := render_sint(self)) is not None:
@@ -451,8 +467,17 @@ python_alu: dict[Ops, Callable] = {
     Ops.ADD: lambda a, b: a + b,
     Ops.SUB: lambda a, b: a - b,
     Ops.MUL: lambda a, b: a * b,
-    Ops.FDIV: lambda a, b: a / b if b != 0 else (math.nan if a == 0 or a != a else math.copysign(math.inf, a * b) if
-                                               math.copysign(1, b) > 0 else -math.copysign(math.inf, a)),
+    Ops.FDIV: lambda a, b: (
+        a / b
+        if b != 0
+        else (
+            math.nan
+            if a == 0 or a != a
+            else math.copysign(math.inf, a * b)
+            if math.copysign(1, b) > 0
+            else -math.copysign(math.inf, a)
+        )
+    ),
     Ops.IDIV: _idiv,
     Ops.MOD: _mod,
     Ops.MAX: lambda a, b: a if a != a else b if b != b else max(a, b),

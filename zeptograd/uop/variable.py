@@ -35,8 +35,9 @@ def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802  (tiny
         if not isinstance(v, int) or isinstance(v, bool):
             raise TypeError(f"Variable {name!r}: {what} must be an int, got {v!r}")
     if not 0 <= min_val <= max_val <= dtypes.max(dtypes.index):
-        raise ValueError(f"Variable {name!r}: need 0 <= min <= max <= {dtypes.max(dtypes.index)}, "
-                         f"got min={min_val}, max={max_val}")
+        raise ValueError(
+            f"Variable {name!r}: need 0 <= min <= max <= {dtypes.max(dtypes.index)}, got min={min_val}, max={max_val}"
+        )
     return UOp.variable(name, min_val, max_val)
 
 
@@ -79,8 +80,12 @@ def sint_simplify(x: int | UOp) -> int | UOp:
     done: dict[UOp, UOp] = {}
     for n in x.toposort():  # a*b with a after b -> b*a, by the variables' names
         src = tuple(done[s] for s in n.src)
-        if n.op is Ops.MUL and src[0].op is not Ops.CONST and src[1].op is not Ops.CONST and \
-                _key(src[1]) < _key(src[0]):
+        if (
+            n.op is Ops.MUL
+            and src[0].op is not Ops.CONST
+            and src[1].op is not Ops.CONST
+            and _key(src[1]) < _key(src[0])
+        ):
             src = (src[1], src[0])
         done[n] = n if src == n.src else UOp(n.op, n.dtype, src, n.arg)
     x = done[x]
@@ -228,8 +233,10 @@ def strip_binds(outs: list[UOp]) -> tuple[list[UOp], dict[str, int], dict[UOp, U
     seen: dict[str, UOp] = {}
     for var, val in vals.items():
         if (other := seen.get(var.arg[0])) is not None and other is not var:
-            raise ValueError(f"two different Variables are named {var.arg[0]!r} ({other.arg} and {var.arg}): "
-                             f"give them different names")
+            raise ValueError(
+                f"two different Variables are named {var.arg[0]!r} ({other.arg} and {var.arg}): "
+                f"give them different names"
+            )
         seen[var.arg[0]], by_name[var.arg[0]] = var, val
     free = [n.arg for n in _defined_vars(new) if n.arg[0] not in by_name]
     if free:
@@ -253,8 +260,9 @@ def rebind(u: UOp, var_vals: dict[str, int]) -> UOp:
         return u
 
     def bind_expr(x: UOp) -> UOp:
-        mapping = {n: n.bind(var_vals[n.arg[0]]) for n in x.toposort()
-                   if n.op is Ops.DEFINE_VAR and n.arg[0] in var_vals}
+        mapping = {
+            n: n.bind(var_vals[n.arg[0]]) for n in x.toposort() if n.op is Ops.DEFINE_VAR and n.arg[0] in var_vals
+        }
         return sint_simplify(x.substitute(mapping)) if mapping else x  # type: ignore[return-value]
 
     return _rebuild([u], bind_expr)[0][0]
@@ -289,12 +297,13 @@ def render_sint(x: UOp, names_only: bool = False) -> str | None:
         elif n.op is Ops.BIND:
             text[n] = n.src[0].arg[0] if names_only else f"{n.src[0].arg[0]}={n.src[1].arg}"
         elif n.op in _INFIX:
-            a, b = (text[s] if s.op in (Ops.CONST, Ops.DEFINE_VAR) or (names_only and s.op is Ops.BIND) else
-                    f"({text[s]})" for s in n.src)
+            a, b = (
+                text[s] if s.op in (Ops.CONST, Ops.DEFINE_VAR) or (names_only and s.op is Ops.BIND) else f"({text[s]})"
+                for s in n.src
+            )
             text[n] = f"{a}{_INFIX[n.op]}{b}"
         elif n.op is Ops.NEG:
             text[n] = f"-({text[n.src[0]]})"
         else:
             text[n] = f"max({text[n.src[0]]}, {text[n.src[1]]})"
     return text[x]
-

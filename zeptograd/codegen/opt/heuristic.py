@@ -91,8 +91,11 @@ def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
     skipped = [[r for r in loops if stride(u.src[1], r) == 0] for u in vec_loads]
     for col in reversed(loops):
         for row in reversed(loops):
-            if row is not col and any(col in s and row not in s for s in skipped) and \
-                    any(row in s and col not in s for s in skipped):
+            if (
+                row is not col
+                and any(col in s and row not in s for s in skipped)
+                and any(row in s and col not in s for s in skipped)
+            ):
                 return row, col
     return None
 
@@ -141,10 +144,21 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
     vec_amt = vec_amount(vec_r)
     vec_loads = [u for u in idxs if u in in_reduce and stride(u.src[1], vec_r) != 0]  # contiguous or gathers
-    tile_rows = [r for r in axes if r.arg[1] is AxisType.LOOP and r is not vec_r and vec_loads and
-                 all(stride(u.src[1], r) == 0 for u in vec_loads)]  # a register tile will follow (see below)
-    if not is_reduce and tile_rows and vec_amt > 1 and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r) and \
-            (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4) if w <= width))) >= 4:
+    tile_rows = [
+        r
+        for r in axes
+        if r.arg[1] is AxisType.LOOP
+        and r is not vec_r
+        and vec_loads
+        and all(stride(u.src[1], r) == 0 for u in vec_loads)
+    ]  # a register tile will follow (see below)
+    if (
+        not is_reduce
+        and tile_rows
+        and vec_amt > 1
+        and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r)
+        and (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4) if w <= width))) >= 4
+    ):
         # a register tile's columns (two vectors) leave over 1/8 of the axis to a tail, whose loop nest gets no
         # tile: a narrower vector that divides the axis (conv's ow=56: 7 x 8 lanes; 16 lanes tile only 32 of
         # the 56) is faster (conv 43 -> 15 ms); matmul 1000 (992 tiled with 16 lanes) keeps its 16
@@ -165,8 +179,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                 col_now = kernel_axes(plan.ast)[col_i]
                 per_col = size(col) // max(size(col_now), 1) * reduce_work  # elements of the operand per column step
                 fit = max(1, L2_BLOCK_BYTES // max(per_col * itemsize, 1))
-                if size(col_now) > fit and take(Opt(OptOps.TILE, col_i, largest_divisor(size(col_now),
-                                                                                         divisors_upto(fit)))):
+                if size(col_now) > fit and take(
+                    Opt(OptOps.TILE, col_i, largest_divisor(size(col_now), divisors_upto(fit)))
+                ):
                     blocks.add(kernel_axes(plan.ast)[0].arg[0])
         elif is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
@@ -181,8 +196,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         # load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) != 0 and u in in_reduce]
         row = next(
-            (r for r in loop_axes if r.arg[0] != vec_r.arg[0] and vec_loads and
-             all(stride(u.src[1], r) == 0 for u in vec_loads)),
+            (
+                r
+                for r in loop_axes
+                if r.arg[0] != vec_r.arg[0] and vec_loads and all(stride(u.src[1], r) == 0 for u in vec_loads)
+            ),
             None,
         )
         if row is not None:
