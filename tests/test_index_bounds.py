@@ -1,6 +1,6 @@
 """Out-of-range integer tensor indices are an IndexError at the user's call, naming the value, the dim and its size
 (t[idx], t[idx] = v, gather, scatter, nn.Embedding); in range, negative indices of t[idx] wrap as in numpy and
-torch. Under TinyJit the check runs at the capture and again on every replay (ops_index.check_index_bounds)."""
+torch. Under TinyJit the check runs at the capture and again on every replay (tensor.indexing.check_index_bounds)."""
 
 from __future__ import annotations
 

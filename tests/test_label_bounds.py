@@ -1,7 +1,7 @@
 """Class labels out of range are an error at the user's call, as in torch, never a silent loss of 0 for that sample:
 cross_entropy, nll_loss and sparse_categorical_crossentropy raise IndexError("Target 7 is out of bounds. (...)") with
 the class count, one_hot RuntimeError("Class values must be ..."); labels equal to ignore_index are allowed and left
-out. Under TinyJit the check runs at the capture and again on every replay (ops_index.check_label_bounds)."""
+out. Under TinyJit the check runs at the capture and again on every replay (tensor.indexing.check_label_bounds)."""
 
 from __future__ import annotations
 

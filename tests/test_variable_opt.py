@@ -2,7 +2,7 @@
 the loop into RANGE(n//c)*c + RANGE(c) and a tail loop over n%c (codegen/opt/tail.py), THREAD gives each core a
 chunk cut at n (codegen/opt/__init__.py). The graphs and code before and after; values for many bound values on
 every CPU backend, NOOPT and other core counts agreeing; one compiled program for every value. And basic indexing
-with a bound Variable (`x[:v]`, `x[v]`: ops_index.py)."""
+with a bound Variable (`x[:v]`, `x[v]`: tensor/indexing.py)."""
 
 from __future__ import annotations
 

@@ -195,7 +195,7 @@ class _Capture(list):
     """What run_schedule appends the ScheduleItems it runs to while capturing (realize.py's `capturing`).
 
     `checks`: (item index, check(var_vals)) pairs that code run during the capture registers for values it must
-    check on every call (ops_index.py: the bounds of index tensors); a replay calls each right after that item's
+    check on every call (tensor/indexing.py: the bounds of index tensors); a replay calls each right after that item's
     kernel, so an error is raised before the kernels after it run."""
 
     def __init__(self, input_bufs: list[Buffer]):
@@ -238,18 +238,11 @@ def _realized_inputs(tensors: dict[ArgKey, Any]) -> dict[ArgKey, Buffer]:
     return bufs
 
 
-def _rng_snapshot() -> dict | None:
-    """The random number generator's state (seed, counter), wherever the Tensor code keeps it."""
-    import importlib
+def _rng_snapshot() -> dict:
+    """The random number generator's state (seed, counter)."""
+    from zeptograd.tensor.random import _rng_state
 
-    for mod in ("zeptograd.ops_random", "zeptograd.tensor"):
-        try:
-            state = getattr(importlib.import_module(mod), "_rng_state", None)
-        except ImportError:
-            continue
-        if state is not None:
-            return dict(state)
-    return None
+    return dict(_rng_state)
 
 
 def _copy_buffer(b: Buffer) -> Buffer:

@@ -18,9 +18,9 @@ import math
 import numpy as np
 
 from zeptograd.dtype import dtypes
-from zeptograd.ops_index import check_index_bounds
 from zeptograd.tensor import Tensor
-from zeptograd.tensor_helpers import flatten, make_tuple, prod
+from zeptograd.tensor.helpers import flatten, make_tuple, prod
+from zeptograd.tensor.indexing import check_index_bounds
 
 from . import optim, state  # noqa: E402,F401
 

@@ -25,7 +25,7 @@ _ASIN = [
 _ERF = [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0]
 
 
-class MathMixin:
+class UnaryMixin:
     __slots__ = ()
 
     def _unary_float(self: Tensor, op: Ops) -> Tensor:

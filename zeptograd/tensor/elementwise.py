@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from zeptograd.schedule.fold import const_broadcast
-from zeptograd.tensor_helpers import PY_CONST, broadcast_shape
+from zeptograd.tensor.helpers import PY_CONST, broadcast_shape
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import is_sint, sint_arg
 

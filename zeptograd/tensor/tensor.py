@@ -1,17 +1,5 @@
-"""Tensor: the user's API. Every op builds a tensor-graph UOp; nothing runs until a result is needed.
-
-The class is assembled from one mixin per family of ops, each composed from the few primitive UOps:
-  tensor.py           construction, running (realize, numpy, assign), autograd entry points, creation, and the
-                      movement primitives (reshape, permute, expand, pad, shrink, flip)
-  ops_elementwise.py  binary arithmetic with broadcasting and dtype promotion, comparisons, bitwise ops, casts
-  ops_math.py         unary math and activations
-  ops_movement.py     composite movement: squeeze ... cat, stack, repeat, roll, sliding windows, rearrange
-  ops_reduce.py       reductions, scans, softmax, sort and topk
-  ops_nn.py           matmul and einsum, convolutions, pooling, normalization, losses, attention
-  ops_index.py        __getitem__ / __setitem__, gather, scatter, masked ops, nonzero
-  ops_random.py       random numbers and initializers
-Gradients are rewrite rules over the primitive UOps, in gradient.py.
-"""
+"""The Tensor class: construction, running (realize, numpy, assign), autograd entry points, creation, and the
+movement primitives (reshape, permute, expand, pad, shrink, flip). The other op families are mixins beside it."""
 
 from __future__ import annotations
 
@@ -26,15 +14,15 @@ import numpy as np
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
-from zeptograd.ops_elementwise import ElementwiseMixin
-from zeptograd.ops_index import IndexMixin
-from zeptograd.ops_math import MathMixin
-from zeptograd.ops_movement import MovementMixin
-from zeptograd.ops_nn import NNMixin
-from zeptograd.ops_random import RandomMixin
-from zeptograd.ops_reduce import ReduceMixin
 from zeptograd.schedule.fold import const_broadcast
-from zeptograd.tensor_helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
+from zeptograd.tensor.elementwise import ElementwiseMixin
+from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
+from zeptograd.tensor.indexing import IndexMixin
+from zeptograd.tensor.movement import MovementMixin
+from zeptograd.tensor.nn_ops import NNMixin
+from zeptograd.tensor.random import RandomMixin
+from zeptograd.tensor.reduce import ReduceMixin
+from zeptograd.tensor.unary import UnaryMixin
 from zeptograd.uop import variable
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.variable import is_sint, sint_arg
@@ -44,7 +32,7 @@ _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictio
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
 
 
-class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
+class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
     """A lazy n-dimensional array. Ops build a graph; `realize()`, `numpy()`, `item()`, `tolist()` run it."""
 
     __slots__ = ("uop", "device", "requires_grad", "grad", "__weakref__")
@@ -438,7 +426,7 @@ class Tensor(ElementwiseMixin, MathMixin, MovementMixin, ReduceMixin, NNMixin, I
         ret = ret.cast(to_dtype(dtype or dtypes.default_float))
         return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
-    # ***** movement primitives (one UOp each; composites are in ops_movement.py) *****
+    # ***** movement primitives (one UOp each; composites are in movement.py) *****
     def reshape(self, shape, *args) -> Tensor:
         shape = argfix(shape, *args)
         if shape.count(-1) > 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
-from zeptograd.tensor_helpers import normalize_axis, prod
+from zeptograd.tensor.helpers import normalize_axis, prod
 from zeptograd.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:

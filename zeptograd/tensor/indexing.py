@@ -8,7 +8,7 @@ the shrink checks every value of the Variable's range).
 
 An out-of-range tensor index would select nothing (a silent 0), so the values of every index tensor a user passes
 (t[idx], t[idx] = v, gather, scatter, nn.Embedding) are checked at the call: `check_index_bounds`. Class labels
-(cross_entropy, nll_loss, sparse_categorical_crossentropy, one_hot in ops_nn.py) are checked the same way, with
+(cross_entropy, nll_loss, sparse_categorical_crossentropy, one_hot in tensor/nn_ops.py) are checked the same way, with
 torch's messages and ignore_index allowed: `check_label_bounds`, `check_one_hot_bounds`.
 """
 
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from zeptograd.dtype import dtypes
-from zeptograd.tensor_helpers import broadcast_shape, normalize_axis
+from zeptograd.tensor.helpers import broadcast_shape, normalize_axis
 from zeptograd.uop import variable
 from zeptograd.uop.ops import UOp
 

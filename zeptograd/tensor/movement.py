@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from zeptograd.tensor_helpers import argfix, ceildiv, flatten, make_tuple, normalize_axis, prod
+from zeptograd.tensor.helpers import argfix, ceildiv, flatten, make_tuple, normalize_axis, prod
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.device import Device
 from zeptograd.dtype import DTypeLike, dtypes, to_dtype
-from zeptograd.tensor_helpers import prod
+from zeptograd.tensor.helpers import prod
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor

@@ -9,8 +9,8 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
-from zeptograd.ops_index import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
-from zeptograd.tensor_helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
+from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
+from zeptograd.tensor.indexing import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
