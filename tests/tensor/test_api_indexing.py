@@ -4,8 +4,8 @@ indices), gather, scatter, scatter_reduce, masked ops, nonzero; __setitem__ and 
 import numpy as np
 import pytest
 import torch
-from api_helpers import V, check, data
 
+from tests.tensor.api_helpers import V, check, data
 from zeptograd import GlobalCounters, Tensor, dtypes
 
 X = lambda: V(data((4, 5, 6), seed=1))  # noqa: E731

@@ -39,7 +39,7 @@ def test_bad_actions_raise():
     (item,) = (x + 1).schedule()
     with pytest.raises(OptError, match="does not fit"):
         apply_opt(item.ast, Opt(OptOps.UPCAST, 0, 13))
-    with pytest.raises(OptError, match="does not divide"):  # UPCAST/UNROLL/THREAD make a tail (tests/test_tails.py)
+    with pytest.raises(OptError, match="does not divide"):  # UPCAST/UNROLL/THREAD make a tail (codegen/test_tails.py)
         apply_opt(item.ast, Opt(OptOps.LOCAL, 0, 5))
     with pytest.raises(OptError, match="UNROLL reduce axes"):
         apply_opt(item.ast, Opt(OptOps.UNROLL, 0, 4))

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from api_helpers import data
 
+from tests.tensor.api_helpers import data
 from zeptograd import Tensor, dtypes
 from zeptograd.gradient import pm_gradient
 from zeptograd.uop.ops import Ops

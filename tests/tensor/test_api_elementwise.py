@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from api_helpers import V, check, data
 
+from tests.tensor.api_helpers import V, check, data
 from zeptograd import Tensor, dtypes
 
 # shape variants for one input; each is (make the input from data of a domain)
@@ -426,7 +426,7 @@ def test_inplace_on_buffer_stays_one_kernel():
 )
 def test_cast(src, dst):
     x = data((3, 4), src, -100 if src != "uint8" else 0, 100, seed=41)
-    from api_helpers import TORCH_OF, ZEPTO_OF
+    from tests.tensor.api_helpers import TORCH_OF, ZEPTO_OF
 
     check(lambda t: t.cast(ZEPTO_OF[dst]), lambda t: t.to(TORCH_OF[dst]), V(x), grad=False)
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from api_helpers import V, check, data
 
+from tests.tensor.api_helpers import V, check, data
 from zeptograd import Context, GlobalCounters, Tensor, dtypes
 
 # ----------------------------------------------------------------------------- products

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from api_helpers import V, check, data
 
+from tests.tensor.api_helpers import V, check, data
 from zeptograd import GlobalCounters, Tensor
 
 AXES = [None, 0, -1, (0, 1), 1]

@@ -15,7 +15,7 @@ from zeptograd.device import CompileError
 from zeptograd.runtime import elf
 from zeptograd.runtime.ops_llvm import LLVMCompiler, LLVMDevice, unique_symbol
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(code: str, cache: str) -> str:

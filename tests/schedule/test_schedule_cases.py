@@ -9,7 +9,7 @@ most 3 kernels, matmul + bias + relu takes 1.
 The count is checked twice: `len(schedule())` before running and GlobalCounters.kernel_count while realizing.
 Where zeptograd schedules more kernels today the case carries an `xfail` reason naming the extra kernel; a count
 mismatch raises KernelCountMismatch, and only that is an expected failure: wrong VALUES fail every case, xfail
-or not. `python tests/test_schedule_cases.py [name ...]` prints each case's kernels (name and buffer shapes).
+or not. `python -m tests.schedule.test_schedule_cases [name ...]` prints each case's kernels (name and buffer shapes).
 """
 
 from __future__ import annotations
