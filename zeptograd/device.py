@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes, to_numpy_dtype
-from zeptograd.helpers import cache_dir
+from zeptograd.helpers import ArgumentError, cache_dir
 
 
 class GlobalCounters:
@@ -229,7 +229,7 @@ class _Device:
         d = device.upper()
         base = d.split(":")[0]
         if base not in _BACKENDS:
-            raise ValueError(f"unknown device {device!r}; available: {', '.join(sorted(_BACKENDS))}")
+            raise ArgumentError(f"unknown device {device!r}; available: {', '.join(sorted(_BACKENDS))}")
         return d
 
     def __getitem__(self, device: str) -> CompiledDevice:

@@ -10,6 +10,8 @@ from typing import Union
 
 import numpy as np
 
+from zeptograd.helpers import ArgumentTypeError
+
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -124,7 +126,7 @@ class dtypes:
             return dtypes.default_float
         if isinstance(x, (list, tuple)):
             return max((dtypes.from_py(e) for e in x), default=dtypes.default_float)
-        raise TypeError(f"can't infer a dtype from Python value {x!r} of type {type(x).__name__}")
+        raise ArgumentTypeError(f"can't infer a dtype from Python value {x!r} of type {type(x).__name__}")
 
     @staticmethod
     def min(d: DType):
@@ -149,7 +151,9 @@ def to_dtype(x: DTypeLike) -> DType:
         return x
     if isinstance(x, str) and x in _by_name:
         return _by_name[x]
-    raise TypeError(f"unknown dtype {x!r}; use one of zeptograd.dtypes ({', '.join(d.name for d in dtypes.all)})")
+    raise ArgumentTypeError(
+        f"unknown dtype {x!r}; use one of zeptograd.dtypes ({', '.join(d.name for d in dtypes.all)})"
+    )
 
 
 # promotion as in tinygrad / PyTorch: the least upper bound of two dtypes in this lattice
@@ -215,7 +219,9 @@ _dtype_to_np[dtypes.bfloat16] = np.dtype(np.uint16)  # stored as raw bits; conve
 
 def from_numpy_dtype(d: np.dtype) -> DType:
     if d not in _np_to_dtype:
-        raise TypeError(f"numpy dtype {d} is not supported; supported: {', '.join(str(k) for k in _np_to_dtype)}")
+        raise ArgumentTypeError(
+            f"numpy dtype {d} is not supported; supported: {', '.join(str(k) for k in _np_to_dtype)}"
+        )
     return _np_to_dtype[d]
 
 

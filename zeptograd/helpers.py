@@ -8,6 +8,18 @@ import math
 import os
 from typing import Any, Iterable, TypeVar
 
+
+class ArgumentError(ValueError, RuntimeError):
+    """A bad value at a public call (a shape, axis, size, mode or device name), with the offending values in its
+    message. It is a ValueError and also a RuntimeError, the type torch raises for most of these, so code written
+    for torch (`except RuntimeError`) and code written for zeptograd (`except ValueError`) both catch it."""
+
+
+class ArgumentTypeError(TypeError, RuntimeError):
+    """A bad argument type at a public call (a dtype, an index, an unsupported Python object): a TypeError and a
+    RuntimeError, for the same reason as ArgumentError."""
+
+
 T = TypeVar("T")
 
 

@@ -15,7 +15,7 @@ from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffer_under, buffers, view_base
 from zeptograd.engine.schedule_cache import cached_schedule
-from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, prod
+from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
 from zeptograd.uop import variable
@@ -122,7 +122,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
         t0 = time.perf_counter()
         if kernel.vars:
             if var_vals is None or any(v not in var_vals for v in kernel.vars):
-                raise ValueError(
+                raise ArgumentError(
                     f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
                     f"values (var_vals), got {var_vals}"
                 )

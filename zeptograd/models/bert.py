@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from zeptograd import Tensor, dtypes, nn
+from zeptograd.helpers import ArgumentError
 from zeptograd.nn.state import get_state_dict, load_state_dict, safe_load
 
 
@@ -38,7 +39,7 @@ class BertConfig:
         with open(path) as f:
             raw = json.load(f)
         if raw.get("hidden_act", "gelu") not in ("gelu", "gelu_new"):
-            raise ValueError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (gelu or gelu_new)")
+            raise ArgumentError(f"{path}: hidden_act {raw['hidden_act']!r} is not supported (gelu or gelu_new)")
         return BertConfig(**{k: raw[k] for k in BertConfig.__dataclass_fields__ if k in raw})
 
 
@@ -136,12 +137,12 @@ class Bert:
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if input_ids.ndim != 2 or attention_mask.shape != input_ids.shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"Bert: input_ids {input_ids.shape} must be (batch, seq) and attention_mask the same "
                 f"shape, got {attention_mask.shape}"
             )
         if input_ids.shape[1] > self.cfg.max_position_embeddings:
-            raise ValueError(
+            raise ArgumentError(
                 f"Bert: sequence length {input_ids.shape[1]} exceeds max_position_embeddings "
                 f"{self.cfg.max_position_embeddings}"
             )
@@ -168,7 +169,7 @@ class Bert:
         load_state_dict(model, weights, strict=False)
         missing = sorted(set(get_state_dict(model)) - set(weights))
         if missing:
-            raise ValueError(f"{model_dir}: model.safetensors lacks {len(missing)} weights, e.g. {missing[:3]}")
+            raise ArgumentError(f"{model_dir}: model.safetensors lacks {len(missing)} weights, e.g. {missing[:3]}")
         return model
 
 
@@ -191,7 +192,7 @@ def tokenize(tok, sentences: list[str], pad_to: int = 1) -> tuple[np.ndarray, np
     """(input_ids, attention_mask) as int32 arrays, padded with 0 to the longest sentence rounded up to pad_to.
     Rounding the length up lets batches of similar lengths share one compiled graph (and one TinyJit capture)."""
     if not sentences:
-        raise ValueError("tokenize: no sentences")
+        raise ArgumentError("tokenize: no sentences")
     encodings = tok.encode_batch(list(sentences))
     longest = max(len(e.ids) for e in encodings)
     length = -(-longest // pad_to) * pad_to

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor import Tensor
 from zeptograd.tensor.helpers import flatten, make_tuple, prod
 from zeptograd.tensor.indexing import check_index_bounds
@@ -87,14 +88,14 @@ class Conv2d:
     ):
         self.kernel_size = make_tuple(kernel_size, 2)
         if in_channels % groups or out_channels % groups:
-            raise ValueError(
+            raise ArgumentError(
                 f"in_channels ({in_channels}) and out_channels ({out_channels}) must be divisible by groups ({groups})"
             )
         if isinstance(padding, str):
             if padding.lower() != "same":
-                raise ValueError(f"padding must be an int, a tuple of ints or 'same', got {padding!r}")
+                raise ArgumentError(f"padding must be an int, a tuple of ints or 'same', got {padding!r}")
             if any(s != 1 for s in make_tuple(stride, len(self.kernel_size))):
-                raise ValueError("padding='same' needs stride 1")
+                raise ArgumentError("padding='same' needs stride 1")
             dil = make_tuple(dilation, len(self.kernel_size))
             padding = tuple(
                 flatten(
@@ -151,7 +152,7 @@ class ConvTranspose2d(Conv2d):
         bias: bool = True,
     ):
         if isinstance(padding, str):
-            raise ValueError("ConvTranspose2d takes an int or tuple padding, not a string")
+            raise ArgumentError("ConvTranspose2d takes an int or tuple padding, not a string")
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias=False)
         bound = 1 / math.sqrt(out_channels // groups * prod(self.kernel_size))  # PyTorch's fan_in: weight.size(1)
         self.weight = _uniform(in_channels, out_channels // groups, *self.kernel_size, bound=bound)
@@ -215,7 +216,7 @@ class BatchNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or (self.weight is not None and x.shape[1] != self.weight.shape[0]):
-            raise ValueError(
+            raise ArgumentError(
                 f"BatchNorm of {self.weight.shape[0] if self.weight is not None else '?'} channels "
                 f"got an input of shape {x.shape} (channels on axis 1)"
             )
@@ -246,7 +247,7 @@ class LayerNorm:
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.normalized_shape) :] != self.normalized_shape:
-            raise ValueError(
+            raise ArgumentError(
                 f"LayerNorm{self.normalized_shape}: the last dimensions of the input {x.shape} must be "
                 f"{self.normalized_shape}"
             )
@@ -273,7 +274,9 @@ class GroupNorm:
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
         if num_channels % num_groups:
-            raise ValueError(f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+            raise ArgumentError(
+                f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+            )
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight: Tensor | None = Tensor.ones(num_channels) if affine else None
         self.bias: Tensor | None = Tensor.zeros(num_channels) if affine else None
@@ -322,7 +325,7 @@ class Embedding:
 
     def __call__(self, idx: Tensor) -> Tensor:
         if not dtypes.is_int(idx.dtype):
-            raise TypeError(f"Embedding needs integer indices, got {idx.dtype}")
+            raise ArgumentTypeError(f"Embedding needs integer indices, got {idx.dtype}")
         if idx.numel() == 0:
             return Tensor.zeros(*idx.shape, self.embed_sz, dtype=self.weight.dtype, device=self.weight.device)
         check_index_bounds(idx, self.vocab_sz, 0, wrap=False, what="Embedding: ")  # else a row of zeros

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from zeptograd.dtype import dtypes, least_upper_dtype
-from zeptograd.helpers import getenv
+from zeptograd.helpers import ArgumentError, ArgumentTypeError, getenv
 from zeptograd.tensor import Tensor
 from zeptograd.uop.ops import Ops
 
@@ -59,12 +59,12 @@ class Optimizer:
         params = list(params)
         for x in params:
             if not isinstance(x, Tensor):
-                raise TypeError(f"an optimizer takes a list of Tensors, got a {type(x).__name__}")
+                raise ArgumentTypeError(f"an optimizer takes a list of Tensors, got a {type(x).__name__}")
             if x.requires_grad is None:
                 x.requires_grad_(True)
         self.params: list[Tensor] = _dedup([x for x in params if x.requires_grad])
         if not self.params:
-            raise ValueError("an optimizer needs at least one tensor that requires grad")
+            raise ArgumentError("an optimizer needs at least one tensor that requires grad")
         self.buffers: list[Tensor] = _dedup([x for x in params if not x.requires_grad])
         self.device = self.params[0].device
         self.lr = Tensor([lr], device=self.device, dtype=least_upper_dtype(dtypes.default_float, dtypes.float32))
@@ -139,10 +139,10 @@ class Optimizer:
 
     def schedule_step_with_grads(self, grads: list[Tensor]) -> list[Tensor]:
         if len(grads) != len(self.params):
-            raise ValueError(f"{len(grads)} gradients for {len(self.params)} parameters")
+            raise ArgumentError(f"{len(grads)} gradients for {len(self.params)} parameters")
         for p, g in zip(self.params, grads):
             if g.shape != p.shape:
-                raise ValueError(f"a gradient of shape {g.shape} for a parameter of shape {p.shape}")
+                raise ArgumentError(f"a gradient of shape {g.shape} for a parameter of shape {p.shape}")
         # each gradient is its own kernel (as in PyTorch): a lazy gradient read inside the concatenation of all of
         # them, or by two state updates, would be computed again in each reader
         grads = [
@@ -180,7 +180,7 @@ class LARS(Optimizer):
     ):
         super().__init__(params, lr, fused)
         if nesterov and momentum <= 0:
-            raise ValueError("nesterov momentum needs momentum > 0")
+            raise ArgumentError("nesterov momentum needs momentum > 0")
         self.momentum, self.wd, self.nesterov, self.classic = momentum, weight_decay, nesterov, classic
         self.pre_wd, self.tcoef = pre_wd, tcoef
         if self.fused and tcoef == 0 and pre_wd and weight_decay > 0:

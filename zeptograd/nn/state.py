@@ -25,6 +25,7 @@ import numpy as np
 
 from zeptograd.dtype import DType, dtypes
 from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor import Tensor
 from zeptograd.uop.ops import Ops
 
@@ -140,7 +141,7 @@ def load_state_dict(
             new_shape = state_dict[k].shape if isinstance(state_dict[k], Tensor) else np.shape(state_dict[k])
             bad.append(f"{k}: the model has {v.shape}, the state_dict {tuple(new_shape)}")
     if bad:
-        raise ValueError(f"load_state_dict: shape mismatch for {'; '.join(bad)}")
+        raise ArgumentError(f"load_state_dict: shape mismatch for {'; '.join(bad)}")
     if verbose and (missing or unexpected):
         print(f"load_state_dict: skipped missing {missing} and unexpected {unexpected}")
     done = []
@@ -220,16 +221,16 @@ def _read_bytes(fn: str | os.PathLike | bytes) -> memoryview:
 
 def _safe_header(data: memoryview, where: str) -> tuple[dict, int]:
     if len(data) < 8:
-        raise ValueError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
+        raise ArgumentError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
     n = struct.unpack("<Q", data[:8])[0]
     if n > len(data) - 8:
-        raise ValueError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
+        raise ArgumentError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
     try:
         header = json.loads(bytes(data[8 : 8 + n]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
+        raise ArgumentError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
     if not isinstance(header, dict):
-        raise ValueError(f"{where}: not a safetensors file (the header is not a JSON object)")
+        raise ArgumentError(f"{where}: not a safetensors file (the header is not a JSON object)")
     return header, 8 + n
 
 
@@ -250,7 +251,7 @@ def safe_load(fn: str | os.PathLike | bytes, device: str | None = None) -> dict[
         if name == "__metadata__":
             continue
         if info.get("dtype") not in _ST_DTYPES:
-            raise ValueError(
+            raise ArgumentError(
                 f"{where}: tensor {name!r} has dtype {info.get('dtype')!r}, which zeptograd does not "
                 f"support (supported: {', '.join(_ST_DTYPES)})"
             )
@@ -258,7 +259,7 @@ def safe_load(fn: str | os.PathLike | bytes, device: str | None = None) -> dict[
         b, e = info["data_offsets"]
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if e - b != n or e > len(body) or b < 0:
-            raise ValueError(
+            raise ArgumentError(
                 f"{where}: tensor {name!r} of {info['dtype']} {list(shape)} needs {n} bytes, its data "
                 f"offsets are [{b}, {e}] in a data section of {len(body)} bytes"
             )
@@ -272,13 +273,13 @@ def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[
     header: dict[str, Any] = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
-            raise TypeError("safetensors metadata must map str to str")
+            raise ArgumentTypeError("safetensors metadata must map str to str")
         header["__metadata__"] = dict(metadata)
     blobs, off = [], 0
     for name in sorted(tensors):
         t = tensors[name]
         if not isinstance(t, Tensor):
-            raise TypeError(f"safe_save: {name!r} is a {type(t).__name__}, not a Tensor")
+            raise ArgumentTypeError(f"safe_save: {name!r} is a {type(t).__name__}, not a Tensor")
         raw = _raw_bytes(t)
         header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
@@ -358,7 +359,7 @@ class _TorchTensor:
         else:
             last = self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride))
             if self.offset < 0 or last >= len(data):
-                raise ValueError(
+                raise ArgumentError(
                     f"torch_load: a tensor of size {self.size} stride {self.stride} at offset "
                     f"{self.offset} reaches past its storage of {len(data)} elements"
                 )
@@ -421,7 +422,7 @@ def torch_load(fn: str | os.PathLike, device: str | None = None) -> dict[str, Te
             names = zf.namelist()
             pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
             if pkl is None:
-                raise ValueError(f"torch_load: {fn} is a zip file without data.pkl: not a torch.save file")
+                raise ArgumentError(f"torch_load: {fn} is a zip file without data.pkl: not a torch.save file")
             prefix = pkl[: -len("data.pkl")]
             blobs = {n: zf.read(n) for n in names if n.startswith(prefix + "data/")}
             storages: dict[str, _Storage] = {}
@@ -430,7 +431,7 @@ def torch_load(fn: str | os.PathLike, device: str | None = None) -> dict[str, Te
                 if key not in storages:
                     path = f"{prefix}data/{key}"
                     if path not in blobs:
-                        raise ValueError(f"torch_load: {fn} lacks the storage {path}")
+                        raise ArgumentError(f"torch_load: {fn} lacks the storage {path}")
                     storages[key] = _Storage(kind, lambda p=path: blobs[p])
                 return storages[key]
 
@@ -449,9 +450,9 @@ def _legacy_load(fn: str | os.PathLike) -> Any:
     try:
         magic = pickle.load(bio)
     except Exception:
-        raise ValueError(f"torch_load: {fn} is neither a zip nor a legacy torch.save file") from None
+        raise ArgumentError(f"torch_load: {fn} is neither a zip nor a legacy torch.save file") from None
     if magic != 0x1950A86A20F9469CFC6C:
-        raise ValueError(f"torch_load: {fn} is not a torch.save file (bad magic number)")
+        raise ArgumentError(f"torch_load: {fn} is not a torch.save file (bad magic number)")
     pickle.load(bio)  # protocol version
     pickle.load(bio)  # sys info
     kinds: dict[str, _Storage] = {}

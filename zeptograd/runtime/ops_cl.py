@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.gpu import OpenCLRenderer
 
@@ -127,7 +128,7 @@ def open_device(name: str) -> CLDevice:
     """CL: the first OpenCL device (GPUs first); CL:n: the n-th."""
     base, _, num = name.partition(":")
     if base != "CL" or (num and not num.isdigit()):
-        raise ValueError(f"unknown OpenCL device {name!r}; available: CL, CL:0, CL:1, ...")
+        raise ArgumentError(f"unknown OpenCL device {name!r}; available: CL, CL:0, CL:1, ...")
     cl = _cl()
     devs = cl_devices()
     if not devs:

@@ -9,6 +9,7 @@ import ctypes
 import os
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
+from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
@@ -70,7 +71,7 @@ class CPUDevice(CompiledDevice):
 def open_device(name: str) -> CompiledDevice:
     """CPU and CPU:LLVM: LLVM IR compiled in-process (CPU_LLVM=0 makes plain CPU the C backend); CPU:C: C and cc."""
     if name not in ("CPU", "CPU:C", "CPU:LLVM"):
-        raise ValueError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C")
+        raise ArgumentError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C")
     if name == "CPU:LLVM" or (name == "CPU" and os.getenv("CPU_LLVM", "1") != "0"):
         from zeptograd.runtime.ops_llvm import LLVMDevice  # imports llvmlite only now
 

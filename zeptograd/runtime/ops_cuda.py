@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.gpu import CUDARenderer
 from zeptograd.runtime.ops_cl import DeviceUnavailable
@@ -255,5 +256,5 @@ def open_device(name: str) -> CUDADevice:
     """CUDA: GPU 0; CUDA:n: GPU n."""
     base, _, num = name.partition(":")
     if base != "CUDA" or (num and not num.isdigit()):
-        raise ValueError(f"unknown CUDA device {name!r}; available: CUDA, CUDA:0, CUDA:1, ...")
+        raise ArgumentError(f"unknown CUDA device {name!r}; available: CUDA, CUDA:0, CUDA:1, ...")
     return CUDADevice(name, int(num or 0))

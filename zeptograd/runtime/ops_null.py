@@ -6,6 +6,7 @@ Buffers are ordinary host memory (copies in and out work); a kernel's output kee
 from __future__ import annotations
 
 from zeptograd.device import Allocator, CompiledDevice, Compiler
+from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.cstyle import CStyleRenderer
 
@@ -36,5 +37,5 @@ class NullDevice(CompiledDevice):
 
 def open_device(name: str) -> NullDevice:
     if name != "NULL":
-        raise ValueError(f"unknown NULL backend {name!r}; available: NULL")
+        raise ArgumentError(f"unknown NULL backend {name!r}; available: NULL")
     return NullDevice(name, NullRenderer(), NullCompiler(), NullProgram, Allocator())

@@ -18,6 +18,7 @@ import numpy as np
 
 from zeptograd.device import Allocator, CompiledDevice, Compiler
 from zeptograd.dtype import DType, PtrDType, dtypes, to_numpy_dtype, truncate
+from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec, Renderer
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, exec_alu
 
@@ -338,5 +339,5 @@ class PythonDevice(CompiledDevice):
 
 def open_device(name: str) -> PythonDevice:
     if name != "PYTHON":
-        raise ValueError(f"unknown PYTHON backend {name!r}; available: PYTHON")
+        raise ArgumentError(f"unknown PYTHON backend {name!r}; available: PYTHON")
     return PythonDevice(name, PythonRenderer(), PythonCompiler(), PythonProgram, Allocator())

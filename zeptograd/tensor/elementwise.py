@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor.helpers import PY_CONST, broadcast_shape
 from zeptograd.uop.ops import Ops, UOp
@@ -46,7 +47,7 @@ class ElementwiseMixin:
         """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
         if isinstance(x, type(self)):
             if x.device != self.device:
-                raise ValueError(f"tensors on different devices: {self.device} and {x.device}")
+                raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
             x = x.item() if hasattr(x, "item") else x
@@ -56,7 +57,7 @@ class ElementwiseMixin:
             dt = scalar_dtype(1, self.dtype)
             other = self._scalar(sint_arg(x, "a Tensor operand"), dt)
         else:
-            raise TypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
+            raise ArgumentTypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
         a, b = (other, self) if reverse else (self, other)
         shape = broadcast_shape(a.shape, b.shape)
         return a.cast(dt)._broadcast_to(shape), b.cast(dt)._broadcast_to(shape)
@@ -65,7 +66,7 @@ class ElementwiseMixin:
         if self.shape == tuple(shape):
             return self
         if len(shape) < self.ndim:
-            raise ValueError(f"can't broadcast shape {self.shape} to {tuple(shape)}")
+            raise ArgumentError(f"can't broadcast shape {self.shape} to {tuple(shape)}")
         broadcast_shape(self.shape, shape)  # raises a clear error if they don't broadcast
         return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
 
@@ -86,7 +87,7 @@ class ElementwiseMixin:
     def sub(self: Tensor, x, reverse: bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
         if a.dtype == dtypes.bool:
-            raise TypeError("subtracting bool tensors is not supported; use logical_xor or cast first")
+            raise ArgumentTypeError("subtracting bool tensors is not supported; use logical_xor or cast first")
         return a._alu(Ops.SUB, b)
 
     def mul(self: Tensor, x, reverse: bool = False) -> Tensor:
@@ -99,7 +100,7 @@ class ElementwiseMixin:
         if rounding_mode == "floor":
             return a._floordiv(b)
         if rounding_mode is not None:
-            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+            raise ArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         return a._float()._alu(Ops.FDIV, b._float())
 
     def _floordiv(self: Tensor, b: Tensor) -> Tensor:
@@ -128,7 +129,7 @@ class ElementwiseMixin:
             if float(x).is_integer() and abs(x) <= 64:
                 base = self if isinstance(x, int) or dtypes.is_float(self.dtype) else self._float()
                 if x < 0 and not dtypes.is_float(base.dtype):
-                    raise ValueError("integers to negative integer powers are not allowed")
+                    raise ArgumentError("integers to negative integer powers are not allowed")
                 ret = base._int_pow(int(abs(x)))
                 return ret.reciprocal() if x < 0 else ret
             if x in (0.5, -0.5):
@@ -190,7 +191,7 @@ class ElementwiseMixin:
     def bitcast(self: Tensor, dtype: DTypeLike) -> Tensor:
         dt = to_dtype(dtype)
         if dt.itemsize != self.dtype.itemsize or dtypes.bool in (dt, self.dtype):
-            raise TypeError(f"bitcast needs dtypes of equal size (and not bool): {self.dtype} -> {dt}")
+            raise ArgumentTypeError(f"bitcast needs dtypes of equal size (and not bool): {self.dtype} -> {dt}")
         return self if dt == self.dtype else self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
 
     def float(self: Tensor) -> Tensor:
@@ -254,7 +255,7 @@ class ElementwiseMixin:
     def _bitwise(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
         if dtypes.is_float(a.dtype):
-            raise TypeError(f"bitwise {op.name} needs integer or bool tensors, got {a.dtype}")
+            raise ArgumentTypeError(f"bitwise {op.name} needs integer or bool tensors, got {a.dtype}")
         return a._alu(op, b)
 
     def bitwise_and(self: Tensor, x, reverse: bool = False) -> Tensor:
@@ -274,7 +275,7 @@ class ElementwiseMixin:
 
     def bitwise_not(self: Tensor) -> Tensor:
         if dtypes.is_float(self.dtype):
-            raise TypeError(f"bitwise_not needs integer or bool tensors, got {self.dtype}")
+            raise ArgumentTypeError(f"bitwise_not needs integer or bool tensors, got {self.dtype}")
         return self.logical_not() if self.dtype == dtypes.bool else self ^ -1
 
     def logical_not(self: Tensor) -> Tensor:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zeptograd.helpers import argsort, ceildiv, flatten, prod  # noqa: F401  (re-exported for the Tensor modules)
+from zeptograd.helpers import ArgumentError, argsort, ceildiv, flatten, prod  # noqa: F401  (re-exported for the Tensor modules)
 
 ConstType = float | int | bool
 PY_CONST = (bool, int, float, np.bool_, np.integer, np.floating)
@@ -32,7 +32,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
                 if any(not isinstance(d, int) for d in sizes)
                 else ""
             )
-            raise ValueError(
+            raise ArgumentError(
                 f"shapes {' and '.join(str(tuple(s)) for s in shapes)} do not broadcast "
                 f"(sizes {sorted(sizes, key=str)} meet in one dimension){hint}"
             )
@@ -44,7 +44,9 @@ def argfix(x: Any, *args: Any) -> tuple:
     """f(1, 2), f((1, 2)) and f([1, 2]) all mean (1, 2)."""
     if isinstance(x, (tuple, list)):
         if args:
-            raise ValueError(f"pass the values either as one sequence or as separate arguments, not both: {x}, {args}")
+            raise ArgumentError(
+                f"pass the values either as one sequence or as separate arguments, not both: {x}, {args}"
+            )
         return tuple(x)
     return (x, *args)
 
@@ -61,7 +63,7 @@ def resolve_pool_pads(padding: int | Sequence[int], dims: int) -> list[int]:
         return list(padding)
     if len(padding) == dims:
         return [p for p in reversed(padding) for _ in range(2)]
-    raise ValueError(f"padding must be an int or a sequence of {dims} or {2 * dims} ints, got {padding}")
+    raise ArgumentError(f"padding must be an int or a sequence of {dims} or {2 * dims} ints, got {padding}")
 
 
 def flat_to_grouped(padding: Sequence[int]) -> list[tuple[int, int]]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import broadcast_shape, normalize_axis
 from zeptograd.uop import variable
 from zeptograd.uop.ops import UOp
@@ -77,7 +78,7 @@ class IndexMixin:
             if isinstance(it, (list, np.ndarray)):
                 items[i] = T(np.asarray(it), device=self.device)
             elif isinstance(it, bool):
-                raise TypeError("indexing with a Python bool is not supported")
+                raise ArgumentTypeError("indexing with a Python bool is not supported")
             elif isinstance(it, UOp) and _is_sym(it):
                 items[i] = variable.sint_arg(it, "index")  # bound, one value per Variable: simplified
             elif isinstance(it, slice) and any(isinstance(b, UOp) for b in (it.start, it.stop, it.step)):
@@ -85,7 +86,7 @@ class IndexMixin:
                     *(variable.sint_arg(b, "slice") if isinstance(b, UOp) else b for b in (it.start, it.stop, it.step))
                 )
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
-                raise TypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
+                raise ArgumentTypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
         from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
         for i in range(len(items) - 1, -1, -1):  # a bool mask indexes as many dims as it has: its nonzero coords
             it = items[i]
@@ -238,9 +239,11 @@ class IndexMixin:
         caller with their own rule (nll_loss's labels, where ignore_index is allowed and masked after)."""
         d = normalize_axis(dim, self.ndim, "dim")
         if index.ndim != self.ndim:
-            raise ValueError(f"gather: index of shape {index.shape} needs as many dims as the input {self.shape}")
+            raise ArgumentError(f"gather: index of shape {index.shape} needs as many dims as the input {self.shape}")
         if any(i > s for k, (s, i) in enumerate(zip(self.shape, index.shape)) if k != d):
-            raise ValueError(f"gather: index shape {index.shape} is larger than the input {self.shape} outside dim {d}")
+            raise ArgumentError(
+                f"gather: index shape {index.shape} is larger than the input {self.shape} outside dim {d}"
+            )
         if not dtypes.is_int(index.dtype):
             raise IndexError(f"gather needs an integer index tensor, got {index.dtype}")
         if check:
@@ -253,9 +256,9 @@ class IndexMixin:
         """src and a one-hot mask laid out as (*self.shape, n): [..., j] is what index sends to position j of dim."""
         d = normalize_axis(dim, self.ndim, "dim")
         if not index.ndim == self.ndim == src.ndim:
-            raise ValueError(f"scatter: self {self.shape}, index {index.shape} and src {src.shape} need equal ndim")
+            raise ArgumentError(f"scatter: self {self.shape}, index {index.shape} and src {src.shape} need equal ndim")
         if any((k != d and s < i) or sr < i for k, (s, i, sr) in enumerate(zip(self.shape, index.shape, src.shape))):
-            raise ValueError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
+            raise ArgumentError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
         if not dtypes.is_int(index.dtype):
             raise IndexError(f"scatter needs an integer index tensor, got {index.dtype}")
         check_index_bounds(index, self.shape[d], d, wrap=False, what="scatter: ")
@@ -267,7 +270,7 @@ class IndexMixin:
 
     def scatter(self: Tensor, dim: int, index: Tensor, src, reduce: str | None = None) -> Tensor:
         if reduce not in (None, "add", "multiply"):
-            raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
+            raise ArgumentError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
         if not isinstance(src, type(self)):
             src = index.full_like(src, dtype=self.dtype)
         if reduce is not None:
@@ -301,7 +304,7 @@ class IndexMixin:
                 if dtypes.is_float(self.dtype)
                 else total.div(count, rounding_mode="floor").cast(self.dtype)
             )
-        raise ValueError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        raise ArgumentError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
 
     # ***** masks *****
     def masked_fill(self: Tensor, mask: Tensor, value) -> Tensor:
@@ -389,7 +392,7 @@ def check_label_bounds(labels: Tensor, num_classes, ignore_index: int | None, wh
     Returns whether a label may equal ignore_index: False when the values read show none (the loss then needs no
     mask: a smaller graph), True when one does or the values are not known now (a TinyJit capture)."""
     if not dtypes.is_int(labels.dtype):
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{what}: class index labels must be an integer tensor, got {labels.dtype} (class "
             f"probabilities need the input's shape)"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from zeptograd.helpers import ArgumentError
 from zeptograd.tensor.helpers import argfix, ceildiv, flatten, make_tuple, normalize_axis, prod
 
 if TYPE_CHECKING:
@@ -65,11 +66,11 @@ class MovementMixin:
     def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
         ts = _tensor_list(self, args)
         if any(t.ndim == 0 for t in ts):
-            raise ValueError("zero-dimensional tensors cannot be concatenated")
+            raise ArgumentError("zero-dimensional tensors cannot be concatenated")
         d = normalize_axis(dim, ts[0].ndim, "dim")
         for t in ts[1:]:
             if t.ndim != ts[0].ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape)) if i != d):
-                raise ValueError(f"cat: shapes {ts[0].shape} and {t.shape} differ outside dimension {d}")
+                raise ArgumentError(f"cat: shapes {ts[0].shape} and {t.shape} differ outside dimension {d}")
         dt = ts[0].dtype
         for t in ts[1:]:
             dt = ts[0]._operands(t)[0].dtype if t.dtype != dt else dt
@@ -89,22 +90,22 @@ class MovementMixin:
         d, n = self._dim(dim), self.shape[self._dim(dim)]
         if isinstance(sizes, int):
             if sizes <= 0:
-                raise ValueError(f"split size must be positive, got {sizes}")
+                raise ArgumentError(f"split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
         if sum(sizes) != n:
-            raise ValueError(f"split sizes {list(sizes)} must sum to the size {n} of dimension {d}")
+            raise ArgumentError(f"split sizes {list(sizes)} must sum to the size {n} of dimension {d}")
         offs = [sum(sizes[:i]) for i in range(len(sizes))]
         return tuple(self._slice_dim(d, o, o + s) for o, s in zip(offs, sizes))
 
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
         if chunks <= 0:
-            raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+            raise ArgumentError(f"chunk needs a positive number of chunks, got {chunks}")
         n = self.shape[self._dim(dim)]
         return list(self.split(max(ceildiv(n, chunks), 1), dim)) if n else [self]
 
     def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+            raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         ts = [t.flatten() for t in _tensor_list(self, args)]
         shape = tuple(t.numel() for t in ts)
         grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
@@ -116,7 +117,7 @@ class MovementMixin:
     def repeat(self: Tensor, repeats, *args) -> Tensor:
         repeats = argfix(repeats, *args)
         if len(repeats) < self.ndim:
-            raise ValueError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {repeats}")
+            raise ArgumentError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {repeats}")
         base = (1,) * (len(repeats) - self.ndim) + self.shape
         x = self.reshape(flatten((1, s) for s in base))
         x = x.expand(flatten((r, s) for r, s in zip(repeats, base)))
@@ -148,7 +149,7 @@ class MovementMixin:
         noop, i_ = [None] * (self.ndim - len(k_)), self.shape[-len(k_) :]
         for k, d, i in zip(k_, d_, i_):
             if d * (k - 1) + 1 > i:
-                raise ValueError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
+                raise ArgumentError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
         o_ = [ceildiv(i - d * (k - 1), s) for i, d, k, s in zip(i_, d_, k_, s_)]
         # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim
         f_ = [1 + int(o * s > i - d * (k - 1)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
@@ -166,7 +167,7 @@ class MovementMixin:
         """torch.Tensor.unfold: windows of `size` every `step` along dim; the window is a new last dimension."""
         d = self._dim(dim)
         if size > self.shape[d] or size <= 0 or step <= 0:
-            raise ValueError(f"unfold: size {size} and step {step} don't fit dimension {d} of size {self.shape[d]}")
+            raise ArgumentError(f"unfold: size {size} and step {step} don't fit dimension {d} of size {self.shape[d]}")
         others = [i for i in range(self.ndim) if i != d]
         x = self.permute(*others, d)._pool((size,), step)  # (*others, windows, size)
         order = list(range(len(others)))
@@ -175,7 +176,7 @@ class MovementMixin:
     def diagonal(self: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
         d1, d2 = self._dim(dim1), self._dim(dim2)
         if d1 == d2:
-            raise ValueError(f"diagonal needs two different dims, got {dim1} and {dim2}")
+            raise ArgumentError(f"diagonal needs two different dims, got {dim1} and {dim2}")
         x = self.permute(*[i for i in range(self.ndim) if i not in (d1, d2)], d1, d2)
         n, m = x.shape[-2:]
         length = max(0, min(n, m - offset) if offset >= 0 else min(n + offset, m))
@@ -192,7 +193,7 @@ class MovementMixin:
         if self.ndim == 2:
             return self.diagonal(diagonal)
         if self.ndim != 1:
-            raise ValueError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+            raise ArgumentError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
         n = self.shape[0] + abs(diagonal)
         x = self.pad(((0, abs(diagonal)),))  # row i holds x[i] (diagonal >= 0), column j holds x[j] (below it)
         x = x.reshape(n, 1) if diagonal >= 0 else x.reshape(1, n)
@@ -208,37 +209,37 @@ class MovementMixin:
 
     def tril(self: Tensor, diagonal: int = 0) -> Tensor:
         if self.ndim < 2:
-            raise ValueError(f"tril needs at least 2 dimensions, got shape {self.shape}")
+            raise ArgumentError(f"tril needs at least 2 dimensions, got shape {self.shape}")
         return self._tri_mask(diagonal, False).where(self, self.zeros_like())
 
     def triu(self: Tensor, diagonal: int = 0) -> Tensor:
         if self.ndim < 2:
-            raise ValueError(f"triu needs at least 2 dimensions, got shape {self.shape}")
+            raise ArgumentError(f"triu needs at least 2 dimensions, got shape {self.shape}")
         return self._tri_mask(diagonal, True).where(self, self.zeros_like())
 
     # ***** einops-style rearrange *****
     def rearrange(self: Tensor, formula: str, **sizes) -> Tensor:
         """`x.rearrange("b (h w) c -> b c h w", h=4)`: groups in parentheses, `...`, and `1` / `()` for unit dims."""
         if formula.count("->") != 1:
-            raise ValueError(f'rearrange needs exactly one "->" in {formula!r}')
+            raise ArgumentError(f'rearrange needs exactly one "->" in {formula!r}')
         lhs, rhs = (_parse_axes(side) for side in formula.split("->"))
         names_l, names_r = flatten(lhs), flatten(rhs)
         if sorted(names_l) != sorted(names_r) or len(set(names_l)) != len(names_l):
-            raise ValueError(f"rearrange: the axis names on both sides of {formula!r} must be the same, once each")
+            raise ArgumentError(f"rearrange: the axis names on both sides of {formula!r} must be the same, once each")
         if "..." in names_l:  # the ellipsis stands for the dims no other group names
             ell = [f"...{i}" for i in range(self.ndim - (len(lhs) - 1))]
             lhs, rhs = (_expand_ellipsis(side, ell) for side in (lhs, rhs))
         if len(lhs) != self.ndim:
-            raise ValueError(f"rearrange: {formula!r} names {len(lhs)} dims, the tensor has shape {self.shape}")
+            raise ArgumentError(f"rearrange: {formula!r} names {len(lhs)} dims, the tensor has shape {self.shape}")
         known: dict[str, int] = {}
         for group, size in zip(lhs, self.shape):  # split each group
             unknown = [n for n in group if n not in sizes]
             if len(unknown) > 1:
-                raise ValueError(f"rearrange: can't infer the sizes of {unknown} in {formula!r}")
+                raise ArgumentError(f"rearrange: can't infer the sizes of {unknown} in {formula!r}")
             rest = size // max(1, prod(sizes[n] for n in group if n in sizes))
             known.update({n: sizes.get(n, rest) for n in group})
             if prod(known[n] for n in group) != size:
-                raise ValueError(f"rearrange: sizes {[known[n] for n in group]} don't multiply to {size}")
+                raise ArgumentError(f"rearrange: sizes {[known[n] for n in group]} don't multiply to {size}")
         x = self.reshape([known[n] for g in lhs for n in g])
         order = [n for g in lhs for n in g]
         x = x.permute([order.index(n) for g in rhs for n in g])
@@ -252,11 +253,11 @@ def _parse_axes(side: str) -> list[list[str]]:
     for tok in side.replace("(", " ( ").replace(")", " ) ").split():
         if tok == "(":
             if current is not None:
-                raise ValueError(f"rearrange: nested parentheses in {side!r}")
+                raise ArgumentError(f"rearrange: nested parentheses in {side!r}")
             current = []
         elif tok == ")":
             if current is None:
-                raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+                raise ArgumentError(f"rearrange: unbalanced parentheses in {side!r}")
             groups.append(current)
             current = None
         elif current is not None:
@@ -264,7 +265,7 @@ def _parse_axes(side: str) -> list[list[str]]:
         else:
             groups.append([] if tok == "1" else [tok])
     if current is not None:
-        raise ValueError(f"rearrange: unbalanced parentheses in {side!r}")
+        raise ArgumentError(f"rearrange: unbalanced parentheses in {side!r}")
     return groups
 
 
@@ -279,10 +280,10 @@ def _expand_ellipsis(groups: list[list[str]], ell: list[str]) -> list[list[str]]
 def _fill_minus_one(sizes: tuple[int, ...], total: int) -> tuple[int, ...]:
     sizes = tuple(sizes)
     if sizes.count(-1) > 1:
-        raise ValueError(f"unflatten sizes {sizes} can have at most one -1")
+        raise ArgumentError(f"unflatten sizes {sizes} can have at most one -1")
     known = prod(s for s in sizes if s != -1)
     if -1 in sizes:
         sizes = tuple(total // known if s == -1 and known else s for s in sizes)
     if prod(sizes) != total:
-        raise ValueError(f"unflatten sizes {sizes} don't multiply to {total}")
+        raise ArgumentError(f"unflatten sizes {sizes} don't multiply to {total}")
     return sizes

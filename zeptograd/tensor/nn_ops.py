@@ -9,6 +9,7 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 from zeptograd.tensor.indexing import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
 
@@ -24,10 +25,10 @@ class NNMixin:
         """numpy/torch matmul semantics: 1-D operands are vectors, leading dims broadcast."""
         x, dx, dw = self, self.ndim, w.ndim
         if dx == 0 or dw == 0:
-            raise ValueError(f"matmul needs tensors of at least 1 dimension, got shapes {x.shape} and {w.shape}")
+            raise ArgumentError(f"matmul needs tensors of at least 1 dimension, got shapes {x.shape} and {w.shape}")
         axis_w = -min(dw, 2)
         if x.shape[-1] != w.shape[axis_w]:
-            raise ValueError(
+            raise ArgumentError(
                 f"matmul of incompatible shapes {x.shape} and {w.shape}: {x.shape[-1]} != {w.shape[axis_w]}"
             )
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
@@ -54,19 +55,19 @@ class NNMixin:
         xs: list[Tensor] = list(argfix(*operands))
         inputs, output = _parse_einsum(formula.replace(" ", ""), xs)
         if len(inputs) != len(xs):
-            raise ValueError(f"einsum {formula!r} names {len(inputs)} operands, got {len(xs)}")
+            raise ArgumentError(f"einsum {formula!r} names {len(inputs)} operands, got {len(xs)}")
         sizes: dict[str, int] = {}
         prepared = []
         for letters, x in zip(inputs, xs):
             if len(letters) != x.ndim:
-                raise ValueError(f"einsum operand {letters!r} does not match shape {x.shape}")
+                raise ArgumentError(f"einsum operand {letters!r} does not match shape {x.shape}")
             while len(set(letters)) != len(letters):  # a repeated letter takes the diagonal ("ii->i")
                 c = next(c for c in letters if letters.count(c) > 1)
                 i, j = letters.index(c), letters.index(c, letters.index(c) + 1)
                 x, letters = x.diagonal(0, i, j), letters[:i] + letters[i + 1 : j] + letters[j + 1 :] + c
             for c, s in zip(letters, x.shape):
                 if c in sizes and s != sizes[c] and 1 not in (s, sizes[c]):
-                    raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+                    raise ArgumentError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
                 sizes[c] = s if c not in sizes or sizes[c] == 1 else sizes[c]
             prepared.append((letters, x))
         alphabet = sorted(sizes)
@@ -95,7 +96,7 @@ class NNMixin:
         """N-d convolution (1-d, 2-d, 3-d by the weight's rank): sliding windows times the weight, summed."""
         (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
         if self.ndim != weight.ndim or groups * cin != cin_ or cout % groups:
-            raise ValueError(
+            raise ArgumentError(
                 f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
                 f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})"
             )
@@ -122,7 +123,7 @@ class NNMixin:
         """The gradient of conv2d as a conv2d: stride becomes zeros between inputs, the kernel flips."""
         hw = weight.shape[2:]
         if self.ndim != weight.ndim or self.shape[1] != weight.shape[0]:
-            raise ValueError(
+            raise ArgumentError(
                 f"conv_transpose2d: input of shape {self.shape} does not match weight of shape "
                 f"{weight.shape} (input channels must equal weight.shape[0])"
             )
@@ -211,9 +212,9 @@ class NNMixin:
     def interpolate(self: Tensor, size: tuple[int, ...], mode: str = "linear", align_corners: bool = False) -> Tensor:
         """Resize the last len(size) dims: 'nearest' (torch's floor rule), 'nearest-exact', or 'linear'."""
         if mode not in ("linear", "nearest", "nearest-exact"):
-            raise ValueError(f"interpolate mode must be linear, nearest or nearest-exact, got {mode!r}")
+            raise ArgumentError(f"interpolate mode must be linear, nearest or nearest-exact, got {mode!r}")
         if align_corners and mode != "linear":
-            raise ValueError("align_corners needs mode='linear'")
+            raise ArgumentError("align_corners needs mode='linear'")
         x, expand = self, list(self.shape)
         for i in range(-1, -len(size) - 1, -1):
             n_in, n_out = self.shape[i], size[i]
@@ -259,7 +260,7 @@ class NNMixin:
 
     def dropout(self: Tensor, p: float = 0.5) -> Tensor:
         if not 0 <= p <= 1:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+            raise ArgumentError(f"dropout probability must be in [0, 1], got {p}")
         if not type(self).training or p == 0:
             return self
         if p == 1:
@@ -282,7 +283,7 @@ class NNMixin:
         qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
         if is_causal:
             if attn_mask is not None:
-                raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+                raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
         if attn_mask is not None:
             qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
@@ -299,7 +300,7 @@ class NNMixin:
         """int64 (..., num_classes); class values must be in [0, num_classes), checked at the call (a RuntimeError as
         torch, naming the value and the count). num_classes=-1: the max value + 1 (read back; not under TinyJit)."""
         if not dtypes.is_int(self.dtype):
-            raise TypeError(f"one_hot needs an integer tensor, got {self.dtype}")
+            raise ArgumentTypeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if num_classes == -1:
             from zeptograd.engine.realize import capturing
 
@@ -314,7 +315,7 @@ class NNMixin:
 
     def _do_reduction(self: Tensor, reduction: str = "mean") -> Tensor:
         if reduction not in ("mean", "sum", "none"):
-            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+            raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         return self.mean() if reduction == "mean" else self.sum() if reduction == "sum" else self
 
     def cross_entropy(
@@ -324,7 +325,7 @@ class NNMixin:
         must be in [0, classes) or equal ignore_index (as torch: those don't count, nor in the mean's divisor);
         checked at the call (`check_label_bounds`)."""
         if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+            raise ArgumentError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         x = self.unsqueeze(0) if self.ndim == 1 else self
         y = Y.unsqueeze(0) if self.ndim == 1 else Y
         c = x.shape[1]

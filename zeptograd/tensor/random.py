@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.device import Device
 from zeptograd.dtype import DTypeLike, dtypes, to_dtype
+from zeptograd.helpers import ArgumentError
 from zeptograd.tensor.helpers import prod
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class RandomMixin:
         """Uniform in [0, 1)."""
         dt = to_dtype(dtype or dtypes.default_float)
         if not dtypes.is_float(dt):
-            raise ValueError(f"rand makes floats, got dtype {dt}")
+            raise ArgumentError(f"rand makes floats, got dtype {dt}")
         shape = cls._shape_arg(shape)
         out = (cls._random_bits(shape, device) >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))  # 24 random bits
         out = out.cast(dt)
@@ -73,7 +74,7 @@ class RandomMixin:
     @classmethod
     def randint(cls, *shape, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs) -> Tensor:
         if not isinstance(low, int) or not isinstance(high, int) or low >= high:
-            raise ValueError(f"randint needs int bounds low < high, got {low}, {high}")
+            raise ArgumentError(f"randint needs int bounds low < high, got {low}, {high}")
         dt = to_dtype(dtype)
         return (cls.rand(*shape, dtype=dtypes.float64, **kwargs) * (high - low) + low).floor().cast(dt)
 
@@ -118,13 +119,13 @@ class RandomMixin:
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:
         """Draw class indices (int64) with probabilities proportional to the weights on the last axis."""
         if not 1 <= self.ndim <= 2 or num_samples < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"multinomial needs 1-D or 2-D weights and num_samples >= 1, got {self.shape}, {num_samples}"
             )
         w = self.unsqueeze(0) if self.ndim == 1 else self
         if not replacement:  # Gumbel top-k: the k largest of log(w) + Gumbel noise are a sample without replacement
             if num_samples > w.shape[1]:
-                raise ValueError(f"can't draw {num_samples} samples without replacement from {w.shape[1]} classes")
+                raise ArgumentError(f"can't draw {num_samples} samples without replacement from {w.shape[1]} classes")
             keys = w.log() - (-type(self).rand(*w.shape, device=self.device).maximum(1e-12).log()).log()
             idx = keys.topk(num_samples, -1)[1]
         else:  # inverse CDF

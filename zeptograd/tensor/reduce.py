@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
+from zeptograd.helpers import ArgumentError
 from zeptograd.tensor.helpers import normalize_axis, prod
 from zeptograd.uop.ops import Ops, UOp
 
@@ -245,6 +246,6 @@ class ReduceMixin:
     def topk(self: Tensor, k: int, dim: int = -1, largest: bool = True, sorted_: bool = True) -> tuple[Tensor, Tensor]:
         d = normalize_axis(dim, self.ndim) if self.ndim else 0
         if not 0 <= k <= (self.shape[d] if self.ndim else 1):
-            raise ValueError(f"topk: k={k} is out of range for dimension {d} of shape {self.shape}")
+            raise ArgumentError(f"topk: k={k} is out of range for dimension {d} of shape {self.shape}")
         values, idx = self.sort(d, descending=largest)
         return (values, idx) if self.ndim == 0 else (values._slice_dim(d, 0, k), idx._slice_dim(d, 0, k))

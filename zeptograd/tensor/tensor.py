@@ -14,6 +14,7 @@ import numpy as np
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor.elementwise import ElementwiseMixin
 from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
@@ -85,17 +86,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             try:
                 arr = np.array(data, dtype=to_numpy_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
             except ValueError as e:
-                raise ValueError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
+                raise ArgumentError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"numpy dtype {data.dtype} is not supported by zeptograd "
                     f"(supported: bool, int8..int64, uint8..uint64, float16, float32, float64)"
                 )
             dt = dt or from_numpy_dtype(data.dtype)
             arr = data.astype(to_numpy_dtype(dt)) if dt != dtypes.bfloat16 else data.astype(np.float32)
         else:
-            raise TypeError(f"can't make a Tensor from {type(data).__name__}")
+            raise ArgumentTypeError(f"can't make a Tensor from {type(data).__name__}")
         if dt == dtypes.bfloat16:
             arr = (np.asarray(arr, np.float32).view(np.uint32) >> 16).astype(np.uint16)
         self.uop = _buffer_uop(arr, dt, device)
@@ -143,7 +144,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def __len__(self) -> int:
         if self.ndim == 0:
-            raise TypeError("len() of a 0-d tensor")
+            raise ArgumentTypeError("len() of a 0-d tensor")
         return self.shape[0]
 
     def __repr__(self):
@@ -154,7 +155,9 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def __bool__(self):
         if self.numel() != 1:
-            raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous; use .any() or .all()")
+            raise ArgumentError(
+                f"the truth value of a tensor with shape {self.shape} is ambiguous; use .any() or .all()"
+            )
         return bool(self.item())
 
     # ***** running *****
@@ -191,7 +194,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def item(self) -> ConstType:
         if self.numel() != 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"item() needs a tensor with exactly one element, this one has shape {self.shape} "
                 f"({self.numel()} elements)"
             )
@@ -222,7 +225,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def replace(self, x: Tensor) -> Tensor:
         if x.shape != self.shape:
-            raise ValueError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
+            raise ArgumentError(f"replace needs equal shapes, got {self.shape} and {x.shape}")
         self.uop, self.device = x.uop, x.device
         return self
 
@@ -235,7 +238,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.device != self.device:
-            raise ValueError(f"assign across devices: {x.device} into {self.device}")
+            raise ArgumentError(f"assign across devices: {x.device} into {self.device}")
         if x.uop is self.uop:
             return self
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
@@ -273,7 +276,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         nodes = self.uop.toposort()
         for t in targets:
             if t.uop not in nodes:
-                raise ValueError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
+                raise ArgumentError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
         grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
         return [grads[t.uop] if t.uop in grads else t.zeros_like() for t in targets]
 
@@ -301,7 +304,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                 )
             return self.ones_like()
         if gradient.shape != self.shape:
-            raise ValueError(f"the gradient's shape {gradient.shape} must equal the tensor's shape {self.shape}")
+            raise ArgumentError(f"the gradient's shape {gradient.shape} must equal the tensor's shape {self.shape}")
         return gradient.cast(self.dtype)
 
     # ***** creation *****
@@ -312,14 +315,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             shape = tuple(shape[0])
         if any(isinstance(s, UOp) for s in shape):
             if not symbolic:
-                raise ValueError(
+                raise ArgumentError(
                     f"this creation function needs int sizes, got the symbolic shape {shape}: make it at "
                     f"the largest size and shrink it to the Variable"
                 )
             return _symbolic_shape(shape, "shape")
         for s in shape:
             if not isinstance(s, (int, np.integer)) or s < 0:
-                raise ValueError(f"a shape is made of non-negative ints, got {shape}")
+                raise ArgumentError(f"a shape is made of non-negative ints, got {shape}")
         return tuple(int(s) for s in shape)
 
     @staticmethod
@@ -389,7 +392,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("arange: step must not be 0")
+            raise ArgumentError("arange: step must not be 0")
         dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
         n = max(0, math.ceil((stop - start) / step))
         ret = (Tensor._iota(n, device).cast(dt) * step + start).cast(dt)
@@ -405,7 +408,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         **kwargs,
     ) -> Tensor:
         if steps < 0:
-            raise ValueError(f"linspace: steps must be non-negative, got {steps}")
+            raise ArgumentError(f"linspace: steps must be non-negative, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device, **kwargs)
@@ -421,7 +424,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     ) -> Tensor:
         m = n if m is None else m
         if n < 0 or m < 0:
-            raise ValueError(f"eye needs non-negative sizes, got {n}, {m}")
+            raise ArgumentError(f"eye needs non-negative sizes, got {n}, {m}")
         ret = Tensor._iota(n, device).reshape(n, 1) == Tensor._iota(m, device).reshape(1, m)
         ret = ret.cast(to_dtype(dtype or dtypes.default_float))
         return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
@@ -430,20 +433,20 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def reshape(self, shape, *args) -> Tensor:
         shape = argfix(shape, *args)
         if shape.count(-1) > 1:
-            raise ValueError(f"reshape to {shape}: only one dimension can be -1")
+            raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
         shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
         if any(isinstance(s, UOp) for s in shape + self.shape):
             return self._reshape_symbolic(shape)
         if -1 in shape:
             known = prod(s for s in shape if s != -1)
             if known == 0 or self.numel() % known:
-                raise ValueError(f"can't reshape a tensor of shape {self.shape} to {shape}")
+                raise ArgumentError(f"can't reshape a tensor of shape {self.shape} to {shape}")
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
         if any(not isinstance(s, (int, np.integer)) or s < 0 for s in shape):
-            raise ValueError(f"can't reshape to {shape}: sizes must be non-negative ints")
+            raise ArgumentError(f"can't reshape to {shape}: sizes must be non-negative ints")
         shape = tuple(int(s) for s in shape)
         if prod(shape) != self.numel():
-            raise ValueError(
+            raise ArgumentError(
                 f"can't reshape a tensor of shape {self.shape} ({self.numel()} elements) to {shape} "
                 f"({prod(shape)} elements)"
             )
@@ -457,20 +460,20 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             known = prod(s for s in shape if not (isinstance(s, int) and s == -1))
             kv, nv = variable.sint_value(known), variable.sint_value(self.numel())
             if kv == 0 or nv % kv:
-                raise ValueError(f"can't reshape a tensor of shape {self.shape} to {shape}")
+                raise ArgumentError(f"can't reshape a tensor of shape {self.shape} to {shape}")
             n = self.numel() if isinstance(self.numel(), UOp) else UOp.const(dtypes.index, self.numel())
             shape = tuple(variable.sint_simplify(n // known) if isinstance(s, int) and s == -1 else s for s in shape)
         shape = _symbolic_shape(shape, f"reshape to {shape}")
         old_n, new_n = variable.sint_prod(self.shape), variable.sint_prod(shape)
         if not (old_n is new_n or (isinstance(old_n, int) and old_n == new_n)):
             if _capturing():
-                raise ValueError(
+                raise ArgumentError(
                     f"can't reshape a tensor of shape {self.shape} to {shape} while TinyJit captures: "
                     f"the element counts {old_n} and {new_n} are equal only for some values of the "
                     f"Variables, and a replay runs with others"
                 )
             if variable.sint_value(old_n) != variable.sint_value(new_n):
-                raise ValueError(
+                raise ArgumentError(
                     f"can't reshape a tensor of shape {self.shape} ({variable.sint_value(old_n)} "
                     f"elements) to {shape} ({variable.sint_value(new_n)} elements)"
                 )
@@ -482,10 +485,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def permute(self, order, *args) -> Tensor:
         order = argfix(order, *args)
         if len(order) != self.ndim:
-            raise ValueError(f"permute order {order} must name each of the {self.ndim} dimensions of {self.shape}")
+            raise ArgumentError(f"permute order {order} must name each of the {self.ndim} dimensions of {self.shape}")
         norm = tuple(normalize_axis(o, self.ndim, "permute dimension") for o in order)
         if sorted(norm) != list(range(self.ndim)):
-            raise ValueError(f"permute order {order} is not a permutation of the dimensions of {self.shape}")
+            raise ArgumentError(f"permute order {order} is not a permutation of the dimensions of {self.shape}")
         if norm == tuple(range(self.ndim)):
             return self
         return self._new(UOp(Ops.PERMUTE, self.dtype, (self.uop,), norm))
@@ -493,11 +496,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def expand(self, shape, *args) -> Tensor:
         shape = argfix(shape, *args)
         if len(shape) < self.ndim:
-            raise ValueError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
+            raise ArgumentError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
         src = (1,) * (len(shape) - self.ndim) + self.shape
         new = tuple(s if n in (-1, None) else n for s, n in zip(src, shape))
         if any(s != n and s != 1 for s, n in zip(src, new)):
-            raise ValueError(f"can't expand shape {self.shape} to {shape}: only size-1 dimensions can grow")
+            raise ArgumentError(f"can't expand shape {self.shape} to {shape}: only size-1 dimensions can grow")
         x = self.reshape(src)
         return x if new == x.shape else x._new(UOp(Ops.EXPAND, self.dtype, (x.uop,), new))
 
@@ -506,12 +509,12 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             return self._pad_pairs_symbolic(padding)
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
-                raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
+                raise ArgumentError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
             return [(0, 0)] * (self.ndim - len(padding) // 2) + [
                 (int(padding[i]), int(padding[i + 1])) for i in range(len(padding) - 2, -1, -2)
             ]
         if len(padding) != self.ndim:
-            raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+            raise ArgumentError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
 
     def _pad_pairs_symbolic(self, padding) -> list:
@@ -519,12 +522,12 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         TinyJit captures); constant mode only."""
         if all(not isinstance(p, (tuple, list)) and p is not None for p in padding):  # flat, last dimension first
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
-                raise ValueError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
+                raise ArgumentError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
             padding = [None] * (self.ndim - len(padding) // 2) + [
                 (padding[i], padding[i + 1]) for i in range(len(padding) - 2, -1, -2)
             ]
         if len(padding) != self.ndim:
-            raise ValueError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+            raise ArgumentError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
         return [(0, 0) if p is None else tuple(_symbolic_shape(tuple(p), f"padding {tuple(padding)}")) for p in padding]
 
     def pad(self, padding, mode: str = "constant", value: ConstType = 0.0) -> Tensor:
@@ -533,10 +536,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         Modes: constant (with `value`), reflect, replicate, circular."""
         pairs = self._pad_pairs(padding)
         if mode not in ("constant", "reflect", "replicate", "circular"):
-            raise ValueError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
+            raise ArgumentError(f"pad mode must be constant, reflect, replicate or circular, got {mode!r}")
         if any(isinstance(x, UOp) for p in pairs for x in p + tuple(self.shape)):
             if mode != "constant" or any(isinstance(x, int) and x < 0 for p in pairs for x in p):
-                raise ValueError(
+                raise ArgumentError(
                     f"pad with symbolic sizes is constant and non-negative; got mode {mode!r}, padding "
                     f"{tuple(pairs)} on {self.shape}"
                 )
@@ -562,7 +565,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             n = x.shape[d]
             limit = n - 1 if mode == "reflect" else n if mode == "circular" else math.inf
             if max(b, a) > limit or n == 0:
-                raise ValueError(f"{mode} padding ({b}, {a}) is too large for dimension {d} of size {n}")
+                raise ArgumentError(f"{mode} padding ({b}, {a}) is too large for dimension {d} of size {n}")
 
             def part(lo: int, hi: int) -> Tensor:
                 return x.shrink(tuple((lo, hi) if i == d else None for i in range(x.ndim)))
@@ -580,7 +583,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def shrink(self, arg) -> Tensor:
         if len(arg) != self.ndim:
-            raise ValueError(f"shrink {tuple(arg)} must have one (start, end) or None per dimension of {self.shape}")
+            raise ArgumentError(f"shrink {tuple(arg)} must have one (start, end) or None per dimension of {self.shape}")
         if any(isinstance(x, UOp) for a in arg if a is not None for x in a) or any(
             isinstance(s, UOp) for s in self.shape
         ):
@@ -593,7 +596,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             norm = tuple((0, s) if a is None else (int(a[0]), int(a[1])) for a, s in zip(arg, self.shape))
         for (b, e), s in zip(norm, self.shape):
             if not isinstance(b, UOp) and not isinstance(e, UOp) and not isinstance(s, UOp) and not 0 <= b <= e <= s:
-                raise ValueError(f"shrink {tuple(arg)} is out of bounds for shape {self.shape}")
+                raise ArgumentError(f"shrink {tuple(arg)} is out of bounds for shape {self.shape}")
         if all(isinstance(b, int) and b == 0 and (e is s or e == s) for (b, e), s in zip(norm, self.shape)):
             return self
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
@@ -624,7 +627,7 @@ def _symbolic_shape(shape: tuple, what: str) -> tuple:
     for s in out:
         low = s if isinstance(s, int) else variable.sint_value(s)
         if low < 0 or (_capturing() and isinstance(s, UOp) and s.vmin < 0):
-            raise ValueError(f"{what}: sizes must be non-negative, got {s!r} in {out}")
+            raise ArgumentError(f"{what}: sizes must be non-negative, got {s!r} in {out}")
     return out
 
 
@@ -633,14 +636,14 @@ def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
     for (b, e), s in zip(pairs, shape):
         vb, ve, vs = variable.sint_value(b), variable.sint_value(e), variable.sint_value(s)
         if not 0 <= vb <= ve <= vs:
-            raise ValueError(
+            raise ArgumentError(
                 f"{what} is out of bounds for shape {shape}: ({b!r}, {e!r}) is ({vb}, {ve}) in a dimension of size {vs}"
             )
         if _capturing():
             for lo, hi in ((0, b), (b, e), (e, s)):
                 d = variable.sint_simplify(hi - lo)
                 if isinstance(d, UOp) and d.vmin < 0:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"{what} while TinyJit captures: ({b!r}, {e!r}) in a dimension of size {s!r} "
                         f"is out of bounds for some values of the Variables, and a replay runs with "
                         f"other values (narrow the Variables' ranges)"

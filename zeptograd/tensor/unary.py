@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import ArgumentError
 from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ class UnaryMixin:
 
     def clamp(self: Tensor, min_=None, max_=None) -> Tensor:
         if min_ is None and max_ is None:
-            raise ValueError("clamp needs at least one of min_ and max_")
+            raise ArgumentError("clamp needs at least one of min_ and max_")
         x = self if min_ is None else self.maximum(min_)
         return x if max_ is None else x.minimum(max_)
 
@@ -227,7 +228,7 @@ class UnaryMixin:
         if approximate == "none":
             return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
         if approximate != "tanh":
-            raise ValueError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
+            raise ArgumentError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
         return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
 
     def quick_gelu(self: Tensor) -> Tensor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from zeptograd.dtype import dtypes
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.uop.ops import Ops, UOp
 
 in_use = False  # set by the first bind(): until then, scheduling skips looking for variables
@@ -30,12 +31,12 @@ _ARG_OPS = (Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.PAD, Ops.CONST)  # tensor-g
 def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802  (tinygrad's name)
     """A symbolic integer in [min_val, max_val] (a DEFINE_VAR UOp); `.bind(value)` makes it usable in shapes."""
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"Variable name must be an identifier (it names a kernel argument), got {name!r}")
+        raise ArgumentError(f"Variable name must be an identifier (it names a kernel argument), got {name!r}")
     for what, v in (("min", min_val), ("max", max_val)):
         if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"Variable {name!r}: {what} must be an int, got {v!r}")
+            raise ArgumentTypeError(f"Variable {name!r}: {what} must be an int, got {v!r}")
     if not 0 <= min_val <= max_val <= dtypes.max(dtypes.index):
-        raise ValueError(
+        raise ArgumentError(
             f"Variable {name!r}: need 0 <= min <= max <= {dtypes.max(dtypes.index)}, got min={min_val}, max={max_val}"
         )
     return UOp.variable(name, min_val, max_val)
@@ -43,14 +44,14 @@ def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802  (tiny
 
 def bind(var: UOp, val: int) -> UOp:
     if var.op is not Ops.DEFINE_VAR:
-        raise ValueError(f"bind() needs a Variable (DEFINE_VAR), not {var.op}")
+        raise ArgumentError(f"bind() needs a Variable (DEFINE_VAR), not {var.op}")
     name, lo, hi = var.arg
     if hasattr(val, "__index__") and not isinstance(val, bool):
         val = val.__index__()
     if not isinstance(val, int) or isinstance(val, bool):
-        raise TypeError(f"Variable {name!r} can only be bound to an int, got {val!r}")
+        raise ArgumentTypeError(f"Variable {name!r} can only be bound to an int, got {val!r}")
     if not lo <= val <= hi:
-        raise ValueError(f"can't bind Variable {name!r} to {val}: outside its range [{lo}, {hi}]")
+        raise ArgumentError(f"can't bind Variable {name!r} to {val}: outside its range [{lo}, {hi}]")
     global in_use
     in_use = True
     return UOp(Ops.BIND, var.dtype, (var, UOp.const(var.dtype, val)))
@@ -103,15 +104,15 @@ def sint_arg(x: Any, what: str) -> int | UOp:
     """A size or bound given by the user: an int, or an index expression of bound variables (simplified)."""
     if isinstance(x, UOp):
         if not is_sint(x):
-            raise ValueError(f"{what}: a symbolic size must be an expression of bound Variables, got {x.op}")
+            raise ArgumentError(f"{what}: a symbolic size must be an expression of bound Variables, got {x.op}")
         free = [n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR and not _is_bound_in(n, x)]
         if free:
-            raise ValueError(f"{what}: Variable(s) {free} are not bound; use Variable(...).bind(value) in shapes")
+            raise ArgumentError(f"{what}: Variable(s) {free} are not bound; use Variable(...).bind(value) in shapes")
         bound_vars(x)  # one value per variable
         return sint_simplify(x)
     if hasattr(x, "__index__") and not isinstance(x, bool):
         return x.__index__()
-    raise ValueError(f"{what}: sizes must be ints or bound Variables, got {x!r}")
+    raise ArgumentError(f"{what}: sizes must be ints or bound Variables, got {x!r}")
 
 
 def _is_bound_in(var: UOp, x: UOp) -> bool:
@@ -137,7 +138,7 @@ def bound_vars(x: Any) -> dict[UOp, int]:
 
 def _record(out: dict[UOp, int], var: UOp, val: int):
     if out.get(var, val) != val:
-        raise ValueError(f"Variable {var.arg[0]!r} is bound to both {out[var]} and {val} in one graph")
+        raise ArgumentError(f"Variable {var.arg[0]!r} is bound to both {out[var]} and {val} in one graph")
     out[var] = val
 
 
@@ -148,11 +149,11 @@ def sint_value(x: int | UOp) -> int:
     vals = bound_vars(x)
     free = [n.arg[0] for n in x.toposort() if n.op is Ops.DEFINE_VAR and n not in vals]
     if free:
-        raise ValueError(f"{render_sint(x) or x} holds the unbound Variable(s) {free}: bind a value first")
+        raise ArgumentError(f"{render_sint(x) or x} holds the unbound Variable(s) {free}: bind a value first")
     mapping = {n: n.src[1] for n in x.toposort() if n.op is Ops.BIND}
     ret = sint_simplify(x.substitute(mapping))
     if not isinstance(ret, int):
-        raise ValueError(f"can't evaluate {render_sint(x) or x} to an int")
+        raise ArgumentError(f"can't evaluate {render_sint(x) or x} to an int")
     return ret
 
 
@@ -233,14 +234,14 @@ def strip_binds(outs: list[UOp]) -> tuple[list[UOp], dict[str, int], dict[UOp, U
     seen: dict[str, UOp] = {}
     for var, val in vals.items():
         if (other := seen.get(var.arg[0])) is not None and other is not var:
-            raise ValueError(
+            raise ArgumentError(
                 f"two different Variables are named {var.arg[0]!r} ({other.arg} and {var.arg}): "
                 f"give them different names"
             )
         seen[var.arg[0]], by_name[var.arg[0]] = var, val
     free = [n.arg for n in _defined_vars(new) if n.arg[0] not in by_name]
     if free:
-        raise ValueError(f"unbound Variable(s) {[f[0] for f in free]} in a graph to run: use Variable.bind(value)")
+        raise ArgumentError(f"unbound Variable(s) {[f[0] for f in free]} in a graph to run: use Variable.bind(value)")
     return new, by_name, done
 
 
