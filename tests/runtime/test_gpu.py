@@ -8,6 +8,7 @@ run; where there is none, its source for a representative set of kernels is comp
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import subprocess
@@ -256,6 +257,31 @@ def test_cuda_compiles_with_nvrtc():
     for name, spec in cuda_kernels().items():
         assert ops_cuda.nvrtc_compile(spec.src, "sm_90")[:4] == b"\x7fELF", name
     assert b".entry" in ops_cuda.nvrtc_compile(cuda_kernels()["matmul"].src, "compute_90")
+
+
+def test_nvrtc_builtins_come_from_beside_libnvrtc():
+    """NVRTC dlopens libnvrtc-builtins by soname at its first compile; a pip wheel's folder is not on the loader's
+    path, so zeptograd preloads the builtins beside the libnvrtc it opened. In a fresh process with no library path
+    set, the builtins mapped after a compile are the ones from libnvrtc's own folder."""
+    try:
+        ops_cuda.nvrtc()
+    except ops_cuda.DeviceUnavailable as e:
+        pytest.skip(str(e))
+    code = (
+        "from zeptograd.runtime import ops_cuda\n"
+        "ops_cuda.nvrtc_compile('extern \"C\" __global__ void k(float *a) { a[0] = sinf(a[0]); }', 'sm_90')\n"
+        "maps = open('/proc/self/maps').read().split()\n"
+        "libs = {p for p in maps if '/libnvrtc' in p}\n"
+        "import json; print(json.dumps(sorted(libs)))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    libs = json.loads(proc.stdout)
+    main = [p for p in libs if "builtins" not in p]
+    builtins = [p for p in libs if "builtins" in p]
+    assert main and builtins, libs
+    assert {os.path.dirname(p) for p in builtins} == {os.path.dirname(main[0])}, libs
 
 
 def test_cuda_runs_where_there_is_a_gpu():

@@ -40,10 +40,24 @@ def _nvrtc_candidates() -> list[str]:
     return [f for f in found if "builtins" not in os.path.basename(f)]
 
 
+def _preload_builtins(libnvrtc: str) -> None:
+    """NVRTC dlopens libnvrtc-builtins by its soname at the first compile, through the loader's search path, which
+    does not include the folder of a pip wheel's libnvrtc: that compile then fails ("failed to open
+    libnvrtc-builtins.so.13.0"). Loading the builtins beside libnvrtc first, globally, makes NVRTC's dlopen find
+    the copy already in the process, from any pip layout."""
+    folder = os.path.dirname(libnvrtc)
+    for builtins in sorted(glob.glob(os.path.join(folder, "libnvrtc-builtins.so*"))) if folder else []:
+        try:
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            continue
+
+
 @functools.cache
 def nvrtc() -> ctypes.CDLL:
     for path in _nvrtc_candidates():
         try:
+            _preload_builtins(path)
             lib = ctypes.CDLL(path)
         except OSError:
             continue
