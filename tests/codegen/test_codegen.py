@@ -1,4 +1,4 @@
-"""Codegen: the REDUCE -> accumulator graph of seed 000, linearized loops, and the rendered C."""
+"""Codegen: the REDUCE -> accumulator graph, linearized loops, and the rendered C."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""Seed 003's range rewrites (codegen/simplify.py): each rule's kernel graph before and after, the same values on a
+"""The range rewrites (codegen/simplify.py): each rule's kernel graph before and after, the same values on a
 small interpreter of kernel graphs (random inputs, including out-of-range indices), and values through Tensor."""
 
 import itertools

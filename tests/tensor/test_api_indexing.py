@@ -273,7 +273,7 @@ def test_setitem_dtypes_and_grad():
 
 
 def test_setitem_loop_is_one_kernel():
-    """seed 004's bounty: ten t[i] = i into Tensor.empty(10), then one realize, is one kernel; setitem runs nothing"""
+    """ten t[i] = i into Tensor.empty(10), then one realize, is one kernel; setitem runs nothing"""
     GlobalCounters.reset()
     t = Tensor.empty(10)
     for i in range(10):

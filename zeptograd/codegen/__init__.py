@@ -23,7 +23,7 @@ _TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
     sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
-    sink = simplify_ranges(sink)  # seed 003 range rewrites: reduce/load collapse, split, merge, flatten
+    sink = simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
     if opts is not None:
         return apply_opts(sink, opts), opts
     if NOOPT:

@@ -1,4 +1,5 @@
-"""REDUCE -> an explicit accumulator register (seed 000's graph).
+"""REDUCE -> an explicit accumulator register (DEFINE_REG, a store of the identity, the loop's
+update after it, END, then the read after the loop).
 
 acc = DEFINE_REG
 acc.after(*outer ranges).index(0).store(identity)        # initialised once per outer iteration

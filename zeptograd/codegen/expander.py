@@ -6,9 +6,9 @@ one vector load, ALU ops become vector ops. Every other expanded range is unroll
 it exists once per position of it (a register tile for matmul: rows as copies, columns as vectors).
 
 A REDUCE over expanded ranges keeps one accumulator per input copy (several independent accumulators hide the
-add latency, seed 001) unless the output already has several copies (a register tile), in which case the
+add latency) unless the output already has several copies (a register tile), in which case the
 copies are added before the accumulator. Vector lanes of a reduced axis are folded once, after the loop
-(seed 000's horizontal reduce).
+(one horizontal reduce after the loop).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Range and reduce rewrites on the kernel graph (seed 003), run after the first symbolic pass, before the optimizer.
+"""Range and reduce rewrites on the kernel graph, run after the first symbolic pass, before the optimizer.
 
 `simplify_ranges(sink)` runs, in order:
 
@@ -547,7 +547,7 @@ def merge_ranges(sink: UOp) -> UOp:
 
 
 def simplify_ranges(sink: UOp) -> UOp:
-    """Seed 003's range rewrites on a kernel graph: flatten, load/reduce collapse, split, merge."""
+    """The range rewrites on a kernel graph: flatten, load/reduce collapse, split, merge."""
     sink = graph_rewrite(sink, pm_flatten_range)
     sink = graph_rewrite(sink, pm_load_collapse)
     for _ in range(4):  # a split can expose another RANGE % c on its inner range

@@ -179,8 +179,7 @@ def load_tokenizer(model_dir: str | os.PathLike, max_length: int = 256):
         from tokenizers import Tokenizer
     except ImportError as e:
         raise ImportError(
-            "the BERT tokenizer needs the `tokenizers` package: pip install tokenizers "
-            '(or pip install -e ".[minilm]")'
+            'the BERT tokenizer needs the `tokenizers` package: pip install tokenizers (or pip install -e ".[minilm]")'
         ) from e
     tok = Tokenizer.from_file(os.path.join(model_dir, "tokenizer.json"))
     tok.enable_truncation(max_length)

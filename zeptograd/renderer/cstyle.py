@@ -1,4 +1,4 @@
-"""A C renderer in the style of seed 002: each linear UOp becomes one line (or an inline expression)."""
+"""The C renderer: each linear UOp becomes one line of C, or an inline expression when it has one use."""
 
 from __future__ import annotations
 

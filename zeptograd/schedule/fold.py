@@ -1,4 +1,4 @@
-"""Tensor-graph folding before rangeify: constants never become buffers (seed 004).
+"""Tensor-graph folding before rangeify: constants never become buffers.
 
 `Tensor.ones(10)*15 + Tensor.ones(10)*30` folds to one constant broadcast to (10,), so it schedules no kernel.
 """

@@ -1,4 +1,4 @@
-"""Rangeify: from a tensor graph to kernels (see ../shared/RANGEIFY.md for the algorithm's sketch).
+"""Rangeify: from a tensor graph to kernels.
 
 Every tensor node is given the index expressions at which its consumers read it; movement ops become index
 arithmetic over RANGEs. A node is materialized (a kernel output) when it is an output or CONTIGUOUS, when its

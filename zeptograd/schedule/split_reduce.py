@@ -1,4 +1,4 @@
-"""Split reduce (seed 003): a reduce of a large input to a small output becomes two kernels.
+"""Split reduce: a reduce of a large input to a small output becomes two kernels.
 
     sum(x[16777216]) -> sum(contiguous(sum(x.reshape(256, 65536), axis=1)))
 

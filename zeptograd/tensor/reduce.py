@@ -23,7 +23,7 @@ class ReduceMixin:
         return tuple(sorted({normalize_axis(a, self.ndim) for a in axes}))
 
     def _reduce(self: Tensor, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
-        """One REDUCE_AXIS over the reduced axes (kept as size 1), then a reshape if not keepdim (seed 004)."""
+        """One REDUCE_AXIS over the reduced axes (kept as size 1), then a reshape if not keepdim."""
         axes = self._axes(axis)
         if self.ndim == 0 or not axes:
             return self

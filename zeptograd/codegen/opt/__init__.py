@@ -1,7 +1,7 @@
 """Optimizer actions: each one changes how a RANGE is emitted, never what the kernel computes.
 
 An action names an axis: an index into `kernel_axes(ast)`, the kernel's RANGEs ordered by axis id (outputs
-first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of seed 003's range splitting:
+first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of range splitting:
 
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
     RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)

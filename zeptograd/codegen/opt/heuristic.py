@@ -2,7 +2,8 @@
 
 - the vector axis: the loop most loads and stores walk with stride 1 -> UPCAST (an output axis) or UNROLL
   (a reduce axis) by the SIMD width (16 floats with AVX-512);
-- a reduce over a vector axis: 4 copies of the vector -> 4 independent accumulators (seed 001);
+- a reduce over a vector axis: 4 copies of the vector -> 4 independent accumulators, so the adds of one
+  iteration do not wait on each other (an FMA has ~4 cycles of latency);
 - a matmul-like kernel (a reduce whose loads each miss an output axis): a register tile, rows as copies and
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
 - the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
