@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib
 import os
@@ -246,7 +245,3 @@ class _Device:
 
 
 Device = _Device()
-
-
-def c_void_p_args(buffers: list[Buffer]) -> list[ctypes.c_void_p]:
-    return [ctypes.c_void_p(b.ptr) for b in buffers]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 from typing import Any, Iterable, TypeVar
 
@@ -99,14 +98,6 @@ def argsort(xs: list) -> list[int]:
     return sorted(range(len(xs)), key=xs.__getitem__)
 
 
-def all_same(xs: list | tuple) -> bool:
-    return all(x == xs[0] for x in xs)
-
-
-def dedup(xs: Iterable[T]) -> list[T]:
-    return list(dict.fromkeys(xs))
-
-
 def flatten(xss: Iterable[Iterable[T]]) -> list[T]:
     return [x for xs in xss for x in xs]
 
@@ -127,7 +118,3 @@ def ceildiv(a: int, b: int) -> int:
 def cache_dir() -> str:
     """$XDG_CACHE_HOME/zeptograd; an unset or empty XDG_CACHE_HOME means ~/.cache (never the working directory)."""
     return os.path.join(os.getenv("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "zeptograd")
-
-
-def is_finite_number(x: float) -> bool:
-    return not (math.isinf(x) or math.isnan(x))

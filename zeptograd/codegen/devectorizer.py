@@ -76,7 +76,3 @@ pm_devectorize = PatternMatcher(
         (UPat(Ops.VECTORIZE, name="v"), fold_vectorize_gep),
     ]
 )
-
-
-def is_bool_vector(x: UOp) -> bool:
-    return any(s.dtype.scalar == dtypes.bool and s.dtype.count > 1 for s in (x, *x.src))

@@ -144,8 +144,8 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     if n_threads > renderer.local_threads_max:
         raise OptError(f"{n_threads} threads per work-group; {renderer.device} allows {renderer.local_threads_max}")
 
-    gmap, gsizes = assign_dims(outputs, renderer.global_max, "gidx")
-    lmap, lsizes = assign_dims(local, renderer.local_max, "lidx")
+    gmap, _ = assign_dims(outputs, renderer.global_max, "gidx")
+    lmap, _ = assign_dims(local, renderer.local_max, "lidx")
     if len(lmap) != len(local):
         raise OptError(f"the local sizes {[_const_size(r) for r in local]} don't fit {renderer.local_max}")
 

@@ -27,7 +27,6 @@ MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
 MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
-IDENTITY = {Ops.ADD: 0, Ops.MAX: None, Ops.MUL: 1}
 
 Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity or None)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import weakref
 from enum import Enum, auto
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes, truncate
 from zeptograd.helpers import prod
@@ -30,7 +30,6 @@ class Ops(Enum):
     # scheduling
     BUFFERIZE = auto()  # src=(value, *ranges): a value that may be materialized
     SINK = auto()  # groups outputs
-    KERNEL = auto()  # arg=Kernel; src=buffers it reads and writes
     # kernel graph
     DEFINE_GLOBAL = auto()  # arg=argument slot; dtype is a PtrDType
     DEFINE_VAR = auto()  # arg=(name, min, max): a symbolic integer
@@ -604,11 +603,3 @@ def pretty(u: UOp, max_nodes: int = 200) -> str:
         arg = "" if n.arg is None else f" arg={n.arg!r}"
         lines.append(f"{names[n]:>5} = {n.op.name:<13} {str(n.dtype):<16} ({srcs}){arg}")
     return "\n".join(lines)
-
-
-def sint_to_uop(x: int | UOp) -> UOp:
-    return x if isinstance(x, UOp) else UOp.const(dtypes.index, x)
-
-
-def all_ops(u: UOp) -> Iterator[Ops]:
-    return (x.op for x in u.toposort())

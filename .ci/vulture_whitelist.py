@@ -1,0 +1,25 @@
+"""Names the dead-code check (vulture) must not report: each is used from outside the repository's own code.
+
+Read by `.ci/run` as `vulture zeptograd tests examples bench .ci/vulture_whitelist.py`; only findings inside
+zeptograd/ fail CI (tests and bench keep helpers that pytest or the harness find by name).
+"""
+
+_ = object()
+
+# public API that users call and the repository's own code does not (tinygrad's and torch's names)
+_.char, _.uchar, _.ushort, _.uint, _.ulong  # dtypes aliases
+_.byte, _.clone, _.to_, _.contiguous_backward, _.inference_mode, _.test  # Tensor methods, Tensor.train modes
+_.nbytes_scalar  # DType
+_.sorted_  # Tensor.topk's keyword (`sorted` is a builtin)
+_.do_update_stats  # Tensor.replace's keyword, accepted for tinygrad's signature
+
+# protocols the interpreter or a library calls
+_.exc, _.objtype  # __exit__ and __get__ parameters
+_.find_class, _.persistent_load, _.backward_hooks  # pickle.Unpickler hooks, torch's _rebuild_tensor_v2 signature
+_._print_match_stats  # registered with atexit
+_.src_dts  # the renderers' render_alu signature (C uses it, the GPU dialects do not)
+_.runtime, _.cl_device, _.data_layout  # CompiledDevice's program class; pyopencl device kept alive; llvmlite module
+
+# read by tests and bench, and knobs reserved for work in progress
+_.uncacheable  # schedule cache statistics
+_.SPEC, _.BUFFERIZE  # the stage-invariant checker and explicit BUFFERIZE nodes (scheduler rework)
