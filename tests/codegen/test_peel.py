@@ -216,17 +216,26 @@ def run_case(kind, kw, xs, ws, device=None):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4, err_msg=f"{kind} {kw} {xs}")
 
 
-@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])
-def test_values_on_every_cpu_backend(device):
-    for case in CASES if device != "PYTHON" else CASES[:2] + CASES[7:9] + CASES[10:11]:
-        run_case(*case, device=device)
+def case_id(case) -> str:
+    kind, kw, xs, _ = case
+    return f"{kind}-{'x'.join(map(str, xs))}-" + "-".join(f"{k}={v}" for k, v in kw.items())
 
 
-@pytest.mark.parametrize("ctx", [{"NOOPT": 1}, {"THREADS": 3}, {"THREADS": 1}])
-def test_noopt_and_core_counts_agree(ctx):
+PYTHON_CASES = CASES[:2] + CASES[7:9] + CASES[10:11]  # the PYTHON interpreter is slow: a few of each kind
+CL_CASES = CASES[:3] + CASES[6:8] + CASES[10:11]
+BACKEND_CASES = [(d, c) for d in ("CPU", "CPU:C") for c in CASES] + [("PYTHON", c) for c in PYTHON_CASES]
+
+
+@pytest.mark.parametrize("device,case", BACKEND_CASES, ids=[f"{d}-{case_id(c)}" for d, c in BACKEND_CASES])
+def test_values_on_every_cpu_backend(device, case):
+    run_case(*case, device=device)
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("ctx", [{"NOOPT": 1}, {"THREADS": 3}, {"THREADS": 1}], ids=str)
+def test_noopt_and_core_counts_agree(ctx, case):
     with Context(**ctx):
-        for case in CASES:
-            run_case(*case)
+        run_case(*case)
 
 
 def test_conv_bn_relu_and_its_gradient():
@@ -259,6 +268,6 @@ def _cl_unavailable() -> str | None:
 
 
 @pytest.mark.skipif(_cl_unavailable() is not None, reason="no OpenCL device")
-def test_values_on_opencl():
-    for case in CASES[:3] + CASES[6:8] + CASES[10:11]:
-        run_case(*case, device="CL")
+@pytest.mark.parametrize("case", CL_CASES, ids=case_id)
+def test_values_on_opencl(case):
+    run_case(*case, device="CL")

@@ -342,10 +342,12 @@ def test_scaled_dot_product_attention(kw):
 
 
 def test_batched_softmax_matmul_backward_codegen():  # an UPCAST by 1 once broke the expander here
-    q = Tensor(data((2, 3, 4), seed=69), requires_grad=True)
-    k = Tensor(data((2, 5, 4), seed=70))
-    (q @ k.transpose(-2, -1)).softmax(-1).sum().backward()
-    q.grad.numpy()
+    qd, kd, wd = data((2, 3, 4), seed=69), data((2, 5, 4), seed=70), data((2, 3, 5), seed=71)
+    q = Tensor(qd, requires_grad=True)
+    ((q @ Tensor(kd).transpose(-2, -1)).softmax(-1) * Tensor(wd)).sum().backward()
+    tq = torch.tensor(qd, requires_grad=True)
+    ((tq @ torch.tensor(kd).transpose(-2, -1)).softmax(-1) * torch.tensor(wd)).sum().backward()
+    np.testing.assert_allclose(q.grad.numpy(), tq.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- classification and losses
