@@ -22,4 +22,4 @@ _.runtime, _.cl_device, _.data_layout  # CompiledDevice's program class; pyopenc
 
 # read by tests and bench, and knobs reserved for work in progress
 _.uncacheable  # schedule cache statistics
-_.SPEC, _.BUFFERIZE  # the stage-invariant checker and explicit BUFFERIZE nodes (scheduler rework)
+_.BUFFERIZE  # explicit BUFFERIZE nodes (the scheduler rework)

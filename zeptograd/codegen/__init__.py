@@ -14,6 +14,7 @@ from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.spec import check_kernel, check_linear
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
 
@@ -36,11 +37,14 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
 
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[list[UOp], list[Opt]]:
+    check_kernel(ast, "rangeify")
     sink, opts = optimize(ast, renderer, opts)
+    check_kernel(sink, "the optimizer")
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     if not getattr(renderer, "has_local", False):  # GPU threads take a pad's border for free; CPU loops don't
         sink = peel_borders(sink)  # window reads gated by a pad: border and interior parts, the interior ungated
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
+    check_kernel(sink, "expand")
     if getattr(renderer, "has_local", False):
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
 
@@ -50,9 +54,12 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
 
         sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
+    check_kernel(sink, "lower")
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
+    check_kernel(sink, "devectorize")
     uops = linearize(sink)  # loops explicit, invariant work hoisted before them
+    check_linear(uops)
     # a buffer whose loads were simplified away stays a parameter: the runtime passes every buffer by position
     have = {u.arg for u in uops if u.op is Ops.DEFINE_GLOBAL}
     lost = sorted((u for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL and u.arg not in have), key=lambda u: u.arg)

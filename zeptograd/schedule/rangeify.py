@@ -19,6 +19,7 @@ from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
+from zeptograd.uop.spec import check_tensor_graph
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
 
@@ -391,6 +392,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     """Kernels, in an order that respects their dependencies, and the buffer view that replaces each realized node."""
     sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outs)), tensor_fold)
     sink = split_reduces(sink)  # a big reduce to a small output: two kernels, the first parallel
+    check_tensor_graph(sink)
     folded = dict(zip(outs, sink.src))
     outputs = {u for u in sink.src if needs_kernel(u)}
     rf = Rangeify(sink)

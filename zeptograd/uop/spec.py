@@ -1,0 +1,143 @@
+"""What is valid at each stage of the pipeline, checked when `SPEC=1`.
+
+A pass that breaks an invariant shows up at that pass, naming the UOp, instead of as a C compiler error or a wrong
+number several passes later. Each stage's spec is a flat list of `(UPat, fn)` rules: `fn` returns a sentence saying
+what is wrong, or None when the node is fine; a node no rule matches is fine. The test suite runs with SPEC=1.
+
+- the tensor graph, as the scheduler receives it: elementwise ops see sources of one shape (broadcasting is done
+  by movement ops), comparisons give bools, WHERE chooses by a bool;
+- a kernel graph, from the scheduler's output through every codegen pass until linearize: no tensor-level op is
+  left, memory is reached through INDEX of a pointer, loops are RANGEs of an integer count, ALU dtypes agree;
+- the linear program: every UOp comes after its sources.
+"""
+
+from __future__ import annotations
+
+from zeptograd.dtype import PtrDType, dtypes
+from zeptograd.helpers import SPEC
+from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+
+class SpecError(RuntimeError):
+    """An internal invariant broken by a compiler pass: a bug in zeptograd, not in the user's program."""
+
+
+TENSOR_ONLY = GroupOp.Movement | {
+    Ops.BUFFER,
+    Ops.DEVICE,
+    Ops.IOTA,
+    Ops.REDUCE_AXIS,
+    Ops.CONTIGUOUS,
+    Ops.DETACH,
+    Ops.ASSIGN,
+    Ops.BUFFERIZE,
+}
+ARITHMETIC = GroupOp.Binary - GroupOp.Comparison - {Ops.SHL, Ops.SHR}
+
+
+def _same_dtype(u: UOp, srcs: tuple[UOp, ...]) -> str | None:
+    bad = [s.dtype for s in srcs if s.dtype != u.dtype]
+    return f"{u.op.name} of dtype {u.dtype} has sources of dtype {bad}" if bad else None
+
+
+def _comparison(u: UOp) -> str | None:
+    if u.dtype.scalar != dtypes.bool:
+        return f"{u.op.name} must give bool, gives {u.dtype}"
+    if u.src[0].dtype != u.src[1].dtype:
+        return f"{u.op.name} compares {u.src[0].dtype} with {u.src[1].dtype}"
+    return None
+
+
+def _where(u: UOp) -> str | None:
+    if u.src[0].dtype.scalar != dtypes.bool:
+        return f"WHERE chooses by {u.src[0].dtype}, not bool"
+    return _same_dtype(u, u.src[1:])
+
+
+def _same_shape(u: UOp) -> str | None:
+    shapes = {s.shape for s in u.src}
+    return (
+        f"{u.op.name} of sources with shapes {sorted(shapes, key=str)}: broadcast with movement ops"
+        if len(shapes) > 1
+        else None
+    )
+
+
+def _index(u: UOp) -> str | None:
+    if not isinstance(u.src[0].dtype, PtrDType):
+        return f"INDEX into {u.src[0].op.name} of dtype {u.src[0].dtype}, not a pointer"
+    if not dtypes.is_int(u.src[1].dtype.scalar):
+        return f"INDEX by {u.src[1].dtype}, not an integer"
+    if len(u.src) > 2 and u.src[2].dtype.scalar != dtypes.bool:
+        return f"INDEX gated by {u.src[2].dtype}, not bool"
+    return None
+
+
+def _memory_access(u: UOp) -> str | None:
+    reach = u.src[0]
+    while reach.op is Ops.CAST:  # a vector access casts the pointer its INDEX gives
+        reach = reach.src[0]
+    return None if reach.op is Ops.INDEX else f"{u.op.name} through {reach.op.name}, not INDEX"
+
+
+def _loop_sources(u: UOp) -> str | None:
+    bad = [s.op.name for s in u.src[1:] if s.op is not Ops.RANGE]
+    return f"{u.op.name} closes over {bad}, not RANGEs" if bad else None
+
+
+spec_tensor = PatternMatcher(
+    [
+        # elementwise ops on equal shapes: a + b of (3,1) and (3,4) needs an EXPAND first
+        (UPat(GroupOp.ALU, name="u"), _same_shape),
+        (UPat(GroupOp.Comparison, name="u"), _comparison),
+        (UPat(Ops.WHERE, name="u"), _where),
+        (UPat(ARITHMETIC, name="u"), lambda u: _same_dtype(u, u.src)),
+    ]
+)
+
+spec_kernel = PatternMatcher(
+    [
+        # the scheduler turns every tensor-level op into index arithmetic, loads and stores
+        (UPat(TENSOR_ONLY, name="u"), lambda u: f"{u.op.name} is a tensor-graph op, left in a kernel"),
+        (UPat(Ops.INDEX, name="u"), _index),
+        (UPat((Ops.LOAD, Ops.STORE), name="u"), _memory_access),
+        (
+            UPat(Ops.RANGE, name="u"),
+            lambda u: None if dtypes.is_int(u.src[0].dtype) else f"RANGE of a {u.src[0].dtype} count",
+        ),
+        (UPat((Ops.REDUCE, Ops.END), name="u"), _loop_sources),
+        (UPat(GroupOp.Comparison, name="u"), _comparison),
+        (UPat(Ops.WHERE, name="u"), _where),
+        (UPat(ARITHMETIC, name="u"), lambda u: _same_dtype(u, u.src)),
+        (UPat(GroupOp.Unary, name="u"), lambda u: _same_dtype(u, u.src)),
+    ]
+)
+
+
+def check(sink: UOp, spec: PatternMatcher, stage: str) -> None:
+    """Raise SpecError naming the first node of `sink` that breaks `spec`."""
+    for u in sink.toposort():
+        if (why := spec.rewrite(u)) is not None:
+            raise SpecError(f"after {stage}: {why}\n  at {u.op.name} {u.dtype} arg={u.arg!r}")
+
+
+def check_tensor_graph(sink: UOp) -> None:
+    if SPEC:
+        check(sink, spec_tensor, "building the tensor graph")
+
+
+def check_kernel(sink: UOp, stage: str) -> None:
+    if SPEC:
+        check(sink, spec_kernel, stage)
+
+
+def check_linear(uops: list[UOp]) -> None:
+    """Every UOp after its sources: a renderer emits the list in order, so a later source is a use before def."""
+    if not SPEC:
+        return
+    seen: set[UOp] = set()
+    for i, u in enumerate(uops):
+        if late := [s.op.name for s in u.src if s not in seen]:
+            raise SpecError(f"after linearize: UOp {i} ({u.op.name}) uses {late} before they are defined")
+        seen.add(u)
