@@ -326,23 +326,48 @@ _TORCH_DTYPES = {
 }
 
 
+class CheckpointError(ArgumentError, pickle.UnpicklingError):
+    """A torch.save file that torch_load refuses: a pickle that names a global a state_dict does not need, a
+    tensor view outside its storage, a truncated or inconsistent file. A ValueError and RuntimeError (as every
+    bad-input error) and a pickle.UnpicklingError (as torch.load(weights_only=True) raises)."""
+
+
 class _StorageType:
     def __init__(self, name: str):
         self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise CheckpointError(
+            f"torch_load: the storage type torch.{self.name} is called in the pickle; a state_dict only names it"
+        )
+
+
+def _byte_order(big_endian: bool) -> str:
+    return ">" if big_endian else "<"
 
 
 class _Storage:
     """A storage of a torch file: its element type and the raw bytes (read when first needed)."""
 
-    def __init__(self, kind: str, read):
-        self.kind, self._read, self._data = kind, read, None
+    def __init__(self, kind: str, key: str, read, big_endian: bool = False):
+        self.kind, self.key, self._read, self._data, self.big_endian = kind, key, read, None, big_endian
 
     def array(self) -> np.ndarray:
         if self._data is None:
             raw = self._read()
             kind = _TORCH_STORAGES[self.kind]
-            self._data = np.frombuffer(raw, dtype=np.uint16 if kind == "bf16" else np.dtype(kind).newbyteorder("<"))
+            dt = np.dtype(np.uint16 if kind == "bf16" else kind).newbyteorder(_byte_order(self.big_endian))
+            if len(raw) % dt.itemsize:
+                raise CheckpointError(
+                    f"torch_load: storage {self.key!r} ({self.kind}) has {len(raw)} bytes, not a whole number of "
+                    f"{dt.itemsize}-byte elements"
+                )
+            self._data = np.frombuffer(raw, dtype=dt)
         return self._data
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 class _TorchTensor:
@@ -353,92 +378,133 @@ class _TorchTensor:
 
     def to_tensor(self, device: str | None) -> Tensor:
         data = self.storage.array()
-        n = int(np.prod(self.size, dtype=np.int64))
+        n = int(np.prod(self.size, dtype=object))
         if n == 0:
             arr = np.zeros(self.size, dtype=data.dtype)
         else:
-            last = self.offset + sum((s - 1) * st for s, st in zip(self.size, self.stride))
-            if self.offset < 0 or last >= len(data):
-                raise ArgumentError(
-                    f"torch_load: a tensor of size {self.size} stride {self.stride} at offset "
-                    f"{self.offset} reaches past its storage of {len(data)} elements"
+            # the lowest and highest element the view touches, whatever the signs of the strides; a dimension of
+            # size 1 touches only index 0 whatever its stride (so its stride is 0 in the numpy view)
+            lo = self.offset + sum(min(0, (s - 1) * st) for s, st in zip(self.size, self.stride))
+            hi = self.offset + sum(max(0, (s - 1) * st) for s, st in zip(self.size, self.stride))
+            if lo < 0 or hi >= len(data):
+                raise CheckpointError(
+                    f"torch_load: a tensor of size {self.size} stride {self.stride} at offset {self.offset} "
+                    f"touches elements {lo} to {hi} of storage {self.storage.key!r}, which has {len(data)} elements"
                 )
-            arr = np.lib.stride_tricks.as_strided(
-                data[self.offset :], self.size, [st * data.itemsize for st in self.stride]
-            )
+            strides = [0 if s == 1 else st * data.itemsize for s, st in zip(self.size, self.stride)]
+            arr = np.lib.stride_tricks.as_strided(data[self.offset :], self.size, strides, writeable=False)
         arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d tensor 1-d)
         if self.storage.kind == "BFloat16Storage":
-            return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
+            bits = arr.astype(np.uint32)
+            return Tensor((bits << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
         return Tensor(arr.astype(arr.dtype.newbyteorder("=")), device=device)
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *args, **kwargs):
+    if not isinstance(storage, _Storage):
+        raise CheckpointError(f"torch_load: a tensor is rebuilt from a {type(storage).__name__}, not a storage")
+    if not _is_int(storage_offset) or storage_offset < 0:
+        raise CheckpointError(f"torch_load: a tensor has storage offset {storage_offset!r}, not an int >= 0")
+    if not (isinstance(size, tuple) and all(_is_int(s) and s >= 0 for s in size)):
+        raise CheckpointError(f"torch_load: a tensor has size {size!r}, not a tuple of ints >= 0")
+    if not (isinstance(stride, tuple) and len(stride) == len(size) and all(_is_int(s) for s in stride)):
+        raise CheckpointError(
+            f"torch_load: a tensor of size {size} has stride {stride!r}, not a tuple of {len(size)} ints"
+        )
     return _TorchTensor(storage, storage_offset, size, stride)
 
 
 def _rebuild_parameter(data, requires_grad=None, backward_hooks=None, *args):
+    if not isinstance(data, _TorchTensor):
+        raise CheckpointError(f"torch_load: a parameter is rebuilt from a {type(data).__name__}, not a tensor")
     return data
 
 
-class _TorchUnpickler(pickle.Unpickler):
-    """Unpickles torch's data.pkl into _TorchTensors, allowing only the classes a state_dict needs."""
+# every global a pickle in a torch.save file of a state_dict may name, and what it becomes; anything else is refused
+_ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    ("collections", "OrderedDict"): OrderedDict,
+    ("builtins", "set"): set,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    **{("torch", name): _StorageType(name) for name in _TORCH_STORAGES},
+    # a dtype object (newer files name a storage by its dtype)
+    **{("torch", name): _StorageType(storage) for name, storage in _TORCH_DTYPES.items()},
+    **{
+        ("torch.storage", name): _StorageType("ByteStorage")
+        for name in ("UntypedStorage", "_LegacyStorage", "TypedStorage")
+    },
+}
 
-    def __init__(self, f, load_storage):
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """The one unpickler for every pickle torch_load reads from a file: a global is looked up in _ALLOWED_GLOBALS
+    (nothing is imported, no other callable can be reached), and a persistent id (a storage reference) is allowed
+    only where load_storage is given (the state_dict pickle)."""
+
+    def __init__(self, f, what: str, load_storage=None):
         super().__init__(f)
-        self.load_storage = load_storage
+        self.what, self.load_storage = what, load_storage
 
     def find_class(self, module: str, name: str):
-        if module == "collections" and name == "OrderedDict":
-            return OrderedDict
-        if module == "torch._utils" and name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
-            return _rebuild_tensor
-        if module == "torch._utils" and name == "_rebuild_parameter":
-            return _rebuild_parameter
-        if module == "torch" and name in _TORCH_STORAGES:
-            return _StorageType(name)
-        if module == "torch" and name in _TORCH_DTYPES:  # a dtype object (newer files name the storage by dtype)
-            return _StorageType(_TORCH_DTYPES[name])
-        if module == "torch.storage" and name in ("UntypedStorage", "_LegacyStorage", "TypedStorage"):
-            return _StorageType("ByteStorage")
-        if (module, name) == ("builtins", "set"):
-            return set
-        raise pickle.UnpicklingError(
-            f"torch_load: {module}.{name} is not part of a plain state_dict; only tensors, "
-            f"dicts and plain values can be loaded"
+        if (found := _ALLOWED_GLOBALS.get((module, name))) is not None:
+            return found
+        raise CheckpointError(
+            f"torch_load: the {self.what} pickle names the global {module}.{name}, which is not part of a plain "
+            f"state_dict; only tensors, dicts and plain values can be loaded (refused before anything ran)"
         )
 
     def persistent_load(self, pid):
-        if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"torch_load: unknown persistent id {pid!r}")
+        if self.load_storage is None:
+            raise CheckpointError(f"torch_load: the {self.what} pickle holds a persistent id {pid!r}")
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
+            raise CheckpointError(f"torch_load: unknown persistent id {pid!r}")
         _, stype, key, _location, numel = pid[:5]
+        if not isinstance(key, (str, int)) or not _is_int(numel) or numel < 0:
+            raise CheckpointError(f"torch_load: a storage reference {pid!r} has a bad key or element count")
         kind = stype.name if isinstance(stype, _StorageType) else "ByteStorage"
         return self.load_storage(kind, str(key), numel)
 
 
+def _unpickle(f, what: str, load_storage=None) -> Any:
+    try:
+        return _RestrictedUnpickler(f, what, load_storage).load()
+    except CheckpointError:
+        raise
+    except Exception as e:  # truncated or malformed pickle data
+        raise CheckpointError(f"torch_load: the {what} pickle cannot be read ({type(e).__name__}: {e})") from None
+
+
 def torch_load(fn: str | os.PathLike, device: str | None = None) -> dict[str, Tensor]:
-    """{name: Tensor} from a torch.save file of a state_dict (nested dicts are flattened with dotted names)."""
+    """{name: Tensor} from a torch.save file of a state_dict (nested dicts are flattened with dotted names).
+
+    Every pickle in the file is read by one restricted unpickler (see _ALLOWED_GLOBALS): a file that names any
+    other global is refused before anything in it runs. Every tensor view is checked against its storage."""
     if zipfile.is_zipfile(fn):
         with zipfile.ZipFile(fn) as zf:
             names = zf.namelist()
             pkl = next((n for n in names if n.endswith("/data.pkl") or n == "data.pkl"), None)
             if pkl is None:
-                raise ArgumentError(f"torch_load: {fn} is a zip file without data.pkl: not a torch.save file")
+                raise CheckpointError(f"torch_load: {fn} is a zip file without data.pkl: not a torch.save file")
             prefix = pkl[: -len("data.pkl")]
-            blobs = {n: zf.read(n) for n in names if n.startswith(prefix + "data/")}
+            big_endian = f"{prefix}byteorder" in names and zf.read(f"{prefix}byteorder").strip() == b"big"
             storages: dict[str, _Storage] = {}
 
             def load_storage(kind: str, key: str, numel: int) -> _Storage:
                 if key not in storages:
                     path = f"{prefix}data/{key}"
-                    if path not in blobs:
-                        raise ArgumentError(f"torch_load: {fn} lacks the storage {path}")
-                    storages[key] = _Storage(kind, lambda p=path: blobs[p])
+                    if path not in names:
+                        raise CheckpointError(f"torch_load: {fn} lacks the storage {path}")
+                    storages[key] = _Storage(kind, key, lambda p=path: zf.read(p), big_endian)
                 return storages[key]
 
-            obj = _TorchUnpickler(io.BytesIO(zf.read(pkl)), load_storage).load()
-    else:
-        obj = _legacy_load(fn)
+            obj = _unpickle(io.BytesIO(zf.read(pkl)), "state_dict", load_storage)
+            return {k: v.to_tensor(device) for k, v in _flatten_state(obj).items()}
+    obj = _legacy_load(fn)
     return {k: v.to_tensor(device) for k, v in _flatten_state(obj).items()}
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
 def _legacy_load(fn: str | os.PathLike) -> Any:
@@ -448,29 +514,40 @@ def _legacy_load(fn: str | os.PathLike) -> Any:
         data = f.read()
     bio = io.BytesIO(data)
     try:
-        magic = pickle.load(bio)
+        magic = _RestrictedUnpickler(bio, "magic number").load()
+    except CheckpointError:
+        raise
     except Exception:
-        raise ArgumentError(f"torch_load: {fn} is neither a zip nor a legacy torch.save file") from None
-    if magic != 0x1950A86A20F9469CFC6C:
-        raise ArgumentError(f"torch_load: {fn} is not a torch.save file (bad magic number)")
-    pickle.load(bio)  # protocol version
-    pickle.load(bio)  # sys info
+        raise CheckpointError(f"torch_load: {fn} is neither a zip nor a legacy torch.save file") from None
+    if magic != _LEGACY_MAGIC:
+        raise CheckpointError(f"torch_load: {fn} is not a torch.save file (bad magic number)")
+    _unpickle(bio, "protocol version")
+    sys_info = _unpickle(bio, "sys_info")
+    big_endian = isinstance(sys_info, dict) and sys_info.get("little_endian") is False
     kinds: dict[str, _Storage] = {}
 
     def load_storage(kind: str, key: str, numel: int) -> _Storage:
         if key not in kinds:
-            kinds[key] = _Storage(kind, lambda k=key: raws[k])
+            kinds[key] = _Storage(kind, key, lambda k=key: raws[k], big_endian)
         return kinds[key]
 
     raws: dict[str, bytes] = {}
-    obj = _TorchUnpickler(bio, load_storage).load()
-    keys = pickle.load(bio)
+    obj = _unpickle(bio, "state_dict", load_storage)
+    keys = _unpickle(bio, "storage keys")
+    if not (isinstance(keys, list) and all(isinstance(k, (str, int)) for k in keys)):
+        raise CheckpointError(f"torch_load: {fn}'s storage keys are {str(keys)[:100]}, not a list of names")
     for key in keys:
-        n = struct.unpack("<q", bio.read(8))[0]
+        head = bio.read(8)
+        n = struct.unpack("<q", head)[0] if len(head) == 8 else -1
         kind = kinds[str(key)].kind if str(key) in kinds else "ByteStorage"
         kt = _TORCH_STORAGES[kind]
-        size = 2 if kt == "bf16" else np.dtype(kt).itemsize
-        raws[str(key)] = bio.read(n * size)
+        nbytes = n * (2 if kt == "bf16" else np.dtype(kt).itemsize)
+        raw = bio.read(nbytes) if n >= 0 else b""
+        if n < 0 or len(raw) != nbytes:
+            raise CheckpointError(f"torch_load: {fn} is truncated or corrupt at storage {key!r}")
+        raws[str(key)] = raw
+    if missing := [k for k in kinds if k not in raws]:
+        raise CheckpointError(f"torch_load: {fn} lacks the data of storage(s) {missing}")
     return obj
 
 
