@@ -37,6 +37,8 @@ __all__ = [
     "safe_save",
     "safe_load_metadata",
     "torch_load",
+    "SafetensorError",
+    "CheckpointError",
 ]
 
 
@@ -219,19 +221,98 @@ def _read_bytes(fn: str | os.PathLike | bytes) -> memoryview:
         return memoryview(f.read())
 
 
+class SafetensorError(ArgumentError):
+    """A safetensors file (or a safe_save call) that breaks the format: the message names the tensor and the field.
+    A ValueError and RuntimeError, as every bad-input error."""
+
+
+_ST_MAX_HEADER = 100_000_000  # the reference implementation's limit on the JSON header's length
+_U64 = 2**64  # sizes and offsets are usize in the reference implementation: one past the largest
+
+
 def _safe_header(data: memoryview, where: str) -> tuple[dict, int]:
+    """The JSON header as a dict, and where the data section starts; the header's own layout is checked here, its
+    entries by _safe_entries."""
     if len(data) < 8:
-        raise ArgumentError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
+        raise SafetensorError(f"{where}: not a safetensors file (shorter than its 8-byte header length)")
     n = struct.unpack("<Q", data[:8])[0]
+    if n > _ST_MAX_HEADER:
+        raise SafetensorError(f"{where}: header length {n} is over the format's limit of {_ST_MAX_HEADER} bytes")
     if n > len(data) - 8:
-        raise ArgumentError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
+        raise SafetensorError(f"{where}: not a safetensors file (header length {n} is past the end of the file)")
     try:
         header = json.loads(bytes(data[8 : 8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArgumentError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise SafetensorError(f"{where}: not a safetensors file (the header is not JSON: {e})") from None
     if not isinstance(header, dict):
-        raise ArgumentError(f"{where}: not a safetensors file (the header is not a JSON object)")
+        raise SafetensorError(f"{where}: not a safetensors file (the header is not a JSON object)")
+    meta = header.get("__metadata__")
+    if meta is not None and not (
+        isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())
+    ):
+        raise SafetensorError(f"{where}: field '__metadata__' is {str(meta)[:100]}, not a map of strings to strings")
     return header, 8 + n
+
+
+def _usize(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < _U64
+
+
+def _safe_entries(header: dict, body_len: int, where: str) -> dict[str, tuple[DType, tuple[int, ...], int, int]]:
+    """{name: (dtype, shape, begin, end)} of every tensor, checked as the reference implementation checks them:
+    each entry a map with a known "dtype", a "shape" of ints >= 0 and two "data_offsets" ints >= 0; its byte size
+    (computed without overflowing 64 bits) equal to end - begin; the tensors, in offset order, covering the data
+    section exactly (no gap, no overlap, nothing after the last)."""
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(info, dict):
+            raise SafetensorError(f"{where}: tensor {name!r} is {str(info)[:100]}, not a map")
+        for field in ("dtype", "shape", "data_offsets"):
+            if field not in info:
+                raise SafetensorError(f"{where}: tensor {name!r} has no field {field!r}")
+        dt, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if not isinstance(dt, str) or dt not in _ST_DTYPES:
+            raise SafetensorError(
+                f"{where}: tensor {name!r}: field 'dtype' is {dt!r}, which zeptograd does not support "
+                f"(supported: {', '.join(_ST_DTYPES)})"
+            )
+        if not (isinstance(shape, list) and all(_usize(d) for d in shape)):
+            raise SafetensorError(f"{where}: tensor {name!r}: field 'shape' is {shape!r}, not a list of ints >= 0")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_usize(o) for o in offsets)):
+            raise SafetensorError(
+                f"{where}: tensor {name!r}: field 'data_offsets' is {offsets!r}, not a list of two ints >= 0"
+            )
+        entries[name] = (_ST_DTYPES[dt], tuple(shape), offsets[0], offsets[1])
+    at = 0
+    for name, (dt, shape, b, e) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if b != at or e < b:
+            raise SafetensorError(
+                f"{where}: tensor {name!r}: field 'data_offsets' is [{b}, {e}], expected it to begin at {at} (the "
+                f"tensors must cover the data section in order, without gaps or overlaps)"
+            )
+        numel = 1
+        for d in shape:  # in order, as the reference's checked multiplication
+            numel *= d
+            if numel >= _U64:
+                break
+        if numel >= _U64 or numel * dt.itemsize >= _U64:
+            raise SafetensorError(
+                f"{where}: tensor {name!r}: field 'shape' is {list(shape)}, whose byte size overflows 64 bits"
+            )
+        if e - b != numel * dt.itemsize:
+            raise SafetensorError(
+                f"{where}: tensor {name!r} of {_ST_NAMES[dt]} {list(shape)} needs {numel * dt.itemsize} bytes, its "
+                f"field 'data_offsets' is [{b}, {e}]"
+            )
+        at = e
+    if at != body_len:
+        raise SafetensorError(
+            f"{where}: the tensors end at byte {at} of a data section of {body_len} bytes (the file is "
+            f"{'truncated' if at > body_len else 'longer than its header says'})"
+        )
+    return entries
 
 
 def safe_load_metadata(fn: str | os.PathLike | bytes) -> dict[str, str]:
@@ -241,40 +322,34 @@ def safe_load_metadata(fn: str | os.PathLike | bytes) -> dict[str, str]:
 
 
 def safe_load(fn: str | os.PathLike | bytes, device: str | None = None) -> dict[str, Tensor]:
-    """{name: Tensor} from a safetensors file (a path, or the file's bytes)."""
+    """{name: Tensor} from a safetensors file (a path, or the file's bytes). The file is validated as the reference
+    implementation validates it (a SafetensorError naming the tensor and the field otherwise); BOOL bytes other than
+    0 and 1 are read as True (nonzero), so every op sees one value."""
     where = str(fn)[:100] if not isinstance(fn, (bytes, bytearray, memoryview)) else "safe_load"
     data = _read_bytes(fn)
     header, start = _safe_header(data, where)
     body = np.frombuffer(data, dtype=np.uint8, offset=start)
     ret = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        if info.get("dtype") not in _ST_DTYPES:
-            raise ArgumentError(
-                f"{where}: tensor {name!r} has dtype {info.get('dtype')!r}, which zeptograd does not "
-                f"support (supported: {', '.join(_ST_DTYPES)})"
-            )
-        dt, shape = _ST_DTYPES[info["dtype"]], tuple(info["shape"])
-        b, e = info["data_offsets"]
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        if e - b != n or e > len(body) or b < 0:
-            raise ArgumentError(
-                f"{where}: tensor {name!r} of {info['dtype']} {list(shape)} needs {n} bytes, its data "
-                f"offsets are [{b}, {e}] in a data section of {len(body)} bytes"
-            )
-        ret[name] = _tensor_from_raw(body[b:e], dt, shape, device)
+    for name, (dt, shape, b, e) in _safe_entries(header, len(body), where).items():
+        if dt == dtypes.bool:
+            ret[name] = Tensor((body[b:e] != 0).reshape(shape), device=device, dtype=dtypes.bool)
+        else:
+            ret[name] = _tensor_from_raw(body[b:e], dt, shape, device)
     return ret
 
 
 def safe_save(tensors: dict[str, Tensor], fn: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
     """Write {name: Tensor} as a safetensors file (tensors in name order, header padded to 8 bytes as the
-    reference implementation)."""
+    reference implementation). Names are strings; "__metadata__" is the format's own and is refused."""
     header: dict[str, Any] = {}
     if metadata:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise ArgumentTypeError("safetensors metadata must map str to str")
         header["__metadata__"] = dict(metadata)
+    if bad := [k for k in tensors if not isinstance(k, str)]:
+        raise ArgumentTypeError(f"safe_save: tensor names must be strings, got {bad[:5]}")
+    if "__metadata__" in tensors:
+        raise SafetensorError("safe_save: '__metadata__' is the format's metadata field, not a tensor name")
     blobs, off = [], 0
     for name in sorted(tensors):
         t = tensors[name]
