@@ -196,3 +196,28 @@ def test_norm_and_embedding_init():
     assert np.all(bn.running_var.numpy() == 1) and not bn.running_mean.requires_grad
     w = nn.Embedding(100, 50).weight.numpy()  # N(0, 1), as PyTorch
     assert abs(w.std() - 1) < 0.05 and abs(w.mean()) < 0.05
+
+
+def test_batchnorm_loads_a_torch_era_num_batches_tracked(tmp_path):
+    from zeptograd.nn.state import load_state_dict, torch_load
+
+    t = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        t.running_mean.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    sd = t.state_dict()
+    sd["num_batches_tracked"] = torch.tensor([7])  # saved with shape (1,), as older torch versions did
+    torch.save(sd, tmp_path / "bn.pt")
+    t2 = torch.nn.BatchNorm2d(3)
+    t2.load_state_dict(torch.load(tmp_path / "bn.pt"))  # torch takes it
+    z = nn.BatchNorm2d(3)
+    load_state_dict(z, torch_load(tmp_path / "bn.pt"))
+    assert z.num_batches_tracked.shape == () and z.num_batches_tracked.item() == t2.num_batches_tracked.item() == 7
+    np.testing.assert_array_equal(z.running_mean.numpy(), [1.0, 2.0, 3.0])
+    load_state_dict(z, {**get_state_dict(z), "num_batches_tracked": np.array([9], np.int64)})  # numpy too
+    assert z.num_batches_tracked.item() == 9
+    # as torch, only a one-element vector: (2,) and (1, 1) into () are still shape mismatches
+    for bad in (np.array([1, 2]), np.array([[1]])):
+        with pytest.raises(ValueError, match="num_batches_tracked"):
+            load_state_dict(z, {**get_state_dict(z), "num_batches_tracked": bad})
+        with pytest.raises(RuntimeError, match="num_batches_tracked"):
+            t2.load_state_dict({**t2.state_dict(), "num_batches_tracked": torch.tensor(bad)})

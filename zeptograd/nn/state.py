@@ -135,13 +135,13 @@ def load_state_dict(
         raise KeyError(f"load_state_dict: {'; '.join(parts)}")
     bad = []
     for k, v in model_sd.items():
-        if (
-            k in state_dict
-            and tuple(np.shape(state_dict[k]) if not isinstance(state_dict[k], Tensor) else state_dict[k].shape)
-            != v.shape
-        ):
-            new_shape = state_dict[k].shape if isinstance(state_dict[k], Tensor) else np.shape(state_dict[k])
-            bad.append(f"{k}: the model has {v.shape}, the state_dict {tuple(new_shape)}")
+        if k not in state_dict:
+            continue
+        new_shape = tuple(state_dict[k].shape if isinstance(state_dict[k], Tensor) else np.shape(state_dict[k]))
+        # a 0-d tensor takes a one-element 1-d one, as torch does (old checkpoints saved BatchNorm's
+        # num_batches_tracked with shape (1,))
+        if new_shape != v.shape and not (v.shape == () and new_shape == (1,)):
+            bad.append(f"{k}: the model has {v.shape}, the state_dict {new_shape}")
     if bad:
         raise ArgumentError(f"load_state_dict: shape mismatch for {'; '.join(bad)}")
     if verbose and (missing or unexpected):
@@ -153,7 +153,7 @@ def load_state_dict(
         new = state_dict[k]
         if not isinstance(new, Tensor):
             new = Tensor(np.asarray(new), device=v.device, dtype=v.dtype)
-        new = new.to(v.device).cast(v.dtype).detach()
+        new = new.to(v.device).cast(v.dtype).detach().reshape(v.shape)
         if not _is_whole_buffer(v):  # a lazy tensor takes the value itself: a copy, not the state_dict's buffer
             new = new.contiguous()
         v.assign(new)
