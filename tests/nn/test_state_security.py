@@ -6,6 +6,7 @@ import io
 import os
 import pickle
 import pickletools
+import struct
 import subprocess
 import sys
 import textwrap
@@ -193,3 +194,15 @@ def test_storage_shorter_than_its_elements(tmp_path):
             dst.writestr(n, src.read(n)[:-1] if n.endswith("data/0") else src.read(n))
     with pytest.raises(CheckpointError, match="not a whole number"):
         torch_load(tmp_path / "odd.pt")
+
+
+def test_corrupt_zip_entry(tmp_path):
+    torch.save({"w": torch.arange(64.0)}, tmp_path / "ok.pt")
+    data = bytearray((tmp_path / "ok.pt").read_bytes())
+    with zipfile.ZipFile(tmp_path / "ok.pt") as z:
+        info = z.getinfo(next(n for n in z.namelist() if n.endswith("data/0")))
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len + 5] ^= 0xFF  # a byte of the storage: its CRC fails
+    (tmp_path / "bad.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="data/0 cannot be read"):
+        torch_load(tmp_path / "bad.pt")

@@ -570,13 +570,20 @@ def torch_load(fn: str | os.PathLike, device: str | None = None) -> dict[str, Te
                     path = f"{prefix}data/{key}"
                     if path not in names:
                         raise CheckpointError(f"torch_load: {fn} lacks the storage {path}")
-                    storages[key] = _Storage(kind, key, lambda p=path: zf.read(p), big_endian)
+                    storages[key] = _Storage(kind, key, lambda p=path: _zip_read(zf, p), big_endian)
                 return storages[key]
 
-            obj = _unpickle(io.BytesIO(zf.read(pkl)), "state_dict", load_storage)
+            obj = _unpickle(io.BytesIO(_zip_read(zf, pkl)), "state_dict", load_storage)
             return {k: v.to_tensor(device) for k, v in _flatten_state(obj).items()}
     obj = _legacy_load(fn)
     return {k: v.to_tensor(device) for k, v in _flatten_state(obj).items()}
+
+
+def _zip_read(zf: zipfile.ZipFile, name: str) -> bytes:
+    try:
+        return zf.read(name)
+    except (zipfile.BadZipFile, EOFError, OSError, NotImplementedError) as e:  # bad CRC, truncated, unknown method
+        raise CheckpointError(f"torch_load: {zf.filename}: {name} cannot be read ({type(e).__name__}: {e})") from None
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
