@@ -206,3 +206,30 @@ def test_corrupt_zip_entry(tmp_path):
     (tmp_path / "bad.pt").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match="data/0 cannot be read"):
         torch_load(tmp_path / "bad.pt")
+
+
+def _zip_with_pickle(tmp_path, pkl: bytes, name="bad.pt"):
+    torch.save({"w": torch.arange(4.0)}, tmp_path / "ok.pt")
+    with zipfile.ZipFile(tmp_path / "ok.pt") as src, zipfile.ZipFile(tmp_path / name, "w") as dst:
+        for n in src.namelist():
+            dst.writestr(n, pkl if n.endswith("data.pkl") else src.read(n))
+    return tmp_path / name
+
+
+def test_build_on_the_loaders_own_objects_is_refused(tmp_path):
+    # GLOBAL torch.FloatStorage, {"name": "LongStorage"}, BUILD: would rename the shared storage-type marker
+    pkl = b"\x80\x02ctorch\nFloatStorage\n}X\x04\x00\x00\x00nameX\x0b\x00\x00\x00LongStoragesb."
+    with pytest.raises(CheckpointError, match="sets the state of a StorageType"):
+        torch_load(_zip_with_pickle(tmp_path, pkl))
+    torch.save({"w": torch.arange(4.0)}, tmp_path / "ok.pt")
+    assert torch_load(tmp_path / "ok.pt")["w"].dtype.name == "float"  # the marker is unchanged
+
+
+def test_cyclic_and_deep_containers(tmp_path):
+    cyclic: list = [1]
+    cyclic.append(cyclic)
+    with pytest.raises(CheckpointError, match="appears twice"):
+        torch_load(_zip_with_pickle(tmp_path, pickle.dumps({"a": cyclic}, protocol=2)))
+    # {"a": [[[...]]]} 5000 lists deep (deeper than the recursion limit): EMPTY_LIST x 5001, APPEND x 5000
+    deep = b"\x80\x02}X\x01\x00\x00\x00a" + b"]" * 5001 + b"a" * 5000 + b"s."
+    assert torch_load(_zip_with_pickle(tmp_path, deep, "deep.pt")) == {}

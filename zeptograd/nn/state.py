@@ -407,7 +407,15 @@ class CheckpointError(ArgumentError, pickle.UnpicklingError):
     bad-input error) and a pickle.UnpicklingError (as torch.load(weights_only=True) raises)."""
 
 
+def _refuse_setstate(self, state):
+    """BUILD on one of the loader's own objects would set its attributes from the file (a storage type marker is
+    shared by every load): refused."""
+    raise CheckpointError(f"torch_load: the pickle sets the state of a {type(self).__name__.strip('_')}")
+
+
 class _StorageType:
+    __setstate__ = _refuse_setstate
+
     def __init__(self, name: str):
         self.name = name
 
@@ -423,6 +431,8 @@ def _byte_order(big_endian: bool) -> str:
 
 class _Storage:
     """A storage of a torch file: its element type and the raw bytes (read when first needed)."""
+
+    __setstate__ = _refuse_setstate
 
     def __init__(self, kind: str, key: str, read, big_endian: bool = False):
         self.kind, self.key, self._read, self._data, self.big_endian = kind, key, read, None, big_endian
@@ -447,6 +457,8 @@ def _is_int(x: Any) -> bool:
 
 class _TorchTensor:
     """A tensor of a torch file before conversion: a strided view of a storage."""
+
+    __setstate__ = _refuse_setstate
 
     def __init__(self, storage: _Storage, offset: int, size: tuple, stride: tuple):
         self.storage, self.offset, self.size, self.stride = storage, offset, tuple(size), tuple(stride)
@@ -633,14 +645,26 @@ def _legacy_load(fn: str | os.PathLike) -> Any:
     return obj
 
 
-def _flatten_state(obj: Any, prefix: str = "") -> dict[str, _TorchTensor]:
-    if isinstance(obj, _TorchTensor):
-        return {prefix.strip("."): obj}
+def _flatten_state(obj: Any) -> dict[str, _TorchTensor]:
+    """{dotted name: tensor} of the tensors in nested dicts, lists and tuples, in order. Iterative (a pickle can nest
+    deeper than Python's recursion limit); a container met twice (a cycle, or a shared one that could multiply the
+    names exponentially) is refused."""
     ret: dict[str, _TorchTensor] = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            ret.update(_flatten_state(v, f"{prefix}{k}."))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            ret.update(_flatten_state(v, f"{prefix}{i}."))
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(obj, "")]
+    while stack:
+        x, prefix = stack.pop()
+        if isinstance(x, _TorchTensor):
+            ret[prefix.strip(".")] = x
+            continue
+        if isinstance(x, dict):
+            children = [(v, f"{prefix}{k}.") for k, v in x.items()]
+        elif isinstance(x, (list, tuple)):
+            children = [(v, f"{prefix}{i}.") for i, v in enumerate(x)]
+        else:
+            continue
+        if id(x) in seen:
+            raise CheckpointError(f"torch_load: the container at {prefix.strip('.')!r} appears twice in the state_dict")
+        seen.add(id(x))
+        stack.extend(reversed(children))
     return ret
