@@ -48,6 +48,14 @@ CASES = {
     "overlap": (st_file({"a": f32([2], [0, 8]), "b": f32([1], [4, 8])}, Z8), ("'b'", "data_offsets")),
     "overlap_empty": (st_file({"a": f32([2], [0, 8]), "b": f32([0], [4, 4])}, Z8), ("'b'", "data_offsets")),
     "same_offsets": (st_file({"a": f32([2], [0, 8]), "b": f32([2], [0, 8])}, Z8), ("data_offsets",)),
+    "duplicate_name": (
+        st_file(
+            raw_header=b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+            b'"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}',
+            data=b"\0\1",
+        ),
+        ("'a'", "data_offsets"),
+    ),
     "gap": (st_file({"a": f32([1], [4, 8])}, Z8), ("'a'", "data_offsets")),
     "reversed_offsets": (st_file({"a": f32([0], [8, 0])}, Z8), ("'a'", "data_offsets")),
     "trailing_bytes": (st_file({"a": f32([1], [0, 4])}, Z8), ("data section",)),

@@ -233,3 +233,15 @@ def test_cyclic_and_deep_containers(tmp_path):
     # {"a": [[[...]]]} 5000 lists deep (deeper than the recursion limit): EMPTY_LIST x 5001, APPEND x 5000
     deep = b"\x80\x02}X\x01\x00\x00\x00a" + b"]" * 5001 + b"a" * 5000 + b"s."
     assert torch_load(_zip_with_pickle(tmp_path, deep, "deep.pt")) == {}
+
+
+def test_bool_bytes_other_than_0_1_are_normalized(tmp_path):
+    torch.save({"b": torch.tensor([True, False, True, True])}, tmp_path / "b.pt")
+    with zipfile.ZipFile(tmp_path / "b.pt") as src, zipfile.ZipFile(tmp_path / "b2.pt", "w") as dst:
+        for n in src.namelist():
+            dst.writestr(n, bytes([2, 0, 255, 1]) if n.endswith("data/0") else src.read(n))
+    t = torch_load(tmp_path / "b2.pt")["b"]
+    want = np.array([True, False, True, True])
+    np.testing.assert_array_equal(t.numpy(), want)
+    np.testing.assert_array_equal(t.logical_not().numpy(), ~want)
+    assert t.sum().item() == 3

@@ -448,6 +448,8 @@ class _Storage:
                     f"{dt.itemsize}-byte elements"
                 )
             self._data = np.frombuffer(raw, dtype=dt)
+            if self.kind == "BoolStorage":  # bytes other than 0/1 are True (nonzero), so every op reads one value
+                self._data = self._data.view(np.uint8) != 0
         return self._data
 
 
