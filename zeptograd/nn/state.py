@@ -482,7 +482,12 @@ class _TorchTensor:
                 )
             strides = [0 if s == 1 else st * data.itemsize for s, st in zip(self.size, self.stride)]
             arr = np.lib.stride_tricks.as_strided(data[self.offset :], self.size, strides, writeable=False)
-        arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d tensor 1-d)
+        try:  # a stride-0 (expanded) view can declare far more elements than its storage holds
+            arr = arr.copy(order="C")  # (np.ascontiguousarray would make a 0-d tensor 1-d)
+        except MemoryError:
+            raise CheckpointError(
+                f"torch_load: a tensor of size {self.size} stride {self.stride} does not fit in memory"
+            ) from None
         if self.storage.kind == "BFloat16Storage":
             bits = arr.astype(np.uint32)
             return Tensor((bits << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
