@@ -8,6 +8,9 @@ safe_save / safe_load read and write the safetensors format directly: an 8-byte 
 JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the raw
 little-endian data. All of zeptograd's dtypes are supported (BF16 as its raw bits). torch_load reads a file written
 by torch.save (the zip format, and the legacy pickle format) of a plain state_dict, without torch.
+
+Files may be hostile: every pickle goes through one restricted unpickler, every tensor view is checked against its
+storage, every safetensors header is validated as the reference implementation validates it (docs/security.md).
 """
 
 from __future__ import annotations
