@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from zeptograd import Tensor, dtypes, nn
+from zeptograd import GlobalCounters, Tensor, dtypes, nn
 from zeptograd.nn.state import get_state_dict
 
 
@@ -196,3 +196,70 @@ def test_norm_and_embedding_init():
     assert np.all(bn.running_var.numpy() == 1) and not bn.running_mean.requires_grad
     w = nn.Embedding(100, 50).weight.numpy()  # N(0, 1), as PyTorch
     assert abs(w.std() - 1) < 0.05 and abs(w.mean()) < 0.05
+
+
+def test_batchnorm_loads_a_torch_era_num_batches_tracked(tmp_path):
+    from zeptograd.nn.state import load_state_dict, torch_load
+
+    t = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        t.running_mean.copy_(torch.tensor([1.0, 2.0, 3.0]))
+    sd = t.state_dict()
+    sd["num_batches_tracked"] = torch.tensor([7])  # saved with shape (1,), as older torch versions did
+    torch.save(sd, tmp_path / "bn.pt")
+    t2 = torch.nn.BatchNorm2d(3)
+    t2.load_state_dict(torch.load(tmp_path / "bn.pt"))  # torch takes it
+    z = nn.BatchNorm2d(3)
+    load_state_dict(z, torch_load(tmp_path / "bn.pt"))
+    assert z.num_batches_tracked.shape == () and z.num_batches_tracked.item() == t2.num_batches_tracked.item() == 7
+    np.testing.assert_array_equal(z.running_mean.numpy(), [1.0, 2.0, 3.0])
+    load_state_dict(z, {**get_state_dict(z), "num_batches_tracked": np.array([9], np.int64)})  # numpy too
+    assert z.num_batches_tracked.item() == 9
+    # as torch, only a one-element vector: (2,) and (1, 1) into () are still shape mismatches
+    for bad in (np.array([1, 2]), np.array([[1]])):
+        with pytest.raises(ValueError, match="num_batches_tracked"):
+            load_state_dict(z, {**get_state_dict(z), "num_batches_tracked": bad})
+        with pytest.raises(RuntimeError, match="num_batches_tracked"):
+            t2.load_state_dict({**t2.state_dict(), "num_batches_tracked": torch.tensor(bad)})
+
+
+def test_layer_parameters_require_grad_without_an_optimizer():
+    layers = [
+        (nn.Linear(3, 2), torch.nn.Linear(3, 2)),
+        (nn.Conv2d(2, 2, 3), torch.nn.Conv2d(2, 2, 3)),
+        (nn.ConvTranspose2d(2, 2, 3), torch.nn.ConvTranspose2d(2, 2, 3)),
+        (nn.BatchNorm2d(2), torch.nn.BatchNorm2d(2)),
+        (nn.LayerNorm(3), torch.nn.LayerNorm(3)),
+        (nn.GroupNorm(1, 2), torch.nn.GroupNorm(1, 2)),
+        (nn.InstanceNorm(2), torch.nn.InstanceNorm2d(2, affine=True)),
+        (nn.RMSNorm(3), torch.nn.RMSNorm(3)),
+        (nn.Embedding(4, 3), torch.nn.Embedding(4, 3)),
+        (nn.LSTMCell(2, 3), torch.nn.LSTMCell(2, 3)),
+    ]
+    for z, t in layers:
+        tsd = dict(t.named_parameters())
+        for k, v in get_state_dict(z).items():
+            assert v.requires_grad is (k in tsd), (type(z).__name__, k, v.requires_grad)
+    # loss.backward() fills every parameter's .grad, equal to torch's, with no optimizer created
+    z, t = nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    copy_weights(z, t)
+    x = rnd(4, 3)
+    z(Tensor(x)).square().sum().backward()
+    t(torch.tensor(x)).square().sum().backward()
+    np.testing.assert_allclose(z.weight.grad.numpy(), t.weight.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(z.bias.grad.numpy(), t.bias.grad.numpy(), rtol=1e-5, atol=1e-6)
+    # plain Tensors keep requires_grad None: nothing to differentiate (tinygrad 0.12+ would fill .grad)
+    a = Tensor(x)
+    assert a.requires_grad is None
+    with pytest.raises(RuntimeError, match="requires grad"):
+        (a * 2).sum().backward()
+
+
+def test_parameters_stay_lazy_and_seeded():
+    Tensor.manual_seed(3)
+    a = nn.Linear(4, 5).weight.numpy()
+    Tensor.manual_seed(3)
+    GlobalCounters.reset()
+    b = nn.Linear(4, 5)
+    assert b.weight.requires_grad and GlobalCounters.kernel_count == 0  # nothing drawn yet
+    np.testing.assert_array_equal(b.weight.numpy(), a)

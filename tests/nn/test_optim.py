@@ -124,8 +124,8 @@ def test_fused_update_is_few_kernels():
     with Tensor.train():
         GlobalCounters.reset()
         opt.step()
-    # the step counters, m and v (one flat kernel each), one kernel per parameter
-    assert GlobalCounters.kernel_count <= len(ps) + 3, GlobalCounters.kernel_count
+    # the two step counters (b1**t, b2**t), m and v (one flat kernel each), one kernel per parameter
+    assert GlobalCounters.kernel_count <= len(ps) + 4, GlobalCounters.kernel_count
     unfused = nn.optim.Adam(ps, lr=0.01, fused=False)
     assert len(opt.m) == 1 and len(unfused.m) == len(ps)
 
@@ -206,3 +206,111 @@ def test_realize_with_schedule_step():
             loss.backward()
             Tensor.realize(loss, *opt.schedule_step())
             assert abs(loss.item() - expect) < 1e-5
+
+
+# ***** Muon, against torch.optim.Muon *****
+
+MUON_SHAPES = [(4, 6), (7, 3), (5, 5)]
+MUON_CASES = [
+    dict(lr=0.02, momentum=0.95, nesterov=True),
+    dict(lr=0.05, momentum=0.9, nesterov=False, weight_decay=0.0),
+    dict(lr=0.01, momentum=0.8, ns_steps=3, ns_coefficients=(2.0, -1.5, 0.5), weight_decay=0.05),
+    dict(lr=0.01, adjust_lr_fn="match_rms_adamw"),
+]
+
+
+def _muon_runs(kw, fused, steps=10):
+    rng = np.random.default_rng(4)
+    init = [rng.standard_normal(s).astype(np.float32) for s in MUON_SHAPES]
+    grads = [[rng.standard_normal(s).astype(np.float32) for s in MUON_SHAPES] for _ in range(steps)]
+    zout = run_zg(nn.optim.Muon, init, grads, fused=fused, **kw)
+    tp = [torch.tensor(a.copy(), requires_grad=True) for a in init]
+    topt = torch.optim.Muon(tp, **kw)
+    tout = []
+    for gs in grads:
+        for t, g in zip(tp, gs):
+            t.grad = torch.tensor(g)
+        topt.step()
+        tout.append([t.detach().numpy().copy() for t in tp])
+    return zout, tout
+
+
+def _float32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
+    """torch's _zeropower_via_newtonschulz with its bfloat16 cast left out (zeptograd iterates in float32)."""
+    a, b, c = ns_coefficients
+    x = grad.float().T if grad.size(0) > grad.size(1) else grad.float()
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if grad.size(0) > grad.size(1) else x
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("kw", MUON_CASES)
+def test_muon_against_torch_in_float32(kw, fused, monkeypatch):
+    import torch.optim._muon
+
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", _float32_newton_schulz)
+    zout, tout = _muon_runs(kw, fused)
+    for step, (z, t) in enumerate(zip(zout, tout)):
+        for a, b in zip(z, t):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6, err_msg=f"step {step}")
+
+
+@pytest.mark.parametrize("kw", MUON_CASES[:2])
+def test_muon_against_torch(kw):
+    # torch runs the Newton-Schulz iteration in bfloat16: after 10 steps the weights agree to its precision
+    zout, tout = _muon_runs(kw, fused=True)
+    for a, b in zip(zout[-1], tout[-1]):
+        np.testing.assert_allclose(a, b, rtol=0, atol=5e-3)
+    assert max(np.abs(a - b).max() for a, b in zip(zout[-1], tout[-1])) > 0  # (not compared with itself)
+
+
+def test_muon_errors():
+    w, b = Tensor(np.ones((2, 3), np.float32), requires_grad=True), Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(ValueError, match=r"2-D parameters.*\(1, \(2,\)\)"):
+        nn.optim.Muon([w, b])
+    with pytest.raises(ValueError, match="adjust_lr_fn"):
+        nn.optim.Muon([w], adjust_lr_fn="bogus")
+    with pytest.raises(ValueError, match="ns_steps"):
+        nn.optim.Muon([w], ns_steps=100)
+    with pytest.raises(ValueError, match="momentum"):
+        nn.optim.Muon([w], momentum=-0.1)
+    for bad in (dict(params=[torch.ones(2, requires_grad=True)]), dict(adjust_lr_fn="bogus")):
+        with pytest.raises(ValueError):
+            torch.optim.Muon(**{"params": [torch.ones(2, 3, requires_grad=True)], **bad})
+
+
+# ***** LAMB's b1_t / b2_t state *****
+
+
+def test_lamb_state_dict_carries_b1_t_b2_t():
+    from zeptograd.nn.state import get_state_dict, load_state_dict
+
+    init, grads = data(steps=5)
+    full = run_zg(nn.optim.Adam, init, grads, lr=0.01)  # 5 steps in one go
+    ps = [Tensor(a.copy(), requires_grad=True) for a in init]
+    opt = nn.optim.Adam(ps, lr=0.01)
+    with Tensor.train():
+        for gs in grads[:3]:
+            for p, g in zip(ps, gs):
+                p.grad = Tensor(g)
+            opt.step()
+    sd = get_state_dict(opt)
+    assert sd["b1_t"].shape == sd["b2_t"].shape == (1,)
+    np.testing.assert_allclose(sd["b1_t"].numpy(), [0.9**3], rtol=1e-6)
+    np.testing.assert_allclose(sd["b2_t"].numpy(), [0.999**3], rtol=1e-6)
+    saved = {k: v.numpy().copy() for k, v in sd.items()}
+    # a new optimizer (and parameters) loaded from that state dict resumes the bias correction where it was
+    ps2 = [Tensor(np.zeros_like(a), requires_grad=True) for a in init]
+    opt2 = nn.optim.Adam(ps2, lr=0.01)
+    load_state_dict(opt2, saved)
+    np.testing.assert_allclose(opt2.b1_t.numpy(), [0.9**3], rtol=1e-6)
+    with Tensor.train():
+        for gs in grads[3:]:
+            for p, g in zip(ps2, gs):
+                p.grad = Tensor(g)
+            opt2.step()
+    for a, b in zip([p.numpy() for p in ps2], full[-1]):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -9,6 +9,10 @@ Shapes and conventions follow PyTorch: Linear's weight is (out, in), Conv weight
 ConvTranspose weights are (in, out/groups, *kernel), LSTMCell gates are ordered i, f, g, o. BatchNorm normalizes
 with the batch's statistics and updates its running statistics while `Tensor.training` is set, and uses the running
 statistics otherwise.
+
+Parameters (weights and biases) require grad from creation, as torch's nn.Parameter: `loss.backward()` fills their
+`.grad` without an optimizer. Running statistics do not (`requires_grad=False`). Plain Tensors keep
+requires_grad=None (not tracked) unless asked.
 """
 
 from __future__ import annotations
@@ -47,8 +51,14 @@ __all__ = [
 ]
 
 
+def _param(t: Tensor) -> Tensor:
+    """A layer's parameter: requires grad from the start, as torch's nn.Parameter, so loss.backward() fills its
+    .grad before any optimizer exists. It stays lazy (drawn or filled when first realized)."""
+    return t.requires_grad_(True)
+
+
 def _uniform(*shape: int, bound: float) -> Tensor:
-    return Tensor.uniform(*shape, low=-bound, high=bound)
+    return _param(Tensor.uniform(*shape, low=-bound, high=bound))
 
 
 def _buffer(shape: tuple[int, ...], value: float, dtype=dtypes.float32) -> Tensor:
@@ -198,8 +208,8 @@ class BatchNorm:
         self, sz: int, eps: float = 1e-5, affine: bool = True, track_running_stats: bool = True, momentum: float = 0.1
     ):
         self.eps, self.track_running_stats, self.momentum = eps, track_running_stats, momentum
-        self.weight: Tensor | None = Tensor.ones(sz) if affine else None
-        self.bias: Tensor | None = Tensor.zeros(sz) if affine else None
+        self.weight: Tensor | None = _param(Tensor.ones(sz)) if affine else None
+        self.bias: Tensor | None = _param(Tensor.zeros(sz)) if affine else None
         self.num_batches_tracked = _buffer((), 0, dtypes.int64)
         if track_running_stats:
             self.running_mean, self.running_var = _buffer((sz,), 0.0), _buffer((sz,), 1.0)
@@ -242,8 +252,8 @@ class LayerNorm:
         self.normalized_shape: tuple[int, ...] = make_tuple(normalized_shape, 1)
         self.axis = tuple(-1 - i for i in range(len(self.normalized_shape)))
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        self.weight: Tensor | None = Tensor.ones(*self.normalized_shape) if elementwise_affine else None
-        self.bias: Tensor | None = Tensor.zeros(*self.normalized_shape) if elementwise_affine else None
+        self.weight: Tensor | None = _param(Tensor.ones(*self.normalized_shape)) if elementwise_affine else None
+        self.bias: Tensor | None = _param(Tensor.zeros(*self.normalized_shape)) if elementwise_affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.shape[-len(self.normalized_shape) :] != self.normalized_shape:
@@ -278,8 +288,8 @@ class GroupNorm:
                 f"GroupNorm: num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
             )
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
-        self.weight: Tensor | None = Tensor.ones(num_channels) if affine else None
-        self.bias: Tensor | None = Tensor.zeros(num_channels) if affine else None
+        self.weight: Tensor | None = _param(Tensor.ones(num_channels)) if affine else None
+        self.bias: Tensor | None = _param(Tensor.zeros(num_channels)) if affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], self.num_groups, -1).layernorm(eps=self.eps).reshape(x.shape)
@@ -291,8 +301,8 @@ class InstanceNorm:
 
     def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True):
         self.num_features, self.eps = num_features, eps
-        self.weight: Tensor | None = Tensor.ones(num_features) if affine else None
-        self.bias: Tensor | None = Tensor.zeros(num_features) if affine else None
+        self.weight: Tensor | None = _param(Tensor.ones(num_features)) if affine else None
+        self.bias: Tensor | None = _param(Tensor.zeros(num_features)) if affine else None
 
     def __call__(self, x: Tensor) -> Tensor:
         x = x.reshape(x.shape[0], self.num_features, -1).layernorm(eps=self.eps).reshape(x.shape)
@@ -304,7 +314,7 @@ class RMSNorm:
 
     def __init__(self, dim: int, eps: float = 1e-6, elementwise_affine: bool = True):
         self.eps = eps
-        self.weight: Tensor | None = Tensor.ones(dim) if elementwise_affine else None
+        self.weight: Tensor | None = _param(Tensor.ones(dim)) if elementwise_affine else None
 
     def _norm(self, x: Tensor) -> Tensor:
         return x * (x.square().mean(-1, keepdim=True) + self.eps).rsqrt()
@@ -321,7 +331,7 @@ class Embedding:
 
     def __init__(self, vocab_size: int, embed_size: int):
         self.vocab_sz, self.embed_sz = vocab_size, embed_size
-        self.weight = Tensor.randn(vocab_size, embed_size)
+        self.weight = _param(Tensor.randn(vocab_size, embed_size))
 
     def __call__(self, idx: Tensor) -> Tensor:
         if not dtypes.is_int(idx.dtype):

@@ -1,4 +1,5 @@
-"""Optimizers, as tinygrad's `tinygrad.nn.optim`: SGD (momentum, nesterov, weight decay), Adam, AdamW, LAMB, LARS.
+"""Optimizers, as tinygrad's `tinygrad.nn.optim`: SGD (momentum, nesterov, weight decay), Adam, AdamW, LAMB, LARS,
+and Muon (as torch.optim.Muon).
 
     opt = nn.optim.AdamW(nn.state.get_parameters(model), lr=1e-3)
     with Tensor.train():
@@ -13,8 +14,9 @@ Every update is a lazy `Tensor.assign` into the existing buffers (parameters, mo
 fused (the default when every parameter has one dtype and device): each optimizer state (momentum, m, v) is one
 flat buffer for all the parameters, and the gradients enter as one concatenation, so the state updates are one
 kernel each whatever the number of parameters; then one kernel per parameter writes its new value. Adam on N
-parameters: the step counters, m and v (each reading the concatenated gradients), and N parameter kernels: N + 3
-instead of 3N + 1. (SGD with momentum and weight decay keeps per-parameter momenta: see LARS.__init__.)
+parameters: the two step counters (b1**t and b2**t), m and v (each reading the concatenated gradients), and N
+parameter kernels: N + 4 instead of 3N + 2. (SGD with momentum and weight decay keeps per-parameter momenta: see
+LARS.__init__.)
 
 A parameter without a gradient at step() is an error (as tinygrad; PyTorch skips it).
 """
@@ -256,17 +258,19 @@ class LAMB(Optimizer):
     ):
         super().__init__(params, lr, fused)
         self.b1, self.b2, self.eps, self.wd, self.adam = b1, b2, eps, weight_decay, adam
-        # b1**t and b2**t, as one tensor (one kernel per step); float32 whatever the parameters' dtype
-        self.betas = Tensor([b1, b2], dtype=dtypes.float32, device=self.device)
-        self.beta_t = Tensor([1.0, 1.0], dtype=dtypes.float32, device=self.device)
+        # b1**t and b2**t, shape (1,) and float32 whatever the parameters' dtype, as tinygrad's LAMB keeps them: they
+        # are state (get_state_dict(opt) has "b1_t" and "b2_t", so a saved optimizer resumes its bias correction)
+        self.b1_t = Tensor(np.ones(1, np.float32), dtype=dtypes.float32, device=self.device)
+        self.b2_t = Tensor(np.ones(1, np.float32), dtype=dtypes.float32, device=self.device)
         self.m, self.v = self._new_state(), self._new_state()
-        _realize_leaves(self.betas, self.beta_t)
+        _realize_leaves(self.b1_t, self.b2_t)
 
     def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         # read b1**t back through the assign (the scheduler orders a reader of the assigned value after the write;
         # a kernel reading the old buffer through the lazy product is not ordered before it today)
-        self.beta_t.assign(self.beta_t * self.betas)
-        bc1, bc2 = 1.0 - self.beta_t[0], 1.0 - self.beta_t[1]
+        self.b1_t.assign(self.b1_t * self.b1)
+        self.b2_t.assign(self.b2_t * self.b2)
+        bc1, bc2 = 1.0 - self.b1_t, 1.0 - self.b2_t
         for m, v, g in zip(self.m, self.v, self._flat(grads)):
             m.assign(self.b1 * m + (1.0 - self.b1) * g)
             v.assign(self.b2 * v + (1.0 - self.b2) * (g * g))
@@ -280,7 +284,7 @@ class LAMB(Optimizer):
                 r1, r2 = t.square().sum().sqrt(), up.square().sum().sqrt()
                 up = up * (r1 > 0).where((r2 > 0).where(r1 / r2, 1.0), 1.0)
             ret.append(t - self.lr * up)
-        return ret, [self.beta_t, *self.m, *self.v]
+        return ret, [self.b1_t, self.b2_t, *self.m, *self.v]
 
 
 def AdamW(
@@ -308,4 +312,86 @@ def Adam(
     return LAMB(params, lr, b1, b2, eps, 0.0, adam=True, fused=fused)
 
 
-__all__ = ["Optimizer", "SGD", "LARS", "LAMB", "Adam", "AdamW"]
+def newton_schulz(g: Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int, eps: float) -> Tensor:
+    """The quintic Newton-Schulz iteration of Muon (torch's `_zeropower_via_newtonschulz`): an approximate
+    orthogonalization U S' V^T of a 2-D g = U S V^T. g is scaled to Frobenius norm 1 (divided by max(|g|, eps)), then
+    ns_steps times X = a*X + (b*X X^T + c*(X X^T)^2) X, on the wide orientation (a tall g is transposed).
+    Computed in float32 at least (torch computes it in bfloat16: the results agree to bfloat16's precision)."""
+    a, b, c = ns_coefficients
+    x = g.cast(least_upper_dtype(g.dtype, dtypes.float32))
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / x.square().sum().sqrt().maximum(eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return (x.T if tall else x).cast(g.dtype)
+
+
+class Muon(Optimizer):
+    """Muon (Jordan et al. 2024), as torch.optim.Muon (same arguments and defaults, 2-D parameters only):
+
+        B = momentum*B + (1-momentum)*g                  (torch's buf.lerp_(g, 1 - momentum))
+        u = (1-momentum)*g + momentum*B if nesterov else B
+        w = w*(1 - lr*weight_decay) - lr*ratio * newton_schulz(u)
+
+    ratio: sqrt(max(1, rows/cols)) ("original", the default) or 0.2*sqrt(max(rows, cols)) ("match_rms_adamw").
+    The momenta are one flat state when fused, as the other optimizers; the orthogonalization is per parameter."""
+
+    def __init__(
+        self,
+        params: list[Tensor],
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        fused: bool | None = None,
+    ):
+        for name, value in (("lr", lr), ("momentum", momentum), ("weight_decay", weight_decay)):
+            if not value >= 0.0:
+                raise ArgumentError(f"Muon: {name} must be >= 0, got {value}")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ArgumentError(
+                f"Muon: adjust_lr_fn must be None, 'original' or 'match_rms_adamw', got {adjust_lr_fn!r}"
+            )
+        if not (isinstance(ns_steps, int) and 0 <= ns_steps < 100):
+            raise ArgumentError(f"Muon: ns_steps must be an int in [0, 100), got {ns_steps!r}")
+        if len(ns_coefficients) != 3:
+            raise ArgumentError(f"Muon: ns_coefficients must be 3 values (a, b, c), got {ns_coefficients!r}")
+        super().__init__(params, lr, fused)
+        if bad := [(i, p.shape) for i, p in enumerate(self.params) if p.ndim != 2]:
+            raise ArgumentError(
+                f"Muon only supports 2-D parameters, got parameter(s) (index, shape) {bad}: optimize biases, "
+                f"embeddings and other parameters with another optimizer (AdamW)"
+            )
+        self.wd, self.momentum, self.nesterov, self.eps = weight_decay, momentum, nesterov, eps
+        self.ns_coefficients, self.ns_steps, self.adjust_lr_fn = tuple(ns_coefficients), ns_steps, adjust_lr_fn
+        self.b = self._new_state()
+
+    def _ratio(self, shape: tuple[int, ...]) -> float:
+        rows, cols = shape[:2]
+        if self.adjust_lr_fn == "match_rms_adamw":
+            return 0.2 * max(rows, cols) ** 0.5
+        return max(1.0, rows / cols) ** 0.5
+
+    def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+        for b, g in zip(self.b, self._flat(grads)):
+            b.assign(self.momentum * b + (1.0 - self.momentum) * g)
+        ret = []
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            b = self._part(self.b, i)
+            u = (1.0 - self.momentum) * g + self.momentum * b if self.nesterov else b
+            o = newton_schulz(u, self.ns_coefficients, self.ns_steps, self.eps)  # type: ignore[arg-type]
+            t = _value(p)
+            if self.wd:
+                t = t * (1.0 - self.lr * self.wd)
+            ret.append(t - (self.lr * self._ratio(p.shape)) * o)
+        return ret, self.b
+
+
+__all__ = ["Optimizer", "SGD", "LARS", "LAMB", "Adam", "AdamW", "Muon", "newton_schulz"]
