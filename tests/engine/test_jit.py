@@ -444,3 +444,30 @@ def test_prune_keeps_state_updates_and_what_reads_them():
             np.testing.assert_allclose(acc_j.numpy(), acc_e, rtol=1e-6)
         jits.append(f)
     assert len(jits[1].captured.calls) == len(jits[0].captured.calls)  # nothing here may be pruned
+
+
+def test_prune_keeps_kernels_that_take_a_variable():
+    from zeptograd import Variable
+
+    w = Tensor(np.arange(10, dtype=np.float32)).realize()
+    n = Variable("n", 1, 10)
+    f = TinyJit(lambda x, n: (x + w.shrink(((0, n),)).sum()).contiguous(), prune=True)
+    for v in (3, 5, 7, 9, 2):  # the sum over w[:n] reads no input but changes with n
+        x = rnd(4, seed=v)
+        np.testing.assert_allclose(f(Tensor(x), n.bind(v)).numpy(), x + np.arange(v).sum(), rtol=1e-6)
+    assert len(f.captured.calls) == 2
+
+
+def test_prune_with_index_checks():
+    table = Tensor(rnd(10, 2, seed=8)).realize()
+    fixed = Tensor(np.array([1, 3, 7], np.int32)).realize()
+    f = TinyJit(lambda x: (x + table[fixed]).contiguous(), prune=True)  # the gather reads no input: pruned
+    for i in range(4):
+        x = rnd(3, 2, seed=i)
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), x + table.numpy()[[1, 3, 7]], rtol=1e-6)
+    assert len(f.captured.calls) == 1
+    g = TinyJit(lambda idx: (table[idx] * 2).contiguous(), prune=True)  # an input index: checked on every replay
+    for ids in ([0, 1], [2, 9], [4, 0]):
+        np.testing.assert_allclose(g(Tensor(ids)).numpy(), table.numpy()[ids] * 2, rtol=1e-6)
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
+        g(Tensor([10, 0]))

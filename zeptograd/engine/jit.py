@@ -339,6 +339,7 @@ class CapturedJit:
     n_ops: int = 0
     mem: int = 0
     checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i (-1: first)
+    symbolic: bool = False  # whether the capture's inputs or arguments held Variables
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -507,6 +508,7 @@ class TinyJit:
             n_ops,
             mem,
             checks,
+            bool(var_vals),
         )
         if DEBUG >= 1:
             pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
@@ -518,7 +520,7 @@ class TinyJit:
         cap = self.captured
         assert cap is not None
         self._check(cap, tensors, others)
-        var_vals = _var_vals(tensors, others)
+        var_vals = _var_vals(tensors, others) if cap.symbolic else {}  # (_check: no Variable now if none then)
         in_bufs = _realized_inputs(tensors)
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written:
@@ -541,6 +543,13 @@ class TinyJit:
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):
+        if tensors.keys() == cap.signature.keys() and others.keys() == cap.others.keys():  # the usual case, quicker
+            for k, t in tensors.items():
+                if (unbound_shape(t.shape), t.dtype, t.device) != cap.signature[k]:
+                    break
+            else:
+                if all(_same_value(a, cap.others[k]) for k, a in others.items()):
+                    return
         for k in cap.signature.keys() | tensors.keys() | cap.others.keys() | others.keys():
             if k in cap.signature and k not in tensors:
                 got = type(others[k]).__name__ if k in others else "nothing"
