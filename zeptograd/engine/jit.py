@@ -13,7 +13,24 @@ the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
-captured ones. Tensors the function reaches otherwise (a model's weights) are used by their captured buffers.
+captured ones (lists, tuples and dicts compared by value, with the types of their elements, against a copy
+taken at the capture, so one mutated in place is caught; other objects by identity or ==). A numpy array is
+refused (JitArgumentTypeError, a TypeError): pass a Tensor. Tensors the function reaches otherwise (a model's
+weights) are used by their captured buffers.
+
+Nesting: a TinyJit called while another one captures (in the same thread) runs its function as a plain call, so
+the outer capture records the inner function's kernels and the outer replay runs them (the inner jit's own call
+count and capture are left as they were).
+
+prune=True: the kernels whose results cannot change from call to call (they read no input, take no Variable,
+read nothing a replayed kernel writes and do not update a buffer in place) run once, at the capture, and the
+replay leaves them out; their outputs keep their values. A weight the function reaches but does not update
+(it is not an input) is assumed to stay as it was at the capture: with prune=True, changing it outside the jit
+is not seen by the replays.
+
+Threads: a capture records only the kernels of its own thread (realize.capturing is per thread). A TinyJit
+object takes one call at a time; a replay runs under realize.engine_lock like a realize. Outputs are shared by
+every call: a thread that calls a jit shared with others copies what it keeps before another thread calls it.
 
 Outputs (as tinygrad does): the returned tensors are realized; on replay they are fresh Tensor objects backed
 by the captured output buffers, not copies. Call N+1 overwrites the values returned by call N: copy a result
