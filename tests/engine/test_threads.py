@@ -107,7 +107,7 @@ FORK_SCRIPT = textwrap.dedent(
     """
     import os, sys, threading, time
     import numpy as np
-    from zeptograd import Tensor
+    from zeptograd import Tensor, TinyJit
     import zeptograd.device as device
 
     N = 1 << 20  # large enough to run on every core
@@ -116,12 +116,26 @@ FORK_SCRIPT = textwrap.dedent(
     parent_pool = device._pool
     if parent_pool is None:
         sys.exit(2)  # no threaded kernel ran: the test would prove nothing
-    stop = threading.Event()
+    stop, entered = threading.Event(), threading.Event()
+
+    def body(t):
+        entered.set()
+        stop.wait()  # this call is still running in the other thread when the main thread forks
+        return (t * 2).contiguous()
+
+    jit = TinyJit(body)
 
     def busy():  # another thread realizing while the main thread forks
         y = Tensor(np.ones(N, np.float32)).realize()
         while not stop.is_set():
             y.assign(y * 1.0).realize()
+
+    def in_jit():
+        jit(Tensor(np.ones(4, np.float32)))
+
+    stuck = threading.Thread(target=in_jit)
+    stuck.start()
+    entered.wait()
 
     t = threading.Thread(target=busy)
     t.start()
@@ -129,6 +143,8 @@ FORK_SCRIPT = textwrap.dedent(
         pid = os.fork()
         if pid == 0:
             ok = float((x * (3 + k)).sum().item()) == (3 + k) * N and device._pool not in (None, parent_pool)
+            stop.set()  # in the child, no thread is left to finish the jit's call: it must not stay locked
+            ok = ok and jit(Tensor(np.full(4, k, np.float32))).tolist() == [2.0 * k] * 4
             os._exit(0 if ok else 1)
         for _ in range(600):  # up to 30 s, then the child is killed: a hang fails instead of hanging
             done, status = os.waitpid(pid, os.WNOHANG)
@@ -145,6 +161,7 @@ FORK_SCRIPT = textwrap.dedent(
             sys.exit(4)
     stop.set()
     t.join()
+    stuck.join()
     print("ok")
     """
 )

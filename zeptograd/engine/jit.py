@@ -55,6 +55,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -386,12 +387,26 @@ class CapturedJit:
             self.calls[ci][1][pos] = 0
 
 
+_all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
+
+
+def _unlock_jits_in_child():
+    """A forked child has only the forking thread: a TinyJit another thread was calling would stay locked forever.
+    (The forking thread's own call, if any, releases the old lock object its `with` holds.)"""
+    for jit in list(_all_jits):
+        jit._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_unlock_jits_in_child)
+
+
 class TinyJit:
     """Decorator: call 1 runs the function, call 2 captures its kernels, calls 3+ replay them (see module doc)."""
 
     def __init__(self, fxn: Callable, prune: bool = False):
         self.fxn = fxn
         self._lock = threading.RLock()  # one call at a time (a replay patches the captured pointers in place)
+        _all_jits.add(self)
         self.prune = prune  # replay only the kernels that depend on the inputs (the others ran once, at the capture)
         self.cnt = 0  # calls so far
         self.captured: CapturedJit | None = None
