@@ -61,11 +61,19 @@ class _ThreadCaptures(threading.local):
 # the jit's inputs)
 capturing = _ThreadCaptures()
 
-# Threads: one process-wide lock serializes realize, schedule, numpy and TinyJit calls (graph building runs
-# unlocked). It is reentrant (a jitted function realizes; a nested TinyJit), and it is held across os.fork() so a
-# child never inherits it mid-realize (or our engine state half-updated).
+# Threads: one process-wide lock serializes realize, schedule, numpy and TinyJit replays (graph building runs
+# unlocked). It is reentrant (a jitted function realizes; a nested TinyJit). A forked child gets a new one: a
+# thread that held it in the parent does not exist there. (Not acquired before the fork: a realizing thread may
+# wait for a lock another library takes in its own before-fork hook, concurrent.futures' shutdown lock, say.)
 engine_lock = threading.RLock()
-os.register_at_fork(before=engine_lock.acquire, after_in_parent=engine_lock.release, after_in_child=engine_lock.release)
+
+
+def _new_engine_lock_in_child():
+    global engine_lock
+    engine_lock = threading.RLock()  # a `with` the forking thread is in releases the old lock object it holds
+
+
+os.register_at_fork(after_in_child=_new_engine_lock_in_child)
 
 
 @dataclass
