@@ -46,7 +46,10 @@ class Allocator:
 
     def alloc(self, nbytes: int) -> np.ndarray:
         if cached := self.free_cache.get(nbytes):
-            return cached.pop()
+            try:
+                return cached.pop()
+            except IndexError:  # another thread took the last one since the check
+                pass
         raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
         off = (-raw.ctypes.data) % ALIGN
         return raw[off : off + nbytes]
@@ -174,6 +177,16 @@ class CompiledDevice:
 # ***** running a CPU kernel on several cores: one call per core_id, on a persistent pool *****
 
 _pool = None  # a concurrent.futures.ThreadPoolExecutor, made (and its module imported) at the first parallel call
+
+
+def _forget_pool_in_child():
+    """A forked child has none of the parent's threads: the inherited pool would queue work no worker ever takes
+    (the child would hang at its first threaded kernel). Drop it; the child makes its own on first use."""
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 def small_work(spec) -> Callable[[tuple[int, ...]], bool] | None:

@@ -1,5 +1,7 @@
 """TinyJit: call 1 runs, call 2 captures, calls 3+ replay the captured kernels with the new inputs' buffers."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -322,3 +324,150 @@ def test_same_input_tensor_every_call_with_graphs_kept_for_backward():
     np.testing.assert_allclose(out.numpy(), (x.numpy() * w.numpy()).sum(), rtol=1e-5)
     x2 = rnd(4, seed=3)
     np.testing.assert_allclose(f(Tensor(x2)).numpy(), (x2 * w.numpy()).sum(), rtol=1e-5)
+
+
+# ***** nested TinyJits *****
+
+
+def test_nested_jit_replays_the_inner_kernels():
+    f = TinyJit(lambda t: t + 1)
+    g = TinyJit(lambda t: f(t) * 3)
+    assert [g(Tensor([i])).item() for i in range(5)] == [3, 6, 9, 12, 15]
+
+
+def test_nested_jit_whose_inner_jit_already_replays():
+    w = Tensor(rnd(6, seed=4)).realize()
+    inner = counted(lambda t: (t * w).contiguous())
+    for i in range(3):  # the inner jit captured and replays on its own
+        inner(Tensor(rnd(6, seed=i)))
+    outer = counted(lambda a, b: inner(a + b).exp() - a)
+    for i in range(5):
+        a, b = rnd(6, seed=10 + i), rnd(6, seed=20 + i)
+        np.testing.assert_allclose(outer(Tensor(a), Tensor(b)).numpy(), np.exp((a + b) * w.numpy()) - a, rtol=1e-5)
+    assert outer.runs[0] == 2
+    assert inner.cnt == 4  # outer's call 1 replayed it; outer's capture ran its function as a plain call
+    assert inner.runs[0] == 2 + 1
+    x = rnd(6, seed=30)  # the inner jit still replays correctly on its own
+    np.testing.assert_allclose(inner(Tensor(x)).numpy(), x * w.numpy(), rtol=1e-6)
+
+
+# ***** non-Tensor arguments *****
+
+
+def test_numpy_array_argument_is_a_type_error():
+    f = counted(lambda x, scale: x * Tensor(scale))
+    with pytest.raises(TypeError, match="#1 is a numpy array; pass a Tensor"):
+        f(Tensor(rnd(3)), np.ones(3, np.float32))
+    with pytest.raises(JitError, match="'scale' is a list holding a numpy array"):
+        f(Tensor(rnd(3)), scale=[np.ones(3, np.float32)])
+    assert f.runs[0] == 0
+
+
+def test_list_argument_mutated_in_place_is_compared_by_value():
+    f = counted(lambda x, shape: x.reshape(shape) * shape[0])
+    shape = [2, 3]
+    x = rnd(6, seed=0)
+    for _ in range(3):
+        np.testing.assert_allclose(f(Tensor(x), shape).numpy(), x.reshape(2, 3) * 2)
+    np.testing.assert_allclose(f(Tensor(x), [2, 3]).numpy(), x.reshape(2, 3) * 2)  # an equal list: replays
+    assert f.runs[0] == 2
+    shape[0], shape[1] = 3, 2  # the same list object, new values: never the stale capture
+    with pytest.raises(JitError, match=r"non-Tensor argument #1 is \[3, 2\], but was \[2, 3\]"):
+        f(Tensor(x), shape)
+    with pytest.raises(JitError, match="non-Tensor argument #1"):
+        f(Tensor(x), [2.0, 3.0])  # equal numbers of other types promote differently
+    with pytest.raises(JitError, match="non-Tensor argument #1"):
+        f(Tensor(x), (2, 3))
+
+
+def test_tuple_and_dict_arguments_compared_by_value():
+    f = counted(lambda x, opts: x * opts["k"][0] + opts["k"][1])
+    opts = {"k": [2.0, 1.0]}
+    x = rnd(4, seed=1)
+    for _ in range(3):
+        np.testing.assert_allclose(f(Tensor(x), opts).numpy(), x * 2 + 1, rtol=1e-6)
+    opts["k"][1] = 5.0
+    with pytest.raises(JitError, match="non-Tensor argument #1"):
+        f(Tensor(x), opts)
+    g = counted(lambda x, t: x + t[1])
+    for _ in range(3):
+        g(Tensor(x), (1, float("nan")))  # nan equals nan here: the replay is the capture's
+    assert g.runs[0] == 2
+    with pytest.raises(JitError, match="non-Tensor argument #1"):
+        g(Tensor(x), (1, 2.0))
+
+
+# ***** prune=True *****
+
+
+def _replay_kernels(f, *args) -> int:
+    GlobalCounters.reset()
+    f(*args)
+    return GlobalCounters.kernel_count
+
+
+def test_prune_runs_input_independent_kernels_once():
+    w = Tensor(rnd(8, seed=5)).realize()
+    wn = w.numpy()
+    want = lambda x: x + (np.exp(wn) * 2).sum()  # noqa: E731
+    plain = counted(lambda x: (x + (w.exp() * 2).sum()).contiguous())
+    pruned = TinyJit(lambda x: (x + (w.exp() * 2).sum()).contiguous(), prune=True)
+    for i in range(3):
+        for f in (plain, pruned):
+            x = rnd(8, seed=i)
+            np.testing.assert_allclose(f(Tensor(x)).numpy(), want(x), rtol=1e-5)
+    xs = [Tensor(rnd(8, seed=i)).realize() for i in range(2)]
+    assert _replay_kernels(plain, xs[0]) == len(plain.captured.calls) == 2
+    assert _replay_kernels(pruned, xs[1]) == len(pruned.captured.calls) == 1
+    np.testing.assert_allclose(pruned(xs[0]).numpy(), want(xs[0].numpy()), rtol=1e-5)
+
+
+def test_prune_keeps_state_updates_and_what_reads_them():
+    def step(x, w, acc):
+        out = (x * (w * 2).sum()).contiguous()  # reads w, which the kernel below updates: replayed
+        w.assign(w + x.sum())
+        acc.assign(acc * 0.5)  # reads and writes acc, no input: replayed
+        Tensor.realize(out, w, acc)
+        return out
+
+    jits = []
+    for prune in (False, True):
+        w_j, acc_j = Tensor(rnd(4, seed=6)).realize(), Tensor(np.ones(4, np.float32)).realize()
+        w_e, acc_e = w_j.numpy(), acc_j.numpy()
+        f = TinyJit(functools.partial(step, w=w_j, acc=acc_j), prune=prune)
+        for i in range(5):
+            x = rnd(4, seed=40 + i)
+            want = x * (w_e * 2).sum()
+            w_e, acc_e = w_e + x.sum(), acc_e * 0.5
+            np.testing.assert_allclose(f(Tensor(x)).numpy(), want, rtol=1e-5)
+            np.testing.assert_allclose(w_j.numpy(), w_e, rtol=1e-5)
+            np.testing.assert_allclose(acc_j.numpy(), acc_e, rtol=1e-6)
+        jits.append(f)
+    assert len(jits[1].captured.calls) == len(jits[0].captured.calls)  # nothing here may be pruned
+
+
+def test_prune_keeps_kernels_that_take_a_variable():
+    from zeptograd import Variable
+
+    w = Tensor(np.arange(10, dtype=np.float32)).realize()
+    n = Variable("n", 1, 10)
+    f = TinyJit(lambda x, n: (x + w.shrink(((0, n),)).sum()).contiguous(), prune=True)
+    for v in (3, 5, 7, 9, 2):  # the sum over w[:n] reads no input but changes with n
+        x = rnd(4, seed=v)
+        np.testing.assert_allclose(f(Tensor(x), n.bind(v)).numpy(), x + np.arange(v).sum(), rtol=1e-6)
+    assert len(f.captured.calls) == 2
+
+
+def test_prune_with_index_checks():
+    table = Tensor(rnd(10, 2, seed=8)).realize()
+    fixed = Tensor(np.array([1, 3, 7], np.int32)).realize()
+    f = TinyJit(lambda x: (x + table[fixed]).contiguous(), prune=True)  # the gather reads no input: pruned
+    for i in range(4):
+        x = rnd(3, 2, seed=i)
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), x + table.numpy()[[1, 3, 7]], rtol=1e-6)
+    assert len(f.captured.calls) == 1
+    g = TinyJit(lambda idx: (table[idx] * 2).contiguous(), prune=True)  # an input index: checked on every replay
+    for ids in ([0, 1], [2, 9], [4, 0]):
+        np.testing.assert_allclose(g(Tensor(ids)).numpy(), table.numpy()[ids] * 2, rtol=1e-6)
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
+        g(Tensor([10, 0]))

@@ -13,7 +13,24 @@ the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
-captured ones. Tensors the function reaches otherwise (a model's weights) are used by their captured buffers.
+captured ones (lists, tuples and dicts compared by value, with the types of their elements, against a copy
+taken at the capture, so one mutated in place is caught; other objects by identity or ==). A numpy array is
+refused (JitArgumentTypeError, a TypeError): pass a Tensor. Tensors the function reaches otherwise (a model's
+weights) are used by their captured buffers.
+
+Nesting: a TinyJit called while another one captures (in the same thread) runs its function as a plain call, so
+the outer capture records the inner function's kernels and the outer replay runs them (the inner jit's own call
+count and capture are left as they were).
+
+prune=True: the kernels whose results cannot change from call to call (they read no input, take no Variable,
+read nothing a replayed kernel writes and do not update a buffer in place) run once, at the capture, and the
+replay leaves them out; their outputs keep their values. A weight the function reaches but does not update
+(it is not an input) is assumed to stay as it was at the capture: with prune=True, changing it outside the jit
+is not seen by the replays.
+
+Threads: a capture records only the kernels of its own thread (realize.capturing is per thread). A TinyJit
+object takes one call at a time; a replay runs under realize.engine_lock like a realize. Outputs are shared by
+every call: a thread that calls a jit shared with others copies what it keeps before another thread calls it.
 
 Outputs (as tinygrad does): the returned tensors are realized; on replay they are fresh Tensor objects backed
 by the captured output buffers, not copies. Call N+1 overwrites the values returned by call N: copy a result
@@ -37,6 +54,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
+import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -44,7 +64,7 @@ from typing import Any, Callable
 from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
 from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop, view_base
-from zeptograd.helpers import DEBUG
+from zeptograd.helpers import DEBUG, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
@@ -52,6 +72,10 @@ from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, st
 
 class JitError(RuntimeError):
     pass
+
+
+class JitArgumentTypeError(JitError, ArgumentTypeError):
+    """An argument of a type a capture cannot follow (a numpy array: its values would be captured, not read)."""
 
 
 ArgKey = tuple[str, Any]  # ("arg", position) or ("kw", name)
@@ -68,40 +92,67 @@ def _split_args(args: tuple, kwargs: dict) -> tuple[dict[ArgKey, Any], dict[ArgK
         if isinstance(a, Tensor):
             tensors[key] = a
         else:
-            if _holds_tensor(a):
-                raise JitError(
-                    f"TinyJit: argument {_name(key)} is a {type(a).__name__} holding tensors; pass each "
-                    f"input tensor as its own argument"
+            if (held := _holds(a)) is not None:
+                if held is Tensor:
+                    raise JitError(
+                        f"TinyJit: argument {_name(key)} is a {type(a).__name__} holding tensors; pass each "
+                        f"input tensor as its own argument"
+                    )
+                raise JitArgumentTypeError(
+                    f"TinyJit: argument {_name(key)} is {'' if a is held else 'a ' + type(a).__name__ + ' holding '}"
+                    f"a numpy array; pass a Tensor (a replay would not read the array's values)"
                 )
             others[key] = a
     return tensors, others
 
 
-def _holds_tensor(a: Any, depth: int = 0) -> bool:
+def _holds(a: Any, depth: int = 0) -> Any:
+    """Tensor if `a` is or holds a Tensor, the array if it is or holds a numpy array, else None."""
     from zeptograd.tensor import Tensor
 
     if isinstance(a, Tensor):
-        return True
+        return Tensor
+    if type(a).__name__ == "ndarray" and type(a).__module__ == "numpy":  # without importing numpy here
+        return a
     if depth > 4:
-        return False
+        return None
     if isinstance(a, (list, tuple, set, frozenset)):
-        return any(_holds_tensor(x, depth + 1) for x in a)
+        return next((h for x in a if (h := _holds(x, depth + 1)) is not None), None)
     if isinstance(a, dict):
-        return any(_holds_tensor(x, depth + 1) for x in a.values())
-    return False
+        return next((h for x in a.values() if (h := _holds(x, depth + 1)) is not None), None)
+    return None
 
 
 def _name(key: ArgKey) -> str:
     return f"#{key[1]}" if key[0] == "arg" else repr(key[1])
 
 
-def _same_value(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if isinstance(a, UOp) and isinstance(b, UOp) and is_sint(a) and is_sint(b):  # bound Variables: any value
-        return strip_sint(a) is strip_sint(b)
+def _snapshot(a: Any) -> Any:
+    """What a capture keeps of a non-Tensor argument: lists, tuples and dicts copied (a list mutated in place
+    between calls must not compare equal to itself), other values as they are."""
+    if type(a) in (list, tuple):
+        return type(a)(_snapshot(x) for x in a)
+    if type(a) is dict:
+        return {k: _snapshot(v) for k, v in a.items()}
+    return a
+
+
+def _same_value(a: Any, b: Any, top: bool = True) -> bool:
+    """Whether argument `a` may replay a capture made with `b` (a _snapshot): equal values of the same types, lists
+    and tuples element by element (1, 1.0 and True differ: they promote differently); at the top, a bound Variable
+    equals any binding of the same Variable."""
     if type(a) is not type(b):
         return False
+    if type(a) in (list, tuple):
+        return len(a) == len(b) and all(_same_value(x, y, False) for x, y in zip(a, b))
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k], False) for k in a)
+    if type(a) is float:  # nan equals nan, -0.0 is not 0.0
+        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (a != a and b != b)
+    if a is b:
+        return True
+    if top and isinstance(a, UOp) and is_sint(a) and is_sint(b):  # bound Variables: any value
+        return strip_sint(a) is strip_sint(b)
     try:
         eq = a == b
         if isinstance(eq, bool):
@@ -166,15 +217,15 @@ def _var_vals(tensors: dict[ArgKey, Any], others: dict[ArgKey, Any]) -> dict[str
 
 
 class _ReusableRealized:
-    """The view of realize.py's `realized` a capture schedules with. A value realized during the capture is reused
-    (a captured kernel computed it); one realized before the capture is reused unless it reads an input of the jit
-    (the replay must compute it again from the new inputs), and an ASSIGN realized before is always reused (running
-    it again would apply its write twice)."""
+    """The view of realize.py's `realized` a capture schedules with. A value the capture realized is reused (a
+    captured kernel computed it); one realized otherwise (before the capture, or by another thread meanwhile) is
+    reused unless it reads an input of the jit (the replay must compute it again from the new inputs), and an ASSIGN
+    realized otherwise is always reused (running it again would apply its write twice)."""
 
     def __init__(self, input_bufs: list[Buffer]):
         self.ids = {id(b) for b in input_bufs}
         self.reads_input: dict[UOp, bool] = {}
-        self.before: weakref.WeakSet[UOp] = weakref.WeakSet(_realize.realized.keys())
+        self.computed: weakref.WeakSet[UOp] = weakref.WeakSet()  # what realize.remember_realized noted meanwhile
 
     def _reads_input(self, u: UOp) -> bool:
         memo = self.reads_input
@@ -185,7 +236,7 @@ class _ReusableRealized:
         return memo[u]
 
     def __contains__(self, u: UOp) -> bool:
-        return u in _realize.realized and (u not in self.before or u.op is Ops.ASSIGN or not self._reads_input(u))
+        return u in _realize.realized and (u in self.computed or u.op is Ops.ASSIGN or not self._reads_input(u))
 
     def __getitem__(self, u: UOp) -> UOp:
         return _realize.realized[u]
@@ -257,6 +308,38 @@ def _buffer_tensor(buf: Buffer, shape: tuple[int, ...], device: str):
     return Tensor(reshape_uop(new_buffer_uop(buf.device, buf.size, buf.dtype, buf), shape), device=device)
 
 
+def _loaded_params(ast: UOp) -> set[int]:
+    """The DEFINE_GLOBAL positions a kernel graph loads from (an output it also loads is read-modify-written)."""
+    return {
+        g.arg for ld in ast.toposort() if ld.op is Ops.LOAD for g in ld.src[0].toposort() if g.op is Ops.DEFINE_GLOBAL
+    }
+
+
+def _replayed(items: list, kernels: list, input_ids: set[int]) -> list[bool]:
+    """Which captured kernels a prune=True replay must run again: a kernel whose result can change from call to call.
+    That is one that takes a Variable, reads an input or a buffer a replayed kernel writes (before or after it: the
+    next call reads the new value), writes such a buffer (its value would be overwritten between calls), or reads
+    what it writes (an update in place, like w.assign(w + 1), applies once per call). The others ran at the capture
+    and their output buffers keep their values. Repeated until no kernel is added (each pass only adds)."""
+    reads, writes = [], []
+    for item in items:
+        outs = set(getattr(item, "outputs", [0]))
+        loaded = _loaded_params(item.ast)
+        reads.append({id(b) for pos, b in enumerate(item.bufs) if pos not in outs or pos in loaded})
+        writes.append({id(item.bufs[o]) for o in outs})
+    changing = set(input_ids)  # the inputs, and then every buffer a replayed kernel writes
+    while True:
+        seen, replayed = set(changing), []
+        for kernel, r, w in zip(kernels, reads, writes):
+            replay = bool(kernel.vars) or not seen.isdisjoint(r) or not seen.isdisjoint(w) or not w.isdisjoint(r)
+            replayed.append(replay)
+            if replay:
+                seen |= w
+        if seen == changing:
+            return replayed
+        changing = seen
+
+
 @dataclass
 class CapturedJit:
     """The kernels of one capture, ready to replay."""
@@ -273,7 +356,8 @@ class CapturedJit:
     names: list[str] = field(default_factory=list)
     n_ops: int = 0
     mem: int = 0
-    checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i
+    checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i (-1: first)
+    symbolic: bool = False  # whether the capture's inputs or arguments held Variables
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -282,6 +366,9 @@ class CapturedJit:
         if DEBUG >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
         checks = self.checks
+        if checks and -1 in checks:  # those after pruned kernels: their values are the capture's
+            for check in checks[-1]:
+                check(var_vals)
         for ci, (program, ptrs, var_names) in enumerate(calls):
             if var_names:
                 program(*ptrs, vals=tuple(var_vals[v] for v in var_names))
@@ -300,11 +387,27 @@ class CapturedJit:
             self.calls[ci][1][pos] = 0
 
 
+_all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
+
+
+def _unlock_jits_in_child():
+    """A forked child has only the forking thread: a TinyJit another thread was calling would stay locked forever.
+    (The forking thread's own call, if any, releases the old lock object its `with` holds.)"""
+    for jit in list(_all_jits):
+        jit._lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_unlock_jits_in_child)
+
+
 class TinyJit:
     """Decorator: call 1 runs the function, call 2 captures its kernels, calls 3+ replay them (see module doc)."""
 
-    def __init__(self, fxn: Callable):
+    def __init__(self, fxn: Callable, prune: bool = False):
         self.fxn = fxn
+        self._lock = threading.RLock()  # one call at a time (a replay patches the captured pointers in place)
+        _all_jits.add(self)
+        self.prune = prune  # replay only the kernels that depend on the inputs (the others ran once, at the capture)
         self.cnt = 0  # calls so far
         self.captured: CapturedJit | None = None
         functools.update_wrapper(self, fxn)
@@ -318,22 +421,32 @@ class TinyJit:
 
     def __call__(self, *args, **kwargs):
         tensors, others = _split_args(args, kwargs)
-        if self.cnt == 0:
-            _realized_inputs(tensors)
-            ret = self.fxn(*args, **kwargs)
-            outs = _outputs(ret)
-            from zeptograd.tensor import Tensor
+        with self._lock:
+            if self.cnt == 0 or _realize.capturing:
+                ret = self._run(args, kwargs, tensors)
+                if not _realize.capturing:  # inside another jit's capture: a plain call, not one of this jit's
+                    self.cnt = 1
+                return ret
+            if self.cnt == 1:
+                ret = self._capture(args, kwargs, tensors, others)
+                self.cnt = 2
+                return ret
+            self.cnt += 1
+            with _realize.engine_lock:  # its kernels run as one realize
+                return self._replay(tensors, others)
 
-            if outs or tensors:
-                Tensor.realize(*outs, *tensors.values())
-            self.cnt = 1
-            return ret
-        if self.cnt == 1:
-            ret = self._capture(args, kwargs, tensors, others)
-            self.cnt = 2
-            return ret
-        self.cnt += 1
-        return self._replay(tensors, others)
+    # --- call 1, and any call while another TinyJit captures in this thread ---
+    def _run(self, args, kwargs, tensors):
+        """The function run as it is (the capture around it, if any, records its kernels: a nested jit's kernels
+        are the outer jit's; a replay of this jit's own capture would run outside the outer one's)."""
+        from zeptograd.tensor import Tensor
+
+        _realized_inputs(tensors)
+        ret = self.fxn(*args, **kwargs)
+        outs = _outputs(ret)
+        if outs or tensors:
+            Tensor.realize(*outs, *tensors.values())
+        return ret
 
     # --- call 2 ---
     def _capture(self, args, kwargs, tensors, others):
@@ -365,8 +478,16 @@ class TinyJit:
         var_vals = _var_vals(tensors, others)
         calls, input_slots, held, written, names = [], [], {}, set(), []
         n_ops = mem = 0
-        for ci, item in enumerate(items):
-            kernel = _realize.get_kernel(item.device, item.ast)
+        kernels = [_realize.get_kernel(item.device, item.ast) for item in items]
+        replayed = _replayed(items, kernels, set(slot_of)) if self.prune else [True] * len(items)
+        call_of: dict[int, int] = {}  # captured item -> its call in the replay; a pruned one: -1 (before the first)
+        for item, kernel, replay in zip(items, kernels, replayed):
+            if not replay:  # it ran at the capture; its outputs keep its values
+                call_of[len(call_of)] = -1
+                for o in getattr(item, "outputs", [0]):
+                    held[id(item.bufs[o])] = item.bufs[o]
+                continue
+            ci = call_of[len(call_of)] = len(calls)
             ptrs = []
             for pos, b in enumerate(item.bufs):
                 if id(b) in slot_of:
@@ -404,24 +525,26 @@ class TinyJit:
                 held[id(b)] = b
                 out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
         checks: dict[int, list[Callable[[dict[str, int]], None]]] = {}
-        for ci, check in items.checks:
-            checks.setdefault(ci, []).append(check)
+        for item_index, check in items.checks:
+            checks.setdefault(call_of[item_index], []).append(check)
         self.captured = CapturedJit(
             calls,
             input_slots,
             list(held.values()),
             written,
             {k: (unbound_shape(t.shape), t.dtype, t.device) for k, t in tensors.items()},
-            others,
+            {k: _snapshot(v) for k, v in others.items()},
             out_specs,
             ret,
             names,
             n_ops,
             mem,
             checks,
+            bool(var_vals),
         )
         if DEBUG >= 1:
-            print(f"TinyJit: captured {len(calls)} kernels")
+            pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
+            print(f"TinyJit: captured {len(calls)} kernels{pruned}")
         return ret
 
     # --- calls 3+ ---
@@ -429,7 +552,7 @@ class TinyJit:
         cap = self.captured
         assert cap is not None
         self._check(cap, tensors, others)
-        var_vals = _var_vals(tensors, others)
+        var_vals = _var_vals(tensors, others) if cap.symbolic else {}  # (_check: no Variable now if none then)
         in_bufs = _realized_inputs(tensors)
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written:
@@ -452,6 +575,13 @@ class TinyJit:
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):
+        if tensors.keys() == cap.signature.keys() and others.keys() == cap.others.keys():  # the usual case, quicker
+            for k, t in tensors.items():
+                if (unbound_shape(t.shape), t.dtype, t.device) != cap.signature[k]:
+                    break
+            else:
+                if all(_same_value(a, cap.others[k]) for k, a in others.items()):
+                    return
         for k in cap.signature.keys() | tensors.keys() | cap.others.keys() | others.keys():
             if k in cap.signature and k not in tensors:
                 got = type(others[k]).__name__ if k in others else "nothing"

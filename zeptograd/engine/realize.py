@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
@@ -29,9 +31,49 @@ realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 # a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
 # under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
 _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDictionary()
-# TinyJit (engine/jit.py) capturing: run_schedule appends each ScheduleItem it runs to capturing[-1], and
-# _schedule reuses only the realized values in capturing[-1].realized (those that don't read the jit's inputs)
-capturing: list = []
+
+
+class _ThreadCaptures(threading.local):
+    """A stack of captures per thread (list-like: truthy while this thread captures, [-1] the innermost): a kernel
+    another thread runs during a capture is not this thread's jit's, and its host reads are not refused."""
+
+    def __init__(self):
+        self.stack: list = []
+
+    def __bool__(self) -> bool:
+        return bool(self.stack)
+
+    def __len__(self) -> int:
+        return len(self.stack)
+
+    def __getitem__(self, i):
+        return self.stack[i]
+
+    def append(self, capture):
+        self.stack.append(capture)
+
+    def pop(self):
+        return self.stack.pop()
+
+
+# TinyJit (engine/jit.py) capturing in this thread: run_schedule appends each ScheduleItem it runs to
+# capturing[-1], and _schedule reuses only the realized values in capturing[-1].realized (those that don't read
+# the jit's inputs)
+capturing = _ThreadCaptures()
+
+# Threads: one process-wide lock serializes realize, schedule, numpy and TinyJit replays (graph building runs
+# unlocked). It is reentrant (a jitted function realizes; a nested TinyJit). A forked child gets a new one: a
+# thread that held it in the parent does not exist there. (Not acquired before the fork: a realizing thread may
+# wait for a lock another library takes in its own before-fork hook, concurrent.futures' shutdown lock, say.)
+engine_lock = threading.RLock()
+
+
+def _new_engine_lock_in_child():
+    global engine_lock
+    engine_lock = threading.RLock()  # a `with` the forking thread is in releases the old lock object it holds
+
+
+os.register_at_fork(after_in_child=_new_engine_lock_in_child)
 
 
 @dataclass
@@ -113,6 +155,11 @@ def estimate_ops(ast: UOp) -> int:
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None):
     """Run each kernel; `var_vals` gives the value of each Variable (uop/variable.py) the kernels take."""
+    with engine_lock:
+        _run_schedule(items, var_vals)
+
+
+def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
     for item in items:
         if capturing:
             capturing[-1].append(item)
@@ -162,11 +209,14 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
 
 def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
     """The kernels that would realize `tensors`, in order, without running them."""
-    return _schedule(tensors)[0]
+    with engine_lock:
+        return _schedule(tensors)[0]
 
 
 def remember_realized(node: UOp, value: UOp):
     realized[node] = value
+    if capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
+        capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
         _readers.setdefault(buf, weakref.WeakSet()).add(node)
 
@@ -178,8 +228,13 @@ def forget_written(buf: UOp):
 
 
 def realize_tensors(tensors: list[Tensor]):
+    with engine_lock:
+        _realize_tensors(tensors)
+
+
+def _realize_tensors(tensors: list[Tensor]):
     items, outs, becomes, var_vals = _schedule(tensors)
-    run_schedule(items, var_vals)
+    _run_schedule(items, var_vals)
     for old in becomes:
         if old.op is Ops.ASSIGN:
             forget_written(buffer_under(old.src[0]))
@@ -193,13 +248,18 @@ def realize_tensors(tensors: list[Tensor]):
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:
-    from zeptograd.dtype import to_numpy_dtype
-
     if capturing:
         raise RuntimeError(
             "TinyJit: reading a tensor's values on the host (numpy/item/tolist) inside a jitted "
             "function is not supported: replays would not refresh them"
         )
+    with engine_lock:
+        return _tensor_to_numpy(t)
+
+
+def _tensor_to_numpy(t: Tensor) -> np.ndarray:
+    from zeptograd.dtype import to_numpy_dtype
+
     t.realize()
     u = t.uop
     np_dtype = np.float32 if t.dtype.name == "bfloat16" else to_numpy_dtype(t.dtype)

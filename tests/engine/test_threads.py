@@ -1,0 +1,175 @@
+"""Python threads and os.fork: TinyJit captures per thread, concurrent realizes are serialized by the engine lock,
+and a forked child gets its own kernel thread pool."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+
+from zeptograd import Tensor, TinyJit
+
+
+def rnd(*shape, seed=None):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def run_threads(fns, timeout=120.0) -> list:
+    """Run each fn in its own thread; the exceptions they raised (a hang fails instead of hanging)."""
+    errors: list = []
+
+    def wrap(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001  (reported to the test)
+            errors.append(e)
+
+    threads = [threading.Thread(target=wrap, args=(fn,)) for fn in fns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors
+
+
+def test_another_threads_kernels_are_not_captured():
+    w = Tensor(np.zeros(4, np.float32)).realize()
+    other = Tensor(rnd(4, seed=1)).realize()
+    seen: list = []
+
+    def other_thread():  # runs while the jit's call 2 captures, in the jit's thread
+        w.assign(w + 1).realize()
+        seen.append((other * 2).numpy())  # not refused: this thread is not capturing
+
+    def body(x):
+        body.runs += 1
+        if body.runs == 2:
+            assert run_threads([other_thread]) == []
+        return (x * 3).contiguous()
+
+    body.runs = 0
+    f = TinyJit(body)
+    for i in range(6):
+        x = rnd(4, seed=10 + i)
+        np.testing.assert_allclose(f(Tensor(x)).numpy(), x * 3, rtol=1e-6)
+    assert body.runs == 2
+    np.testing.assert_array_equal(w.numpy(), np.ones(4))  # the other thread's assign ran once, never replayed
+    np.testing.assert_allclose(seen[0], other.numpy() * 2)
+    assert len(f.captured.calls) == 1
+
+
+def test_threads_realizing_at_once():
+    n_iter = 50
+
+    def worker(k):
+        def run():
+            acc = Tensor(np.zeros(8, np.float32)).realize()
+            acc_ref = np.zeros(8, np.float32)
+            jit = TinyJit(lambda a, b: (a * b + k).relu().contiguous())
+            for i in range(n_iter):
+                a, b = rnd(8, seed=1000 * k + i), rnd(8, seed=1000 * k + i + 500)
+                got = [
+                    ((Tensor(a) + k) * Tensor(b)).sum(axis=0).numpy(),  # a different graph in each thread
+                    jit(Tensor(a), Tensor(b)).numpy(),
+                ]
+                acc.assign(acc + Tensor(a)).realize()
+                acc_ref += a
+                np.testing.assert_allclose(got[0], ((a + k) * b).sum(), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(got[1], np.maximum(a * b + k, 0), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(acc.numpy(), acc_ref, rtol=1e-5, atol=1e-5)
+
+        return run
+
+    assert run_threads([worker(k) for k in range(4)]) == []
+
+
+def test_one_jit_called_from_several_threads():
+    def fn(x, out):  # each thread passes its own output buffer: no returned buffer is shared between threads
+        out.assign(x * 2 + 1)
+
+    f = TinyJit(fn)
+
+    def run(k):
+        out = Tensor(np.zeros(4096, np.float32)).realize()
+        for i in range(40):
+            x = rnd(4096, seed=100 * k + i)
+            f(Tensor(x), out)
+            np.testing.assert_allclose(out.numpy(), x * 2 + 1, rtol=1e-6)
+
+    assert run_threads([lambda k=k: run(k) for k in range(3)]) == []
+    assert f.cnt == 120
+
+
+FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, threading, time
+    import numpy as np
+    from zeptograd import Tensor, TinyJit
+    import zeptograd.device as device
+
+    N = 1 << 20  # large enough to run on every core
+    x = Tensor(np.ones(N, np.float32)).realize()
+    assert float((x * 2).sum().item()) == 2 * N
+    parent_pool = device._pool
+    if parent_pool is None:
+        sys.exit(2)  # no threaded kernel ran: the test would prove nothing
+    stop, entered = threading.Event(), threading.Event()
+
+    def body(t):
+        entered.set()
+        stop.wait()  # this call is still running in the other thread when the main thread forks
+        return (t * 2).contiguous()
+
+    jit = TinyJit(body)
+
+    def busy():  # another thread realizing while the main thread forks
+        y = Tensor(np.ones(N, np.float32)).realize()
+        while not stop.is_set():
+            y.assign(y * 1.0).realize()
+
+    def in_jit():
+        jit(Tensor(np.ones(4, np.float32)))
+
+    stuck = threading.Thread(target=in_jit)
+    stuck.start()
+    entered.wait()
+
+    t = threading.Thread(target=busy)
+    t.start()
+    for k in range(3):
+        pid = os.fork()
+        if pid == 0:
+            ok = float((x * (3 + k)).sum().item()) == (3 + k) * N and device._pool not in (None, parent_pool)
+            stop.set()  # in the child, no thread is left to finish the jit's call: it must not stay locked
+            ok = ok and jit(Tensor(np.full(4, k, np.float32))).tolist() == [2.0 * k] * 4
+            os._exit(0 if ok else 1)
+        for _ in range(600):  # up to 30 s, then the child is killed: a hang fails instead of hanging
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            stop.set()
+            sys.exit(3)
+        if os.waitstatus_to_exitcode(status) != 0:
+            stop.set()
+            sys.exit(4)
+    stop.set()
+    t.join()
+    stuck.join()
+    print("ok")
+    """
+)
+
+
+def test_fork_after_a_threaded_kernel():
+    env = {**os.environ, "THREADS": "2", "DEV": "CPU"}
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True, text=True, timeout=180, check=False
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stdout, proc.stderr[-2000:])
