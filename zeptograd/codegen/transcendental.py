@@ -110,8 +110,8 @@ TWO_OVER_PI_WORDS = [
     0xA2F9836E,
     0x0,
 ]
-# pi/2 * 2**-62 (the unit of the 62-bit fixed-point fraction) as two 12-bit parts and a float32 rest
-FRAC_UNIT_PARTS = [3.4050724479622874e-19, 1.0489684142938082e-22, 1.6370997713714376e-26]
+# pi/2 * 2**-30 (a fixed-point fraction's unit) as two 12-bit parts and a float32 rest: pi/2 * 2**-62 parts * 2**32
+FRAC_UNIT_PARTS = [p * 2.0**32 for p in (3.4050724479622874e-19, 1.0489684142938082e-22, 1.6370997713714376e-26)]
 SIN_COEFFS = [(-1) ** (k + 1) / math.factorial(2 * k + 3) for k in range(5)]  # sin r = r + r**3 * P(r**2), |r| <= pi/4
 COS_COEFFS = [(-1) ** k / math.factorial(2 * k + 4) for k in range(5)]  # cos r = 1 - r**2/2 + r**4 * P(r**2)
 # tan r = r + r**3 * P(r**2): least squares on Chebyshev nodes of |r| <= 1.02*pi/4, |error of P| < 1.2e-8
@@ -147,10 +147,6 @@ def _split12(x: UOp) -> tuple[UOp, UOp]:
     return hi, x - hi
 
 
-def _u64(x: UOp, v: int) -> UOp:
-    return UOp.const(dtypes.uint64.vec(x.dtype.count), v)
-
-
 def _reduce_cody_waite(ax: UOp) -> tuple[UOp, UOp, UOp]:
     """(q, hi, lo) with ax = q*pi/2 + hi + lo for 0 <= ax < CW_LIMIT, to about 2**-68 absolute"""
     q = (ax * _c(ax, 2 / math.pi) + _c(ax, ROUND_MAGIC)) - _c(ax, ROUND_MAGIC)
@@ -166,35 +162,41 @@ def _reduce_cody_waite(ax: UOp) -> tuple[UOp, UOp, UOp]:
 def _reduce_payne_hanek(ax: UOp) -> tuple[UOp, UOp, UOp]:
     """(q mod 4, hi, lo) with ax = q*pi/2 + hi + lo for CW_LIMIT <= ax < inf: ax = m * 2**e with a 24-bit integer m;
     ax*2/pi mod 4 = m * (a 96-bit window of 2/pi's bits chosen by e), in 64-bit integers (2 bits of quadrant, 62 of
-    fraction; what lies above the window is a multiple of 4, what lies below changes the last bit at most)."""
-    u32, u64, i64 = (d.vec(ax.dtype.count) for d in (dtypes.uint32, dtypes.uint64, dtypes.int64))
+    fraction; what lies above the window is a multiple of 4, what lies below changes the last bit at most). Only the
+    three products and their sum are 64-bit: AVX2 has 32x32->64 multiplies, 32-bit conversions and 8 lanes of u32."""
+    u32, u64, i32 = (d.vec(ax.dtype.count) for d in (dtypes.uint32, dtypes.uint64, dtypes.int32))
+
+    def u(v: int) -> UOp:
+        return UOp.const(u32, v)
+
     bits = ax.bitcast(u32)
-    m = ((bits & UOp.const(u32, 0x7FFFFF)) | UOp.const(u32, 0x800000)).cast(u64)
-    biased = UOp(Ops.SHR, u32, (bits, UOp.const(u32, 23)))
-    biased = biased.maximum(UOp.const(u32, 139)).minimum(UOp.const(u32, 254))  # e = biased - 150 in [-11, 104]
-    shift = (UOp.const(u32, 280) - biased).cast(u64)  # the window starts 280 - biased = 224 - 94 - e bits up
-    word = UOp(Ops.SHR, u64, (shift, _u64(ax, 5)))
-    bit = shift & _u64(ax, 31)
-    at = [word.eq(_u64(ax, j)) for j in range(5)]
+    m = ((bits & u(0x7FFFFF)) | u(0x800000)).cast(u64)
+    biased = UOp(Ops.SHR, u32, (bits, u(23))).maximum(u(139)).minimum(u(254))  # e = biased - 150 in [-11, 104]
+    shift = u(280) - biased  # the window starts 224 - 94 - e = 280 - biased bits up
+    word, bit = UOp(Ops.SHR, u32, (shift, u(5))), shift & u(31)
+    at = [word.eq(u(j)) for j in range(5)]
     words = []
     for k in range(4):  # TWO_OVER_PI_WORDS[word + k]
-        w = _u64(ax, TWO_OVER_PI_WORDS[k])
+        w = u(TWO_OVER_PI_WORDS[k])
         for j in range(1, 5):
-            w = at[j].where(_u64(ax, TWO_OVER_PI_WORDS[j + k]), w)
+            w = at[j].where(u(TWO_OVER_PI_WORDS[j + k]), w)
         words.append(w)
+    # limb i = bits [32i + bit, 32i + bit + 32) of the words; the upper word shifted in two steps (bit may be 0)
     limbs = []
     for i in range(3):
-        pair = UOp(Ops.SHL, u64, (words[i + 1], _u64(ax, 32))) | words[i]
-        limbs.append(UOp(Ops.SHR, u64, (pair, bit)) & _u64(ax, 0xFFFFFFFF))
+        upper = UOp(Ops.SHL, u32, (UOp(Ops.SHL, u32, (words[i + 1], u(1))), u(31) - bit))
+        limbs.append((UOp(Ops.SHR, u32, (words[i], bit)) | upper).cast(u64))
     # (m * window) >> 32 mod 2**64: each product of 24 by 32 bits fits in 64
-    prod = (
-        UOp(Ops.SHL, u64, (m * limbs[2], _u64(ax, 32))) + m * limbs[1] + UOp(Ops.SHR, u64, (m * limbs[0], _u64(ax, 32)))
-    )
-    prod = prod + _u64(ax, 1 << 61)  # round the quadrant to nearest: the fraction becomes [-1/2, 1/2)
-    q = UOp(Ops.SHR, u64, (prod, _u64(ax, 62))).cast(_ints(ax))
-    frac = (prod & _u64(ax, (1 << 62) - 1)).bitcast(i64) - UOp.const(i64, 1 << 61)
-    f_hi = frac.cast(ax.dtype)
-    f_lo = (frac - f_hi.cast(i64)).cast(ax.dtype)
+    c32 = UOp.const(u64, 32)
+    prod = UOp(Ops.SHL, u64, (m * limbs[2], c32)) + m * limbs[1] + UOp(Ops.SHR, u64, (m * limbs[0], c32))
+    prod = prod + UOp.const(u64, 1 << 61)  # round the quadrant to nearest: the fraction becomes [-1/2, 1/2)
+    top, low = UOp(Ops.SHR, u64, (prod, c32)).cast(u32), prod.cast(u32)
+    q = UOp(Ops.SHR, u32, (top, u(30))).cast(_ints(ax))
+    # the fraction in units of 2**-30 quarter turns: a 30-bit signed integer plus the low word's top 24 bits / 2**32
+    whole = (top & u(0x3FFFFFFF)).cast(i32) - UOp.const(i32, 1 << 29)
+    f_hi = whole.cast(ax.dtype)  # rounded to 24 bits
+    low24 = UOp(Ops.SHR, u32, (low, u(8))).cast(i32).cast(ax.dtype)
+    f_lo = (whole - f_hi.cast(i32)).cast(ax.dtype) + low24 * _c(ax, 2.0**-24)
     # r = (f_hi + f_lo) * unit, the unit in 12 + 12 bits + rest, f_hi in 12 + 12 bits: the large products are exact
     fa, fb = _split12(f_hi)
     pa, pb, pc = (_c(ax, p) for p in FRAC_UNIT_PARTS)
