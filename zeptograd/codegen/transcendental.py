@@ -1,8 +1,9 @@
-"""exp2, log2 and sin of float32 vectors as ALU ops, for targets without vector versions of them.
+"""exp2, log2, sin, cos and tan of float32 as ALU ops, for targets without (accurate) vector versions of them.
 
 A vector `exp2` otherwise becomes one libm call per lane. Written with +, *, compares, selects, shifts and
-bitcasts, it stays 16 lanes wide (softmax, gelu, sigmoid). Each is accurate to a few ulp in float32; NaN, the
-infinities and the overflow/underflow ranges behave as IEEE says.
+bitcasts, it stays 16 lanes wide (softmax, gelu, sigmoid). exp2/log2 are accurate to a few ulp in float32, sin/cos/
+tan to 2 ulp for every finite argument (a reduction by pi/2 exact enough at 3.4e38 and at multiples of pi/2); NaN,
+the infinities and the overflow/underflow ranges behave as IEEE says.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def _split12(x: UOp) -> tuple[UOp, UOp]:
 def _reduce_cody_waite(ax: UOp) -> tuple[UOp, UOp, UOp]:
     """(q, hi, lo) with ax = q*pi/2 + hi + lo for 0 <= ax < CW_LIMIT, to about 2**-68 absolute"""
     q = (ax * _c(ax, 2 / math.pi) + _c(ax, ROUND_MAGIC)) - _c(ax, ROUND_MAGIC)
-    s = ax - q * _c(ax, HALF_PI_PARTS[0])  # exact: both are multiples of ulp(ax) and within a factor 2 (Sterbenz)
+    s = ax - q * _c(ax, HALF_PI_PARTS[0])  # exact: q*C1 is (12 + 12 bits) and within a factor 2 of ax (Sterbenz)
     lo = _c(ax, 0.0)
     for part in HALF_PI_PARTS[1:]:
         s, err = _two_sum(s, q * _c(ax, -part))
