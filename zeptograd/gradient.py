@@ -62,6 +62,9 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * _t(ret, ctx) * math.log(2),)),
         (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (_t(ret.src[0], ctx) * math.log(2)),)),
         (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _t(ret.src[0], ctx).cos(),)),
+        (UPat(Ops.COS, name="ret"), lambda ctx, ret: (-ctx * _t(ret.src[0], ctx).sin(),)),
+        # tan' = 1 + tan**2, from the forward value
+        (UPat(Ops.TAN, name="ret"), lambda ctx, ret: (ctx * (_t(ret, ctx) * _t(ret, ctx) + 1),)),
         (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (_t(ret, ctx) * 2),)),
         (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-ctx * _t(ret, ctx) * _t(ret, ctx),)),
         (UPat(Ops.TRUNC), lambda ctx: (ctx.zeros_like(),)),

@@ -54,3 +54,66 @@ def test_exp2_rounds_with_two_adds_and_stays_exact_at_ties():
     out = Tensor(x).exp2().numpy()
     ref = np.exp2(x.astype(np.float64)).astype(np.float32)
     np.testing.assert_allclose(out, ref, rtol=3e-7, atol=0)
+
+
+def _ulps(out: np.ndarray, x: np.ndarray, name: str) -> np.ndarray:
+    ref = getattr(np, name)(x.astype(np.float64))
+    return np.abs(out.astype(np.float64) - ref) / np.spacing(np.abs(ref.astype(np.float32))).astype(np.float64)
+
+
+def _trig_inputs(lo: float, hi: float, n: int) -> np.ndarray:
+    """n float32s (a multiple of 16): half uniform in [lo, hi), half the nearest to multiples of pi/2 in it"""
+    k = np.arange(np.ceil(lo / (np.pi / 2)), hi / (np.pi / 2))
+    near = (k * (np.pi / 2)).astype(np.float32)
+    near = near[np.linspace(0, len(near) - 1, n // 2).astype(int)]
+    x = np.random.default_rng(n).uniform(lo, hi, n - len(near)).astype(np.float32)
+    return np.concatenate([x, near])
+
+
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
+def test_vector_trig_leaves_no_libm_call(name):
+    """LLVM's 16-lane sin/cos/tan become ALU ops: a reduction by pi/2 and a series"""
+    from zeptograd.codegen import full_rewrite
+    from zeptograd.renderer.llvmir import LLVMRenderer
+
+    x = _trig_inputs(-1e5, 1e5, 2064)
+    (item,) = getattr(Tensor(x), name)().schedule()
+    uops, _ = full_rewrite(item.ast, LLVMRenderer())
+    assert not any(u.op in (Ops.SIN, Ops.COS, Ops.TAN) for u in uops)
+    assert any(u.op is Ops.MUL and u.dtype.scalar.name == "ulong" for u in uops)  # Payne-Hanek's 64-bit products
+    assert _ulps(getattr(Tensor(x), name)().numpy(), x, name).max() <= 2
+
+
+@pytest.mark.parametrize("limit,n", [(6433.0, 1040), (4096.0, 1056)])
+def test_cody_waite_and_payne_hanek_agree_where_both_apply(monkeypatch, limit, n):
+    """On [4096, 6433) both reductions are valid (Cody-Waite needs q < 2**12, Payne-Hanek x >= 2**12): moving the
+    threshold sends the same arguments through one or the other; each within 2 ulp at the near-multiples of pi/2."""
+    from zeptograd.codegen import transcendental
+
+    monkeypatch.setattr(transcendental, "CW_LIMIT", limit)
+    x = _trig_inputs(4096, 6433, n)  # distinct sizes: distinct kernels, each built under its threshold
+    for name in ("sin", "cos", "tan"):
+        assert _ulps(getattr(Tensor(x), name)().numpy(), x, name).max() <= 2, (name, limit)
+
+
+@pytest.mark.parametrize("device", ["PYTHON", "CPU:C"])
+def test_trig_alu_ops_on_scalar_backends(monkeypatch, device):
+    """The ALU sin/cos/tan as scalars: the reference interpreter checks the 64-bit integer wraparound and the exact
+    products without a fused multiply-add (PYTHON rounds every op; C's MULACC is a*b+c)."""
+    from zeptograd.codegen import full_rewrite
+    from zeptograd.renderer import Renderer
+
+    monkeypatch.setattr(Renderer, "alu_trig", True)
+    x = np.concatenate([_trig_inputs(-300, 300, 304), (10 ** np.linspace(3, 38.5, 301)).astype(np.float32)])
+    x = np.concatenate([x, -x[-150:], np.float32([0.0, -0.0, np.inf, -np.inf, np.nan])])
+    from zeptograd import Device
+
+    (item,) = Tensor(x, device=device).tan().schedule()
+    uops, _ = full_rewrite(item.ast, Device[device].renderer)
+    assert not any(u.op is Ops.TAN for u in uops)
+    for name in ("sin", "cos", "tan"):
+        out = getattr(Tensor(x, device=device), name)().numpy()
+        with np.errstate(all="ignore"):
+            err = _ulps(out[:-5], x[:-5], name)
+        assert err.max() <= 2, (name, x[:-5][np.argmax(err)])
+        assert np.all(np.isnan(out[-3:])) and out[-5] == (name == "cos") and (name == "cos" or np.signbit(out[-4]))

@@ -18,7 +18,7 @@ from zeptograd.uop.spec import check_kernel, check_linear
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
 
-_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN)
+_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN)
 
 
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
@@ -49,10 +49,11 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
 
         sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory
-    if renderer.alu_transcendentals and any(u.op in _TRANSCENDENTAL for u in sink.toposort()):
+    if (renderer.alu_transcendentals or renderer.alu_trig) and any(u.op in _TRANSCENDENTAL for u in sink.toposort()):
         from zeptograd.codegen.transcendental import pm_transcendental  # imported when a kernel needs it
 
-        sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
+        # vector exp2/log2/sin/cos/tan (and scalar sin/cos/tan where alu_trig) -> range reductions and polynomials
+        sink = graph_rewrite(sink, pm_transcendental, ctx=renderer)
     sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
     check_kernel(sink, "lower")
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them

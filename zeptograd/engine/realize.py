@@ -132,6 +132,8 @@ _COUNTED_OPS = {
     Ops.EXP2,
     Ops.LOG2,
     Ops.SIN,
+    Ops.COS,
+    Ops.TAN,
     Ops.SQRT,
     Ops.MULACC,
     Ops.REDUCE,

@@ -29,7 +29,8 @@ class Renderer:
     device = "base"
     simd_bytes = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
     has_threads = True  # kernels may take a core_id and run on several cores
-    alu_transcendentals = False  # vector exp2/log2/sin written as ALU ops (codegen/transcendental.py)
+    alu_transcendentals = False  # vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py)
+    alu_trig = False  # float sin/cos/tan written as ALU ops also as scalars: the target's own are not within 2 ulp
     masked_vectors = False  # a vector load/store may take a vector of gates (one per lane); else it is split in lanes
 
     def keeps_vector(self, x: UOp) -> bool:

@@ -56,6 +56,8 @@ class CStyleRenderer(Renderer):
         Ops.EXP2: _float_fn("exp2"),
         Ops.LOG2: _float_fn("log2"),
         Ops.SIN: _float_fn("sin"),
+        Ops.COS: _float_fn("cos"),
+        Ops.TAN: _float_fn("tan"),
         Ops.SQRT: _float_fn("sqrt"),
         Ops.TRUNC: _float_fn("trunc"),
         Ops.RECIPROCAL: lambda dt, a: f"(({C_TYPES[dt]})1/{a})",

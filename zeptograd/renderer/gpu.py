@@ -23,13 +23,14 @@ from zeptograd.renderer import ProgramSpec, Renderer, loop_var
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _NATIVE_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC}
-_FLOAT_NATIVE_OPS = {Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC, Ops.RECIPROCAL}
+_FLOAT_NATIVE_OPS = {Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC, Ops.RECIPROCAL}
 _SMALL = (dtypes.float16, dtypes.bfloat16, dtypes.bool)
 
 
 class GPURenderer(Renderer):
     device = "GPU"
     has_local = True  # codegen makes work-group threads (codegen/gpudims.py, opt/heuristic_gpu.py)
+    alu_trig = True  # OpenCL allows sin/cos 4 ulp and tan 5 (PoCL's tan is 2.3 ulp off), CUDA's tanf 4
     has_threads = False
     simd_bytes = 16
     global_max: tuple[int, ...] = (2**31 - 1, 65535, 65535)  # group counts per id
@@ -124,7 +125,7 @@ class GPURenderer(Renderer):
 
     def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
         a = srcs[0]
-        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
+        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC):
             ret = self.math_fn(op.name.lower(), dt, a)
         elif op is Ops.RECIPROCAL:
             ret = f"(({self.types[dt.scalar]})1/{a})"

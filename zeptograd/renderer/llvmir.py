@@ -31,7 +31,15 @@ _SCALAR = {
     dtypes.float64: "double",
 }
 _INTRINSIC_SUFFIX = {dtypes.float16: "f16", dtypes.float32: "f32", dtypes.float64: "f64"}
-_UNARY_INTRINSIC = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQRT: "sqrt", Ops.TRUNC: "trunc"}
+_UNARY_INTRINSIC = {
+    Ops.EXP2: "exp2",
+    Ops.LOG2: "log2",
+    Ops.SIN: "sin",
+    Ops.COS: "cos",
+    Ops.TAN: "tan",
+    Ops.SQRT: "sqrt",
+    Ops.TRUNC: "trunc",
+}
 
 
 def _is_float(dt: DType) -> bool:  # computes as an LLVM float type (bfloat16 is only stored, as i16)
@@ -412,6 +420,8 @@ class _Function:
                 Ops.EXP2,
                 Ops.LOG2,
                 Ops.SIN,
+                Ops.COS,
+                Ops.TAN,
                 Ops.SQRT,
                 Ops.TRUNC,
                 Ops.RECIPROCAL,

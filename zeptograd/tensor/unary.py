@@ -1,4 +1,5 @@
-"""Unary math and activations, each composed from the primitive ALU UOps (EXP2 LOG2 SIN SQRT RECIPROCAL TRUNC)."""
+"""Unary math and activations, each composed from the primitive ALU UOps (EXP2 LOG2 SIN COS TAN SQRT RECIPROCAL
+TRUNC)."""
 
 from __future__ import annotations
 
@@ -74,11 +75,13 @@ class UnaryMixin:
         return self * self
 
     # ***** trigonometry *****
+    # cos and tan are primitives too: sin(pi/2 - x) rounds pi/2 - x to the float first (cos(1e6) off by 3e-3), and
+    # sin/cos divides two rounded results (tan up to 3 ulp); each is reduced by pi/2 from the exact argument instead
     def cos(self: Tensor) -> Tensor:
-        return ((math.pi / 2) - self._float()).sin()
+        return self._unary_float(Ops.COS)
 
     def tan(self: Tensor) -> Tensor:
-        return self.sin() / self.cos()
+        return self._unary_float(Ops.TAN)
 
     def asin(self: Tensor) -> Tensor:
         a = self._float().abs()

@@ -55,6 +55,8 @@ class Ops(Enum):
     EXP2 = auto()
     LOG2 = auto()
     SIN = auto()
+    COS = auto()
+    TAN = auto()
     SQRT = auto()
     RECIPROCAL = auto()
     NEG = auto()
@@ -84,8 +86,8 @@ class Ops(Enum):
 
 
 class GroupOp:
-    Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
-    Transcendental = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL}  # costly per element
+    Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
+    Transcendental = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.RECIPROCAL}  # costly per element
     Binary = {
         Ops.ADD,
         Ops.SUB,
@@ -459,6 +461,8 @@ python_alu: dict[Ops, Callable] = {
     Ops.EXP2: _safe(lambda x: 2.0**x if x < 1024 else math.inf),
     Ops.LOG2: lambda x: math.log2(x) if x > 0 else -math.inf if x == 0 else math.nan,
     Ops.SIN: lambda x: math.sin(x) if not math.isinf(x) else math.nan,
+    Ops.COS: lambda x: math.cos(x) if not math.isinf(x) else math.nan,
+    Ops.TAN: lambda x: math.tan(x) if not math.isinf(x) else math.nan,
     Ops.SQRT: lambda x: math.sqrt(x) if x >= 0 else math.nan,
     Ops.RECIPROCAL: lambda x: 1 / x if x != 0 else math.copysign(math.inf, x),
     Ops.NEG: lambda x: (not x) if isinstance(x, bool) else -x,
