@@ -10,6 +10,7 @@ _ = object()
 _.char, _.uchar, _.ushort, _.uint, _.ulong  # dtypes aliases
 _.byte, _.clone, _.to_, _.contiguous_backward, _.inference_mode, _.test  # Tensor methods, Tensor.train modes
 _.nbytes_scalar  # DType
+_.run_schedule  # engine.realize: run a list of ScheduleItems (tinygrad's name)
 _.sorted_  # Tensor.topk's keyword (`sorted` is a builtin)
 _.do_update_stats  # Tensor.replace's keyword, accepted for tinygrad's signature
 

@@ -43,11 +43,6 @@ def _ints(x: UOp):
     return dtypes.int32.vec(x.dtype.count)
 
 
-def _floor(x: UOp) -> UOp:
-    t = x.cast(_ints(x)).cast(x.dtype)  # truncation toward zero, exact for |x| < 2**31
-    return _where(_lt(x, t), t - _c(x, 1.0), t)
-
-
 def _pow2i(n: UOp, like: UOp) -> UOp:
     """2**n for integer n in [-126, 127], built in the exponent bits"""
     bits = UOp(Ops.SHL, n.dtype, (n + UOp.const(n.dtype, 127), UOp.const(n.dtype, 23)))
