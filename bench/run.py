@@ -10,6 +10,10 @@ the CPU runtime is synchronous), with the time spent inside kernels alongside. t
 torch.set_num_threads(THREADS) (env THREADS, default os.cpu_count()), the count zeptograd's threads read.
 Two probes measure the machine: memory bandwidth (numpy and zeptograd copy/sum of 256 MiB, the best of them is
 the limit) and FMA throughput (numpy/torch matmul, the practical peak); each case's ratio to its limit is printed.
+Peers must not disturb each other: OpenBLAS's (and torch's) worker threads busy-wait for about 0.1 s after a
+call, so each system's measurement of a case starts after a 0.25 s pause (PEER_PAUSE_S). numpy's BLAS runs with
+OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (`python -m bench` re-executes itself without them: a Haswell core
+type halves sgemm on AVX-512), and the kernel OpenBLAS chose is printed (threadpoolctl).
 Benchmarks are never tests: nothing here asserts a time.
 """
 
@@ -37,6 +41,7 @@ from bench.spec import Spec, threads, torch_or_none
 
 IMPLS = ("zeptograd", "numpy", "torch")
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+PEER_PAUSE_S = 0.25  # idle time before each system's measurement, so none runs beside another's spinning threads
 
 
 # ***** timing *****
@@ -506,6 +511,8 @@ def run_case(name: str, quick: bool) -> CaseResult:
         if fn is None:
             res.seconds[impl] = None
             continue
+        if not quick:
+            time.sleep(PEER_PAUSE_S)  # the previous system's BLAS threads spin for ~0.1 s after its last call
         try:
             if spec.loop:
                 res.seconds[impl] = measure_loop(fn, spec.loop)
@@ -606,8 +613,21 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "torch": t.__version__ if t else None,
         "blas_env": {k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+        "blas": blas_kernel(),
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
+
+
+def blas_kernel() -> str | None:
+    """numpy's BLAS and the kernel it picked for this CPU (threadpoolctl), e.g. 'openblas SkylakeX, 2 threads'."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    for lib in threadpool_info():
+        if lib.get("user_api") == "blas" and "numpy" in lib.get("filepath", ""):
+            return f"{lib.get('internal_api')} {lib.get('architecture')}, {lib.get('num_threads')} threads"
+    return None
 
 
 def run_bench(
@@ -666,8 +686,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"load average at the start: {m['load_avg_1m']:.1f}"
             + (" (the machine is busy: times are inflated)" if busy else "")
         )
+    if m.get("blas"):
+        lines.append(f"numpy's BLAS: {m['blas']}")
     for k, v in m["blas_env"].items():
-        lines.append(f"WARNING: {k}={v} is set: it can slow numpy's BLAS (left as is)")
+        lines.append(f"WARNING: {k}={v} is set: it can slow numpy's BLAS (BENCH_KEEP_BLAS_ENV=1 kept it)")
     if lim:
         bw = ", ".join(
             f"{k.removesuffix('_GBps')} {v:.1f}"
@@ -722,9 +744,6 @@ def main(argv: list[str] | None = None):
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few runs (a smoke test of the harness)")
     ap.add_argument("--no-probes", action="store_true", help="skip the bandwidth and FMA probes")
     args = ap.parse_args(argv)
-    for k in BLAS_ENV:
-        if k in os.environ:
-            print(f"WARNING: {k}={os.environ[k]} is set: it can slow numpy's BLAS (left as is)", file=sys.stderr)
     t0 = time.perf_counter()
     report = run_bench(args.only, quick=args.quick, with_probes=not args.no_probes)
     report["wall_s"] = time.perf_counter() - t0
