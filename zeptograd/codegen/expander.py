@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import split_sum, symbolic
 from zeptograd.uop.upat import graph_rewrite
 
@@ -31,10 +31,6 @@ class Expanded:
     axes: tuple[UOp, ...]  # the unrolled ranges this value depends on, by axis id
     vals: dict[tuple[int, ...], UOp]  # one UOp per position of those ranges
     vec: bool  # the values are vectors over the vector range's lanes
-
-
-def _size(r: UOp) -> int:
-    return r.src[0].arg
 
 
 def is_contiguous(idx: UOp, r: UOp) -> bool:
@@ -58,7 +54,7 @@ def access_counts(ast: UOp) -> dict[UOp, int]:
                 own = set(u.src[1].ranges)
                 inner = under_reduce.get(u, set())  # an index using none of them is hoisted out of the reduce
                 scope = outer | own | (inner if own & inner else set())
-                counts[u] = prod(_size(r) for r in scope if r.op is Ops.RANGE and r.src[0].op is Ops.CONST)
+                counts[u] = prod(trip_count(r) for r in scope if r.op is Ops.RANGE and r.src[0].op is Ops.CONST)
     return counts
 
 
@@ -68,12 +64,12 @@ def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | 
     for u, count in access_counts(ast).items():
         idx = u.src[1]
         for r in expanded:
-            n = _size(r)
+            n = trip_count(r)
             if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r):  # a gate on r: a masked access
                 scores[r] = scores.get(r, 0) + count
     if not scores:
         return None
-    return max(scores, key=lambda r: (scores[r], _size(r), -r.arg[0]))
+    return max(scores, key=lambda r: (scores[r], trip_count(r), -r.arg[0]))
 
 
 class Expander:
@@ -83,7 +79,7 @@ class Expander:
         expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
         itemsize = max((u.dtype.base.itemsize for u in nodes if u.op is Ops.DEFINE_GLOBAL), default=4)
         self.v = choose_vector_range(ast, expanded, max(1, max_vec_bytes // itemsize))
-        self.width = _size(self.v) if self.v is not None else 1
+        self.width = trip_count(self.v) if self.v is not None else 1
         self.unrolled = [r for r in expanded if r is not self.v]
         self.deps: dict[UOp, frozenset[UOp]] = {}
         for u in nodes:
@@ -98,7 +94,7 @@ class Expander:
         return tuple(r for r in self.unrolled if r in deps)
 
     def keys(self, axes: tuple[UOp, ...]):
-        return itertools.product(*[range(_size(r)) for r in axes])
+        return itertools.product(*[range(trip_count(r)) for r in axes])
 
     def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], vec: bool) -> UOp:
         e = self.exp[u]
@@ -124,7 +120,7 @@ class Expander:
 
     def expand_node(self, u: UOp) -> Expanded:
         if u in self.unrolled:
-            return Expanded((u,), {(i,): UOp.const(dtypes.index, i) for i in range(_size(u))}, False)
+            return Expanded((u,), {(i,): UOp.const(dtypes.index, i) for i in range(trip_count(u))}, False)
         if u is self.v:
             lanes = tuple(UOp.const(dtypes.index, i) for i in range(self.width))
             return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(self.width), lanes)}, True)
@@ -232,7 +228,7 @@ class Expander:
         x_vec = self.exp[x].vec or lanes_reduced
         n_out = 1
         for r in out_axes:
-            n_out *= _size(r)
+            n_out *= trip_count(r)
         chain = n_out >= CHAIN_COPIES
         vals = {}
         for out_key in self.keys(out_axes):

@@ -23,15 +23,11 @@ from zeptograd.codegen.opt import OptError
 from zeptograd.codegen.opt.heuristic import stride
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 
 REG_BASE = 1 << 20  # register ids of the partial accumulators made here (the accumulator pass counts from 0)
-
-
-def _const_size(r: UOp) -> int | None:
-    return r.src[0].arg if r.src[0].op is Ops.CONST else None
 
 
 def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> tuple[dict[UOp, UOp], list[int]]:
@@ -42,20 +38,20 @@ def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> t
     while len(dims) > len(max_sizes):  # merge the outermost two
         dims[-2:] = [dims[-1] + dims[-2]]
     for i in range(len(dims) - 1, 0, -1):  # an id over its limit joins id 0 where that fits (CUDA: y, z < 65536)
-        size_i, size_0 = prod(_const_size(r) for r in dims[i]), prod(_const_size(r) for r in dims[0])  # type: ignore
+        size_i, size_0 = prod(const_trip_count(r) for r in dims[i]), prod(const_trip_count(r) for r in dims[0])  # type: ignore
         if size_i > max_sizes[i] and size_i * size_0 <= max_sizes[0]:
             dims[0] = dims.pop(i) + dims[0]
     mapping: dict[UOp, UOp] = {}
     sizes: list[int] = []
     for rs in dims:
-        total = prod(_const_size(r) for r in rs)  # type: ignore[misc]
+        total = prod(const_trip_count(r) for r in rs)  # type: ignore[misc]
         if total > max_sizes[len(sizes)]:
             continue  # too big for this id: those loops stay loops
         special = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, total),), f"{prefix}{len(sizes)}")
         sizes.append(total)
         inner = 1
         for k, r in enumerate(reversed(rs)):  # innermost first: r = special // inner % size
-            n = _const_size(r)
+            n = const_trip_count(r)
             if total == 0:  # an empty kernel (never launched): no division by a zero size
                 mapping[r] = special
                 continue
@@ -127,7 +123,7 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     # run by thread 0 only (step 4)
     main = set(sink.src[0].toposort()) if sink.op is Ops.SINK and len(sink.src) > 1 else set(nodes)
     ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u in main), key=lambda r: r.arg[0])
-    const_ranges = [r for r in ranges if _const_size(r) is not None]
+    const_ranges = [r for r in ranges if const_trip_count(r) is not None]
     outputs = [r for r in const_ranges if r.arg[1] in (AxisType.LOOP, AxisType.GLOBAL)]
     local = [r for r in const_ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]
     if len(local) != len([r for r in ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]):
@@ -140,19 +136,19 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
         if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
     ]
     local.sort(key=lambda r: max([s for i in stores if (s := stride(i, r))] or [0]), reverse=True)
-    n_threads = prod(_const_size(r) for r in local)  # type: ignore[misc]
+    n_threads = prod(const_trip_count(r) for r in local)  # type: ignore[misc]
     if n_threads > renderer.local_threads_max:
         raise OptError(f"{n_threads} threads per work-group; {renderer.device} allows {renderer.local_threads_max}")
 
     gmap, _ = assign_dims(outputs, renderer.global_max, "gidx")
     lmap, _ = assign_dims(local, renderer.local_max, "lidx")
     if len(lmap) != len(local):
-        raise OptError(f"the local sizes {[_const_size(r) for r in local]} don't fit {renderer.local_max}")
+        raise OptError(f"the local sizes {[const_trip_count(r) for r in local]} don't fit {renderer.local_max}")
 
     # 1. GROUP reduces: partial per thread, through shared memory, then the partials of the group
     groups = [r for r in local if r.arg[1] is AxisType.GROUP]
     if groups:
-        strides = [prod(_const_size(r) for r in local[i + 1 :]) for i in range(len(local))]  # type: ignore[misc]
+        strides = [prod(const_trip_count(r) for r in local[i + 1 :]) for i in range(len(local))]  # type: ignore[misc]
         terms = [r * UOp.const(dtypes.index, s) if s != 1 else r for r, s in zip(local, strides)]
         ctx = _GroupCtx(
             groups,

@@ -21,7 +21,7 @@ multiplies instead of adding n times) or where a split moves a reduce's inner pa
 from __future__ import annotations
 
 from zeptograd.dtype import PtrDType, dtypes
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count, trip_count
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 
@@ -48,10 +48,6 @@ def is_int(u: UOp) -> bool:
     return u.dtype.count == 1 and dtypes.is_int(u.dtype)
 
 
-def const_end(r: UOp) -> int | None:
-    return r.src[0].arg if r.op is Ops.RANGE and r.src[0].op is Ops.CONST else None
-
-
 def negated(g: UOp) -> UOp | None:
     """b when g is `b != True` for a bool b (MathMixin's >= writes the True as an int 1: accepted too)"""
     if g.op is Ops.CMPNE and g.src[0].dtype == dtypes.bool and g.src[1].op is Ops.CONST and g.src[1].arg == 1:
@@ -72,14 +68,8 @@ def _clamp(c: UOp, lo: int, hi: int | UOp) -> UOp:
     return _min(c.maximum(UOp.const(c.dtype, lo)), hi.cast(c.dtype) if isinstance(hi, UOp) else UOp.const(c.dtype, hi))
 
 
-def range_len(r: UOp) -> int | UOp:
-    """How many values r takes: its constant end, or (a symbolic range: a Variable's size) its end expression"""
-    n = const_end(r)
-    return n if n is not None else r.src[0]
-
-
 def _len_as(r: UOp, dtype) -> UOp:
-    n = range_len(r)
+    n = trip_count(r)
     return n.cast(dtype) if isinstance(n, UOp) else UOp.const(dtype, n)
 
 
@@ -167,7 +157,7 @@ def eq_target(g: UOp, r: UOp, neg: bool) -> UOp | None:
 
 def count_in(bounds: list[tuple[str, UOp]], r: UOp) -> UOp:
     """how many r in 0..n-1 satisfy the bounds: max(0, min(n, his) - max(0, los)), every bound clamped to 0..n"""
-    n = range_len(r)
+    n = trip_count(r)
     lo: UOp = UOp.const(r.dtype, 0)
     hi: UOp = _len_as(r, r.dtype)
     for kind, c in bounds:
@@ -258,7 +248,7 @@ _EXACT_FLOAT_INT = {dtypes.float32: 1 << 24, dtypes.float64: 1 << 53}
 def fold_gauss(red: UOp, x: UOp) -> UOp | None:
     """# sum(r for r in 0..n-1) -> n*(n-1)/2 (ints; floats while every partial sum is exact)"""
     for r in red.src[1:]:
-        n = const_end(r)
+        n = const_trip_count(r)
         if n is None or not (x is r or (x.op is Ops.CAST and x.src[0] is r)):
             continue
         total = n * (n - 1) // 2
@@ -294,15 +284,15 @@ def reduce_unparented(red: UOp) -> UOp | None:
     body = red.src[0]
     ranges = body.toposort()
     unused = [r for r in red.src[1:] if r not in ranges]
-    if not unused or (red.arg is not Ops.MAX and any((const_end(r) or 0) < 1 for r in unused)):
+    if not unused or (red.arg is not Ops.MAX and any((const_trip_count(r) or 0) < 1 for r in unused)):
         return None
     used = tuple(r for r in red.src[1:] if r in ranges)
     ret = UOp(Ops.REDUCE, red.dtype, (body, *used), red.arg) if used else body
     for r in unused:
         if red.arg is Ops.ADD:
-            ret = ret * UOp.const(ret.dtype, const_end(r))
+            ret = ret * UOp.const(ret.dtype, const_trip_count(r))
         elif red.arg is Ops.MUL:
-            ret = _pow(ret, const_end(r))  # type: ignore[arg-type]
+            ret = _pow(ret, const_trip_count(r))  # type: ignore[arg-type]
     return ret
 
 
@@ -475,7 +465,7 @@ pm_load_collapse = PatternMatcher(
 
 def mark_range_mod(ctx: dict[UOp, int], r: UOp, c: UOp) -> None:
     """# collect RANGE(n) % c with n % c == 0 (the first c seen for each range)"""
-    n = const_end(r)
+    n = const_trip_count(r)
     if r not in ctx and n is not None and isinstance(c.arg, int) and 1 < c.arg < n and n % c.arg == 0:
         ctx[r] = c.arg
     return None
@@ -488,7 +478,7 @@ def split_at_sink(ctx: dict[UOp, int], sink: UOp) -> UOp | None:
     next_id = max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1
     subs: dict[UOp, UOp] = {}
     for r, c in ctx.items():
-        outer = UOp.range(const_end(r) // c, r.arg[0], r.arg[1])  # type: ignore[operator]
+        outer = UOp.range(const_trip_count(r) // c, r.arg[0], r.arg[1])  # type: ignore[operator]
         subs[r] = outer * UOp.const(r.dtype, c) + UOp.range(c, next_id, r.arg[1])
         next_id += 1
     ctx.clear()
@@ -515,7 +505,7 @@ def merge_candidates(sink: UOp) -> list[tuple[UOp, UOp]]:
     out = []
     for rl in lists:
         for r0, r1 in zip(rl, rl[1:]):
-            if const_end(r0) is None or const_end(r1) is None or r0.arg[1] is not r1.arg[1]:
+            if const_trip_count(r0) is None or const_trip_count(r1) is None or r0.arg[1] is not r1.arg[1]:
                 continue
             if r0.arg[1] in (AxisType.UPCAST, AxisType.UNROLL):
                 continue
@@ -533,8 +523,8 @@ def merge_ranges(sink: UOp) -> UOp:
             if (r0, r1) in tried:
                 continue
             tried.add((r0, r1))
-            n1 = UOp.const(r1.dtype, const_end(r1))
-            new = UOp.range(const_end(r0) * const_end(r1), r0.arg[0], r0.arg[1])  # type: ignore[operator]
+            n1 = UOp.const(r1.dtype, const_trip_count(r1))
+            new = UOp.range(const_trip_count(r0) * const_trip_count(r1), r0.arg[0], r0.arg[1])  # type: ignore[operator]
             cand = graph_rewrite(graph_substitute(sink, {r0: new // n1, r1: new % n1}), pm_symbolic_flatten)
             if count_divmod(cand) <= count_divmod(sink):
                 sink = cand

@@ -607,3 +607,22 @@ def pretty(u: UOp, max_nodes: int = 200) -> str:
         arg = "" if n.arg is None else f" arg={n.arg!r}"
         lines.append(f"{names[n]:>5} = {n.op.name:<13} {str(n.dtype):<16} ({srcs}){arg}")
     return "\n".join(lines)
+
+
+# ***** a RANGE's trip count, one definition for every pass *****
+
+
+def trip_count(r: UOp) -> int | UOp:
+    """How many times RANGE r runs: its constant end, or the end's index expression when the size is symbolic."""
+    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
+
+
+def const_trip_count(r: UOp) -> int | None:
+    """r's constant trip count; None when r is not a RANGE or its size is symbolic."""
+    return r.src[0].arg if r.op is Ops.RANGE and r.src[0].op is Ops.CONST else None
+
+
+def max_trip_count(r: UOp) -> int:
+    """r's trip count, or for a symbolic size its largest value (what a heuristic sizes work by)."""
+    n = trip_count(r)
+    return n if isinstance(n, int) else max(n.vmax, 0)

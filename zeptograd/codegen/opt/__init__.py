@@ -28,7 +28,7 @@ from enum import Enum, auto
 
 from zeptograd.codegen.opt.tail import core_id, gate_single_core, split_tail, thread_tail, vector_tail
 from zeptograd.dtype import dtypes
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 
 
@@ -67,11 +67,6 @@ def kernel_axes(ast: UOp) -> list[UOp]:
     return sorted(
         (u for u in ast.toposort() if u.op is Ops.RANGE and u.arg[1] not in _EXPANDED), key=lambda r: r.arg[0]
     )
-
-
-def _range_size(r: UOp) -> int | UOp:
-    """the loop's trip count: an int, or an index expression of variables (a symbolic size)"""
-    return r.src[0].arg if r.src[0].op is Ops.CONST else r.src[0]
 
 
 def _vmax(n: int | UOp) -> int:
@@ -125,7 +120,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if not 0 <= opt.axis < len(axes):
         raise OptError(f"{opt}: the kernel has {len(axes)} axes")
     r = axes[opt.axis]
-    n, kind = _range_size(r), r.arg[1]
+    n, kind = trip_count(r), r.arg[1]
     if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):

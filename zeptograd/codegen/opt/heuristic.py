@@ -19,7 +19,7 @@ from __future__ import annotations
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.helpers import THREADS, prod
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
 from zeptograd.uop.symbolic import split_sum
 
 L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
@@ -38,11 +38,6 @@ def stride(idx: UOp, r: UOp) -> int | None:
     if any(r in t.toposort() for t, _ in terms if t is not r):
         return None
     return coef[0] if coef else 0
-
-
-def size(r: UOp) -> int:
-    """the loop's trip count; for a symbolic one, its largest value"""
-    return r.src[0].arg if r.src[0].op is Ops.CONST else max(r.src[0].vmax, 0)
 
 
 def symbolic_size(r: UOp) -> bool:
@@ -75,7 +70,7 @@ def amount_with_tail(n: int, options: tuple[int, ...], divisors_first: bool = Fa
     return next((o for o in options if o <= n), 1)
 
 
-def divisors_upto(n: int) -> tuple[int, ...]:
+def amounts_largest_first(n: int) -> tuple[int, ...]:
     """n, n-1, ..., 2: the amounts to try, largest first."""
     return tuple(range(n, 1, -1))
 
@@ -88,7 +83,7 @@ def index_of(ast: UOp, r: UOp) -> int | None:
 def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
     """(row, column): two output loops of at least 2, each skipped by one of the loads vectorized along the reduce
     (x[m, k] skips n, w[n, k] skips m: a matmul with a transposed right operand), the column the innermost."""
-    loops = [r for r in axes if r.arg[1] is AxisType.LOOP and size(r) >= 2]
+    loops = [r for r in axes if r.arg[1] is AxisType.LOOP and max_trip_count(r) >= 2]
     skipped = [[r for r in loops if stride(u.src[1], r) == 0] for u in vec_loads]
     for col in reversed(loops):
         for row in reversed(loops):
@@ -107,19 +102,19 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     take = plan.take
 
     axes = kernel_axes(plan.ast)
-    if not axes or any(size(r) == 0 for r in axes):
+    if not axes or any(max_trip_count(r) == 0 for r in axes):
         return plan.ast, plan.opts
     idxs = accesses(plan.ast)
     itemsize = max(u.src[0].dtype.base.itemsize for u in idxs) if idxs else 4
     width = max(1, simd_bytes // itemsize)
-    total_work = prod(size(r) for r in axes)
-    reduce_work = prod(size(r) for r in axes if r.arg[1] is AxisType.REDUCE)
+    total_work = prod(max_trip_count(r) for r in axes)
+    reduce_work = prod(max_trip_count(r) for r in axes if r.arg[1] is AxisType.REDUCE)
     blocks: set[int] = set()  # axis ids of TILE's block loops: the cores share a block rather than split them
 
     # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
     # of every loop, whichever ranges its index uses; the store once per output element)
     in_reduce = {u for red in plan.ast.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()}
-    out_work = prod(size(r) for r in axes if r.arg[1] is not AxisType.REDUCE)
+    out_work = prod(max_trip_count(r) for r in axes if r.arg[1] is not AxisType.REDUCE)
     # ... unless its index uses no reduce range: then it is hoisted out of the reduce loops (softmax's max[row])
     runs_in_reduce = {u for u in idxs if u in in_reduce and any(r.arg[1] is AxisType.REDUCE for r in u.src[1].ranges)}
     weight = {u: total_work if u in runs_in_reduce else out_work for u in idxs}
@@ -129,9 +124,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
 
     def vec_amount(r: UOp) -> int:  # a full vector and a tail where the width does not divide a long enough axis
         options = tuple(w for w in (16, 8, 4, 2) if w <= width) or (1,)
-        if size(r) >= options[0] or symbolic_size(r):
-            return amount_with_tail(size(r), options)
-        return largest_divisor(size(r), options)
+        if max_trip_count(r) >= options[0] or symbolic_size(r):
+            return amount_with_tail(max_trip_count(r), options)
+        return largest_divisor(max_trip_count(r), options)
 
     def lanes_worth(r: UOp) -> int:  # 2 lanes of a 3-long axis (a conv's kw) don't pay when another axis has 4+
         n = vec_amount(r)
@@ -157,8 +152,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         not is_reduce
         and tile_rows
         and vec_amt > 1
-        and size(vec_r) % (2 * vec_amt) * 8 > size(vec_r)
-        and (whole := largest_divisor(size(vec_r), tuple(w for w in (16, 8, 4) if w <= width))) >= 4
+        and max_trip_count(vec_r) % (2 * vec_amt) * 8 > max_trip_count(vec_r)
+        and (whole := largest_divisor(max_trip_count(vec_r), tuple(w for w in (16, 8, 4) if w <= width))) >= 4
     ):
         # a register tile's columns (two vectors) leave over 1/8 of the axis to a tail, whose loop nest gets no
         # tile: a narrower vector that divides the axis (conv's ow=56: 7 x 8 lanes; 16 lanes tile only 32 of
@@ -172,21 +167,31 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             # A @ B.T (both operands contiguous along the reduce): a tile of rows x columns of dot products, each a
             # vector accumulator; one vector load of a row feeds every column and one of a column every row
             row, col = tile
-            take(Opt(OptOps.UPCAST, index_of(plan.ast, col), amount_with_tail(size(col), (2,), divisors_first=True)))
+            take(
+                Opt(
+                    OptOps.UPCAST,
+                    index_of(plan.ast, col),
+                    amount_with_tail(max_trip_count(col), (2,), divisors_first=True),
+                )
+            )
             if (row_i := index_of(plan.ast, row)) is not None:
-                take(Opt(OptOps.UPCAST, row_i, amount_with_tail(size(row), (8, 6, 4, 2), divisors_first=True)))
+                take(
+                    Opt(OptOps.UPCAST, row_i, amount_with_tail(max_trip_count(row), (8, 6, 4, 2), divisors_first=True))
+                )
             # the columns' operand (a weight) read by every row tile: in blocks that stay in the L2 cache
             if (col_i := index_of(plan.ast, col)) is not None:
                 col_now = kernel_axes(plan.ast)[col_i]
-                per_col = size(col) // max(size(col_now), 1) * reduce_work  # elements of the operand per column step
+                per_col = (
+                    max_trip_count(col) // max(max_trip_count(col_now), 1) * reduce_work
+                )  # elements of the operand per column step
                 fit = max(1, L2_BLOCK_BYTES // max(per_col * itemsize, 1))
-                if size(col_now) > fit and take(
-                    Opt(OptOps.TILE, col_i, largest_divisor(size(col_now), divisors_upto(fit)))
+                if max_trip_count(col_now) > fit and take(
+                    Opt(OptOps.TILE, col_i, largest_divisor(max_trip_count(col_now), amounts_largest_first(fit)))
                 ):
                     blocks.add(kernel_axes(plan.ast)[0].arg[0])
         elif is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
             # several independent accumulators hide the add latency
-            take(Opt(OptOps.UNROLL, vec_i, amount_with_tail(size(axes[vec_i]), (4, 2), divisors_first=True)))
+            take(Opt(OptOps.UNROLL, vec_i, amount_with_tail(max_trip_count(axes[vec_i]), (4, 2), divisors_first=True)))
 
     # a register tile when loads each skip an output axis (matmul, conv)
     has_reduce = any(r.arg[1] is AxisType.REDUCE for r in kernel_axes(plan.ast))
@@ -207,11 +212,13 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         if row is not None:
             axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if vi is not None and size(axes[vi]) >= 2 and size(axes[vi]) % 2 == 0:  # a tail would get no tile
+            if (
+                vi is not None and max_trip_count(axes[vi]) >= 2 and max_trip_count(axes[vi]) % 2 == 0
+            ):  # a tail would get no tile
                 take(Opt(OptOps.UPCAST, vi, 2))
             axes = kernel_axes(plan.ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
-            take(Opt(OptOps.UPCAST, ri, amount_with_tail(size(axes[ri]), (8, 6, 4, 2), divisors_first=True)))
+            take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), (8, 6, 4, 2), divisors_first=True)))
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
             axes = kernel_axes(plan.ast)
             ri = next((i for i, r in enumerate(axes) if r.arg[0] == row.arg[0]), None)
@@ -223,7 +230,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
     # 1.16 -> 0.25 ms with 8 vectors)
     if has_reduce and not is_reduce and len(plan.opts) == 1 and (vi := index_of(plan.ast, vec_r)) is not None:
-        if (more := amount_with_tail(size(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
+        if (more := amount_with_tail(max_trip_count(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
             take(Opt(OptOps.UPCAST, vi, more))
 
     if threads > 1 and total_work >= MIN_THREAD_WORK:
@@ -239,15 +246,19 @@ def thread_nests(plan: OptPlan, threads: int, blocks: set[int] = frozenset()) ->
         axes = kernel_axes(plan.ast)
         for nest in plan.ast.src:
             nodes = set(nest.toposort())
-            loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and size(r) >= threads]
+            loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and max_trip_count(r) >= threads]
             loops.sort(key=lambda r: r.arg[0] in blocks)  # a cache block's loop last
-            work = prod(size(r) for r in nodes if r.op is Ops.RANGE)
+            work = prod(max_trip_count(r) for r in nodes if r.op is Ops.RANGE)
             threaded = any(u.op is Ops.SPECIAL for u in nodes)
             if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
                 continue
             r = next(
-                (r for r in loops if (size(r) % threads == 0 and not symbolic_size(r)) or size(r) >= 8 * threads),
-                max(loops, key=lambda r: size(r)),
+                (
+                    r
+                    for r in loops
+                    if (max_trip_count(r) % threads == 0 and not symbolic_size(r)) or max_trip_count(r) >= 8 * threads
+                ),
+                max(loops, key=lambda r: max_trip_count(r)),
             )
             tried.add(loops[0].arg[0])
             plan.take(Opt(OptOps.THREAD, axes.index(r), threads))

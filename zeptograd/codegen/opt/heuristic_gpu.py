@@ -13,9 +13,9 @@ Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vect
 from __future__ import annotations
 
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
-from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, size, stride
+from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
 
 GROUP_MAX_OUTPUTS = 2048  # at most this many outputs: a reduce is shared by the threads of a group
 GROUP_WIDE_OUTPUTS = 64  # at most this many: up to 256 threads share each reduce, else 16
@@ -29,19 +29,21 @@ def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
     take = plan.take
 
     axes = kernel_axes(plan.ast)
-    if not axes or any(size(r) == 0 or r.src[0].op is not Ops.CONST for r in axes):  # LOCAL/GROUP need divisors
+    if not axes or any(
+        max_trip_count(r) == 0 or r.src[0].op is not Ops.CONST for r in axes
+    ):  # LOCAL/GROUP need divisors
         return plan.ast, plan.opts
     loops = [r for r in axes if r.arg[1] is AxisType.LOOP]
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]
-    n_out = prod(size(r) for r in loops)
+    n_out = prod(max_trip_count(r) for r in loops)
 
     threads = 1
     if reduces and n_out <= GROUP_MAX_OUTPUTS:
-        red = max(reduces, key=lambda r: (size(r), r.arg[0]))  # the longest reduce axis
+        red = max(reduces, key=lambda r: (max_trip_count(r), r.arg[0]))  # the longest reduce axis
         # few outputs: a whole work-group per output; more: 16 threads per output, and LOCAL outputs below
         amts = (256, 128, 64, 32, 16) if n_out <= GROUP_WIDE_OUTPUTS else (16,)
-        amt = largest_divisor(size(red), tuple(a for a in amts if a <= max_threads))
-        if size(red) >= GROUP_MIN_REDUCE and amt >= 16 and take(Opt(OptOps.GROUP, axes.index(red), amt)):
+        amt = largest_divisor(max_trip_count(red), tuple(a for a in amts if a <= max_threads))
+        if max_trip_count(red) >= GROUP_MIN_REDUCE and amt >= 16 and take(Opt(OptOps.GROUP, axes.index(red), amt)):
             threads = amt
 
     stores = [u for u in accesses(plan.ast) if any(v.op is Ops.STORE and v.src[0] is u for v in plan.ast.toposort())]
@@ -49,7 +51,9 @@ def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
     order = sorted(loops, key=lambda r: (any(stride(u.src[1], r) == 1 for u in stores), r.arg[0]), reverse=True)
     for r, cap in zip(order, (32, 8)):
         i = next(i for i, a in enumerate(kernel_axes(plan.ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
-        amt = largest_divisor(size(r), tuple(a for a in (32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads))
+        amt = largest_divisor(
+            max_trip_count(r), tuple(a for a in (32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads)
+        )
         if amt > 1 and take(Opt(OptOps.LOCAL, i, amt)):
             threads *= amt
     return plan.ast, plan.opts
