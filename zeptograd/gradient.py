@@ -1,10 +1,14 @@
 """Reverse-mode autodiff as rewrite rules: one rule per primitive op maps (the gradient of a node, the node) to the
 gradients of its sources. Every composite op (softmax, conv2d, sort, ...) is built from these primitives, so its
-gradient comes for free. The graph is walked in reverse topological order: no recursion on its depth."""
+gradient comes for free; the few whose primitives would give the wrong gradient at special values (pow at 0, inf,
+nan) register their own rule with `with_gradient`. The graph is walked in reverse topological order: no recursion on
+its depth."""
 
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
@@ -19,6 +23,19 @@ if TYPE_CHECKING:
 def _t(u: UOp, like: Tensor) -> Tensor:
     """A forward UOp as a Tensor, so that the rules can use the Tensor ops (broadcasting, dtypes, constants)."""
     return type(like)(u, device=like.device)
+
+
+# Composite ops whose gradient is not the one their primitives give (pow: torch's values at 0, inf, nan and negative
+# bases): out UOp -> (the inputs, rule(grad, out, *inputs) -> a gradient per input). The rule must not hold `out`
+# (the key is weak); tensors are passed to it. Interned UOps make an equal graph the same key, with the same rule.
+_custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] = weakref.WeakKeyDictionary()
+
+
+def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
+    """`out` (computed from `inputs`) with its gradient given by `rule(grad, out, *inputs)` instead of by the
+    primitives it is built from. Each input must be in out's graph."""
+    _custom_rules[out.uop] = (tuple(t.uop for t in inputs), rule)
+    return out
 
 
 def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
@@ -121,10 +138,14 @@ def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UO
         g = grads.get(u)
         if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype):
             continue
-        src_grads = pm_gradient.rewrite(u, ctx=g)
+        if (custom := _custom_rules.get(u)) is not None:
+            srcs, rule = custom
+            src_grads = rule(g, _t(u, g), *(_t(s, g) for s in srcs))
+        else:
+            srcs, src_grads = u.src, pm_gradient.rewrite(u, ctx=g)
         if src_grads is None:
             raise NotImplementedError(f"no gradient rule for {u.op}")
-        for s, sg in zip(u.src, src_grads):
+        for s, sg in zip(srcs, src_grads):
             if sg is None or s not in on_path or not dtypes.is_float(s.dtype):
                 continue
             if sg.shape != s.shape:
