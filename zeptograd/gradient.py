@@ -39,9 +39,11 @@ def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Te
 
 
 def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
+    """torch's maximum: a tie shares the gradient; each side gets all of it unless it is the smaller (so a nan, which
+    compares neither way, gives both sides all of it)."""
     a, b = _t(ret.src[0], ctx), _t(ret.src[1], ctx)
-    half = (a == b).where(ctx * 0.5, 0)  # a tie shares the gradient, as torch's maximum
-    return (a > b).where(ctx, half), (b > a).where(ctx, half)
+    tie = a == b
+    return tie.where(ctx * 0.5, (a < b).where(0, ctx)), tie.where(ctx * 0.5, (b < a).where(0, ctx))
 
 
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:

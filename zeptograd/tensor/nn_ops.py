@@ -9,12 +9,32 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
+from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 from zeptograd.tensor.indexing import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
+
+
+def _vector_norm_grad(g: Tensor, norm: Tensor, x: Tensor, p: float, dim: int) -> Tensor:
+    """torch's linalg_vector_norm_backward, by the order p."""
+    g, norm = g.expand(x.shape), norm.expand(x.shape)
+    if p == 0:
+        return x.zeros_like()
+    if p == 1:
+        return x.sign() * g
+    if p == 2:
+        return g * (norm == 0).where(0.0, x / norm)
+    if math.isinf(p):  # the extreme elements share the gradient
+        hit = (x.abs() == norm).cast(x.dtype)
+        return x.sign() * hit * g / hit.sum(dim, keepdim=True).expand(x.shape)
+    a = x.abs()
+    if p < 1:
+        return x.sign() * (x == 0).where(0.0, a.pow(p - 1)) * g * norm.pow(1 - p)
+    scale = (norm == 0).where(0.0, g / norm.pow(p - 1))
+    return (x.sign() * a.pow(p - 1) if p < 2 else x * a.pow(p - 2)) * scale
 
 
 class NNMixin:
@@ -256,7 +276,20 @@ class NNMixin:
         return x if bias is None else x + bias.reshape(shape)
 
     def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-        return self / (self.abs() ** p).sum(dim, keepdim=True).pow(1 / p).maximum(eps)
+        """self / max(vector_norm(self, p, dim), eps), as torch: p=0 counts the nonzeros, +-inf is max/min |x|."""
+        return self / self._vector_norm(p, dim).clamp(eps)
+
+    def _vector_norm(self: Tensor, p: float, dim: int) -> Tensor:
+        """torch.linalg.vector_norm over dim (kept), with torch's gradient (0 where the norm or an element is 0,
+        not the nan of pow's chain rule there)."""
+        a = self.abs()
+        if p == 0:
+            norm = (self != 0).cast(a.dtype).sum(dim, keepdim=True)
+        elif math.isinf(p):
+            norm = a.max(dim, keepdim=True) if p > 0 else a.min(dim, keepdim=True)
+        else:
+            norm = (a**p).sum(dim, keepdim=True).pow(1 / p)
+        return with_gradient(norm, (self,), lambda g, out, x: (_vector_norm_grad(g, out, x, p, dim),))
 
     def dropout(self: Tensor, p: float = 0.5) -> Tensor:
         if not 0 <= p <= 1:

@@ -1,0 +1,126 @@
+"""Values and gradients at the edges (bounds, ties, inf, nan, zeros, integer inputs) against torch 2.13 (CPU):
+clamp/maximum/minimum gradients, isclose, normalize, interpolate of integer tensors, argmax/sort/topk with nan."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from zeptograd import Tensor
+
+NAN, INF = math.nan, math.inf
+
+
+def _grads(zfn, tfn, *inputs, upstream=None):
+    """(zeptograd output, its input gradients), (torch output, its input gradients) of fn(*inputs)."""
+    zs = [Tensor(np.asarray(x, np.float32), requires_grad=True) for x in inputs]
+    ts = [torch.tensor(np.asarray(x, np.float32), requires_grad=True) for x in inputs]
+    zo, to = zfn(*zs), tfn(*ts)
+    g = np.ones(to.shape, np.float32) if upstream is None else np.asarray(upstream, np.float32)
+    zo.backward(Tensor(g))
+    to.backward(torch.tensor(g))
+    return (zo.numpy(), [z.grad.numpy() for z in zs]), (to.detach().numpy(), [t.grad.numpy() for t in ts])
+
+
+def _assert_same(z, t, rtol=1e-6):
+    (zo, zg), (to, tg) = z, t
+    np.testing.assert_allclose(zo, to, rtol=rtol, equal_nan=True)
+    for a, b in zip(zg, tg):
+        np.testing.assert_allclose(a, b, rtol=rtol, equal_nan=True)
+
+
+# ***** clamp / maximum / minimum gradients *****
+def test_clip_gradient_at_the_bounds():
+    xs = [-3.0, -2.5, 0.0, 1.5, 2.0]
+    z, t = _grads(lambda x: x.clip(-2.5, 1.5), lambda x: x.clip(-2.5, 1.5), xs)
+    _assert_same(z, t)
+    np.testing.assert_equal(z[1][0], [0, 1, 1, 1, 0])  # the bounds get all of it, not maximum's half
+
+
+@pytest.mark.parametrize("lo,hi", [(-2.5, None), (None, 1.5), (-2.5, 1.5), (1.5, -2.5), (0.0, 0.0)], ids=repr)
+def test_clamp_scalar_bounds(lo, hi):
+    xs = [-INF, -3.0, -2.5, 0.0, 1.5, 2.0, INF, NAN]
+    _assert_same(*_grads(lambda x: x.clamp(lo, hi), lambda x: x.clamp(lo, hi), xs, upstream=np.arange(1.0, 9.0)))
+
+
+@pytest.mark.parametrize("which", ["both", "min", "max"])
+def test_clamp_tensor_bounds(which):
+    """Tensor bounds get the gradient where they clamp (hi everywhere when lo > hi), x inside them; broadcast."""
+    xs, lo, hi = [[0.0, 2.0, 3.0, 0.0, NAN, -1.0]], [[0.0], [5.0]], [[1.0], [2.0]]
+    if which == "both":
+        fns = (lambda x, a, b: x.clamp(a, b), lambda x, a, b: x.clamp(a, b))
+        z, t = _grads(*fns, xs, lo, hi, upstream=np.arange(12.0).reshape(2, 6))
+    else:
+        bound = lo if which == "min" else hi
+
+        def zfn(x, b):
+            return x.clamp(b, None) if which == "min" else x.clamp(None, b)
+
+        def tfn(x, b):
+            return x.clamp(b, None) if which == "min" else x.clamp(None, b)
+
+        z, t = _grads(zfn, tfn, xs, bound, upstream=np.arange(12.0).reshape(2, 6))
+    _assert_same(z, t)
+
+
+@pytest.mark.parametrize("op", ["maximum", "minimum"])
+def test_maximum_minimum_gradient_ties_and_nan(op):
+    """A tie splits the gradient 0.5/0.5; a nan on either side gives both sides all of it (torch)."""
+    a, b = [1.0, 2.0, NAN, 3.0, NAN, -0.0, INF], [1.0, 1.0, 1.0, NAN, NAN, 0.0, INF]
+    z, t = _grads(lambda x, y: getattr(x, op)(y), lambda x, y: getattr(x, op)(y), a, b, upstream=np.arange(1.0, 8.0))
+    _assert_same(z, t)
+
+
+# ***** isclose *****
+_CLOSE_VALUES = [INF, -INF, NAN, 0.0, -0.0, 1.0, 1.0 + 1e-6, 1e30, -1e30, 1e-9]
+
+
+@pytest.mark.parametrize("equal_nan", [False, True])
+@pytest.mark.parametrize("rtol,atol", [(1e-5, 1e-8), (0.0, 0.0), (0.5, 0.0), (0.0, 2.0)], ids=repr)
+def test_isclose_matches_torch(equal_nan, rtol, atol):
+    pairs = list(itertools.product(_CLOSE_VALUES, repeat=2))
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    z = Tensor(a).isclose(Tensor(b), rtol=rtol, atol=atol, equal_nan=equal_nan).numpy()
+    t = torch.tensor(a).isclose(torch.tensor(b), rtol=rtol, atol=atol, equal_nan=equal_nan).numpy()
+    bad = [(x, y, zz, tt) for x, y, zz, tt in zip(a, b, z, t) if zz != tt]
+    assert not bad, f"isclose(a, b) differs from torch at (a, b, zeptograd, torch): {bad}"
+
+
+def test_isclose_edges_named_in_the_issue():
+    assert not Tensor([INF]).isclose(Tensor([-INF])).item()
+    assert not Tensor([0.0]).isclose(Tensor([INF])).item()
+    assert Tensor([INF]).isclose(Tensor([INF])).item()
+    assert not Tensor([NAN]).isclose(Tensor([NAN])).item()
+    assert Tensor([NAN]).isclose(Tensor([NAN]), equal_nan=True).item()
+
+
+def test_isclose_ints_do_not_wrap_and_bad_tolerances():
+    a, b = np.array([-128, 127, 5, 0], np.int8), np.array([127, -128, 5, 1], np.int8)
+    z = Tensor(a).isclose(Tensor(b), atol=1).numpy()
+    np.testing.assert_equal(z, torch.tensor(a).isclose(torch.tensor(b), atol=1).numpy())
+    with pytest.raises(ValueError, match="rtol"):
+        Tensor([1.0]).isclose(Tensor([1.0]), rtol=-1)
+
+
+# ***** normalize *****
+_NORM_X = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [-3.0, 4.0, 0.5]], np.float32)
+
+
+@pytest.mark.parametrize("p", [0, 1, 2, 3, 0.5, INF, -INF, -1, -2.5], ids=repr)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_normalize_orders(p, dim):
+    """Values and gradients of F.normalize for each order, with a zero row/column and zero elements."""
+    z, t = _grads(
+        lambda x: x.normalize(p=p, dim=dim),
+        lambda x: F.normalize(x, p=p, dim=dim),
+        _NORM_X,
+        upstream=np.arange(9.0).reshape(3, 3),
+    )
+    _assert_same(z, t, rtol=1e-5)
+
+
+def test_normalize_p0_named_in_the_issue():
+    np.testing.assert_equal(Tensor([[1.0, 0.0, 2.0]]).normalize(p=0).numpy(), [[0.5, 0.0, 1.0]])
