@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zeptograd import Tensor
+from zeptograd import Tensor, dtypes
 
 NAN, INF = math.nan, math.inf
 
@@ -124,3 +124,41 @@ def test_normalize_orders(p, dim):
 
 def test_normalize_p0_named_in_the_issue():
     np.testing.assert_equal(Tensor([[1.0, 0.0, 2.0]]).normalize(p=0).numpy(), [[0.5, 0.0, 1.0]])
+
+
+# ***** interpolate of uint8 tensors *****
+# (C, H, W) -> (H', W'). torch takes a different (non-vectorized) path for more than 4 channels; with W = 1 there
+# it repeats the first output row of each column (a torch anomaly), so that case is not compared.
+_RESIZES = [(1, 1, 2, 1, 4), (3, 2, 3, 3, 7), (4, 5, 4, 7, 11), (2, 7, 9, 4, 5), (5, 3, 3, 8, 8), (8, 10, 13, 6, 29)]
+_RESIZES += [(1, 4, 4, 16, 3), (3, 1, 5, 3, 1), (6, 9, 9, 9, 4), (4, 6, 1, 2, 1), (1, 3, 3, 3, 3)]
+
+
+def test_interpolate_uint8_named_in_the_issue():
+    out = Tensor(np.array([[[[20, 10]]]], np.uint8)).interpolate(size=(1, 4), mode="linear")
+    assert out.dtype == dtypes.uint8
+    np.testing.assert_equal(out.numpy(), [[[[20, 18, 13, 10]]]])
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("c,h,w,oh,ow", _RESIZES, ids=repr)
+def test_interpolate_uint8_bilinear(c, h, w, oh, ow, align_corners):
+    """torch's uint8 bilinear: fixed-point weights, the last dim first, rounded to uint8 in between."""
+    x = np.random.default_rng(h * 100 + w).integers(0, 256, (2, c, h, w), dtype=np.uint8)
+    z = Tensor(x).interpolate((oh, ow), mode="linear", align_corners=align_corners)
+    t = F.interpolate(torch.tensor(x), size=(oh, ow), mode="bilinear", align_corners=align_corners)
+    assert z.dtype == dtypes.uint8
+    np.testing.assert_equal(z.numpy(), t.numpy())
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("c,h,w,oh,ow", _RESIZES, ids=repr)
+def test_interpolate_uint8_nearest(c, h, w, oh, ow, mode):
+    x = np.random.default_rng(h * 100 + w).integers(0, 256, (2, c, h, w), dtype=np.uint8)
+    z = Tensor(x).interpolate((oh, ow), mode=mode)
+    assert z.dtype == dtypes.uint8
+    np.testing.assert_equal(z.numpy(), F.interpolate(torch.tensor(x), size=(oh, ow), mode=mode).numpy())
+
+
+def test_interpolate_linear_other_ints_raise_as_torch():
+    with pytest.raises(TypeError, match="uint8"):
+        Tensor(np.zeros((1, 1, 2, 2), np.int32)).interpolate((3, 3), mode="linear")
