@@ -162,3 +162,52 @@ def test_interpolate_uint8_nearest(c, h, w, oh, ow, mode):
 def test_interpolate_linear_other_ints_raise_as_torch():
     with pytest.raises(TypeError, match="uint8"):
         Tensor(np.zeros((1, 1, 2, 2), np.int32)).interpolate((3, 3), mode="linear")
+
+
+# ***** nan in argmax / argmin / max / min / sort / topk (nan is above +inf, as torch) *****
+_NAN_ROWS = np.array(
+    [[1.0, NAN, 3.0, 2.0, INF], [NAN, -INF, INF, NAN, 7.0], [5.0, 4.0, 3.0, 2.0, 1.0], [0.0, -1.0, NAN, 1.0, NAN]],
+    np.float32,
+)
+NAN_DEVICES = ["CPU", "CPU:C", "PYTHON"]
+
+
+@pytest.mark.parametrize("device", NAN_DEVICES)
+@pytest.mark.parametrize("width", [4, 5])  # a power of two, and one the sort pads
+def test_argmax_argmin_max_min_with_nan(device, width):
+    """The index of the first nan (not one past the row), for argmax and argmin, per row, per column and over all;
+    max/min of a row with a nan is nan."""
+    x = _NAN_ROWS[:, :width]
+    z, t = Tensor(x, device=device), torch.tensor(x)
+    for axis in (0, 1):
+        np.testing.assert_equal(z.argmax(axis).numpy(), t.argmax(axis).numpy())
+        np.testing.assert_equal(z.argmin(axis).numpy(), t.argmin(axis).numpy())
+        np.testing.assert_equal(z.max(axis).numpy(), t.amax(axis).numpy())
+        np.testing.assert_equal(z.min(axis).numpy(), t.amin(axis).numpy())
+    assert z.argmax().item() == t.argmax().item() and z.argmin().item() == t.argmin().item()
+    assert math.isnan(z.max().item()) and math.isnan(z.min().item())
+
+
+@pytest.mark.parametrize("device", NAN_DEVICES)
+@pytest.mark.parametrize("width", [4, 5])
+@pytest.mark.parametrize("descending", [False, True])
+def test_sort_with_nan(device, width, descending):
+    """nan sorts last ascending, first descending; no value is lost or turned into nan; the indices are torch's
+    stable ones."""
+    x = _NAN_ROWS[:, :width]
+    zv, zi = Tensor(x, device=device).sort(1, descending=descending)
+    tv, ti = torch.tensor(x).sort(dim=1, descending=descending, stable=True)
+    np.testing.assert_equal(zv.numpy(), tv.numpy())
+    np.testing.assert_equal(zi.numpy(), ti.numpy())
+
+
+@pytest.mark.parametrize("device", NAN_DEVICES)
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_topk_with_nan(device, largest, k):
+    """torch's values (nan the largest); the indices point at them (torch orders tied indices its own way)."""
+    zv, zi = Tensor(_NAN_ROWS, device=device).topk(k, 1, largest=largest)
+    tv, _ = torch.tensor(_NAN_ROWS).topk(k, 1, largest=largest)
+    np.testing.assert_equal(zv.numpy(), tv.numpy())
+    np.testing.assert_equal(np.take_along_axis(_NAN_ROWS, zi.numpy(), 1), tv.numpy())
+    assert all(len(set(row)) == k for row in zi.numpy().tolist())
