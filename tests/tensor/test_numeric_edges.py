@@ -66,6 +66,23 @@ def test_clamp_tensor_bounds(which):
     _assert_same(z, t)
 
 
+def test_clamp_nan_bounds_and_explicit_maximum_minimum():
+    """A nan bound gives nan (torch); maximum(...).minimum(...) written out keeps maximum's tie rule (0.5 at the
+    bounds, as torch), clamp's own rule does not leak into it."""
+    xs = [1.0, NAN, -3.0, 5.0]
+    for lo, hi in ((NAN, None), (None, NAN), (0.0, NAN)):
+        np.testing.assert_equal(Tensor(xs).clamp(lo, hi).numpy(), torch.tensor(xs).clamp(lo, hi).numpy())
+    lo, hi = [0.0, NAN, 0.0, NAN], [NAN, 0.0, 2.0, 2.0]
+    _assert_same(*_grads(lambda x, a, b: x.clamp(a, b), lambda x, a, b: x.clamp(a, b), xs, lo, hi))
+    z, t = _grads(
+        lambda x: x.maximum(-2.5).minimum(1.5),
+        lambda x: x.maximum(torch.tensor(-2.5)).minimum(torch.tensor(1.5)),
+        [-2.5, 0.0, 1.5],
+    )
+    _assert_same(z, t)
+    np.testing.assert_equal(z[1][0], [0.5, 1, 0.5])
+
+
 @pytest.mark.parametrize("op", ["maximum", "minimum"])
 def test_maximum_minimum_gradient_ties_and_nan(op):
     """A tie splits the gradient 0.5/0.5; a nan on either side gives both sides all of it (torch)."""

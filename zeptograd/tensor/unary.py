@@ -210,6 +210,8 @@ class UnaryMixin:
         return self.isclose(other, rtol, atol, equal_nan).all()
 
     def clamp(self: Tensor, min_=None, max_=None) -> Tensor:
+        """torch.clamp: min(max(x, lo), hi) (hi where lo > hi, nan where x or a bound is nan), with torch's gradient
+        (x's inside [lo, hi], the bounds included; a tensor bound's where it clamps)."""
         if min_ is None and max_ is None:
             raise ArgumentError("clamp needs at least one of min_ and max_")
         x, lo, hi = self, None, None
@@ -218,8 +220,14 @@ class UnaryMixin:
         if max_ is not None:
             x, hi = x._operands(max_)
             lo = None if lo is None else lo.cast(x.dtype)._broadcast_to(x.shape)
-        ret = x if lo is None else x.maximum(lo)
-        ret = ret if hi is None else ret.minimum(hi)
+        # min(max(x, lo), hi) as selections, not MAX: a graph of its own (an explicit maximum keeps its tie rule)
+        ret, is_float = x, dtypes.is_float(x.dtype)
+        if lo is not None:
+            ret = (ret < lo).where(lo, ret)
+            ret = lo.isnan().where(lo, ret) if is_float else ret  # a nan bound gives nan, as torch
+        if hi is not None:
+            ret = (ret > hi).where(hi, ret)
+            ret = hi.isnan().where(hi, ret) if is_float else ret
         inputs = tuple(t for t in (x, lo, hi) if t is not None)
         return with_gradient(
             ret, inputs, _clamp_grad if lo is not None and hi is not None else _clamp_one_grad(lo is None)
