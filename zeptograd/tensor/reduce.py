@@ -214,7 +214,7 @@ class ReduceMixin:
     def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         return (-self).softmax(axis, dtype)
 
-    # ***** sorting: a bitonic network of compare-exchange steps (min/max), one kernel per step *****
+    # ***** sorting: a bitonic network of compare-exchange steps (moves by `where`), one kernel per step *****
     def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         """(sorted values, int64 indices into self); equal values keep their order."""
         d = normalize_axis(dim, self.ndim) if self.ndim else 0
