@@ -1,10 +1,14 @@
 """Reverse-mode autodiff as rewrite rules: one rule per primitive op maps (the gradient of a node, the node) to the
 gradients of its sources. Every composite op (softmax, conv2d, sort, ...) is built from these primitives, so its
-gradient comes for free. The graph is walked in reverse topological order: no recursion on its depth."""
+gradient comes for free; the few whose primitives would give the wrong gradient at special values (pow at 0, inf,
+nan) register their own rule with `with_gradient`. The graph is walked in reverse topological order: no recursion on
+its depth."""
 
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
@@ -21,10 +25,25 @@ def _t(u: UOp, like: Tensor) -> Tensor:
     return type(like)(u, device=like.device)
 
 
+# Composite ops whose gradient is not the one their primitives give (pow: torch's values at 0, inf, nan and negative
+# bases): out UOp -> (the inputs, rule(grad, out, *inputs) -> a gradient per input). The rule must not hold `out`
+# (the key is weak); tensors are passed to it. Interned UOps make an equal graph the same key, with the same rule.
+_custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] = weakref.WeakKeyDictionary()
+
+
+def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
+    """`out` (computed from `inputs`) with its gradient given by `rule(grad, out, *inputs)` instead of by the
+    primitives it is built from. Each input must be in out's graph."""
+    _custom_rules[out.uop] = (tuple(t.uop for t in inputs), rule)
+    return out
+
+
 def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
+    """torch's maximum: a tie shares the gradient; each side gets all of it unless it is the smaller (so a nan, which
+    compares neither way, gives both sides all of it)."""
     a, b = _t(ret.src[0], ctx), _t(ret.src[1], ctx)
-    half = (a == b).where(ctx * 0.5, 0)  # a tie shares the gradient, as torch's maximum
-    return (a > b).where(ctx, half), (b > a).where(ctx, half)
+    tie = a == b
+    return tie.where(ctx * 0.5, (a < b).where(0, ctx)), tie.where(ctx * 0.5, (b < a).where(0, ctx))
 
 
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
@@ -124,10 +143,14 @@ def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UO
         g = grads.get(u)
         if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype):
             continue
-        src_grads = pm_gradient.rewrite(u, ctx=g)
+        if (custom := _custom_rules.get(u)) is not None:
+            srcs, rule = custom
+            src_grads = rule(g, _t(u, g), *(_t(s, g) for s in srcs))
+        else:
+            srcs, src_grads = u.src, pm_gradient.rewrite(u, ctx=g)
         if src_grads is None:
             raise NotImplementedError(f"no gradient rule for {u.op}")
-        for s, sg in zip(u.src, src_grads):
+        for s, sg in zip(srcs, src_grads):
             if sg is None or s not in on_path or not dtypes.is_float(s.dtype):
                 continue
             if sg.shape != s.shape:

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DType, DTypeLike, dtypes, least_upper_dtype, least_upper_float, to_dtype
+from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor.helpers import PY_CONST, broadcast_shape
@@ -35,6 +36,12 @@ def scalar_dtype(x: bool | int | float, dt: DType) -> DType:
     if isinstance(x, int) and not isinstance(x, bool) and dt == dtypes.bool:
         return dtypes.int64
     return dt
+
+
+def _pow_grad(g: Tensor, out: Tensor, base: Tensor, e: Tensor) -> tuple[Tensor, Tensor]:
+    """torch's pow_backward_self and pow_backward_exponent."""
+    d_base = (e == 0).where(0.0, g * (e * base.pow(e - 1)))
+    return d_base, g * ((base == 0) & (e >= 0)).where(0.0, out * base.log())
 
 
 class ElementwiseMixin:
@@ -125,19 +132,56 @@ class ElementwiseMixin:
         return self._alu(Ops.MOD, b) if dtypes.is_int(self.dtype) else self - b * (self / b).trunc()
 
     def pow(self: Tensor, x, reverse: bool = False) -> Tensor:
-        if not reverse and isinstance(x, (int, float)) and not isinstance(x, bool):
-            if float(x).is_integer() and abs(x) <= 64:
-                base = self if isinstance(x, int) or dtypes.is_float(self.dtype) else self._float()
-                if x < 0 and not dtypes.is_float(base.dtype):
-                    raise ArgumentError("integers to negative integer powers are not allowed")
-                ret = base._int_pow(int(abs(x)))
-                return ret.reciprocal() if x < 0 else ret
-            if x in (0.5, -0.5):
-                return self.sqrt() if x > 0 else self.rsqrt()
+        """torch.pow: C's pow at 0, inf, nan and negative bases, and torch's gradients there (gradient.py's
+        `with_gradient`: d/dbase = e * base**(e-1), 0 where e == 0; d/de = out * log(base), 0 at base 0, e >= 0)."""
+        x = x.item() if isinstance(x, PY_CONST) and hasattr(x, "item") else x
+        if isinstance(x, (int, float)) and not isinstance(x, bool):
+            if reverse:
+                return self._rpow_scalar(x)
+            if dtypes.is_float(self.dtype) or isinstance(x, float):
+                return self._float()._pow_scalar(float(x))
+            if 0 <= x <= 64:
+                return self._int_pow(x)
+            if x < 0:
+                raise ArgumentError("integers to negative integer powers are not allowed")
         a, b = self._operands(x, reverse)
-        if dtypes.is_float(a.dtype):
-            return a._pow_float(b)
-        return a.cast(dtypes.float64)._pow_float(b.cast(dtypes.float64)).round().cast(a.dtype)
+        if not dtypes.is_float(a.dtype):
+            return a.cast(dtypes.float64)._pow_float(b.cast(dtypes.float64)).round().cast(a.dtype)
+        return with_gradient(a._pow_float(b), (a, b), _pow_grad)
+
+    def _pow_scalar(self: Tensor, c: float) -> Tensor:
+        """A float tensor to a constant power, by torch's special cases (x*x for 2, sqrt for 0.5, ...)."""
+        if c == 0:
+            ret = self.isnan().where(1.0, 1.0).cast(self.dtype)  # 1, still a function of self (its gradient is 0)
+        elif c == 1:
+            ret = self * 1.0  # a node of its own, which the gradient rule below can own
+        elif c in (0.5, -0.5):
+            ret = self.sqrt() if c > 0 else self.rsqrt()
+        elif c.is_integer() and abs(c) <= 64:
+            ret = self._int_pow(int(abs(c)))
+            ret = ret.reciprocal() if c < 0 else ret
+        else:
+            ret = self._pow_float(self._scalar(c, self.dtype)._broadcast_to(self.shape))
+        return with_gradient(ret, (self,), lambda g, out, x: (g.zeros_like() if c == 0 else g * (c * x.pow(c - 1)),))
+
+    def _rpow_scalar(self: Tensor, c: int | float) -> Tensor:
+        """c ** self for a Python number c: d/dself = out * log(c) (0 where c is 0 and self >= 0)."""
+        dt = scalar_dtype(c, self.dtype)
+        if not dtypes.is_float(dt):
+            a, b = self._operands(c, True)
+            return a.cast(dtypes.float64)._pow_float(b.cast(dtypes.float64)).round().cast(dt)
+        e = self.cast(dt)
+        if c == 1:
+            ret = e.isnan().where(1.0, 1.0).cast(dt)  # 1 ** nan is 1, as C's pow
+        else:
+            ret = self._scalar(c, dt)._broadcast_to(e.shape)._pow_float(e)
+        log_c = math.log(c) if c > 0 else -math.inf if c == 0 else math.nan
+
+        def rule(g: Tensor, out: Tensor, e: Tensor) -> tuple:
+            grad = out * log_c
+            return (g * ((e >= 0).where(0.0, grad) if c == 0 else grad),)
+
+        return with_gradient(ret, (e,), rule)
 
     def _int_pow(self: Tensor, n: int) -> Tensor:
         ret, base = None, self
@@ -150,11 +194,17 @@ class ElementwiseMixin:
         return self.ones_like() if ret is None else ret
 
     def _pow_float(self: Tensor, e: Tensor) -> Tensor:
+        """C's pow for a float base and exponent of one shape: |b|**e = exp2(e * log2|b|), then the special cases."""
         mag = (e * self.abs().log2()).exp2()
-        e_int = e.trunc() == e
+        mag = (self.abs() == 1).where(1.0, mag)  # (+-1) ** +-inf is 1, not exp2(inf * 0)
+        e_int = (e.trunc() == e) & (e.abs() != math.inf)
         odd = e_int & ((e * 0.5).trunc() * 2 != e)
-        neg = e_int.where(odd.where(-mag, mag), math.nan)
-        return (e == 0).where(1.0, (self < 0).where(neg, mag))
+        neg = (self < 0) | ((self == 0) & (self.reciprocal() < 0))  # -0.0 too: (-0.0) ** -1 is -inf
+        # a negative base: the sign of an odd power; a non-integer power is nan, but not for -inf and -0.0 (0 or inf)
+        # nor for an infinite power (|b| ** +-inf is 0, 1 or inf)
+        unsigned = (self.abs() == math.inf) | (self == 0) | (e.abs() == math.inf)
+        at_neg = e_int.where(odd.where(-mag, mag), unsigned.where(mag, math.nan))
+        return ((e == 0) | (self == 1)).where(1.0, neg.where(at_neg, mag))
 
     def neg(self: Tensor) -> Tensor:
         return self.logical_not() if self.dtype == dtypes.bool else self._alu(Ops.NEG)

@@ -9,12 +9,56 @@ import string
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
+from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 from zeptograd.tensor.indexing import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
+
+
+def _uint8_linear_taps(n_in: int, n_out: int, align_corners: bool) -> tuple[list[int], list[tuple[int, int]], int]:
+    """torch's int16 bilinear taps for uint8 (aten's _compute_index_ranges_int16_weights): per output, the first
+    input index and the two weights, and the fixed-point precision (bits) of the weights."""
+    if align_corners:
+        scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        scale = n_in / n_out
+    delta = 0.5 if align_corners else 0.0
+    firsts, taps = [], []
+    for i in range(n_out):
+        center = scale * (i + 0.5 - delta)
+        first = max(int(center - 0.5 + delta), 0)
+        n = min(max(min(int(center + 1.5 + delta), n_in) - first, 0), 2)
+        w = [max(0.0, 1 - abs(j + first - center + 0.5 - delta)) for j in range(n)] + [0.0] * (2 - n)
+        total = sum(w)
+        firsts.append(first)
+        taps.append([v / total for v in w] if total else w)
+    w_max = max(max(w) for w in taps)
+    precision = 0  # the most bits that keep the largest weight (times 2) below int16's limit
+    while precision < 22 and int(0.5 + w_max * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    return firsts, [(int(a * (1 << precision) + 0.5), int(b * (1 << precision) + 0.5)) for a, b in taps], precision
+
+
+def _vector_norm_grad(g: Tensor, norm: Tensor, x: Tensor, p: float, dim: int) -> Tensor:
+    """torch's linalg_vector_norm_backward, by the order p."""
+    g, norm = g.expand(x.shape), norm.expand(x.shape)
+    if p == 0:
+        return x.zeros_like()
+    if p == 1:
+        return x.sign() * g
+    if p == 2:
+        return g * (norm == 0).where(0.0, x / norm)
+    if math.isinf(p):  # the extreme elements share the gradient
+        hit = (x.abs() == norm).cast(x.dtype)
+        return x.sign() * hit * g / hit.sum(dim, keepdim=True).expand(x.shape)
+    a = x.abs()
+    if p < 1:
+        return x.sign() * (x == 0).where(0.0, a.pow(p - 1)) * g * norm.pow(1 - p)
+    scale = (norm == 0).where(0.0, g / norm.pow(p - 1))
+    return (x.sign() * a.pow(p - 1) if p < 2 else x * a.pow(p - 2)) * scale
 
 
 class NNMixin:
@@ -215,6 +259,10 @@ class NNMixin:
             raise ArgumentError(f"interpolate mode must be linear, nearest or nearest-exact, got {mode!r}")
         if align_corners and mode != "linear":
             raise ArgumentError("align_corners needs mode='linear'")
+        if mode == "linear" and not dtypes.is_float(self.dtype):
+            if self.dtype != dtypes.uint8:
+                raise ArgumentTypeError(f"interpolate mode 'linear' needs a float or uint8 tensor, got {self.dtype}")
+            return self._interpolate_linear_uint8(size, align_corners)
         x, expand = self, list(self.shape)
         for i in range(-1, -len(size) - 1, -1):
             n_in, n_out = self.shape[i], size[i]
@@ -233,6 +281,31 @@ class NNMixin:
                 pos = (arr + 0.5) * scale if mode == "nearest-exact" else arr * scale
                 x = x._gather(i, pos.floor().minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand))
         return x.cast(self.dtype) if dtypes.is_float(self.dtype) else x
+
+    def _interpolate_linear_uint8(self: Tensor, size: tuple[int, ...], align_corners: bool) -> Tensor:
+        """torch's uint8 (bi)linear resize: one dim at a time from the last, each a two-tap sum with int16 fixed-point
+        weights, rounded (half up) and clamped back to uint8 before the next dim. A dim that keeps its size is
+        left alone."""
+        x = self.cast(dtypes.int32)
+        for i in range(-1, -len(size) - 1, -1):
+            n_in, n_out = self.shape[i], size[i]
+            if n_in == n_out:
+                continue
+            lo, weights, precision = _uint8_linear_taps(n_in, n_out, align_corners)
+            shape = [1] * self.ndim
+            shape[i] = n_out
+            expand = list(x.shape)
+            expand[i] = n_out
+
+            def column(values: list[int]) -> Tensor:
+                t = type(self)(values, dtype=dtypes.int32, device=self.device)
+                return t.reshape(shape).expand(expand)
+
+            hi = [min(j + 1, n_in - 1) for j in lo]
+            acc = x._gather(i, column(lo)) * column([w for w, _ in weights])
+            acc = acc + x._gather(i, column(hi)) * column([w for _, w in weights]) + (1 << (precision - 1))
+            x = (acc >> precision).maximum(0).minimum(255)
+        return x.cast(dtypes.uint8)
 
     # ***** normalization *****
     def layernorm(self: Tensor, axis: int | tuple[int, ...] = -1, eps: float = 1e-5) -> Tensor:
@@ -256,7 +329,20 @@ class NNMixin:
         return x if bias is None else x + bias.reshape(shape)
 
     def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
-        return self / (self.abs() ** p).sum(dim, keepdim=True).pow(1 / p).maximum(eps)
+        """self / max(vector_norm(self, p, dim), eps), as torch: p=0 counts the nonzeros, +-inf is max/min |x|."""
+        return self / self._vector_norm(p, dim).clamp(eps)
+
+    def _vector_norm(self: Tensor, p: float, dim: int) -> Tensor:
+        """torch.linalg.vector_norm over dim (kept), with torch's gradient (0 where the norm or an element is 0,
+        not the nan of pow's chain rule there)."""
+        a = self.abs()
+        if p == 0:
+            norm = (self != 0).cast(a.dtype).sum(dim, keepdim=True)
+        elif math.isinf(p):
+            norm = a.max(dim, keepdim=True) if p > 0 else a.min(dim, keepdim=True)
+        else:
+            norm = (a**p).sum(dim, keepdim=True).pow(1 / p)
+        return with_gradient(norm, (self,), lambda g, out, x: (_vector_norm_grad(g, out, x, p, dim),))
 
     def dropout(self: Tensor, p: float = 0.5) -> Tensor:
         if not 0 <= p <= 1:

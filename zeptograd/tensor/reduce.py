@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
@@ -11,6 +12,20 @@ from zeptograd.uop.ops import Ops, UOp
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
+
+
+def _compare_exchange(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """(smaller, larger) of a and b elementwise, nan above +inf (torch's sort order): the values are moved, never
+    combined, so a nan stays where it sorts instead of spreading through min/max."""
+    if not dtypes.is_float(a.dtype):
+        return a.minimum(b), a.maximum(b)
+    swap = (a > b) | (a.isnan() & b.isnan().logical_not())
+    return swap.where(b, a), swap.where(a, b)
+
+
+def _sort_eq(a: Tensor, b: Tensor) -> Tensor:
+    """Equality as sort sees it: nan equals nan."""
+    return (a == b) | (a.isnan() & b.isnan()) if dtypes.is_float(a.dtype) else a == b
 
 
 class ReduceMixin:
@@ -118,7 +133,10 @@ class ReduceMixin:
         x = self if self.ndim else self.reshape(1)
         rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device)
         rev = rev.reshape(tuple(n if i == d else 1 for i in range(x.ndim)))
-        idx = (x == x._max(d, keepdim=True)).where(rev, 0)._max(d, keepdim)
+        hit = x == x._max(d, keepdim=True)
+        if dtypes.is_float(x.dtype):  # a nan is the max of its row (max propagates it) but equals nothing
+            hit = hit | x.isnan()
+        idx = hit.where(rev, 0)._max(d, keepdim)
         return (n - idx).reshape(()) if self.ndim == 0 else n - idx
 
     def argmin(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
@@ -196,7 +214,7 @@ class ReduceMixin:
     def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         return (-self).softmax(axis, dtype)
 
-    # ***** sorting: a bitonic network of compare-exchange steps (min/max), one kernel per step *****
+    # ***** sorting: a bitonic network of compare-exchange steps (moves by `where`), one kernel per step *****
     def sort(self: Tensor, dim: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
         """(sorted values, int64 indices into self); equal values keep their order."""
         d = normalize_axis(dim, self.ndim) if self.ndim else 0
@@ -204,7 +222,9 @@ class ReduceMixin:
             return self, self.zeros_like(dtype=dtypes.int64)
         n = self.shape[d]
         s = (n - 1).bit_length()
-        fill = dtypes.min(self.dtype) if descending else dtypes.max(self.dtype)
+        # the padding sorts last: nan is above +inf (as torch), so a float pads with nan when ascending
+        fill = math.nan if dtypes.is_float(self.dtype) else dtypes.max(self.dtype)
+        fill = dtypes.min(self.dtype) if descending else fill
         x = self.pad(tuple((0, 2**s - n) if i == d else None for i in range(self.ndim)), value=fill)
         x = x.unflatten(d, (2,) * s)  # bit k of the position is dim d + s - 1 - k
 
@@ -218,7 +238,7 @@ class ReduceMixin:
                 x = lo.cat(hi.flip(flips), dim=bit(stage))
             for sub in range(stage - 1, -1, -1):  # half-cleaners: compare-exchange at distance 2^sub
                 a, b = x.split(1, bit(sub))
-                small, big = a.minimum(b), a.maximum(b)
+                small, big = _compare_exchange(a, b)
                 x = (big.cat(small, dim=bit(sub)) if descending else small.cat(big, dim=bit(sub))).contiguous()
             if stage != s:
                 lo, hi = x.split(1, bit(stage))
@@ -233,9 +253,9 @@ class ReduceMixin:
         tri = tri.reshape((n, n) + (1,) * (self.ndim - d - 1))
 
         def rank(t: Tensor) -> Tensor:  # how many equal values come before (and at) each position
-            return (tri & (t.unsqueeze(d) == t.unsqueeze(d + 1))).sum(d + 1)
+            return (tri & _sort_eq(t.unsqueeze(d), t.unsqueeze(d + 1))).sum(d + 1)
 
-        same = (self.unsqueeze(d + 1) == x.unsqueeze(d)) & (rank(self).unsqueeze(d + 1) == rank(x).unsqueeze(d))
+        same = _sort_eq(self.unsqueeze(d + 1), x.unsqueeze(d)) & (rank(self).unsqueeze(d + 1) == rank(x).unsqueeze(d))
         pos = type(self).arange(n, dtype=dtypes.int64, device=self.device)
         pos = pos.reshape((n,) + (1,) * (self.ndim - d))
         return same.where(pos, 0).sum(d)

@@ -7,6 +7,7 @@ import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
+from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError
 from zeptograd.uop.ops import Ops
 
@@ -25,6 +26,26 @@ _ASIN = [
     1.5707963050,
 ]
 _ERF = [1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0]
+
+
+def _clamp_grad(g: Tensor, out: Tensor, x: Tensor, lo: Tensor, hi: Tensor) -> tuple:
+    """torch's clamp: x gets the gradient inside [lo, hi], the bounds included (not half of it, as maximum's tie);
+    lo where it clamps x (and lo < hi), hi where it clamps x or lo > hi (then the result is hi everywhere)."""
+    return (
+        ((x >= lo) & (x <= hi)).where(g, 0),
+        ((x < lo) & (lo < hi)).where(g, 0),
+        ((x > hi) | (hi < lo)).where(g, 0),
+    )
+
+
+def _clamp_one_grad(upper: bool):
+    """torch's clamp with one bound: x gets the gradient on its side of the bound (the bound included)."""
+
+    def rule(g: Tensor, out: Tensor, x: Tensor, bound: Tensor) -> tuple:
+        inside, clamped = (x <= bound, x > bound) if upper else (x >= bound, x < bound)  # a nan x: neither
+        return inside.where(g, 0), clamped.where(g, 0)
+
+    return rule
 
 
 class UnaryMixin:
@@ -175,18 +196,45 @@ class UnaryMixin:
         return (self.isinf() | self.isnan()).logical_not()
 
     def isclose(self: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+        """torch.isclose: equal, or |a - b| <= atol + rtol * |b| where |a - b| is finite (inf is close only to
+        itself); nan is close to nan only with equal_nan."""
+        if rtol < 0 or atol < 0:
+            raise ArgumentError(f"isclose: rtol and atol must be >= 0, got rtol={rtol}, atol={atol}")
         a, b = self._operands(other)
-        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
-        return close | (a.isnan() & b.isnan()) if equal_nan else close
+        close = a == b
+        if equal_nan:
+            close = close | (a.isnan() & b.isnan())
+        if rtol == 0 and atol == 0:
+            return close
+        err = (a._float() - b._float()).abs()  # ints in float, as torch: no wrapping difference
+        return close | (err.isfinite() & (err <= atol + (rtol * b._float()).abs()))
 
     def allclose(self: Tensor, other, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
         return self.isclose(other, rtol, atol, equal_nan).all()
 
     def clamp(self: Tensor, min_=None, max_=None) -> Tensor:
+        """torch.clamp: min(max(x, lo), hi) (hi where lo > hi, nan where x or a bound is nan), with torch's gradient
+        (x's inside [lo, hi], the bounds included; a tensor bound's where it clamps)."""
         if min_ is None and max_ is None:
             raise ArgumentError("clamp needs at least one of min_ and max_")
-        x = self if min_ is None else self.maximum(min_)
-        return x if max_ is None else x.minimum(max_)
+        x, lo, hi = self, None, None
+        if min_ is not None:
+            x, lo = x._operands(min_)
+        if max_ is not None:
+            x, hi = x._operands(max_)
+            lo = None if lo is None else lo.cast(x.dtype)._broadcast_to(x.shape)
+        # min(max(x, lo), hi) as selections, not MAX: a graph of its own (an explicit maximum keeps its tie rule)
+        ret, is_float = x, dtypes.is_float(x.dtype)
+        if lo is not None:
+            ret = (ret < lo).where(lo, ret)
+            ret = lo.isnan().where(lo, ret) if is_float else ret  # a nan bound gives nan, as torch
+        if hi is not None:
+            ret = (ret > hi).where(hi, ret)
+            ret = hi.isnan().where(hi, ret) if is_float else ret
+        inputs = tuple(t for t in (x, lo, hi) if t is not None)
+        return with_gradient(
+            ret, inputs, _clamp_grad if lo is not None and hi is not None else _clamp_one_grad(lo is None)
+        )
 
     def clip(self: Tensor, min_=None, max_=None) -> Tensor:
         return self.clamp(min_, max_)
