@@ -75,7 +75,7 @@ class IndexMixin:
         items = list(indices) if isinstance(indices, tuple) else [indices]
         T = type(self)
         for i, it in enumerate(items):
-            if isinstance(it, (list, np.ndarray)):
+            if isinstance(it, (list, tuple, np.ndarray)):  # a tuple inside the index is a list, as numpy and torch
                 items[i] = T(np.asarray(it), device=self.device)
             elif isinstance(it, bool):
                 raise ArgumentTypeError("indexing with a Python bool is not supported")
@@ -88,6 +88,7 @@ class IndexMixin:
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
                 raise ArgumentTypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
         from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
+        self._check_mask_shapes(items)
         for i in range(len(items) - 1, -1, -1):  # a bool mask indexes as many dims as it has: its nonzero coords
             it = items[i]
             if isinstance(it, T) and it.dtype == dtypes.bool:
@@ -112,6 +113,25 @@ class IndexMixin:
                 check_index_bounds(it, self.shape[dim], dim, wrap=True)
             dim += it is not None
         return items
+
+    def _check_mask_shapes(self: Tensor, items: list) -> None:
+        """A bool mask must match the dims it indexes (as torch): a shorter one would select from their start."""
+        T = type(self)
+        consumed = [
+            0 if it is None or it is Ellipsis else it.ndim if isinstance(it, T) and it.dtype == dtypes.bool else 1
+            for it in items
+        ]
+        e = next((i for i, it in enumerate(items) if it is Ellipsis), None)
+        for i, it in enumerate(items):
+            if not (isinstance(it, T) and it.dtype == dtypes.bool and it.ndim):
+                continue
+            dim = sum(consumed[:i]) if e is None or i < e else self.ndim - sum(consumed[i:])
+            for j, s in enumerate(it.shape):
+                if 0 <= dim + j < self.ndim and s != self.shape[dim + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(it.shape)} at index {j} does not match the shape of the "
+                        f"indexed tensor {list(self.shape)} at index {dim + j}"
+                    )
 
     def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:
         """One _DimSel per input dim (tensor indices keep their dim whole), and the shape after basic indexing."""
@@ -144,7 +164,7 @@ class IndexMixin:
                 start, stop, step = it.indices(size)
                 n = len(range(start, stop, step))
                 first, last = (start, start + (n - 1) * step) if n else (0, -1)
-                lo, hi = (first, last + 1) if step > 0 else (last, first + 1)
+                lo, hi = (first, last + 1) if step > 0 or not n else (last, first + 1)  # empty: [0, 0), as numpy
                 sels.append(_DimSel(lo, max(lo, hi), step < 0, abs(step), n, False))
                 out_shape.append(n)
             else:  # a tensor index: basic indexing keeps the dim whole
@@ -194,7 +214,13 @@ class IndexMixin:
         """Select with integer tensors at dims adv=[(dim, index)]: their broadcast shape replaces those dims (in
         place if they are adjacent, else in front), as numpy and torch."""
         dims = [d for d, _ in adv]
-        bshape = broadcast_shape(*[t.shape for _, t in adv])
+        shapes = [t.shape for _, t in adv]
+        try:
+            bshape = broadcast_shape(*shapes)
+        except ArgumentError:  # torch's and numpy's type for index tensors that don't broadcast
+            raise IndexError(
+                f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+            ) from None
         rest = [d for d in range(self.ndim) if d not in dims]
         sizes = [self.shape[d] for d in dims]
         x = self.permute(*rest, *dims).reshape(*[self.shape[d] for d in rest], *[1] * len(bshape), *sizes)

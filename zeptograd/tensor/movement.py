@@ -24,7 +24,7 @@ class MovementMixin:
 
     def squeeze(self: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
         dims = range(self.ndim) if dim is None else [self._dim(d) for d in argfix(dim)]
-        drop = {d for d in dims if self.shape[d] == 1}
+        drop = {d for d in dims if self.ndim and self.shape[d] == 1}  # a 0-d tensor takes dim 0 or -1 and stays
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self: Tensor, dim: int) -> Tensor:
@@ -151,8 +151,9 @@ class MovementMixin:
             if d * (k - 1) + 1 > i:
                 raise ArgumentError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
         o_ = [ceildiv(i - d * (k - 1), s) for i, d, k, s in zip(i_, d_, k_, s_)]
-        # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim
-        f_ = [1 + int(o * s > i - d * (k - 1)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
+        # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim;
+        # a row (i*f+d long) holds the o*s positions the stride walks, however far the stride exceeds the input
+        f_ = [max(1 + int(o * s > i - d * (k - 1)), ceildiv(o * s - d, i)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
         x = self.repeat([1] * len(noop) + [ceildiv(k * (i * f + d), i) for k, i, d, f in zip(k_, i_, d_, f_)])
         x = x.shrink(tuple(noop + [(0, k * (i * f + d)) for k, i, d, f in zip(k_, i_, d_, f_)]))
         x = x.reshape(noop + flatten((k, i * f + d) for k, i, d, f in zip(k_, i_, d_, f_)))
@@ -166,8 +167,10 @@ class MovementMixin:
     def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
         """torch.Tensor.unfold: windows of `size` every `step` along dim; the window is a new last dimension."""
         d = self._dim(dim)
-        if size > self.shape[d] or size <= 0 or step <= 0:
+        if size > self.shape[d] or size < 0 or step <= 0:
             raise ArgumentError(f"unfold: size {size} and step {step} don't fit dimension {d} of size {self.shape[d]}")
+        if size == 0:  # (n - 0) // step + 1 empty windows, as torch
+            return self._slice_dim(d, 0, 0).reshape(*self.shape[:d], self.shape[d] // step + 1, *self.shape[d + 1 :], 0)
         others = [i for i in range(self.ndim) if i != d]
         x = self.permute(*others, d)._pool((size,), step)  # (*others, windows, size)
         order = list(range(len(others)))

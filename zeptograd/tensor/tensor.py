@@ -544,8 +544,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                     f"{tuple(pairs)} on {self.shape}"
                 )
         elif any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
-            x = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
-            return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode=mode, value=value)
+            return self._pad_negative(pairs, mode, value)
         if mode != "constant":
             return self._pad_mode(pairs, mode)
         arg = tuple(pairs)
@@ -556,6 +555,29 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             return x
         mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device).pad(arg)
         return mask.where(x, value)
+
+    def _pad_negative(self, pairs: list[tuple[int, int]], mode: str, value: ConstType) -> Tensor:
+        """Padding with negative amounts, as torch: reflect and replicate pad the original (its edges, its
+        reflection) and then crop; constant and circular crop first, and circular wraps around what is left."""
+        for d, ((b, a), n) in enumerate(zip(pairs, self.shape)):
+            least = 1 if mode in ("reflect", "replicate") and (b, a) != (0, 0) else 0
+            if n + b + a < least or (mode in ("constant", "circular") and n + min(b, 0) + min(a, 0) < 0):
+                raise ArgumentError(
+                    f"{mode} padding ({b}, {a}) leaves dimension {d} of size {n} with size {n + b + a}: "
+                    f"the negative amounts crop more than there is"
+                )
+            left = n + min(b, 0) + min(a, 0)
+            if mode == "circular" and max(b, a) > left:  # torch reads uninitialized memory or fails here
+                raise ArgumentError(
+                    f"circular padding ({b}, {a}) of dimension {d} (size {n}) wraps around more than once: the "
+                    f"negative amount leaves {left} element(s) to wrap around"
+                )
+        crop = tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))
+        grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+        if mode in ("reflect", "replicate"):
+            x = self.pad(grow, mode=mode)
+            return x.shrink(tuple((lo, x.shape[d] - (s - hi)) for d, ((lo, hi), s) in enumerate(zip(crop, self.shape))))
+        return self.shrink(crop).pad(grow, mode=mode, value=value)
 
     def _pad_mode(self, pairs: list[tuple[int, int]], mode: str) -> Tensor:
         x = self
