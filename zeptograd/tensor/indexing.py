@@ -287,6 +287,8 @@ class IndexMixin:
             raise ArgumentError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
         if not dtypes.is_int(index.dtype):
             raise IndexError(f"scatter needs an integer index tensor, got {index.dtype}")
+        if src.dtype != self.dtype:  # as torch: a float source silently rounded into a half tensor hides a mistake
+            raise ArgumentError(f"scatter(): Expected self.dtype {self.dtype} to be equal to src.dtype {src.dtype}")
         check_index_bounds(index, self.shape[d], d, wrap=False, what="scatter: ")
         src = src.cast(self.dtype).shrink(tuple((0, s) for s in index.shape))
         src = src.unsqueeze(-1).expand(*src.shape, self.shape[d]).transpose(-1, d)
@@ -307,6 +309,8 @@ class IndexMixin:
     def scatter_reduce(
         self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True
     ) -> Tensor:
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ArgumentError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
         src, mask = self._pre_scatter(dim, index, src)
         hit = mask.any(-1)
 
@@ -321,16 +325,11 @@ class IndexMixin:
             return mask.where(src, dtypes.min(self.dtype)).max(-1).maximum(base(dtypes.min(self.dtype)))
         if reduce == "amin":
             return mask.where(src, dtypes.max(self.dtype)).min(-1).minimum(base(dtypes.max(self.dtype)))
-        if reduce == "mean":
-            count = mask.sum(-1) + (1 if include_self else hit.logical_not())
-            total = mask.where(src, 0).sum(-1) + base(0)
-            out = total / count
-            return (
-                out.cast(self.dtype)
-                if dtypes.is_float(self.dtype)
-                else total.div(count, rounding_mode="floor").cast(self.dtype)
-            )
-        raise ArgumentError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        count = mask.sum(-1) + (1 if include_self else hit.logical_not())  # mean
+        total = mask.where(src, 0).sum(-1) + base(0)
+        if dtypes.is_float(self.dtype):
+            return (total / count).cast(self.dtype)
+        return total.div(count, rounding_mode="floor").cast(self.dtype)
 
     # ***** masks *****
     def masked_fill(self: Tensor, mask: Tensor, value) -> Tensor:

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from zeptograd.helpers import ArgumentError
+import numpy as np
+
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, ceildiv, flatten, make_tuple, normalize_axis, prod
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
-def _tensor_list(first, args) -> list:
-    """`Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` all mean [a, b]."""
-    return [*first, *args] if isinstance(first, (list, tuple)) else [first, *args]
+def _tensor_list(first, args, dim: int, what: str) -> tuple[list, int]:
+    """`Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` all mean [a, b]; after a sequence, one more positional
+    argument is the dim (`Tensor.cat([a, b], 1)`, as torch), and a tensor there is an error, not a third tensor."""
+    if not isinstance(first, (list, tuple)):
+        return [first, *args], dim
+    if not args:
+        return list(first), dim
+    if len(args) > 1 or not isinstance(args[0], (int, np.integer)) or isinstance(args[0], bool):
+        raise ArgumentTypeError(
+            f"{what}(tensors, dim): after the sequence of tensors only the dim may follow, an int; got "
+            f"{', '.join(type(a).__name__ for a in args)}"
+        )
+    return list(first), int(args[0])
 
 
 class MovementMixin:
@@ -64,7 +76,7 @@ class MovementMixin:
 
     # ***** joining and splitting *****
     def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-        ts = _tensor_list(self, args)
+        ts, dim = _tensor_list(self, args, dim, "cat")
         if any(t.ndim == 0 for t in ts):
             raise ArgumentError("zero-dimensional tensors cannot be concatenated")
         d = normalize_axis(dim, ts[0].ndim, "dim")
@@ -82,7 +94,7 @@ class MovementMixin:
         return ret
 
     def stack(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-        ts = _tensor_list(self, args)
+        ts, dim = _tensor_list(self, args, dim, "stack")
         d = normalize_axis(dim, ts[0].ndim + 1, "dim")
         return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
@@ -106,7 +118,7 @@ class MovementMixin:
     def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         if indexing not in ("ij", "xy"):
             raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
-        ts = [t.flatten() for t in _tensor_list(self, args)]
+        ts = [t.flatten() for t in _tensor_list(self, args, 0, "meshgrid")[0]]
         shape = tuple(t.numel() for t in ts)
         grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
         if indexing == "xy" and len(ts) >= 2:  # the first two dims swap places
@@ -131,7 +143,11 @@ class MovementMixin:
 
     def roll(self: Tensor, shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> Tensor:
         if dims is None:
-            return self.flatten().roll(shifts, 0).reshape(self.shape)
+            if len(make_tuple(shifts, 1)) != 1:
+                raise ArgumentError(f"roll: without dims, shifts must be one int, got {shifts}")
+            return self.flatten().roll(make_tuple(shifts, 1)[0], 0).reshape(self.shape)
+        if len(make_tuple(shifts, 1)) != len(make_tuple(dims, 1)):
+            raise ArgumentError(f"roll: shifts {shifts} and dims {dims} must have the same length")
         x = self
         for shift, dim in zip(make_tuple(shifts, 1), make_tuple(dims, 1)):
             d = x._dim(dim)

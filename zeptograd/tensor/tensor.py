@@ -410,6 +410,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if steps < 0:
             raise ArgumentError(f"linspace: steps must be non-negative, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
+        if dt == dtypes.bool:
+            raise ArgumentError("linspace is not implemented for dtype bool (as torch): use an int or float dtype")
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device, **kwargs)
         step = (stop - start) / max(steps - 1, 1)
@@ -624,7 +626,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
 
     def flip(self, axis, *args) -> Tensor:
-        axes = {normalize_axis(a, self.ndim) for a in argfix(axis, *args)}
+        given = [normalize_axis(a, self.ndim) for a in argfix(axis, *args)]
+        axes = set(given)
+        if len(axes) != len(given):  # flip((1, -1)) is a typo, not a double flip that cancels
+            dup = next(a for a in given if given.count(a) > 1)
+            raise ArgumentError(f"flip: dim {dup} appears multiple times in the list of dims {argfix(axis, *args)}")
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
