@@ -55,8 +55,8 @@ class ReduceMixin:
         torch), not dtypes.min. (A symbolic size is known only when the kernel runs: not checked.)"""
         if self.ndim == 0:
             return
-        if axis is None and 0 in self.shape:
-            raise IndexError(
+        if axis is None and 0 in self.shape:  # torch: a RuntimeError for max/min, an IndexError for argmax/argmin
+            raise (IndexError if name.startswith("arg") else ArgumentError)(
                 f"{name}(): the tensor of shape {self.shape} has no elements to reduce; specify the "
                 f"reduction dim (over the others the result is empty)"
             )

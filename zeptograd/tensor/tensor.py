@@ -87,6 +87,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                 arr = np.array(data, dtype=to_numpy_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
             except ValueError as e:
                 raise ArgumentError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
+            except OverflowError:  # torch: "Overflow when unpacking long"
+                raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of {dt}") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
                 raise ArgumentTypeError(
