@@ -199,3 +199,21 @@ def test_bool_masks_of_matching_shape_still_index():
     for index in [(Ellipsis, m), (slice(None), m2), (np.array([[1], [0]]), slice(1, None), m)]:
         tindex = tuple(Tensor(i) if isinstance(i, np.ndarray) else i for i in index)
         np.testing.assert_array_equal(Tensor(x)[tindex].numpy(), x[index])
+
+
+# ----------------------------------------------------------------------------- dtype limits as properties
+
+
+@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "bool"])
+def test_dtype_min_max_properties(name):
+    d = getattr(dtypes, name)
+    if name == "bool":
+        assert (d.min, d.max) == (False, True)
+    else:
+        info = np.iinfo(getattr(np, name))
+        assert (d.min, d.max) == (int(info.min), int(info.max))
+    assert (d.min, d.max) == (dtypes.min(d), dtypes.max(d))  # the functions stay
+
+
+def test_float_dtype_limits_are_infinities():
+    assert dtypes.float32.max == dtypes.float16.max == np.inf and dtypes.float64.min == -np.inf
