@@ -160,6 +160,8 @@ CASES = {
         lambda: torch.stack((T(2), T(2)), T(2)),
         TypeError,
     ),
+    "cat_empty_list": (lambda: Tensor.cat([]), lambda: torch.cat([]), ValueError),
+    "cat_int_among_tensors": (lambda: Tensor.stack([Z(2), 3]), lambda: torch.stack([T(2), 3]), TypeError),
     "cat_third_positional": (lambda: Tensor.cat([Z(2), Z(2)], Z(2)), lambda: torch.cat([T(2), T(2)], T(2)), TypeError),
     "linspace_bool": (
         lambda: Tensor.linspace(0, 1, 5, dtype="bool"),

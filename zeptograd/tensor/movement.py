@@ -17,15 +17,21 @@ def _tensor_list(first, args, dim: int, what: str) -> tuple[list, int]:
     """`Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` all mean [a, b]; after a sequence, one more positional
     argument is the dim (`Tensor.cat([a, b], 1)`, as torch), and a tensor there is an error, not a third tensor."""
     if not isinstance(first, (list, tuple)):
-        return [first, *args], dim
-    if not args:
-        return list(first), dim
-    if len(args) > 1 or not isinstance(args[0], (int, np.integer)) or isinstance(args[0], bool):
+        ts = [first, *args]
+    elif not args:
+        ts = list(first)
+    elif len(args) > 1 or not isinstance(args[0], (int, np.integer)) or isinstance(args[0], bool):
         raise ArgumentTypeError(
             f"{what}(tensors, dim): after the sequence of tensors only the dim may follow, an int; got "
             f"{', '.join(type(a).__name__ for a in args)}"
         )
-    return list(first), int(args[0])
+    else:
+        ts, dim = list(first), int(args[0])
+    if not ts:
+        raise ArgumentError(f"{what} needs a non-empty list of tensors")
+    if not all(isinstance(t, type(ts[0])) and hasattr(t, "uop") for t in ts):
+        raise ArgumentTypeError(f"{what} takes tensors (and dim as a keyword), got {[type(t).__name__ for t in ts]}")
+    return ts, dim
 
 
 class MovementMixin:
