@@ -208,6 +208,26 @@ CASES = {
         lambda: T(3).scatter(0, T(2, dtype=I64), T(2, dtype=I64)),
         RuntimeError,
     ),
+    # argument types and values the internals used to trip over (a TypeError from `tuple(1.5)`, a CompileError)
+    "expand_negative": (lambda: Z(1).expand(-2), lambda: T(1).expand(-2), RuntimeError),
+    "repeat_negative": (lambda: Z(2, 3).repeat(-1, 1), lambda: T(2, 3).repeat(-1, 1), RuntimeError),
+    "repeat_interleave_negative": (
+        lambda: Z(3).repeat_interleave(-1),
+        lambda: T(3).repeat_interleave(-1),
+        RuntimeError,
+    ),
+    "flatten_start_after_end": (lambda: Z(2, 3).flatten(1, 0), lambda: T(2, 3).flatten(1, 0), RuntimeError),
+    "split_negative_size": (lambda: Z(3).split([4, -1]), lambda: T(3).split([4, -1]), RuntimeError),
+    "linspace_float_steps": (lambda: Tensor.linspace(0, 1, 2.5), lambda: torch.linspace(0, 1, 2.5), TypeError),
+    "pad_str": (lambda: Z(3).pad("x"), lambda: F.pad(T(3), "x"), TypeError),
+    "slice_step_0": (lambda: Z(2, 3)[::0], lambda: T(2, 3)[::0], ValueError),
+    "slice_float": (lambda: Z(2, 3)[0.5:2], lambda: T(2, 3)[0.5:2], TypeError),
+    "split_float": (lambda: Z(2, 3).split(1.5), lambda: T(2, 3).split(1.5), TypeError),
+    "chunk_float": (lambda: Z(2, 3).chunk(1.5), lambda: T(2, 3).chunk(1.5), TypeError),
+    "roll_float": (lambda: Z(2, 3).roll(1.5, 0), lambda: T(2, 3).roll(1.5, 0), TypeError),
+    "sum_float_axis": (lambda: Z(2, 3).sum(0.5), lambda: T(2, 3).sum(0.5), TypeError),
+    "transpose_str_dim": (lambda: Z(2, 3).transpose(0, "1"), lambda: T(2, 3).transpose(0, "1"), TypeError),
+    "unfold_float_size": (lambda: Z(2, 3).unfold(0, 1.5, 1), lambda: T(2, 3).unfold(0, 1.5, 1), TypeError),
 }
 
 

@@ -161,6 +161,10 @@ class IndexMixin:
                 i += size if i < 0 else 0
                 sels.append(_DimSel(i, i + 1, False, 1, 1, True))
             elif isinstance(it, slice):
+                if any(b is not None and not isinstance(b, (int, np.integer)) for b in (it.start, it.stop, it.step)):
+                    raise ArgumentTypeError(f"slice indices must be ints or None, got {it}")
+                if it.step == 0:
+                    raise ArgumentError(f"slice step cannot be zero, got {it} for dimension {dim}")
                 start, stop, step = it.indices(size)
                 n = len(range(start, stop, step))
                 first, last = (start, start + (n - 1) * step) if n else (0, -1)

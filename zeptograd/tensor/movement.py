@@ -53,6 +53,8 @@ class MovementMixin:
         if self.ndim == 0:
             return self.reshape(1)
         s, e = self._dim(start_dim), self._dim(end_dim)
+        if s > e:
+            raise ArgumentError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} in shape {self.shape}")
         return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self: Tensor, dim: int, sizes: tuple[int, ...]) -> Tensor:
@@ -106,7 +108,10 @@ class MovementMixin:
 
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         d, n = self._dim(dim), self.shape[self._dim(dim)]
-        if isinstance(sizes, int):
+        sizes = sizes if isinstance(sizes, (int, np.integer)) else make_tuple(sizes, 1)
+        if not isinstance(sizes, (int, np.integer)) and any(s < 0 for s in sizes):
+            raise ArgumentError(f"split sizes {list(sizes)} must be non-negative")
+        if isinstance(sizes, (int, np.integer)):
             if sizes <= 0:
                 raise ArgumentError(f"split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
@@ -116,6 +121,8 @@ class MovementMixin:
         return tuple(self._slice_dim(d, o, o + s) for o, s in zip(offs, sizes))
 
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
+        if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool):
+            raise ArgumentTypeError(f"chunk needs an int number of chunks, got {type(chunks).__name__} {chunks!r}")
         if chunks <= 0:
             raise ArgumentError(f"chunk needs a positive number of chunks, got {chunks}")
         n = self.shape[self._dim(dim)]
@@ -134,6 +141,8 @@ class MovementMixin:
     # ***** repeating and rolling *****
     def repeat(self: Tensor, repeats, *args) -> Tensor:
         repeats = argfix(repeats, *args)
+        if any(not isinstance(r, (int, np.integer)) or r < 0 for r in repeats):
+            raise ArgumentError(f"repeat: repeats must be non-negative ints, got {repeats}")
         if len(repeats) < self.ndim:
             raise ArgumentError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {repeats}")
         base = (1,) * (len(repeats) - self.ndim) + self.shape
@@ -142,6 +151,8 @@ class MovementMixin:
         return x.reshape(tuple(r * s for r, s in zip(repeats, base)))
 
     def repeat_interleave(self: Tensor, repeats: int, dim: int | None = None) -> Tensor:
+        if not isinstance(repeats, (int, np.integer)) or repeats < 0:
+            raise ArgumentError(f"repeat_interleave: repeats must be a non-negative int, got {repeats!r}")
         x = self.flatten() if dim is None else self
         d = 0 if dim is None else x._dim(dim)
         x = x.unsqueeze(d + 1)
@@ -189,6 +200,8 @@ class MovementMixin:
     def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
         """torch.Tensor.unfold: windows of `size` every `step` along dim; the window is a new last dimension."""
         d = self._dim(dim)
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (size, step)):
+            raise ArgumentTypeError(f"unfold: size and step must be ints, got {size!r} and {step!r}")
         if size > self.shape[d] or size < 0 or step <= 0:
             raise ArgumentError(f"unfold: size {size} and step {step} don't fit dimension {d} of size {self.shape[d]}")
         if size == 0:  # (n - 0) // step + 1 empty windows, as torch

@@ -19,7 +19,7 @@ class ReduceMixin:
     def _axes(self: Tensor, axis) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)  # normalize_axis checks each
         return tuple(sorted({normalize_axis(a, self.ndim) for a in axes}))
 
     def _reduce(self: Tensor, op: Ops, axis=None, keepdim: bool = False) -> Tensor:

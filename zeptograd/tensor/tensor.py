@@ -409,6 +409,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         device: str | None = None,
         **kwargs,
     ) -> Tensor:
+        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
+            raise ArgumentTypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
         if steps < 0:
             raise ArgumentError(f"linspace: steps must be non-negative, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
@@ -502,6 +504,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if len(shape) < self.ndim:
             raise ArgumentError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
         src = (1,) * (len(shape) - self.ndim) + self.shape
+        lead = len(shape) - self.ndim  # new leading dims take no -1 / None: there is no size to keep
+        if any(
+            not (n is None or isinstance(n, UOp) or (isinstance(n, (int, np.integer)) and n >= (0 if i < lead else -1)))
+            for i, n in enumerate(shape)
+        ):
+            raise ArgumentError(
+                f"can't expand shape {self.shape} to {shape}: sizes are non-negative ints (-1 keeps one)"
+            )
         new = tuple(s if n in (-1, None) else n for s, n in zip(src, shape))
         if any(s != n and s != 1 for s, n in zip(src, new)):
             raise ArgumentError(f"can't expand shape {self.shape} to {shape}: only size-1 dimensions can grow")
@@ -519,6 +529,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             ]
         if len(padding) != self.ndim:
             raise ArgumentError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+        if not all(
+            p is None
+            or (isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, (int, np.integer)) for x in p))
+            for p in padding
+        ):
+            raise ArgumentTypeError(
+                f"padding {tuple(padding)} must be ints, or a (before, after) pair of ints or None per dim"
+            )
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
 
     def _pad_pairs_symbolic(self, padding) -> list:
