@@ -217,3 +217,21 @@ def test_dtype_min_max_properties(name):
 
 def test_float_dtype_limits_are_infinities():
     assert dtypes.float32.max == dtypes.float16.max == np.inf and dtypes.float64.min == -np.inf
+
+
+# ----------------------------------------------------------------------------- Python ints past the default int
+
+
+@pytest.mark.parametrize("data", [2**40, -(2**40), [2**40, 1], [[1, 2], [3, 2**33]]])
+def test_ints_past_int32_become_int64_as_torch(data):
+    got, want = Tensor(data), torch.tensor(data)
+    assert got.dtype == dtypes.int64 and want.dtype == torch.int64
+    np.testing.assert_array_equal(got.numpy(), want.numpy())  # was a silent wraparound to 0
+
+
+@pytest.mark.parametrize("data", [2**70, [2**70]])
+def test_ints_past_int64_are_an_error(data):
+    with pytest.raises(ValueError):
+        torch.tensor(data)
+    with pytest.raises(RuntimeError, match="out of the range of dtypes.long"):
+        Tensor(data)

@@ -77,18 +77,25 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if isinstance(data, PY_CONST) and not isinstance(data, np.ndarray):
             if dt is None:
                 dt = from_numpy_dtype(np.asarray(data).dtype) if isinstance(data, np.generic) else dtypes.from_py(data)
+                if isinstance(data, int) and dtypes.is_int(dt) and not dt.min <= data <= dt.max:
+                    dt = _wide_int(data)  # as torch's int64, not a silent wraparound of the default int
             if not requires_grad:
                 self.uop = const_broadcast(data, dt, device, ())
                 return
             data = np.asarray(data)  # a constant that requires grad gets its own buffer: constants are interned
         if isinstance(data, (list, tuple)):
-            dt = dt or (dtypes.from_py(data) if len(data) else dtypes.default_float)
+            inferred, dt = dt is None, dt or (dtypes.from_py(data) if len(data) else dtypes.default_float)
             try:
                 arr = np.array(data, dtype=to_numpy_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
             except ValueError as e:
                 raise ArgumentError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
             except OverflowError:  # torch: "Overflow when unpacking long"
-                raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of {dt}") from None
+                if not (inferred and dtypes.is_int(dt)):
+                    raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of {dt}") from None
+                try:  # ints past the default int: int64, as torch
+                    dt, arr = dtypes.int64, np.array(data, dtype=np.int64)
+                except OverflowError:
+                    raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of dtypes.long") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
                 raise ArgumentTypeError(
@@ -699,6 +706,12 @@ def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
 
 
 # ***** graph leaves and assign helpers *****
+
+
+def _wide_int(value: int) -> DType:
+    if not dtypes.int64.min <= value <= dtypes.int64.max:
+        raise ArgumentError(f"the int {value} is out of the range of dtypes.long (torch: Overflow when unpacking long)")
+    return dtypes.int64
 
 
 def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
