@@ -528,6 +528,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def _pad_pairs(self, padding) -> list[tuple[int, int]]:
         if any(isinstance(x, UOp) for p in padding for x in (p if isinstance(p, (tuple, list)) else (p,))):
             return self._pad_pairs_symbolic(padding)
+        if all(isinstance(p, (int, float, np.number)) for p in padding) and not all(
+            isinstance(p, (int, np.integer)) for p in padding
+        ):
+            raise ArgumentTypeError(f"flat padding {tuple(padding)} must be ints")
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ArgumentError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
