@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes, to_numpy_dtype
-from zeptograd.helpers import ArgumentError, cache_dir
+from zeptograd.helpers import ArgumentError, ArgumentTypeError, cache_dir
 
 
 class GlobalCounters:
@@ -231,18 +231,37 @@ _BACKENDS = {
 }
 
 
+_COMPILERS = {"CPU": ("LLVM", "C")}  # the kinds whose compiler a name can choose (plain CPU is LLVM or CPU_LLVM=0's C)
+_INDEXED = ("CL", "CUDA")  # the kinds with several devices today; the others have only index 0
+DEVICE_GRAMMAR = "KIND[:INDEX][:COMPILER]"
+
+
 class _Device:
     def __init__(self):
         self._opened: dict[str, CompiledDevice] = {}
 
     def canonicalize(self, device: str | None) -> str:
+        """A device name in its one spelling. The grammar is KIND[:INDEX][:COMPILER]: an integer field is a device
+        index (index 0 is the kind itself: `CPU:0` is `CPU`, `CL:0` is `CL`), a name selects the compiler (`CPU:C`,
+        `CPU:LLVM`, `CPU:0:C`). CL and CUDA number their devices; CPU, PYTHON and NULL have only index 0 for now."""
         if device is None:
             return self.DEFAULT
-        d = device.upper()
-        base = d.split(":")[0]
-        if base not in _BACKENDS:
+        if not isinstance(device, str):
+            raise ArgumentTypeError(f"a device is a string like 'CPU' or 'CL:1', got {type(device).__name__}")
+        kind, *fields = device.upper().split(":")
+        if kind not in _BACKENDS:
             raise ArgumentError(f"unknown device {device!r}; available: {', '.join(sorted(_BACKENDS))}")
-        return d
+        index = int(fields.pop(0)) if fields and fields[0].isdigit() else 0
+        compiler = fields.pop(0) if fields else ""
+        compilers = _COMPILERS.get(kind, ())
+        if fields or (compiler and compiler not in compilers):
+            choice = f"{kind}'s compilers are {', '.join(compilers)}" if compilers else f"{kind} has no compiler choice"
+            raise ArgumentError(f"device {device!r} doesn't follow {DEVICE_GRAMMAR}: {choice}")
+        if index and kind not in _INDEXED:
+            raise ArgumentError(
+                f"device {device!r}: {kind} has only device index 0 ({DEVICE_GRAMMAR}: {kind} and {kind}:0 name it)"
+            )
+        return kind + (f":{index}" if index else "") + (f":{compiler}" if compiler else "")
 
     def __getitem__(self, device: str) -> CompiledDevice:
         device = self.canonicalize(device)

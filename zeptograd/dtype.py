@@ -45,6 +45,16 @@ class DType:
     def nbytes_scalar(self) -> int:
         return self.scalar.itemsize
 
+    @property
+    def min(self):
+        """The smallest value (-inf for floats), as tinygrad's `dtypes.int8.min`; the same as `dtypes.min(d)`."""
+        return dtypes.min(self)
+
+    @property
+    def max(self):
+        """The largest value (inf for floats), as tinygrad's `dtypes.uint8.max`; the same as `dtypes.max(d)`."""
+        return dtypes.max(self)
+
     def __repr__(self):
         return f"dtypes.{self.name}"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 
 import numpy as np
 import pytest
@@ -45,8 +46,55 @@ def test_names():
     assert Device.canonicalize("cpu:llvm") == "CPU:LLVM"
     with pytest.raises(ValueError, match="unknown device"):
         Device.canonicalize("NOPE")
-    with pytest.raises(ValueError, match="unknown CPU backend"):
+    with pytest.raises(ValueError, match=r"'CPU:FORTRAN' doesn't follow KIND\[:INDEX\]\[:COMPILER\]: CPU's compilers"):
         Device["CPU:FORTRAN"]
+
+
+@pytest.mark.parametrize(
+    "name, canonical",
+    [
+        ("cpu", "CPU"),
+        ("CPU:0", "CPU"),
+        ("cpu:0:c", "CPU:C"),
+        ("CPU:C", "CPU:C"),
+        ("CPU:0:LLVM", "CPU:LLVM"),
+        ("python:0", "PYTHON"),
+        ("NULL:0", "NULL"),
+        ("CL:0", "CL"),
+        ("CL:1", "CL:1"),
+        ("cuda:2", "CUDA:2"),
+    ],
+)
+def test_device_grammar_kind_index_compiler(name, canonical):
+    """KIND[:INDEX][:COMPILER]: an integer field is the device index (0 is the kind itself), a name the compiler."""
+    assert Device.canonicalize(name) == canonical
+
+
+def test_device_index_zero_is_the_same_device():
+    a, b = Tensor([1.0, 2.0], device="CPU:0"), Tensor([3.0, 4.0], device="CPU")
+    assert a.device == b.device == "CPU" and (a + b).tolist() == [4.0, 6.0]  # one device: no cross-device error
+    assert Device["CPU:0:C"] is Device["CPU:C"]
+    assert Tensor([1.0, 2.0], device="CPU:0:C").sum().item() == 3.0
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("CPU:1", r"device 'CPU:1': CPU has only device index 0 \(KIND\[:INDEX\]\[:COMPILER\]"),
+        ("PYTHON:2", r"PYTHON has only device index 0"),
+        ("CPU:C:LLVM", r"'CPU:C:LLVM' doesn't follow KIND\[:INDEX\]\[:COMPILER\]"),
+        ("CPU:LLVM:0", r"'CPU:LLVM:0' doesn't follow"),  # the index comes before the compiler
+        ("PYTHON:C", r"PYTHON has no compiler choice"),
+        ("CL:LLVM", r"CL has no compiler choice"),
+        ("GPU:0", r"unknown device 'GPU:0'"),
+    ],
+)
+def test_device_grammar_errors_name_the_value(name, message):
+    with pytest.raises(RuntimeError, match=message) as info:
+        Tensor([1.0], device=name)
+    assert isinstance(info.value, ValueError)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert not any("/runtime/" in f.filename for f in frames), "raised from the backend, not at the call"
 
 
 def test_import_does_not_load_llvmlite():

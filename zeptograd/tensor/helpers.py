@@ -6,7 +6,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zeptograd.helpers import ArgumentError, argsort, ceildiv, flatten, prod  # noqa: F401  (re-exported for the Tensor modules)
+from zeptograd.helpers import (  # noqa: F401  (re-exported for the Tensor modules)
+    ArgumentError,
+    ArgumentTypeError,
+    argsort,
+    ceildiv,
+    flatten,
+    prod,
+)
 
 ConstType = float | int | bool
 PY_CONST = (bool, int, float, np.bool_, np.integer, np.floating)
@@ -14,7 +21,9 @@ PY_CONST = (bool, int, float, np.bool_, np.integer, np.floating)
 
 def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
     lo, hi = (-ndim, ndim - 1) if ndim > 0 else (-1, 0)
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not lo <= axis <= hi:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise ArgumentTypeError(f"{what} must be an int, got {type(axis).__name__} {axis!r}")
+    if not lo <= axis <= hi:
         raise IndexError(f"{what} {axis} is out of range for a tensor of {ndim} dimension(s) (expected {lo}..{hi})")
     return int(axis) + ndim if axis < 0 else int(axis)
 
@@ -52,7 +61,11 @@ def argfix(x: Any, *args: Any) -> tuple:
 
 
 def make_tuple(x: int | Sequence[int], n: int) -> tuple[int, ...]:
-    return (x,) * n if isinstance(x, int) else tuple(x)
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return (int(x),) * n
+    if not isinstance(x, (tuple, list)) or not all(isinstance(v, (int, np.integer)) for v in x):
+        raise ArgumentTypeError(f"expected an int or a sequence of ints, got {type(x).__name__} {x!r}")
+    return tuple(int(v) for v in x)
 
 
 def resolve_pool_pads(padding: int | Sequence[int], dims: int) -> list[int]:

@@ -75,7 +75,7 @@ class IndexMixin:
         items = list(indices) if isinstance(indices, tuple) else [indices]
         T = type(self)
         for i, it in enumerate(items):
-            if isinstance(it, (list, np.ndarray)):
+            if isinstance(it, (list, tuple, np.ndarray)):  # a tuple inside the index is a list, as numpy and torch
                 items[i] = T(np.asarray(it), device=self.device)
             elif isinstance(it, bool):
                 raise ArgumentTypeError("indexing with a Python bool is not supported")
@@ -88,6 +88,7 @@ class IndexMixin:
             elif not isinstance(it, (int, np.integer, slice, T)) and it is not None and it is not Ellipsis:
                 raise ArgumentTypeError(f"can't index a tensor with {type(it).__name__} {it!r}")
         from_masks: set[int] = set()  # ids of the coordinates of bool masks: in range by construction
+        self._check_mask_shapes(items)
         for i in range(len(items) - 1, -1, -1):  # a bool mask indexes as many dims as it has: its nonzero coords
             it = items[i]
             if isinstance(it, T) and it.dtype == dtypes.bool:
@@ -112,6 +113,25 @@ class IndexMixin:
                 check_index_bounds(it, self.shape[dim], dim, wrap=True)
             dim += it is not None
         return items
+
+    def _check_mask_shapes(self: Tensor, items: list) -> None:
+        """A bool mask must match the dims it indexes (as torch): a shorter one would select from their start."""
+        T = type(self)
+        consumed = [
+            0 if it is None or it is Ellipsis else it.ndim if isinstance(it, T) and it.dtype == dtypes.bool else 1
+            for it in items
+        ]
+        e = next((i for i, it in enumerate(items) if it is Ellipsis), None)
+        for i, it in enumerate(items):
+            if not (isinstance(it, T) and it.dtype == dtypes.bool and it.ndim):
+                continue
+            dim = sum(consumed[:i]) if e is None or i < e else self.ndim - sum(consumed[i:])
+            for j, s in enumerate(it.shape):
+                if 0 <= dim + j < self.ndim and s != self.shape[dim + j]:
+                    raise IndexError(
+                        f"The shape of the mask {list(it.shape)} at index {j} does not match the shape of the "
+                        f"indexed tensor {list(self.shape)} at index {dim + j}"
+                    )
 
     def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:
         """One _DimSel per input dim (tensor indices keep their dim whole), and the shape after basic indexing."""
@@ -141,10 +161,14 @@ class IndexMixin:
                 i += size if i < 0 else 0
                 sels.append(_DimSel(i, i + 1, False, 1, 1, True))
             elif isinstance(it, slice):
+                if any(b is not None and not isinstance(b, (int, np.integer)) for b in (it.start, it.stop, it.step)):
+                    raise ArgumentTypeError(f"slice indices must be ints or None, got {it}")
+                if it.step == 0:
+                    raise ArgumentError(f"slice step cannot be zero, got {it} for dimension {dim}")
                 start, stop, step = it.indices(size)
                 n = len(range(start, stop, step))
                 first, last = (start, start + (n - 1) * step) if n else (0, -1)
-                lo, hi = (first, last + 1) if step > 0 else (last, first + 1)
+                lo, hi = (first, last + 1) if step > 0 or not n else (last, first + 1)  # empty: [0, 0), as numpy
                 sels.append(_DimSel(lo, max(lo, hi), step < 0, abs(step), n, False))
                 out_shape.append(n)
             else:  # a tensor index: basic indexing keeps the dim whole
@@ -194,7 +218,13 @@ class IndexMixin:
         """Select with integer tensors at dims adv=[(dim, index)]: their broadcast shape replaces those dims (in
         place if they are adjacent, else in front), as numpy and torch."""
         dims = [d for d, _ in adv]
-        bshape = broadcast_shape(*[t.shape for _, t in adv])
+        shapes = [t.shape for _, t in adv]
+        try:
+            bshape = broadcast_shape(*shapes)
+        except ArgumentError:  # torch's and numpy's type for index tensors that don't broadcast
+            raise IndexError(
+                f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+            ) from None
         rest = [d for d in range(self.ndim) if d not in dims]
         sizes = [self.shape[d] for d in dims]
         x = self.permute(*rest, *dims).reshape(*[self.shape[d] for d in rest], *[1] * len(bshape), *sizes)
@@ -261,6 +291,8 @@ class IndexMixin:
             raise ArgumentError(f"scatter: index shape {index.shape} must fit src {src.shape} and self {self.shape}")
         if not dtypes.is_int(index.dtype):
             raise IndexError(f"scatter needs an integer index tensor, got {index.dtype}")
+        if src.dtype != self.dtype:  # as torch: a float source silently rounded into a half tensor hides a mistake
+            raise ArgumentError(f"scatter(): Expected self.dtype {self.dtype} to be equal to src.dtype {src.dtype}")
         check_index_bounds(index, self.shape[d], d, wrap=False, what="scatter: ")
         src = src.cast(self.dtype).shrink(tuple((0, s) for s in index.shape))
         src = src.unsqueeze(-1).expand(*src.shape, self.shape[d]).transpose(-1, d)
@@ -281,6 +313,8 @@ class IndexMixin:
     def scatter_reduce(
         self: Tensor, dim: int, index: Tensor, src: Tensor, reduce: str, include_self: bool = True
     ) -> Tensor:
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ArgumentError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
         src, mask = self._pre_scatter(dim, index, src)
         hit = mask.any(-1)
 
@@ -295,16 +329,11 @@ class IndexMixin:
             return mask.where(src, dtypes.min(self.dtype)).max(-1).maximum(base(dtypes.min(self.dtype)))
         if reduce == "amin":
             return mask.where(src, dtypes.max(self.dtype)).min(-1).minimum(base(dtypes.max(self.dtype)))
-        if reduce == "mean":
-            count = mask.sum(-1) + (1 if include_self else hit.logical_not())
-            total = mask.where(src, 0).sum(-1) + base(0)
-            out = total / count
-            return (
-                out.cast(self.dtype)
-                if dtypes.is_float(self.dtype)
-                else total.div(count, rounding_mode="floor").cast(self.dtype)
-            )
-        raise ArgumentError(f"scatter_reduce reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        count = mask.sum(-1) + (1 if include_self else hit.logical_not())  # mean
+        total = mask.where(src, 0).sum(-1) + base(0)
+        if dtypes.is_float(self.dtype):
+            return (total / count).cast(self.dtype)
+        return total.div(count, rounding_mode="floor").cast(self.dtype)
 
     # ***** masks *****
     def masked_fill(self: Tensor, mask: Tensor, value) -> Tensor:

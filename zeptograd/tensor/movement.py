@@ -4,16 +4,34 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from zeptograd.helpers import ArgumentError
+import numpy as np
+
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, ceildiv, flatten, make_tuple, normalize_axis, prod
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
-def _tensor_list(first, args) -> list:
-    """`Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` all mean [a, b]."""
-    return [*first, *args] if isinstance(first, (list, tuple)) else [first, *args]
+def _tensor_list(first, args, dim: int, what: str) -> tuple[list, int]:
+    """`Tensor.cat(a, b)`, `a.cat(b)` and `Tensor.cat([a, b])` all mean [a, b]; after a sequence, one more positional
+    argument is the dim (`Tensor.cat([a, b], 1)`, as torch), and a tensor there is an error, not a third tensor."""
+    if not isinstance(first, (list, tuple)):
+        ts = [first, *args]
+    elif not args:
+        ts = list(first)
+    elif len(args) > 1 or not isinstance(args[0], (int, np.integer)) or isinstance(args[0], bool):
+        raise ArgumentTypeError(
+            f"{what}(tensors, dim): after the sequence of tensors only the dim may follow, an int; got "
+            f"{', '.join(type(a).__name__ for a in args)}"
+        )
+    else:
+        ts, dim = list(first), int(args[0])
+    if not ts:
+        raise ArgumentError(f"{what} needs a non-empty list of tensors")
+    if not all(isinstance(t, type(ts[0])) and hasattr(t, "uop") for t in ts):
+        raise ArgumentTypeError(f"{what} takes tensors (and dim as a keyword), got {[type(t).__name__ for t in ts]}")
+    return ts, dim
 
 
 class MovementMixin:
@@ -24,7 +42,7 @@ class MovementMixin:
 
     def squeeze(self: Tensor, dim: int | Sequence[int] | None = None) -> Tensor:
         dims = range(self.ndim) if dim is None else [self._dim(d) for d in argfix(dim)]
-        drop = {d for d in dims if self.shape[d] == 1}
+        drop = {d for d in dims if self.ndim and self.shape[d] == 1}  # a 0-d tensor takes dim 0 or -1 and stays
         return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in drop))
 
     def unsqueeze(self: Tensor, dim: int) -> Tensor:
@@ -35,6 +53,8 @@ class MovementMixin:
         if self.ndim == 0:
             return self.reshape(1)
         s, e = self._dim(start_dim), self._dim(end_dim)
+        if s > e:
+            raise ArgumentError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim} in shape {self.shape}")
         return self.reshape(self.shape[:s] + (prod(self.shape[s : e + 1]),) + self.shape[e + 1 :])
 
     def unflatten(self: Tensor, dim: int, sizes: tuple[int, ...]) -> Tensor:
@@ -64,7 +84,7 @@ class MovementMixin:
 
     # ***** joining and splitting *****
     def cat(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-        ts = _tensor_list(self, args)
+        ts, dim = _tensor_list(self, args, dim, "cat")
         if any(t.ndim == 0 for t in ts):
             raise ArgumentError("zero-dimensional tensors cannot be concatenated")
         d = normalize_axis(dim, ts[0].ndim, "dim")
@@ -82,13 +102,16 @@ class MovementMixin:
         return ret
 
     def stack(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:
-        ts = _tensor_list(self, args)
+        ts, dim = _tensor_list(self, args, dim, "stack")
         d = normalize_axis(dim, ts[0].ndim + 1, "dim")
         return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
     def split(self: Tensor, sizes: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
         d, n = self._dim(dim), self.shape[self._dim(dim)]
-        if isinstance(sizes, int):
+        sizes = sizes if isinstance(sizes, (int, np.integer)) else make_tuple(sizes, 1)
+        if not isinstance(sizes, (int, np.integer)) and any(s < 0 for s in sizes):
+            raise ArgumentError(f"split sizes {list(sizes)} must be non-negative")
+        if isinstance(sizes, (int, np.integer)):
             if sizes <= 0:
                 raise ArgumentError(f"split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] or [0]
@@ -98,6 +121,8 @@ class MovementMixin:
         return tuple(self._slice_dim(d, o, o + s) for o, s in zip(offs, sizes))
 
     def chunk(self: Tensor, chunks: int, dim: int = 0) -> list[Tensor]:
+        if not isinstance(chunks, (int, np.integer)) or isinstance(chunks, bool):
+            raise ArgumentTypeError(f"chunk needs an int number of chunks, got {type(chunks).__name__} {chunks!r}")
         if chunks <= 0:
             raise ArgumentError(f"chunk needs a positive number of chunks, got {chunks}")
         n = self.shape[self._dim(dim)]
@@ -106,7 +131,7 @@ class MovementMixin:
     def meshgrid(self: Tensor, *args: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
         if indexing not in ("ij", "xy"):
             raise ArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
-        ts = [t.flatten() for t in _tensor_list(self, args)]
+        ts = [t.flatten() for t in _tensor_list(self, args, 0, "meshgrid")[0]]
         shape = tuple(t.numel() for t in ts)
         grids = [t.reshape(tuple(-1 if i == j else 1 for j in range(len(ts)))).expand(shape) for i, t in enumerate(ts)]
         if indexing == "xy" and len(ts) >= 2:  # the first two dims swap places
@@ -116,6 +141,8 @@ class MovementMixin:
     # ***** repeating and rolling *****
     def repeat(self: Tensor, repeats, *args) -> Tensor:
         repeats = argfix(repeats, *args)
+        if any(not isinstance(r, (int, np.integer)) or r < 0 for r in repeats):
+            raise ArgumentError(f"repeat: repeats must be non-negative ints, got {repeats}")
         if len(repeats) < self.ndim:
             raise ArgumentError(f"repeat needs at least {self.ndim} repeats for shape {self.shape}, got {repeats}")
         base = (1,) * (len(repeats) - self.ndim) + self.shape
@@ -124,6 +151,8 @@ class MovementMixin:
         return x.reshape(tuple(r * s for r, s in zip(repeats, base)))
 
     def repeat_interleave(self: Tensor, repeats: int, dim: int | None = None) -> Tensor:
+        if not isinstance(repeats, (int, np.integer)) or repeats < 0:
+            raise ArgumentError(f"repeat_interleave: repeats must be a non-negative int, got {repeats!r}")
         x = self.flatten() if dim is None else self
         d = 0 if dim is None else x._dim(dim)
         x = x.unsqueeze(d + 1)
@@ -131,7 +160,11 @@ class MovementMixin:
 
     def roll(self: Tensor, shifts: int | tuple[int, ...], dims: int | tuple[int, ...] | None = None) -> Tensor:
         if dims is None:
-            return self.flatten().roll(shifts, 0).reshape(self.shape)
+            if len(make_tuple(shifts, 1)) != 1:
+                raise ArgumentError(f"roll: without dims, shifts must be one int, got {shifts}")
+            return self.flatten().roll(make_tuple(shifts, 1)[0], 0).reshape(self.shape)
+        if len(make_tuple(shifts, 1)) != len(make_tuple(dims, 1)):
+            raise ArgumentError(f"roll: shifts {shifts} and dims {dims} must have the same length")
         x = self
         for shift, dim in zip(make_tuple(shifts, 1), make_tuple(dims, 1)):
             d = x._dim(dim)
@@ -151,8 +184,9 @@ class MovementMixin:
             if d * (k - 1) + 1 > i:
                 raise ArgumentError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
         o_ = [ceildiv(i - d * (k - 1), s) for i, d, k, s in zip(i_, d_, k_, s_)]
-        # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim
-        f_ = [1 + int(o * s > i - d * (k - 1)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
+        # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim;
+        # a row (i*f+d long) holds the o*s positions the stride walks, however far the stride exceeds the input
+        f_ = [max(1 + int(o * s > i - d * (k - 1)), ceildiv(o * s - d, i)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
         x = self.repeat([1] * len(noop) + [ceildiv(k * (i * f + d), i) for k, i, d, f in zip(k_, i_, d_, f_)])
         x = x.shrink(tuple(noop + [(0, k * (i * f + d)) for k, i, d, f in zip(k_, i_, d_, f_)]))
         x = x.reshape(noop + flatten((k, i * f + d) for k, i, d, f in zip(k_, i_, d_, f_)))
@@ -166,8 +200,12 @@ class MovementMixin:
     def unfold(self: Tensor, dim: int, size: int, step: int) -> Tensor:
         """torch.Tensor.unfold: windows of `size` every `step` along dim; the window is a new last dimension."""
         d = self._dim(dim)
-        if size > self.shape[d] or size <= 0 or step <= 0:
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in (size, step)):
+            raise ArgumentTypeError(f"unfold: size and step must be ints, got {size!r} and {step!r}")
+        if size > self.shape[d] or size < 0 or step <= 0:
             raise ArgumentError(f"unfold: size {size} and step {step} don't fit dimension {d} of size {self.shape[d]}")
+        if size == 0:  # (n - 0) // step + 1 empty windows, as torch
+            return self._slice_dim(d, 0, 0).reshape(*self.shape[:d], self.shape[d] // step + 1, *self.shape[d + 1 :], 0)
         others = [i for i in range(self.ndim) if i != d]
         x = self.permute(*others, d)._pool((size,), step)  # (*others, windows, size)
         order = list(range(len(others)))

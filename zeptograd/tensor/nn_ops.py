@@ -416,6 +416,16 @@ class NNMixin:
         y = Y.unsqueeze(0) if self.ndim == 1 else Y
         c = x.shape[1]
         keep = None
+        if y.ndim == x.ndim and (y.shape != x.shape or not dtypes.is_float(y.dtype)):  # a typo, not broadcasting
+            raise ArgumentError(
+                f"cross_entropy: a target of class probabilities is a float tensor of the input's shape {self.shape}; "
+                f"class indices are an integer tensor of shape {x.shape[:1] + x.shape[2:]}; got {Y.dtype} {Y.shape}"
+            )
+        if y.ndim < x.ndim and y.shape != x.shape[:1] + x.shape[2:]:
+            raise ArgumentError(
+                f"cross_entropy: class indices for input of shape {self.shape} need shape "
+                f"{(x.shape[:1] + x.shape[2:]) if self.ndim > 1 else ()}, got {Y.shape}"
+            )
         if y.ndim < x.ndim:
             if check_label_bounds(Y, c, ignore_index, "cross_entropy"):
                 keep = y != ignore_index

@@ -34,7 +34,7 @@ class ReduceMixin:
     def _axes(self: Tensor, axis) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
-        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)  # normalize_axis checks each
         return tuple(sorted({normalize_axis(a, self.ndim) for a in axes}))
 
     def _reduce(self: Tensor, op: Ops, axis=None, keepdim: bool = False) -> Tensor:
@@ -70,8 +70,8 @@ class ReduceMixin:
         torch), not dtypes.min. (A symbolic size is known only when the kernel runs: not checked.)"""
         if self.ndim == 0:
             return
-        if axis is None and 0 in self.shape:
-            raise IndexError(
+        if axis is None and 0 in self.shape:  # torch: a RuntimeError for max/min, an IndexError for argmax/argmin
+            raise (IndexError if name.startswith("arg") else ArgumentError)(
                 f"{name}(): the tensor of shape {self.shape} has no elements to reduce; specify the "
                 f"reduction dim (over the others the result is empty)"
             )
@@ -159,9 +159,9 @@ class ReduceMixin:
         return mask.where(x.unsqueeze(-2).expand(*x.shape[:-1], n, n), identity), mask
 
     def _scan(self: Tensor, axis: int, op: Ops, dtype=None) -> Tensor:
+        d = normalize_axis(axis, self.ndim)  # a 0-d tensor takes axis 0 or -1 (as torch), not any axis
         if self.ndim == 0:
             return self.cast(dtype or self.dtype)
-        d = normalize_axis(axis, self.ndim)
         x = self.cast(dtype or self.dtype)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
         windows, _ = x._scan_windows(d, identity)
@@ -182,7 +182,8 @@ class ReduceMixin:
         windows, mask = self._scan_windows(d, dtypes.min(self.dtype))
         n = windows.shape[-1]
         hit = mask & (windows == values.transpose(d, -1).unsqueeze(-1))
-        idx = hit.where(type(self).arange(n, dtype=dtypes.int64, device=self.device), -1).max(-1)
+        # _max: over an empty scanned dim the windows are (..., 0, 0) and the result is empty, not an error
+        idx = hit.where(type(self).arange(n, dtype=dtypes.int64, device=self.device), -1)._max(-1)
         return values, idx.transpose(d, -1)
 
     def cummin(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
@@ -190,9 +191,9 @@ class ReduceMixin:
         return values._inverse(), idx
 
     def logcumsumexp(self: Tensor, axis: int = 0) -> Tensor:
+        d = normalize_axis(axis, self.ndim)
         if self.ndim == 0:
             return self._float()
-        d = normalize_axis(axis, self.ndim)
         x = self._float()
         cm = x.cummax(d)[0].transpose(d, -1).unsqueeze(-1)
         cm = cm.isinf().where(0, cm).detach()

@@ -77,16 +77,25 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if isinstance(data, PY_CONST) and not isinstance(data, np.ndarray):
             if dt is None:
                 dt = from_numpy_dtype(np.asarray(data).dtype) if isinstance(data, np.generic) else dtypes.from_py(data)
+                if isinstance(data, int) and dtypes.is_int(dt) and not dt.min <= data <= dt.max:
+                    dt = _wide_int(data)  # as torch's int64, not a silent wraparound of the default int
             if not requires_grad:
                 self.uop = const_broadcast(data, dt, device, ())
                 return
             data = np.asarray(data)  # a constant that requires grad gets its own buffer: constants are interned
         if isinstance(data, (list, tuple)):
-            dt = dt or (dtypes.from_py(data) if len(data) else dtypes.default_float)
+            inferred, dt = dt is None, dt or (dtypes.from_py(data) if len(data) else dtypes.default_float)
             try:
                 arr = np.array(data, dtype=to_numpy_dtype(dt) if dt != dtypes.bfloat16 else np.float32)
             except ValueError as e:
                 raise ArgumentError(f"can't make a tensor from a ragged or mixed nested list: {e}") from None
+            except OverflowError:  # torch: "Overflow when unpacking long"
+                if not (inferred and dtypes.is_int(dt)):
+                    raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of {dt}") from None
+                try:  # ints past the default int: int64, as torch
+                    dt, arr = dtypes.int64, np.array(data, dtype=np.int64)
+                except OverflowError:
+                    raise ArgumentError(f"a value in {str(data)[:80]} is out of the range of dtypes.long") from None
         elif isinstance(data, np.ndarray):
             if data.dtype == object or data.dtype.kind in "cUSVOMm":
                 raise ArgumentTypeError(
@@ -407,9 +416,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         device: str | None = None,
         **kwargs,
     ) -> Tensor:
+        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
+            raise ArgumentTypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
         if steps < 0:
             raise ArgumentError(f"linspace: steps must be non-negative, got {steps}")
         dt = to_dtype(dtype or dtypes.default_float)
+        if dt == dtypes.bool:
+            raise ArgumentError("linspace is not implemented for dtype bool (as torch): use an int or float dtype")
         if steps == 1:
             return Tensor.full((1,), start, dtype=dt, device=device, **kwargs)
         step = (stop - start) / max(steps - 1, 1)
@@ -498,6 +511,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if len(shape) < self.ndim:
             raise ArgumentError(f"can't expand shape {self.shape} to {shape}: fewer dimensions")
         src = (1,) * (len(shape) - self.ndim) + self.shape
+        lead = len(shape) - self.ndim  # new leading dims take no -1 / None: there is no size to keep
+        if any(
+            not (n is None or isinstance(n, UOp) or (isinstance(n, (int, np.integer)) and n >= (0 if i < lead else -1)))
+            for i, n in enumerate(shape)
+        ):
+            raise ArgumentError(
+                f"can't expand shape {self.shape} to {shape}: sizes are non-negative ints (-1 keeps one)"
+            )
         new = tuple(s if n in (-1, None) else n for s, n in zip(src, shape))
         if any(s != n and s != 1 for s, n in zip(src, new)):
             raise ArgumentError(f"can't expand shape {self.shape} to {shape}: only size-1 dimensions can grow")
@@ -507,6 +528,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def _pad_pairs(self, padding) -> list[tuple[int, int]]:
         if any(isinstance(x, UOp) for p in padding for x in (p if isinstance(p, (tuple, list)) else (p,))):
             return self._pad_pairs_symbolic(padding)
+        if all(isinstance(p, (int, float, np.number)) for p in padding) and not all(
+            isinstance(p, (int, np.integer)) for p in padding
+        ):
+            raise ArgumentTypeError(f"flat padding {tuple(padding)} must be ints")
         if all(isinstance(p, (int, np.integer)) for p in padding):
             if len(padding) % 2 or len(padding) // 2 > self.ndim:
                 raise ArgumentError(f"flat padding {tuple(padding)} must have an even length <= 2*{self.ndim}")
@@ -515,6 +540,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             ]
         if len(padding) != self.ndim:
             raise ArgumentError(f"padding {tuple(padding)} must have one entry per dimension of {self.shape}")
+        if not all(
+            p is None
+            or (isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, (int, np.integer)) for x in p))
+            for p in padding
+        ):
+            raise ArgumentTypeError(
+                f"padding {tuple(padding)} must be ints, or a (before, after) pair of ints or None per dim"
+            )
         return [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
 
     def _pad_pairs_symbolic(self, padding) -> list:
@@ -544,8 +577,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                     f"{tuple(pairs)} on {self.shape}"
                 )
         elif any(b < 0 or a < 0 for b, a in pairs):  # negative padding crops
-            x = self.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
-            return x.pad(tuple((max(b, 0), max(a, 0)) for b, a in pairs), mode=mode, value=value)
+            return self._pad_negative(pairs, mode, value)
         if mode != "constant":
             return self._pad_mode(pairs, mode)
         arg = tuple(pairs)
@@ -556,6 +588,29 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             return x
         mask = Tensor.ones(*self.shape, dtype=dtypes.bool, device=self.device).pad(arg)
         return mask.where(x, value)
+
+    def _pad_negative(self, pairs: list[tuple[int, int]], mode: str, value: ConstType) -> Tensor:
+        """Padding with negative amounts, as torch: reflect and replicate pad the original (its edges, its
+        reflection) and then crop; constant and circular crop first, and circular wraps around what is left."""
+        for d, ((b, a), n) in enumerate(zip(pairs, self.shape)):
+            least = 1 if mode in ("reflect", "replicate") and (b, a) != (0, 0) else 0
+            if n + b + a < least or (mode in ("constant", "circular") and n + min(b, 0) + min(a, 0) < 0):
+                raise ArgumentError(
+                    f"{mode} padding ({b}, {a}) leaves dimension {d} of size {n} with size {n + b + a}: "
+                    f"the negative amounts crop more than there is"
+                )
+            left = n + min(b, 0) + min(a, 0)
+            if mode == "circular" and max(b, a) > left:  # torch reads uninitialized memory or fails here
+                raise ArgumentError(
+                    f"circular padding ({b}, {a}) of dimension {d} (size {n}) wraps around more than once: the "
+                    f"negative amount leaves {left} element(s) to wrap around"
+                )
+        crop = tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape))
+        grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+        if mode in ("reflect", "replicate"):
+            x = self.pad(grow, mode=mode)
+            return x.shrink(tuple((lo, x.shape[d] - (s - hi)) for d, ((lo, hi), s) in enumerate(zip(crop, self.shape))))
+        return self.shrink(crop).pad(grow, mode=mode, value=value)
 
     def _pad_mode(self, pairs: list[tuple[int, int]], mode: str) -> Tensor:
         x = self
@@ -602,7 +657,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self._new(UOp(Ops.SHRINK, self.dtype, (self.uop,), norm))
 
     def flip(self, axis, *args) -> Tensor:
-        axes = {normalize_axis(a, self.ndim) for a in argfix(axis, *args)}
+        given = [normalize_axis(a, self.ndim) for a in argfix(axis, *args)]
+        axes = set(given)
+        if len(axes) != len(given):  # flip((1, -1)) is a typo, not a double flip that cancels
+            dup = next(a for a in given if given.count(a) > 1)
+            raise ArgumentError(f"flip: dim {dup} appears multiple times in the list of dims {argfix(axis, *args)}")
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
@@ -651,6 +710,12 @@ def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
 
 
 # ***** graph leaves and assign helpers *****
+
+
+def _wide_int(value: int) -> DType:
+    if not dtypes.int64.min <= value <= dtypes.int64.max:
+        raise ArgumentError(f"the int {value} is out of the range of dtypes.long (torch: Overflow when unpacking long)")
+    return dtypes.int64
 
 
 def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
