@@ -49,8 +49,8 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
         from zeptograd.codegen.transcendental import pm_transcendental  # imported when a kernel needs it
 
         sink = graph_rewrite(sink, pm_transcendental)  # vector exp2/log2/sin -> polynomials, 16 lanes wide
-    sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
+    sink = graph_rewrite(sink, pm_lower)  # bf16 math (the accumulators' too) in float32, int division made total
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
     uops = linearize(sink)  # loops explicit, invariant work hoisted before them
     # a buffer whose loads were simplified away stays a parameter: the runtime passes every buffer by position

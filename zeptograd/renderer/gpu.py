@@ -19,7 +19,7 @@ import math
 import struct
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer, loop_var
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _NATIVE_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC}
@@ -77,22 +77,25 @@ class GPURenderer(Renderer):
         raise NotImplementedError
 
     def render_const(self, x, dt: DType) -> str:
+        """A literal; a negative one in parentheses (`a-(-1.5f)`, never `a--1.5f`)."""
         if dt.count > 1:
             return self.render_vectorize([self.render_const(x, dt.scalar)] * dt.count, dt)
         if dt == dtypes.bfloat16:
             bits = struct.unpack("<I", struct.pack("<f", x))[0] >> 16
             return f"(({self.types[dt]}){bits}u)"
-        if dtypes.is_float(dt):
-            return self.float_literal(x, dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
         if dt == dtypes.bool:
             return "1" if x else "0"
-        if dt in (dtypes.int64, dtypes.uint64):
-            return self.long_literal(x, dt)
-        if dt == dtypes.uint32:
-            return f"{x}u"
-        if dt == dtypes.int32:
-            return str(x) if x != dtypes.min(dt) else "(-2147483647-1)"
-        return f"(({self.types[dt]}){x})"
+        if dtypes.is_float(dt):
+            lit = self.float_literal(x, dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
+        elif dt in (dtypes.int64, dtypes.uint64):
+            lit = self.long_literal(x, dt)
+        elif dt == dtypes.uint32:
+            lit = f"{x}u"
+        elif dt == dtypes.int32:
+            lit = str(x) if x != dtypes.min(dt) else "(-2147483647-1)"
+        else:
+            lit = f"(({self.types[dt]}){x})"
+        return f"({lit})" if lit.startswith("-") else lit
 
     def long_literal(self, x: int, dt: DType) -> str:
         if dt == dtypes.uint64:
@@ -117,12 +120,21 @@ class GPURenderer(Renderer):
     def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
         raise NotImplementedError
 
+    def reinterpret(self, x: str, frm: DType, to: DType) -> str:
+        """x as an int of another signedness (a wider one for scalars): a C cast, modulo 2^n back to signed."""
+        return f"(({self.vtype(to)}){x})"
+
     # ----- ALU -----
     def math_fn(self, name: str, dt: DType, a: str) -> str:
         fn = name + (self.float_suffix if dt.scalar != dtypes.float64 else "")
         return f"{fn}({a})"
 
-    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType], wrap: DType | None = None) -> str:
+        """wrap: the unsigned dtype to compute an integer op in so that it wraps around (`wrapping_dtype`)."""
+        if wrap is not None:
+            n = 1 if op is Ops.SHL else len(srcs)  # a shift's count stays as it is
+            wide = [self.reinterpret(x, sdt, wrap) for x, sdt in zip(srcs[:n], src_dts)] + srcs[n:]
+            return self.reinterpret(self.render_alu(op, wrap, wide, [wrap] * len(srcs)), wrap, dt)
         a = srcs[0]
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC):
             ret = self.math_fn(op.name.lower(), dt, a)
@@ -303,7 +315,8 @@ class GPURenderer(Renderer):
             elif op is Ops.BITCAST:
                 decl(u, "bits", self.render_bitcast(dt, src[0].dtype, r[src[0]]))
             elif op in GroupOp.ALU:
-                decl(u, "alu", self.render_alu(op, dt, [r[s] for s in src], [s.dtype for s in src]))
+                srcs, src_dts = [r[s] for s in src], [s.dtype for s in src]
+                decl(u, "alu", self.render_alu(op, dt, srcs, src_dts, wrapping_dtype(u)))
             else:
                 raise NotImplementedError(f"the {self.device} renderer has no rule for {op}")
 
@@ -426,6 +439,9 @@ class OpenCLRenderer(GPURenderer):
 
     def render_vector_cast(self, to: DType, x: str) -> str:
         return f"convert_{self.vtype(to)}({x})"
+
+    def reinterpret(self, x: str, frm: DType, to: DType) -> str:
+        return f"as_{self.vtype(to)}({x})" if to.count > 1 else super().reinterpret(x, frm, to)
 
     def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
         if frm == dtypes.float16:
