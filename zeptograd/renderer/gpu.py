@@ -146,7 +146,7 @@ class GPURenderer(Renderer):
             nan = f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""  # NaN wins, as numpy/torch's max
             ret = f"((({a}>{srcs[1]}){nan})?{a}:{srcs[1]})"
         elif op is Ops.WHERE:
-            ret = f"({a}?{srcs[1]}:{srcs[2]})"
+            ret = self.render_where(dt, a, srcs[1], srcs[2])
         elif op is Ops.MULACC:
             ret = self.render_fma(dt, *srcs) if dtypes.is_float(dt.scalar) else f"(({a}*{srcs[1]})+{srcs[2]})"
         else:
@@ -173,6 +173,9 @@ class GPURenderer(Renderer):
 
     def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
         return f"fma({a},{b},{c})"
+
+    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
+        return f"({c}?{a}:{b})"
 
     # ----- memory -----
     def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
@@ -450,6 +453,12 @@ class OpenCLRenderer(GPURenderer):
 
     def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
         return f"fma({a},{b},{c})"
+
+    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
+        """A float `c ? a : b` through the select builtin: PoCL compiles `x > 0 ? -0.0f : x` to -0.0 at x = +0.0"""
+        if dt.count == 1 and dtypes.is_float(dt):
+            return f"select({b},{a},({'long' if dt == dtypes.float64 else 'int'})({c}))"
+        return super().render_where(dt, c, a, b)
 
     def load_scalar(self, dt: DType, addr: str) -> str:
         return f"vload_half(0, {addr})" if dt == dtypes.float16 else f"(*{addr})"
