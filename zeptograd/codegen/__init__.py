@@ -54,9 +54,9 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
 
         # vector exp2/log2/sin/cos/tan (and scalar sin/cos/tan where alu_trig) -> range reductions and polynomials
         sink = graph_rewrite(sink, pm_transcendental, ctx=renderer)
-    sink = graph_rewrite(sink, pm_lower)  # bf16 math in float32, int division guarded against zero
-    check_kernel(sink, "lower")
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
+    sink = graph_rewrite(sink, pm_lower)  # bf16 math (the accumulators' too) in float32, int division made total
+    check_kernel(sink, "lower")
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
     check_kernel(sink, "devectorize")
     uops = linearize(sink)  # loops explicit, invariant work hoisted before them

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zeptograd.uop.ops import UOp
+from zeptograd.dtype import DType, dtypes
+from zeptograd.uop.ops import Ops, UOp, _alu_range
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,29 @@ class ProgramSpec:
 def loop_var(r) -> str:
     """The C name of a RANGE's loop variable: ridx<axis id>; a cache block's loop (TILE) has a negative id."""
     return f"ridx{r.arg[0]}" if r.arg[0] >= 0 else f"ridxb{-r.arg[0]}"
+
+
+_WRAPPING_OPS = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL, Ops.MULACC)
+_UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+
+
+def wrapping_dtype(u: UOp) -> DType | None:
+    """The unsigned dtype a C-family renderer computes the integer op u in, or None where the plain C op is defined.
+
+    Signed overflow is undefined in C (and OpenCL C, CUDA): compilers assume it can't happen, so `x + 1 > x` is true
+    at INT_MAX. A user's ints wrap (torch, numpy), so an op whose exact result may leave its dtype (value ranges
+    can't show it stays inside: loaded values) is computed in unsigned and cast back; index arithmetic the value
+    ranges bound keeps the plain op and the compiler's optimizations. Scalars are computed in at least 32 bits: C
+    promotes narrower unsigned ints to (signed) int, where 65535 * 65535 overflows; vectors are not promoted."""
+    dt = u.dtype.scalar
+    if u.op not in _WRAPPING_OPS or not dtypes.is_int(dt) or (dtypes.is_unsigned(dt) and dt.itemsize >= 4):
+        return None
+    exact = _alu_range(u.op, [s.vrange for s in u.src]) if u.op not in (Ops.SHL, Ops.MULACC) else None
+    if exact is not None and dtypes.min(dt) <= exact[0] and exact[1] <= dtypes.max(dt):
+        return None
+    if u.dtype.count > 1:
+        return _UNSIGNED[dt.itemsize].vec(u.dtype.count)
+    return _UNSIGNED[max(dt.itemsize, 4)]
 
 
 class Renderer:

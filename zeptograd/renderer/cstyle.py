@@ -6,7 +6,7 @@ import math
 from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer, loop_var
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
 from zeptograd.uop.ops import Ops, UOp
 
 C_TYPES = {
@@ -95,8 +95,8 @@ class CStyleRenderer(Renderer):
             return False
         return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.CAST)
 
-    def render_typedefs(self, uops: list[UOp]) -> str:
-        vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops}
+    def render_typedefs(self, uops: list[UOp], extra: set[DType]) -> str:
+        vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops} | extra
         # bool vectors are vectors of bytes (0 or 1): gcc has no _Bool vectors
         return "".join(
             f"typedef {'unsigned char' if d.scalar == dtypes.bool else C_TYPES[d.scalar]} "
@@ -110,22 +110,23 @@ class CStyleRenderer(Renderer):
                 v = "NAN"
             elif math.isinf(x):
                 v = "INFINITY" if x > 0 else "(-INFINITY)"
-            else:
+            else:  # a negative literal in parentheses: `a-(-1.5f)`, never `a--1.5f`
                 v = repr(float(x)) + ("" if dt == dtypes.float64 else "f")
+                v = f"({v})" if v.startswith("-") else v
             if dt == dtypes.bfloat16:
                 return f"zg_f_to_bf16({v})"
             return v if dt in (dtypes.float32, dtypes.float64) else f"(({C_TYPES[dt]}){v})"
         if dt == dtypes.bool:
             return "1" if x else "0"
         if dt == dtypes.int64:
-            return f"{x}ll" if x != dtypes.min(dt) else "(-9223372036854775807ll-1)"
+            return (f"({x}ll)" if x < 0 else f"{x}ll") if x != dtypes.min(dt) else "(-9223372036854775807ll-1)"
         if dt == dtypes.uint64:
             return f"{x}ull"
         if dt == dtypes.uint32:
             return f"{x}u"
         if dt == dtypes.int32 and x == dtypes.min(dt):
             return "(-2147483647-1)"
-        return str(x) if dt == dtypes.int32 else f"(({C_TYPES[dt]}){x})"
+        return (f"({x})" if x < 0 else str(x)) if dt == dtypes.int32 else f"(({C_TYPES[dt]}){x})"
 
     def render_cast(self, to: DType, frm: DType, x: str) -> str:
         if frm == dtypes.bfloat16:
@@ -144,6 +145,7 @@ class CStyleRenderer(Renderer):
         var_names: list[str] = []
         special: list[UOp] = []
         counts: dict[str, int] = {}
+        unsigned_types: set[DType] = set()  # the vectors wrapping integer ops are computed in need typedefs
         depth = 1
 
         def new_name(prefix: str) -> str:
@@ -234,13 +236,20 @@ class CStyleRenderer(Renderer):
                     emit(line)
             elif op in self.code_for_op:
                 r[u] = new_name("alu")
-                emit(f"{self.render_dtype(dt)} {r[u]} = {self.code_for_op[op](dt, *[r[s] for s in src])};")
+                srcs = [r[s] for s in src]
+                if (ut := wrapping_dtype(u)) is not None:  # wraps as torch's ints: computed in unsigned, cast back
+                    wide = [f"(({self.render_dtype(ut)}){a})" for a in (srcs[:1] if op is Ops.SHL else srcs)]
+                    unsigned_types.add(ut)
+                    expr = f"(({self.render_dtype(dt)}){self.code_for_op[op](ut, *wide, *srcs[len(wide) :])})"
+                else:
+                    expr = self.code_for_op[op](dt, *srcs)
+                emit(f"{self.render_dtype(dt)} {r[u]} = {expr};")
             else:
                 raise NotImplementedError(f"the C renderer has no rule for {op}")
         params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names] + [f"int {s.arg}" for s in special]
         code = (
             PRELUDE
-            + self.render_typedefs(uops)
+            + self.render_typedefs(uops, unsigned_types)
             + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n"
             + "\n".join(lines)
             + "\n}\n"

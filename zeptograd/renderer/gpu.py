@@ -19,7 +19,7 @@ import math
 import struct
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer, loop_var
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _NATIVE_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC}
@@ -78,22 +78,25 @@ class GPURenderer(Renderer):
         raise NotImplementedError
 
     def render_const(self, x, dt: DType) -> str:
+        """A literal; a negative one in parentheses (`a-(-1.5f)`, never `a--1.5f`)."""
         if dt.count > 1:
             return self.render_vectorize([self.render_const(x, dt.scalar)] * dt.count, dt)
         if dt == dtypes.bfloat16:
             bits = struct.unpack("<I", struct.pack("<f", x))[0] >> 16
             return f"(({self.types[dt]}){bits}u)"
-        if dtypes.is_float(dt):
-            return self.float_literal(x, dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
         if dt == dtypes.bool:
             return "1" if x else "0"
-        if dt in (dtypes.int64, dtypes.uint64):
-            return self.long_literal(x, dt)
-        if dt == dtypes.uint32:
-            return f"{x}u"
-        if dt == dtypes.int32:
-            return str(x) if x != dtypes.min(dt) else "(-2147483647-1)"
-        return f"(({self.types[dt]}){x})"
+        if dtypes.is_float(dt):
+            lit = self.float_literal(x, dtypes.float64 if dt == dtypes.float64 else dtypes.float32)
+        elif dt in (dtypes.int64, dtypes.uint64):
+            lit = self.long_literal(x, dt)
+        elif dt == dtypes.uint32:
+            lit = f"{x}u"
+        elif dt == dtypes.int32:
+            lit = str(x) if x != dtypes.min(dt) else "(-2147483647-1)"
+        else:
+            lit = f"(({self.types[dt]}){x})"
+        return f"({lit})" if lit.startswith("-") else lit
 
     def long_literal(self, x: int, dt: DType) -> str:
         if dt == dtypes.uint64:
@@ -118,12 +121,21 @@ class GPURenderer(Renderer):
     def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
         raise NotImplementedError
 
+    def reinterpret(self, x: str, frm: DType, to: DType) -> str:
+        """x as an int of another signedness (a wider one for scalars): a C cast, modulo 2^n back to signed."""
+        return f"(({self.vtype(to)}){x})"
+
     # ----- ALU -----
     def math_fn(self, name: str, dt: DType, a: str) -> str:
         fn = name + (self.float_suffix if dt.scalar != dtypes.float64 else "")
         return f"{fn}({a})"
 
-    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType]) -> str:
+    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType], wrap: DType | None = None) -> str:
+        """wrap: the unsigned dtype to compute an integer op in so that it wraps around (`wrapping_dtype`)."""
+        if wrap is not None:
+            n = 1 if op is Ops.SHL else len(srcs)  # a shift's count stays as it is
+            wide = [self.reinterpret(x, sdt, wrap) for x, sdt in zip(srcs[:n], src_dts)] + srcs[n:]
+            return self.reinterpret(self.render_alu(op, wrap, wide, [wrap] * len(srcs)), wrap, dt)
         a = srcs[0]
         if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC):
             ret = self.math_fn(op.name.lower(), dt, a)
@@ -135,7 +147,7 @@ class GPURenderer(Renderer):
             nan = f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""  # NaN wins, as numpy/torch's max
             ret = f"((({a}>{srcs[1]}){nan})?{a}:{srcs[1]})"
         elif op is Ops.WHERE:
-            ret = f"({a}?{srcs[1]}:{srcs[2]})"
+            ret = self.render_where(dt, a, srcs[1], srcs[2])
         elif op is Ops.MULACC:
             ret = self.render_fma(dt, *srcs) if dtypes.is_float(dt.scalar) else f"(({a}*{srcs[1]})+{srcs[2]})"
         else:
@@ -162,6 +174,9 @@ class GPURenderer(Renderer):
 
     def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
         return f"fma({a},{b},{c})"
+
+    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
+        return f"({c}?{a}:{b})"
 
     # ----- memory -----
     def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
@@ -304,7 +319,8 @@ class GPURenderer(Renderer):
             elif op is Ops.BITCAST:
                 decl(u, "bits", self.render_bitcast(dt, src[0].dtype, r[src[0]]))
             elif op in GroupOp.ALU:
-                decl(u, "alu", self.render_alu(op, dt, [r[s] for s in src], [s.dtype for s in src]))
+                srcs, src_dts = [r[s] for s in src], [s.dtype for s in src]
+                decl(u, "alu", self.render_alu(op, dt, srcs, src_dts, wrapping_dtype(u)))
             else:
                 raise NotImplementedError(f"the {self.device} renderer has no rule for {op}")
 
@@ -428,6 +444,9 @@ class OpenCLRenderer(GPURenderer):
     def render_vector_cast(self, to: DType, x: str) -> str:
         return f"convert_{self.vtype(to)}({x})"
 
+    def reinterpret(self, x: str, frm: DType, to: DType) -> str:
+        return f"as_{self.vtype(to)}({x})" if to.count > 1 else super().reinterpret(x, frm, to)
+
     def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
         if frm == dtypes.float16:
             x = f"zg_f2h({x})"
@@ -435,6 +454,12 @@ class OpenCLRenderer(GPURenderer):
 
     def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
         return f"fma({a},{b},{c})"
+
+    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
+        """A float `c ? a : b` through the select builtin: PoCL compiles `x > 0 ? -0.0f : x` to -0.0 at x = +0.0"""
+        if dt.count == 1 and dtypes.is_float(dt):
+            return f"select({b},{a},({'long' if dt == dtypes.float64 else 'int'})({c}))"
+        return super().render_where(dt, c, a, b)
 
     def load_scalar(self, dt: DType, addr: str) -> str:
         return f"vload_half(0, {addr})" if dt == dtypes.float16 else f"(*{addr})"
