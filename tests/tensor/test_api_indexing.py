@@ -302,7 +302,7 @@ def test_assign():
     t = Tensor.empty(2, 3)
     t.assign(Tensor.ones(2, 3) * 3)
     np.testing.assert_array_equal(t.numpy(), np.full((2, 3), 3.0))
-    from zeptograd.engine.buffers import buffers
+    from zeptograd.buffers import buffers
 
     def memory(u):  # the Buffer under a buffer view
         return buffers[next(x for x in u.toposort() if x.op.name == "BUFFER")]

@@ -28,7 +28,7 @@ replay leaves them out; their outputs keep their values. A weight the function r
 (it is not an input) is assumed to stay as it was at the capture: with prune=True, changing it outside the jit
 is not seen by the replays.
 
-Threads: a capture records only the kernels of its own thread (realize.capturing is per thread). A TinyJit
+Threads: a capture records only the kernels of its own thread (realize._capturing is per thread). A TinyJit
 object takes one call at a time; a replay runs under realize.engine_lock like a realize. Outputs are shared by
 every call: a thread that calls a jit shared with others copies what it keeps before another thread calls it.
 
@@ -61,9 +61,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.helpers import DEBUG, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.uop.ops import Ops, UOp
@@ -193,7 +193,7 @@ def _wrap(ret: Any, outs: list) -> Any:
 
 def _value(u: UOp) -> UOp:
     """A tensor's value: its uop, or what the uop was realized to (a tensor that requires grad keeps its graph)."""
-    return u if view_base(u) is not None else _realize.realized.get(u, u)
+    return u if view_base(u) is not None else _realize._realized.get(u, u)
 
 
 def _whole_buffer(u: UOp) -> Buffer | None:
@@ -236,10 +236,10 @@ class _ReusableRealized:
         return memo[u]
 
     def __contains__(self, u: UOp) -> bool:
-        return u in _realize.realized and (u in self.computed or u.op is Ops.ASSIGN or not self._reads_input(u))
+        return u in _realize._realized and (u in self.computed or u.op is Ops.ASSIGN or not self._reads_input(u))
 
     def __getitem__(self, u: UOp) -> UOp:
-        return _realize.realized[u]
+        return _realize._realized[u]
 
 
 class _Capture(list):
@@ -422,9 +422,9 @@ class TinyJit:
     def __call__(self, *args, **kwargs):
         tensors, others = _split_args(args, kwargs)
         with self._lock:
-            if self.cnt == 0 or _realize.capturing:
+            if self.cnt == 0 or _realize._capturing:
                 ret = self._run(args, kwargs, tensors)
-                if not _realize.capturing:  # inside another jit's capture: a plain call, not one of this jit's
+                if not _realize._capturing:  # inside another jit's capture: a plain call, not one of this jit's
                     self.cnt = 1
                 return ret
             if self.cnt == 1:
@@ -455,14 +455,14 @@ class TinyJit:
         in_bufs = _realized_inputs(tensors)
         rng_before = _rng_snapshot()
         items = _Capture(list(in_bufs.values()))
-        _realize.capturing.append(items)
+        _realize._capturing.append(items)
         try:
             ret = self.fxn(*args, **kwargs)
             outs = _outputs(ret)
             if outs or tensors:  # an assign to an input is realized (and captured) too
                 Tensor.realize(*outs, *tensors.values())
         finally:
-            _realize.capturing.pop()
+            _realize._capturing.pop()
         if _rng_snapshot() != rng_before:
             raise JitError(
                 "TinyJit: the function draws random numbers (Tensor.rand/randn/...); a replay would repeat "

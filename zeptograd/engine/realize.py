@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zeptograd.buffers import buffer_under, buffers, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffer_under, buffers, view_base
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
 from zeptograd.schedule.fold import uniform_const
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
-realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+_realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 # a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
 # under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
 _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDictionary()
@@ -57,9 +57,9 @@ class _ThreadCaptures(threading.local):
 
 
 # TinyJit (engine/jit.py) capturing in this thread: run_schedule appends each ScheduleItem it runs to
-# capturing[-1], and _schedule reuses only the realized values in capturing[-1].realized (those that don't read
+# _capturing[-1], and _schedule reuses only the realized values in _capturing[-1].realized (those that don't read
 # the jit's inputs)
-capturing = _ThreadCaptures()
+_capturing = _ThreadCaptures()
 
 # Threads: one process-wide lock serializes realize, schedule, numpy and TinyJit replays (graph building runs
 # unlocked). It is reentrant (a jitted function realizes; a nested TinyJit). A forked child gets a new one: a
@@ -74,6 +74,33 @@ def _new_engine_lock_in_child():
 
 
 os.register_at_fork(after_in_child=_new_engine_lock_in_child)
+
+
+# ***** what the layers above the engine (tensor/, nn/) may ask; the state above stays private to engine/ *****
+
+
+def is_capturing() -> bool:
+    """Whether a TinyJit is capturing in this thread (host reads of tensor values can't be replayed then)."""
+    return bool(_capturing)
+
+
+def current_capture():
+    """This thread's innermost TinyJit capture: checks that must run again on every replay append to it."""
+    return _capturing[-1]
+
+
+def realized_value(u: UOp) -> UOp:
+    """What the lazy node u was realized to (a buffer view or a constant), or u itself if it was not."""
+    return _realized.get(u, u)
+
+
+def realized_or_none(u: UOp) -> UOp | None:
+    return _realized.get(u)
+
+
+def with_realized_values(uops: list[UOp]) -> list[UOp]:
+    """uops with every node realized before replaced by what it was realized to."""
+    return substitute_realized(uops, _realized)
 
 
 @dataclass
@@ -163,8 +190,8 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
     for item in items:
-        if capturing:
-            capturing[-1].append(item)
+        if _capturing:
+            _capturing[-1].append(item)
         kernel = get_kernel(item.device, item.ast, item.bufs)
         for b in item.bufs:
             b.ensure_allocated()
@@ -193,7 +220,7 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
 
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
-    outs = substitute_realized([t.uop for t in tensors], realized if not capturing else capturing[-1].realized)
+    outs = substitute_realized([t.uop for t in tensors], _realized if not _capturing else _capturing[-1].realized)
     t0 = time.perf_counter()
     var_vals: dict[str, int] = {}
     if variable.in_use and variable.has_symbols(outs):  # schedule the unbound graph: one schedule for all values
@@ -216,9 +243,9 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 
 def remember_realized(node: UOp, value: UOp):
-    realized[node] = value
-    if capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
-        capturing[-1].realized.computed.add(node)
+    _realized[node] = value
+    if _capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
+        _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
         _readers.setdefault(buf, weakref.WeakSet()).add(node)
 
@@ -226,7 +253,7 @@ def remember_realized(node: UOp, value: UOp):
 def forget_written(buf: UOp):
     """Buffer `buf` was written by an ASSIGN: the graphs realized into it no longer hold their value there."""
     for node in list(_readers.pop(buf, ())):
-        realized.pop(node, None)
+        _realized.pop(node, None)
 
 
 def realize_tensors(tensors: list[Tensor]):
@@ -250,7 +277,7 @@ def _realize_tensors(tensors: list[Tensor]):
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:
-    if capturing:
+    if _capturing:
         raise RuntimeError(
             "TinyJit: reading a tensor's values on the host (numpy/item/tolist) inside a jitted "
             "function is not supported: replays would not refresh them"

@@ -14,9 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.helpers import ContextVar
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.upat import graph_substitute

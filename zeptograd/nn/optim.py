@@ -115,10 +115,10 @@ class Optimizer:
         """A parameter realized by the caller (Tensor.realize(loss, *opt.schedule_step())) keeps its ASSIGN graph
         (Tensor.realize keeps the graph of tensors that require grad): point it at its buffer again, else the next
         step would build on that graph (and a TinyJit capture would run the old update again)."""
-        from zeptograd.engine.realize import realized
+        from zeptograd.engine.realize import realized_or_none
 
         for p in self.params:
-            if p.uop.op is Ops.ASSIGN and (r := realized.get(p.uop)) is not None:
+            if p.uop.op is Ops.ASSIGN and (r := realized_or_none(p.uop)) is not None:
                 p.uop = r
                 _fresh_buffer_uop(p)
                 p.requires_grad_(True)

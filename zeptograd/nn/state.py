@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.dtype import DType, dtypes
-from zeptograd.engine.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor import Tensor
 from zeptograd.uop.ops import Ops

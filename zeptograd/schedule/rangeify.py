@@ -11,9 +11,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
-from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.helpers import prod, strides_for_shape
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory

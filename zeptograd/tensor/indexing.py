@@ -458,14 +458,14 @@ def _check_values(
     """Raise error(offending values, size) if an element of idx other than `ignore` is outside [-size, size) (wrap)
     or [0, size); offending values in order (eager) or the max or min out of range (a TinyJit capture or replay).
     Returns whether an element may equal `ignore` (True if the values are not read now)."""
-    from zeptograd.engine.realize import capturing
+    from zeptograd.engine.realize import is_capturing
     from zeptograd.uop.variable import sint_value
 
     if idx.device.split(":")[0] == "NULL":
         return ignore is not None  # the NULL device runs nothing: its tensors hold no values to check
     if ignore is not None and not dtypes.min(idx.dtype) <= ignore <= dtypes.max(idx.dtype):
         ignore = None  # no element can equal it
-    if not capturing:
+    if not is_capturing():
         vals = _index_values(idx)
         ignored = False
         if ignore is not None:
@@ -483,12 +483,12 @@ def _check_values(
 def _index_values(idx: Tensor) -> np.ndarray:
     """idx's values, or the same set of values: those of the buffer or constant under a chain of views that keep
     the set (RESHAPE, EXPAND, PERMUTE, FLIP), read without realizing anything; else idx realized and read back."""
-    from zeptograd.engine.buffers import buffers
-    from zeptograd.engine.realize import realized
+    from zeptograd.buffers import buffers
+    from zeptograd.engine.realize import realized_value
     from zeptograd.schedule.fold import uniform_const
     from zeptograd.uop.ops import Ops, UOp
 
-    u = realized.get(idx.uop, idx.uop)
+    u = realized_value(idx.uop)
     if all(isinstance(s, int) for s in idx.shape) and 0 not in idx.shape:
         if (c := uniform_const(u)) is not None and not isinstance(c.arg, UOp):
             return np.array([c.arg])
@@ -504,15 +504,15 @@ def _index_values(idx: Tensor) -> np.ndarray:
 def _capture_bounds_check(
     idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int], int], Exception]
 ):
-    from zeptograd.engine.buffers import buffers, view_base
-    from zeptograd.engine.realize import capturing
+    from zeptograd.buffers import buffers, view_base
+    from zeptograd.engine.realize import current_capture
     from zeptograd.schedule.fold import uniform_const
     from zeptograd.uop.variable import rebind_shape, sint_value, strip_sint
 
     T = type(idx)
     if 0 in idx.shape:
         return  # no index (a symbolic size that is 0 at a replay: its min > max, below)
-    cap = capturing[-1]
+    cap = current_capture()
     n_before = len(cap)
     inv, top = idx._inverse(), idx
     if ignore is not None:  # an ignored element counts as dtypes.min for the max and dtypes.max for the min

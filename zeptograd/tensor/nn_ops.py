@@ -388,12 +388,12 @@ class NNMixin:
         if not dtypes.is_int(self.dtype):
             raise ArgumentTypeError(f"one_hot needs an integer tensor, got {self.dtype}")
         if num_classes == -1:
-            from zeptograd.engine.realize import capturing
+            from zeptograd.engine.realize import is_capturing
 
             if self.numel() == 0:
                 raise RuntimeError("Can not infer total number of classes from empty tensor.")
             # the values set the shape: read where they lie (a capture refuses the read: JitError)
-            num_classes = max(int(self.max().item() if capturing else _index_values(self).max()) + 1, 0)
+            num_classes = max(int(self.max().item() if is_capturing() else _index_values(self).max()) + 1, 0)
         elif num_classes < 0:
             raise RuntimeError(f"Class values must be smaller than num_classes. (one_hot: num_classes={num_classes})")
         check_one_hot_bounds(self, num_classes)

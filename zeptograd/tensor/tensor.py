@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
-from zeptograd.engine.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor.elementwise import ElementwiseMixin
@@ -188,10 +188,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def _realized_uop(self) -> UOp:
         """The BUFFER view or constant holding this tensor's value, running what it needs."""
-        from zeptograd.engine.realize import realized
+        from zeptograd.engine.realize import realized_value
 
         self.realize()
-        return realized.get(self.uop, self.uop)
+        return realized_value(self.uop)
 
     def numpy(self) -> np.ndarray:
         from zeptograd.engine.realize import tensor_to_numpy
@@ -241,8 +241,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def assign(self, x: Tensor | ConstType | list | tuple) -> Tensor:
         """Write x into this tensor, lazily: a buffer-backed tensor gets an ASSIGN whose kernel stores into its
         buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
-        from zeptograd.engine.realize import realized
-        from zeptograd.schedule.rangeify import substitute_realized
+        from zeptograd.engine.realize import realized_value, with_realized_values
 
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
@@ -251,8 +250,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if x.uop is self.uop:
             return self
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
-        target = realized.get(self.uop, self.uop)
-        value = substitute_realized([x.uop], realized)[0]
+        target = realized_value(self.uop)
+        value = with_realized_values([x.uop])[0]
         if target.op is Ops.ASSIGN:  # not run yet: fold into one write whose value reads the previous value
             value, target = value.substitute({target: target.src[1]}), target.src[0]
         if buffer_under(target) is None:
@@ -675,9 +674,9 @@ Tensor.test = Tensor.no_grad  # type: ignore[attr-defined]
 
 
 def _capturing() -> bool:
-    from zeptograd.engine.realize import capturing
+    from zeptograd.engine.realize import is_capturing
 
-    return bool(capturing)
+    return is_capturing()
 
 
 def _symbolic_shape(shape: tuple, what: str) -> tuple:

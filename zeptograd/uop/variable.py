@@ -12,7 +12,7 @@ it as the kernels' int arguments (`run_schedule(items, var_vals)`). `rebind` put
 scheduler returns (the buffer views that realized tensors become), so a realized tensor keeps its bound shape.
 
 A buffer for a symbolic shape is allocated at the shape's largest size; its tensor is a view of the first
-`prod(shape)` elements (`engine/buffers.py: view_uop`).
+`prod(shape)` elements (`buffers.py: view_uop`).
 """
 
 from __future__ import annotations
