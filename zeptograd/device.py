@@ -153,6 +153,9 @@ class Compiler:
         """Compile src into out_path (a fresh temporary file)."""
         raise NotImplementedError
 
+    def check(self, data: bytes):
+        """Raise diskcache.CorruptEntry if a cached binary that compile_to_file returns cannot be loaded safely."""
+
     def entry_name(self, src: str) -> str:
         return hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32] + self.suffix
 
@@ -172,7 +175,12 @@ class Compiler:
         name = self.entry_name(src)
         hit = diskcache.load_entry(self.cache_subdir, name, self.key)
         if hit is not None:
-            return hit[1]
+            try:
+                self.check(hit[0])
+                return hit[1]
+            except diskcache.CorruptEntry as e:
+                diskcache.warn_once(hit[1], f"{hit[1]} cannot be loaded ({e}): compiling it again")
+                self.evict(src)
         path = diskcache.store_entry(self.cache_subdir, name, self.key, self.build(src), private=True)
         if path is None:
             raise CompileError(f"cannot write the compiled kernel to {diskcache.private_root()} (see the warning)")

@@ -102,7 +102,9 @@ def _cached_choice(device: str, ast: UOp, width: int) -> list[Opt] | None:
         opts = [Opt(OptOps[o], a, n) for o, a, n in entries]
         apply_opts(ast, opts)
     except (ValueError, KeyError, TypeError, IndexError, OptError) as e:  # JSONDecodeError is a ValueError
-        diskcache.remove_text("beam", name, f"not a valid BEAM choice ({type(e).__name__}: {e}); searching again")
+        diskcache.remove_text(
+            "beam", name, f"{text[:60]!r} is not a valid BEAM choice ({type(e).__name__}: {e}); searching again"
+        )
         return None
     return opts
 

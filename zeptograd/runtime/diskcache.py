@@ -32,7 +32,7 @@ HASH_SUFFIX = ".sha256"
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
-_warned: set[str] = set()  # the paths this process has warned about
+_warned: set[tuple[str, str]] = set()  # the (path, message) pairs this process has warned about
 _unwritable: set[str] = set()  # cache roots a write failed in: this process stops writing there
 _ancestors: dict[str, str | None] = {}  # cache root -> why a directory above it is unsafe (None: safe)
 _private: list[tuple[str, int]] = []  # (this process's private directory, the pid that made it)
@@ -42,9 +42,13 @@ class UnsafeEntry(Exception):
     """A cache file or directory that someone other than this user could have written, or that is not a file."""
 
 
+class CorruptEntry(Exception):
+    """An entry whose bytes cannot be loaded safely (elf.MalformedObject is one): it is removed and compiled again."""
+
+
 def warn_once(path: str, message: str):
-    if path not in _warned:
-        _warned.add(path)
+    if (path, message) not in _warned:  # once per problem: an entry corrupt twice in one process warns twice
+        _warned.add((path, message))
         warnings.warn(f"zeptograd cache: {message}", RuntimeWarning, stacklevel=3)
 
 

@@ -19,6 +19,8 @@ import mmap
 import struct
 from typing import Callable
 
+from zeptograd.runtime.diskcache import CorruptEntry
+
 _EM_X86_64 = 62
 _ET_REL = 1
 _SHT_RELA, _SHT_NOBITS = 4, 8
@@ -32,7 +34,7 @@ class UnsupportedObject(Exception):
     """The object uses something this loader does not implement: link it with LLVM instead."""
 
 
-class MalformedObject(Exception):
+class MalformedObject(CorruptEntry):
     """The bytes are not a well-formed object file (empty, truncated, zeroed, an offset or index out of range): never
     link them (MCJIT would crash); the cache entry is removed and the kernel compiled again."""
 
@@ -58,9 +60,11 @@ def _sections(obj: bytes) -> list[_Section]:
         raise MalformedObject(f"not an object file ({len(obj)} bytes starting {obj[:8].hex() or 'with nothing'})")
     if len(obj) < 64:
         raise MalformedObject(f"truncated ELF header ({len(obj)} bytes)")
+    e_type, e_machine = struct.unpack_from("<HH" if obj[5] == 1 else ">HH", obj, 16)
+    if obj[4] not in (1, 2) or obj[5] not in (1, 2) or e_machine == 0 or e_type not in (1, 2, 3, 4):
+        raise MalformedObject(f"invalid ELF identification (class {obj[4]}, data {obj[5]}, type {e_type})")
     if obj[4] != 2 or obj[5] != 1:
         raise UnsupportedObject("not a little-endian ELF64 object")
-    e_type, e_machine = struct.unpack_from("<HH", obj, 16)
     if e_type != _ET_REL or e_machine != _EM_X86_64:
         raise UnsupportedObject(f"ELF type {e_type}, machine {e_machine}: only x86-64 relocatable objects")
     (shoff,) = struct.unpack_from("<Q", obj, 0x28)
@@ -86,6 +90,27 @@ def _sections(obj: bytes) -> list[_Section]:
         if s.type == _SHT_RELA and (s.link >= shnum or secs[s.link].type != _SHT_SYMTAB or s.info >= shnum):
             raise MalformedObject(f"relocation section {i}: symbol table {s.link} or target {s.info} invalid")
     return secs
+
+
+def check_library(data: bytes):
+    """That an ELF64 shared library's header tables and segments lie inside its bytes (dlopen maps them: a truncated
+    library is a SIGBUS there); a MalformedObject if not. Libraries of other formats are left to the loader."""
+    if data[:4] != b"\x7fELF":
+        if data[:4] in _OTHER_FORMATS:
+            return
+        raise MalformedObject(f"not a library ({len(data)} bytes starting {data[:8].hex() or 'with nothing'})")
+    if len(data) < 64:
+        raise MalformedObject(f"truncated ELF header ({len(data)} bytes)")
+    if data[4] != 2 or data[5] != 1:
+        return
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phentsize != 56 or phoff + phnum * 56 > len(data) or shoff + shnum * shentsize > len(data):
+        raise MalformedObject(f"ELF header tables outside the {len(data)}-byte file")
+    for i in range(phnum):
+        _, _, offset, _, _, filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + i * 56)
+        if offset + filesz > len(data):
+            raise MalformedObject(f"segment {i} ({filesz} bytes at {offset}) outside the {len(data)}-byte file")
 
 
 def _libc() -> ctypes.CDLL:

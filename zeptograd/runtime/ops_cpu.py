@@ -56,6 +56,11 @@ class CCompiler(Compiler):
             diskcache.write_text("hosts", memo, version)
         return f"{version} {identity} {' '.join(CFLAGS)}"
 
+    def check(self, data: bytes):
+        from zeptograd.runtime.elf import check_library
+
+        check_library(data)
+
     def build_file(self, src: str, out_path: str):
         import subprocess  # imported at the first compile: the default LLVM backend never needs it
 
