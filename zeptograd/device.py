@@ -137,17 +137,14 @@ class Compiler:
     cache_subdir, suffix = "base", ".bin"
 
     def build(self, src: str) -> bytes:
-        """Compile src (a cache miss); by default through `build_file` into this process's private directory."""
+        """Compile src (a cache miss); by default through `build_file` into a private temporary directory."""
         import tempfile
 
-        fd, tmp = tempfile.mkstemp(dir=diskcache.private_root(), suffix=self.suffix)
-        os.close(fd)
-        try:
-            self.build_file(src, tmp)
-            with open(tmp, "rb") as f:
+        with tempfile.TemporaryDirectory(prefix="zeptograd-build-") as tmp:  # mode 0700
+            out = os.path.join(tmp, f"out{self.suffix}")
+            self.build_file(src, out)
+            with open(out, "rb") as f:
                 return f.read()
-        finally:
-            os.unlink(tmp)
 
     def build_file(self, src: str, out_path: str):
         """Compile src into out_path (a fresh temporary file)."""

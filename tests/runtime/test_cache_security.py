@@ -364,3 +364,18 @@ def test_beam_choice_of_another_user_is_ignored(tmp_path, monkeypatch):
     with pytest.warns(RuntimeWarning, match="owned by uid 4242"):
         assert diskcache.read_text("beam", "x.json") is None
     shutil.rmtree(tmp_path / "zeptograd")
+
+
+def test_beam_on_c_without_a_cache_leaves_no_temporary_files(tmp_path):
+    """BEAM's forked workers compile CPU:C candidates with no usable cache: into private directories, all removed."""
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "tmp").mkdir()
+    code = (
+        "import numpy as np; from zeptograd import Context, Tensor\n"
+        "an = np.arange(64 * 48, dtype=np.float32).reshape(64, 48) / 100\n"
+        "with Context(BEAM=1, BEAM_BUDGET=1):\n"
+        "    print(np.allclose(Tensor(an, device='CPU:C').sum(axis=1).numpy(), an.sum(axis=1), rtol=1e-5))\n"
+    )
+    proc = _child(tmp_path / "file", code, tmpdir=tmp_path / "tmp")
+    assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
+    assert os.listdir(tmp_path / "tmp") == []

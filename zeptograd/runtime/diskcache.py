@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import sys
 import warnings
 
 from zeptograd.helpers import cache_dir
@@ -161,6 +162,11 @@ def private_root() -> str:
         path, pid = tempfile.mkdtemp(prefix="zeptograd-"), os.getpid()
         _private.append((path, pid))
         atexit.register(lambda: os.getpid() == pid and shutil.rmtree(path, ignore_errors=True))
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:  # a pool worker ends without running atexit
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(None, shutil.rmtree, (path, True), exitpriority=0)
     return _private[0][0]
 
 
@@ -183,7 +189,7 @@ def _read_file(path: str) -> bytes | None:
         return None
     except OSError as e:  # ELOOP: a symbolic link
         raise UnsafeEntry(f"{path} cannot be opened without following links ({e.strerror})") from None
-    with open(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeEntry(f"{path} is not a regular file")
@@ -191,7 +197,12 @@ def _read_file(path: str) -> bytes | None:
             raise UnsafeEntry(f"{path} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
         if st.st_mode & 0o022:
             raise UnsafeEntry(f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})")
-        return f.read()
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size, 1 << 16)):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: str):
