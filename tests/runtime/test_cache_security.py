@@ -379,3 +379,26 @@ def test_beam_on_c_without_a_cache_leaves_no_temporary_files(tmp_path):
     proc = _child(tmp_path / "file", code, tmpdir=tmp_path / "tmp")
     assert proc.returncode == 0 and proc.stdout.strip() == "True", proc.stderr
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_c_cache_key_names_compiler_version_and_cpu(tmp_path, monkeypatch):
+    """CPU:C compiles with -march=native: an entry is keyed by the compiler's version and the host CPU too."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    names = []
+    for version in ("13.1", "13.2"):
+        wrapper = tmp_path / f"cc-{version}"
+        log = tmp_path / "versions.log"
+        wrapper.write_text(
+            f'#!/bin/sh\nif [ "$1" = --version ]; then echo asked >> {log}; echo "cc (test) {version}"; exit 0; fi\n'
+            'exec cc "$@"\n'
+        )
+        wrapper.chmod(0o755)
+        monkeypatch.setenv("CC", str(wrapper))
+        c = CCompiler()
+        assert f"cc (test) {version}" in c.key and (diskcache.host_cpu() or os.uname().machine) in c.key
+        names.append(c.entry_name("void f(void) {}\n"))
+        assert CCompiler().key == c.key  # the version is remembered: no compiler run on a warm start
+        assert log.read_text().count("asked") == len(names)
+    assert names[0] != names[1]
+    monkeypatch.setattr(diskcache, "host_cpu", lambda: "another CPU")
+    assert CCompiler().entry_name("void f(void) {}\n") != names[1]
