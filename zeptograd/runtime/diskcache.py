@@ -15,8 +15,8 @@ A cached kernel is code this process will run, so nothing is read that someone e
 An entry that fails a check is removed and compiled again. A cache directory that fails a check, or that cannot be
 written (read-only, not a directory, a full disk), is not used: LLVM keeps its objects in memory, CPU:C (which
 needs a file to load) compiles into a private temporary directory (0700) removed at exit; either warns once.
-Entries are written to a unique temporary file, fsync'ed, and renamed into place (atomic: a parallel process never
-reads a half-written entry).
+Entries are written to a unique temporary file (a kernel fsync'ed) and renamed into place (atomic: a parallel
+process never reads a half-written entry).
 """
 
 from __future__ import annotations
@@ -81,14 +81,15 @@ def _unsafe_ancestor(root: str) -> str | None:
     own group (the user-private-group convention)."""
     if root in _ancestors:
         return _ancestors[root]
-    why = None
+    why, complete = None, True
     path = "/"
     for part in [p for p in os.path.realpath(os.path.dirname(root)).split(os.sep) if p]:
         path = os.path.join(path, part)
         try:
             st = os.lstat(path)
         except OSError:
-            break  # does not exist yet: made 0700 below
+            complete = False  # does not exist yet: checked again once made (someone else may make it first)
+            break
         if st.st_uid not in (0, os.geteuid()):
             why = f"{path} (above the cache) is owned by uid {st.st_uid}"
         elif st.st_mode & stat.S_ISVTX:
@@ -99,7 +100,8 @@ def _unsafe_ancestor(root: str) -> str | None:
             why = f"{path} (above the cache) is writable by its group (mode {stat.S_IMODE(st.st_mode):o})"
         if why:
             break
-    _ancestors[root] = why
+    if complete or why is not None:
+        _ancestors[root] = why
     return why
 
 
@@ -134,6 +136,10 @@ def _trusted_dir(root: str, subdir: str, create: bool) -> str | None:
                 st = os.lstat(d)
             except OSError as e:
                 _write_failed(root, d, e)
+                return None
+            why = _unsafe_ancestor(root)  # the directories above, as they are now that they exist
+            if why is not None:
+                warn_once(root, f"not using {root}: {why}")
                 return None
         except OSError as e:  # e.g. a path through a file (ENOTDIR)
             if create:
@@ -220,29 +226,29 @@ def _write_all(fd: int, data: bytes):
 
 
 def _write(directory: str, name: str, data: bytes, digest: str | None):
-    """Write directory/name (and its hash beside it) through unique temporary files, fsync'ed, renamed in place."""
+    """Write directory/name (and, for a kernel, its hash beside it) through unique temporary files renamed in place.
+
+    A kernel is fsync'ed before its rename, so a crash never leaves a renamed entry without its bytes (~10-20 ms on
+    a miss). The hash and the rename itself are not: a crash loses at most a hash (the entry no longer matches it)
+    or the entry, and either is compiled again; a small text entry is validated by its reader."""
     import tempfile
 
     path = os.path.join(directory, name)
     files = [(path + HASH_SUFFIX, digest.encode()), (path, data)] if digest is not None else [(path, data)]
     temps: list[str] = []
     try:
-        for _, content in files:
+        for final, content in files:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")  # mode 0600
             temps.append(tmp)
             try:
                 _write_all(fd, content)
-                os.fsync(fd)
+                if final == path and digest is not None:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
         for (final, _), tmp in zip(files, temps):  # the hash first: an entry is never newer than its hash
             os.replace(tmp, final)
         temps = []
-        dfd = os.open(directory, os.O_RDONLY | _O_CLOEXEC)
-        try:
-            os.fsync(dfd)  # the renames themselves survive a crash
-        finally:
-            os.close(dfd)
     finally:
         for tmp in temps:
             try:

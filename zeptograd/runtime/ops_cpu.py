@@ -48,13 +48,13 @@ class CCompiler(Compiler):
         identity = f"{real} {st.st_size} {st.st_mtime_ns} {st.st_ino}\n{diskcache.host_cpu() or os.uname().machine}"
         memo = f"cc-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.txt"
         version = diskcache.read_text("hosts", memo)
-        if version is None or not version.startswith("cc "):
+        if version is None or not (version.startswith("cc ") and version.endswith("\n")):  # missing or torn
             import subprocess
 
             proc = subprocess.run([found, "--version"], capture_output=True, text=True)
-            version = f"cc {proc.stdout.splitlines()[0] if proc.stdout else ''}"
+            version = f"cc {proc.stdout.splitlines()[0] if proc.stdout else ''}\n"
             diskcache.write_text("hosts", memo, version)
-        return f"{version} {identity} {' '.join(CFLAGS)}"
+        return f"{version.strip()} {identity} {' '.join(CFLAGS)}"
 
     def check(self, data: bytes):
         from zeptograd.runtime.elf import check_library

@@ -67,7 +67,7 @@ class LLVMCompiler(Compiler):
         memo = _host_memo_name(self.opt)
         if memo is not None:
             key = diskcache.read_text("hosts", memo)
-            if key is not None and key.startswith("llvm "):
+            if key is not None and key.startswith("llvm ") and key.endswith(f" O{self.opt}"):  # not torn
                 return key
         key = f"llvm {self.llvm.llvm_version_info} {self.cpu} {self.features} O{self.opt}"
         if memo is not None:
