@@ -228,6 +228,24 @@ def test_corrupt_c_library_is_compiled_again(corruption, hashed, tmp_path, monke
     assert _read(entry) == good
 
 
+@linux_x86
+def test_c_library_dlopen_refuses_is_compiled_again(tmp_path, monkeypatch):
+    """An entry that passes the checks (this user's, its hash matching, its ELF layout whole) but that dlopen refuses
+    (here a library for another machine) is removed and compiled again; a relocatable object is refused before."""
+    cache = tmp_path / "cache"
+    _run_ok(cache, "CPU:C")
+    entry = _entry(cache, "cpu", ".so")
+    good = _read(entry)
+    key = _c_key(cache, monkeypatch)
+    _plant(entry, good[:18] + struct.pack("<H", 183) + good[20:], key)  # e_machine: AArch64
+    proc = _run_ok(cache, "CPU:C")
+    assert "did not load" in proc.stderr and _read(entry) == good
+    subprocess.run(["cc", "-c", "-x", "c", "-", "-o", str(tmp_path / "x.o")], input=b"int x;\n", check=True)
+    _plant(entry, _read(str(tmp_path / "x.o")), key)
+    proc = _run_ok(cache, "CPU:C")
+    assert "not a shared library" in proc.stderr and _read(entry) == good
+
+
 def _real_object(tmp_path, monkeypatch) -> bytes:
     from zeptograd.runtime.ops_llvm import LLVMCompiler
 

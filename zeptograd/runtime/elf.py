@@ -103,6 +103,9 @@ def check_library(data: bytes):
         raise MalformedObject(f"truncated ELF header ({len(data)} bytes)")
     if data[4] != 2 or data[5] != 1:
         return
+    (e_type,) = struct.unpack_from("<H", data, 16)
+    if e_type != 3:
+        raise MalformedObject(f"not a shared library (ELF type {e_type})")
     phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
     phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
     if phentsize != 56 or phoff + phnum * 56 > len(data) or shoff + shnum * shentsize > len(data):

@@ -95,7 +95,8 @@ class CPUDevice(CompiledDevice):
         """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""
         try:
             return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
-        except OSError:  # dlopen refused it (e.g. not an ELF library): never trusted again
+        except OSError as e:  # dlopen refused it (e.g. not an ELF library): never trusted again
+            diskcache.warn_once(spec.name, f"the cached library of {spec.name} did not load ({e}): compiling it again")
             self.compiler.evict(spec.src)
             return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
 
