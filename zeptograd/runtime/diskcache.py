@@ -48,7 +48,7 @@ class CorruptEntry(Exception):
 
 
 def warn_once(path: str, message: str):
-    if (path, message) not in _warned:  # once per problem: an entry corrupt twice in one process warns twice
+    if (path, message) not in _warned:  # once per problem: the same one is not repeated, another one is told
         _warned.add((path, message))
         warnings.warn(f"zeptograd cache: {message}", RuntimeWarning, stacklevel=3)
 
