@@ -210,7 +210,8 @@ def test_corrupt_llvm_entry_is_compiled_again(corruption, hashed, tmp_path):
     entry, key = _entry(cache, "llvm", ".o"), _llvm_key(cache)
     good = _read(entry)
     _plant(entry, CORRUPTIONS[corruption](good), key if hashed else None)
-    _run_ok(cache, "CPU")  # no crash, no struct.error, the right values
+    proc = _run_ok(cache, "CPU")  # no crash, no struct.error, the right values
+    assert os.path.basename(entry) in proc.stderr  # a warning names the entry
     assert _read(entry) == good
     _run_ok(cache, "CPU")  # and later runs are not affected
 

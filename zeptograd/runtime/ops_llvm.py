@@ -169,6 +169,8 @@ class LLVMDevice(CompiledDevice):
             except MalformedObject as e:
                 if attempt:
                     raise CompileError(f"internal error: LLVM's object for {symbol} is malformed: {e}") from e
+                entry = self.compiler.entry_name(src)
+                diskcache.warn_once(entry, f"the cached object {entry} is malformed ({e}): compiling it again")
                 self.compiler.evict(src)
                 continue
             except UnsupportedObject:
