@@ -11,7 +11,8 @@ from typing import Callable
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes, to_numpy_dtype
-from zeptograd.helpers import ArgumentError, ArgumentTypeError, cache_dir
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
+from zeptograd.runtime import diskcache
 
 
 class GlobalCounters:
@@ -131,38 +132,62 @@ class CompileError(RuntimeError):
 
 
 class Compiler:
-    """Source -> binary, cached on disk by (compiler key, source): a backend only writes its output file."""
+    """Source -> binary, cached on disk by (compiler key, source) in `runtime/diskcache.py` (which checks an entry's
+    owner, mode and content hash before it is used): a backend implements `build` or `build_file`."""
 
     key = "base"
     cache_subdir, suffix = "base", ".bin"
+
+    def build(self, src: str) -> bytes:
+        """Compile src (a cache miss); by default through `build_file` into a private temporary directory."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="zeptograd-build-") as tmp:  # mode 0700
+            out = os.path.join(tmp, f"out{self.suffix}")
+            self.build_file(src, out)
+            with open(out, "rb") as f:
+                return f.read()
 
     def build_file(self, src: str, out_path: str):
         """Compile src into out_path (a fresh temporary file)."""
         raise NotImplementedError
 
-    def compile_to_file(self, src: str) -> str:
-        """The cached binary's path, built first if it is not there. Safe for parallel processes (BEAM workers)."""
-        digest = hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32]
-        out_dir = os.path.join(cache_dir(), self.cache_subdir)
-        path = os.path.join(out_dir, f"{digest}{self.suffix}")
-        if os.path.exists(path):
-            return path
-        import tempfile  # only on a miss
+    def check(self, data: bytes):
+        """Raise diskcache.CorruptEntry if a cached binary that compile_to_file returns cannot be loaded safely."""
 
-        os.makedirs(out_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=self.suffix)
-        os.close(fd)
-        try:
-            self.build_file(src, tmp)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        os.replace(tmp, path)  # atomic: a parallel process never reads a half-written file
-        return path
+    def entry_name(self, src: str) -> str:
+        return hashlib.sha256((self.key + "\0" + src).encode()).hexdigest()[:32] + self.suffix
 
     def compile(self, src: str) -> bytes:
-        with open(self.compile_to_file(src), "rb") as f:
-            return f.read()
+        """The binary of src: from the on-disk cache, else built and stored there (kept in memory if it cannot be)."""
+        name = self.entry_name(src)
+        hit = diskcache.load_entry(self.cache_subdir, name, self.key)
+        if hit is not None:
+            return hit[0]
+        data = self.build(src)
+        diskcache.store_entry(self.cache_subdir, name, self.key, data, private=False)
+        return data
+
+    def compile_to_file(self, src: str) -> str:
+        """The path of src's binary, checked (or built) just now; in this process's private directory if the cache
+        cannot be used. Safe for parallel processes (BEAM workers)."""
+        name = self.entry_name(src)
+        hit = diskcache.load_entry(self.cache_subdir, name, self.key)
+        if hit is not None:
+            try:
+                self.check(hit[0])
+                return hit[1]
+            except diskcache.CorruptEntry as e:
+                diskcache.warn_once(hit[1], f"{hit[1]} cannot be loaded ({e}): compiling it again")
+                self.evict(src)
+        path = diskcache.store_entry(self.cache_subdir, name, self.key, self.build(src), private=True)
+        if path is None:
+            raise CompileError(f"cannot write the compiled kernel to {diskcache.private_root()} (see the warning)")
+        return path
+
+    def evict(self, src: str):
+        """Remove src's cache entry (it failed to load), so that the next compile builds it again."""
+        diskcache.remove_entry(self.cache_subdir, self.entry_name(src))
 
 
 @dataclass

@@ -124,8 +124,8 @@ def test_llvm_compile_cache_on_disk(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     src = "define void @zg_cache_probe(ptr noalias %a) {\nentry:\n  store float 1.0, ptr %a\n  ret void\n}\n"
     obj = LLVMCompiler().compile(src)
-    files = os.listdir(tmp_path / "zeptograd" / "llvm")
-    assert len(files) == 1 and files[0].endswith(".o")
+    files = sorted(os.listdir(tmp_path / "zeptograd" / "llvm"))
+    assert len(files) == 2 and files[0].endswith(".o") and files[1] == files[0] + ".sha256"  # the entry, its hash
 
     def no_compile(*args):
         raise AssertionError("compiled again instead of reading the cache")

@@ -24,6 +24,7 @@ from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
 from zeptograd.device import Buffer, Device
 from zeptograd.helpers import BEAM_BUDGET, THREADS, cache_dir, prod
 from zeptograd.renderer import ProgramSpec
+from zeptograd.runtime import diskcache
 from zeptograd.uop.ops import AxisType, Ops, UOp, pretty
 
 MAX_EXPANDED = 256  # the most vector lanes x unrolled copies a candidate may have
@@ -76,9 +77,36 @@ def _expanded(ast: UOp) -> int:
     )
 
 
-def cache_path(device: str, ast: UOp, width: int) -> str:
+def _cache_name(device: str, ast: UOp, width: int) -> str:
     key = hashlib.sha256(f"{device}\0{width}\0{pretty(ast, max_nodes=1 << 30)}".encode()).hexdigest()[:32]
-    return os.path.join(cache_dir(), "beam", f"{key}.json")
+    return f"{key}.json"
+
+
+def cache_path(device: str, ast: UOp, width: int) -> str:
+    return os.path.join(cache_dir(), "beam", _cache_name(device, ast, width))
+
+
+def _cached_choice(device: str, ast: UOp, width: int) -> list[Opt] | None:
+    """The choice cached on disk, if there is one that applies to this kernel; a bad one is removed (with a warning
+    naming its file) and searched again."""
+    name = _cache_name(device, ast, width)
+    text = diskcache.read_text("beam", name)
+    if text is None:
+        return None
+    try:
+        entries = json.loads(text)
+        if not isinstance(entries, list) or not all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[1], int) and isinstance(e[2], int) for e in entries
+        ):
+            raise ValueError("not a list of [action, axis, amount]")
+        opts = [Opt(OptOps[o], a, n) for o, a, n in entries]
+        apply_opts(ast, opts)
+    except (ValueError, KeyError, TypeError, IndexError, OptError) as e:  # JSONDecodeError is a ValueError
+        diskcache.remove_text(
+            "beam", name, f"{text[:60]!r} is not a valid BEAM choice ({type(e).__name__}: {e}); searching again"
+        )
+        return None
+    return opts
 
 
 def _time(program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> float:
@@ -92,10 +120,9 @@ def _time(program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> f
 
 
 def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[Opt]:
-    path = cache_path(device, ast, width)
-    if os.path.exists(path):
-        with open(path) as f:
-            return [Opt(OptOps[o], a, n) for o, a, n in json.load(f)]
+    cached = _cached_choice(device, ast, width)
+    if cached is not None:
+        return cached
     from tqdm import tqdm
 
     dev = Device[device]
@@ -149,8 +176,6 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
                 break
             beam = new_beam
     best = beam[0][1] if beam else []
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump([[o.op.name, o.axis, o.arg] for o in best], f)
-    os.replace(path + ".tmp", path)
+    choice = json.dumps([[o.op.name, o.axis, o.arg] for o in best])
+    diskcache.write_text("beam", _cache_name(device, ast, width), choice)
     return best

@@ -19,6 +19,8 @@ import mmap
 import struct
 from typing import Callable
 
+from zeptograd.runtime.diskcache import CorruptEntry
+
 _EM_X86_64 = 62
 _ET_REL = 1
 _SHT_RELA, _SHT_NOBITS = 4, 8
@@ -32,11 +34,86 @@ class UnsupportedObject(Exception):
     """The object uses something this loader does not implement: link it with LLVM instead."""
 
 
+class MalformedObject(CorruptEntry):
+    """The bytes are not a well-formed object file (empty, truncated, zeroed, an offset or index out of range): never
+    link them (MCJIT would crash); the cache entry is removed and the kernel compiled again."""
+
+
+_SHT_SYMTAB, _SHT_STRTAB = 2, 3
+_MAX_IMAGE = 1 << 28  # bytes: a kernel's sections are a few KiB; a larger claim is a corrupt size field
+_OTHER_FORMATS = (b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xfe\xed\xfa\xcf", b"\xfe\xed\xfa\xce", b"\x64\x86")
+
+
 class _Section:
     __slots__ = ("name", "type", "flags", "offset", "size", "link", "info", "align")
 
     def __init__(self, raw: tuple):
         self.name, self.type, self.flags, _, self.offset, self.size, self.link, self.info, self.align, _ = raw
+
+
+def _sections(obj: bytes) -> list[_Section]:
+    """The section headers of an x86-64 relocatable ELF64 object, each checked to lie inside the file: an object of
+    another kind is an UnsupportedObject, bytes that are no well-formed object a MalformedObject."""
+    if obj[:4] != b"\x7fELF":
+        if obj[:4] in _OTHER_FORMATS or obj[:2] in _OTHER_FORMATS:
+            raise UnsupportedObject("not an ELF64 object (Mach-O or COFF)")
+        raise MalformedObject(f"not an object file ({len(obj)} bytes starting {obj[:8].hex() or 'with nothing'})")
+    if len(obj) < 64:
+        raise MalformedObject(f"truncated ELF header ({len(obj)} bytes)")
+    e_type, e_machine = struct.unpack_from("<HH" if obj[5] == 1 else ">HH", obj, 16)
+    if obj[4] not in (1, 2) or obj[5] not in (1, 2) or e_machine == 0 or e_type not in (1, 2, 3, 4):
+        raise MalformedObject(f"invalid ELF identification (class {obj[4]}, data {obj[5]}, type {e_type})")
+    if obj[4] != 2 or obj[5] != 1:
+        raise UnsupportedObject("not a little-endian ELF64 object")
+    if e_type != _ET_REL or e_machine != _EM_X86_64:
+        raise UnsupportedObject(f"ELF type {e_type}, machine {e_machine}: only x86-64 relocatable objects")
+    (shoff,) = struct.unpack_from("<Q", obj, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+    if shentsize != 64 or shnum == 0 or shoff + shnum * 64 > len(obj):
+        where = f"{shnum} x {shentsize} bytes at {shoff}"
+        raise MalformedObject(f"section headers ({where}) outside the {len(obj)}-byte file")
+    secs = [_Section(struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * 64)) for i in range(shnum)]
+    image = 0
+    for i, s in enumerate(secs):
+        if s.type != _SHT_NOBITS and s.offset + s.size > len(obj):
+            raise MalformedObject(f"section {i} ({s.size} bytes at {s.offset}) outside the {len(obj)}-byte file")
+        if s.flags & _SHF_ALLOC:
+            image += s.size + max(s.align, 1)
+        if image > _MAX_IMAGE:
+            raise MalformedObject(f"sections claim more than {_MAX_IMAGE} bytes")
+        if s.align & (s.align - 1):
+            raise MalformedObject(f"section {i} alignment {s.align} is not a power of two")
+        if s.type in (_SHT_SYMTAB, _SHT_RELA) and s.size % 24:
+            raise MalformedObject(f"section {i}: a size of {s.size} bytes is not whole 24-byte entries")
+        if s.type == _SHT_SYMTAB and (s.link >= shnum or secs[s.link].type != _SHT_STRTAB):
+            raise MalformedObject(f"symbol table {i} names string table {s.link}, not a string table")
+        if s.type == _SHT_RELA and (s.link >= shnum or secs[s.link].type != _SHT_SYMTAB or s.info >= shnum):
+            raise MalformedObject(f"relocation section {i}: symbol table {s.link} or target {s.info} invalid")
+    return secs
+
+
+def check_library(data: bytes):
+    """That an ELF64 shared library's header tables and segments lie inside its bytes (dlopen maps them: a truncated
+    library is a SIGBUS there); a MalformedObject if not. Libraries of other formats are left to the loader."""
+    if data[:4] != b"\x7fELF":
+        if data[:4] in _OTHER_FORMATS:
+            return
+        raise MalformedObject(f"not a library ({len(data)} bytes starting {data[:8].hex() or 'with nothing'})")
+    if len(data) < 64:
+        raise MalformedObject(f"truncated ELF header ({len(data)} bytes)")
+    if data[4] != 2 or data[5] != 1:
+        return
+    (e_type,) = struct.unpack_from("<H", data, 16)
+    if e_type != 3:
+        raise MalformedObject(f"not a shared library (ELF type {e_type})")
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phentsize != 56 or phoff + phnum * 56 > len(data) or shoff + shnum * shentsize > len(data):
+        raise MalformedObject(f"ELF header tables outside the {len(data)}-byte file")
+    for i in range(phnum):
+        _, _, offset, _, _, filesz, _, _ = struct.unpack_from("<IIQQQQQQ", data, phoff + i * 56)
+        if offset + filesz > len(data):
+            raise MalformedObject(f"segment {i} ({filesz} bytes at {offset}) outside the {len(data)}-byte file")
 
 
 def _libc() -> ctypes.CDLL:
@@ -73,14 +150,7 @@ class LoadedObject:
     The mapping lives as long as this object (a kernel's code is never unloaded while its program exists)."""
 
     def __init__(self, obj: bytes, resolve: Callable[[str], int | None] = process_symbol):
-        if obj[:4] != b"\x7fELF" or obj[4] != 2 or obj[5] != 1:
-            raise UnsupportedObject("not a little-endian ELF64 object")
-        e_type, e_machine = struct.unpack_from("<HH", obj, 16)
-        if e_type != _ET_REL or e_machine != _EM_X86_64:
-            raise UnsupportedObject(f"ELF type {e_type}, machine {e_machine}: only x86-64 relocatable objects")
-        (shoff,) = struct.unpack_from("<Q", obj, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
-        secs = [_Section(struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize)) for i in range(shnum)]
+        secs = _sections(obj)
 
         # layout: every allocated section at its alignment, in one image
         place: dict[int, int] = {}
@@ -124,8 +194,13 @@ class LoadedObject:
         resolve: Callable[[str], int | None],
     ) -> dict[str, int]:
         def name_at(strtab: _Section, off: int) -> str:
-            end = obj.index(b"\0", strtab.offset + off)
-            return obj[strtab.offset + off : end].decode()
+            end = obj.find(b"\0", strtab.offset + off, strtab.offset + strtab.size)
+            if off >= strtab.size or end < 0:
+                raise MalformedObject(f"a symbol name at {off} runs past its {strtab.size}-byte string table")
+            try:
+                return obj[strtab.offset + off : end].decode()
+            except UnicodeDecodeError:
+                raise MalformedObject(f"a symbol name at {off} is not UTF-8") from None
 
         defined: dict[str, int] = {}
         symtabs: dict[int, list[int | None]] = {}  # symtab section -> each symbol's address (None: unresolved)
@@ -138,6 +213,8 @@ class LoadedObject:
                 st_name, _info, _other, shndx, value, _size = struct.unpack_from("<IBBHQQ", obj, st.offset + 24 * k)
                 name = name_at(secs[st.link], st_name) if st_name else ""
                 if shndx in place:
+                    if value > secs[shndx].size:
+                        raise MalformedObject(f"symbol {name!r} at {value}, past its {secs[shndx].size}-byte section")
                     addr: int | None = self.base + place[shndx] + value
                     if name:
                         defined[name] = addr  # type: ignore[assignment]
@@ -161,6 +238,10 @@ class LoadedObject:
                 kind, sym = r_info & 0xFFFFFFFF, r_info >> 32
                 if kind == _R_NONE:
                     continue
+                width = 8 if kind in (_R_64, _R_PC64) else 4
+                if sym >= len(addrs) or r_offset + width > secs[rs.info].size:
+                    what = f"relocation {k} of section {rs.info} (symbol {sym}, offset {r_offset})"
+                    raise MalformedObject(f"{what} out of range")
                 s = addrs[sym]
                 if s is None:
                     s = resolve(syms[sym]) if syms[sym] else None

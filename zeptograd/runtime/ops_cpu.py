@@ -6,11 +6,14 @@ CPU (the default) and CPU:LLVM open the LLVM backend instead: `runtime/ops_llvm.
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import os
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
+from zeptograd.runtime import diskcache
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
 
@@ -26,17 +29,41 @@ class CCompiler(Compiler):
 
     def __init__(self):
         self.cc = os.getenv("CC", "cc")
-        self.key = f"{self.cc} {' '.join(CFLAGS)}"
 
-    def build_file(self, src: str, out_path: str):
+    @functools.cached_property
+    def key(self) -> str:  # type: ignore[override]
+        """What the on-disk cache is keyed by besides the source: the compiler (its path and version), the flags,
+        and the host CPU (-march=native). The version is asked once per compiler binary and host, and remembered in
+        `<cache>/zeptograd/hosts/`, so that a process whose kernels are cached runs no compiler."""
         import shutil
-        import subprocess  # imported at the first compile: the default LLVM backend never needs it
 
-        if shutil.which(self.cc) is None:
+        found = shutil.which(self.cc)
+        if found is None:
             raise NoCompilerError(
                 f"no C compiler found ({self.cc!r} is not on PATH): install one "
                 f"(e.g. `apt-get install gcc`) or set CC to its path"
             )
+        real = os.path.realpath(found)
+        st = os.stat(real)
+        identity = f"{real} {st.st_size} {st.st_mtime_ns} {st.st_ino}\n{diskcache.host_cpu() or os.uname().machine}"
+        memo = f"cc-{hashlib.sha256(identity.encode()).hexdigest()[:32]}.txt"
+        version = diskcache.read_text("hosts", memo)
+        if version is None or not (version.startswith("cc ") and version.endswith("\n")):  # missing or torn
+            import subprocess
+
+            proc = subprocess.run([found, "--version"], capture_output=True, text=True)
+            version = f"cc {proc.stdout.splitlines()[0] if proc.stdout else ''}\n"
+            diskcache.write_text("hosts", memo, version)
+        return f"{version.strip()} {identity} {' '.join(CFLAGS)}"
+
+    def check(self, data: bytes):
+        from zeptograd.runtime.elf import check_library
+
+        check_library(data)
+
+    def build_file(self, src: str, out_path: str):
+        import subprocess  # imported at the first compile: the default LLVM backend never needs it
+
         cmd = [self.cc, *CFLAGS, "-x", "c", "-", "-o", out_path, "-lm"]
         proc = subprocess.run(cmd, input=src.encode(), capture_output=True)
         if proc.returncode != 0:
@@ -65,7 +92,13 @@ class CPUProgram:
 
 class CPUDevice(CompiledDevice):
     def build(self, spec: ProgramSpec) -> CPUProgram:
-        return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
+        """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""
+        try:
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
+        except OSError as e:  # dlopen refused it (e.g. not an ELF library): never trusted again
+            diskcache.warn_once(spec.name, f"the cached library of {spec.name} did not load ({e}): compiling it again")
+            self.compiler.evict(spec.src)
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
 
 
 def open_device(name: str) -> CompiledDevice:

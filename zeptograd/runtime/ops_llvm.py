@@ -16,15 +16,15 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import re
 from typing import Any
 
 from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
-from zeptograd.helpers import DEBUG, cache_dir, getenv
+from zeptograd.helpers import DEBUG, getenv
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.llvmir import LLVMRenderer
-from zeptograd.runtime.elf import LoadedObject, UnsupportedObject
+from zeptograd.runtime import diskcache
+from zeptograd.runtime.elf import LoadedObject, MalformedObject, UnsupportedObject
 
 OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 for O3
 
@@ -64,18 +64,14 @@ class LLVMCompiler(Compiler):
         """What the on-disk cache is keyed by besides the source: LLVM's version, the host CPU and features, level.
 
         Remembered per host, so that a process whose kernels are cached needs no LLVM to find them."""
-        memo = _host_memo_path(self.opt)
+        memo = _host_memo_name(self.opt)
         if memo is not None:
-            try:
-                with open(memo) as f:
-                    key = f.read()
-                if key.startswith("llvm "):
-                    return key
-            except OSError:
-                pass
+            key = diskcache.read_text("hosts", memo)
+            if key is not None and key.startswith("llvm ") and key.endswith(f" O{self.opt}"):  # not torn
+                return key
         key = f"llvm {self.llvm.llvm_version_info} {self.cpu} {self.features} O{self.opt}"
         if memo is not None:
-            _write_atomic(memo, key)
+            diskcache.write_text("hosts", memo, key)
         return key
 
     def target_machine(self) -> Any:
@@ -98,12 +94,11 @@ class LLVMCompiler(Compiler):
             print(str(mod))
         return mod
 
-    def build_file(self, src: str, out_path: str):
+    def build(self, src: str) -> bytes:
         """The object of src, its function renamed to `unique_symbol(src)` (one JIT engine holds every kernel)."""
         name = _DEFINE.search(src)
         renamed = src.replace(f"@{name.group(1)}(", f"@{unique_symbol(src)}(", 1) if name else src
-        with open(out_path, "wb") as f:
-            f.write(self.tm.emit_object(self.optimize(renamed)))
+        return self.tm.emit_object(self.optimize(renamed))
 
 
 _DEFINE = re.compile(r"^define void @([A-Za-z0-9_.$]+)\(", re.MULTILINE)
@@ -115,55 +110,16 @@ def unique_symbol(src: str) -> str:
     return f"{name.group(1) if name else 'kernel'}_{hashlib.sha256(src.encode()).hexdigest()[:16]}"
 
 
-def _host_fingerprint() -> str | None:
-    """This host's CPU as /proc/cpuinfo names it (the first CPU's identity and feature lines, not its clock), with
-    llvmlite's version (which fixes LLVM's); None where there is no /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n", 1)[0]
-    except OSError:
-        return None
-    keys = (
-        "vendor_id",
-        "cpu family",
-        "model",
-        "model name",
-        "stepping",
-        "flags",
-        "Features",
-        "CPU implementer",
-        "CPU architecture",
-        "CPU variant",
-        "CPU part",
-        "CPU revision",
-    )
-    lines = [line for line in first.splitlines() if line.split(":")[0].strip() in keys]
-    if not lines:
+def _host_memo_name(opt: int) -> str | None:
+    """The memo of this host's LLVM key: named by its CPU (/proc/cpuinfo) and llvmlite's version (which fixes
+    LLVM's); None where there is no /proc/cpuinfo."""
+    cpu = diskcache.host_cpu()
+    if cpu is None:
         return None
     import llvmlite  # the package's version only: cheap, unlike llvmlite.binding
 
-    return "\n".join([os.uname().machine, llvmlite.__version__, *lines])
-
-
-def _host_memo_path(opt: int) -> str | None:
-    fp = _host_fingerprint()
-    if fp is None:
-        return None
-    digest = hashlib.sha256(f"{fp}\nO{opt}".encode()).hexdigest()[:32]
-    return os.path.join(cache_dir(), "hosts", f"llvm-{digest}.txt")
-
-
-def _write_atomic(path: str, text: str):
-    import tempfile
-
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:  # a read-only cache: the key is computed again next time
-        pass
+    digest = hashlib.sha256(f"{cpu}\n{llvmlite.__version__}\nO{opt}".encode()).hexdigest()[:32]
+    return f"llvm-{digest}.txt"
 
 
 class LLVMProgram:
@@ -199,18 +155,33 @@ class LLVMDevice(CompiledDevice):
     def build(self, spec: ProgramSpec) -> LLVMProgram:
         symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
-            obj = self.compiler.compile(spec.src)
-            try:
-                loaded = LoadedObject(obj)
-                self.objects.append(loaded)
-                addr = loaded.symbols.get(symbol, 0)
-            except UnsupportedObject:
-                addr = self.mcjit_load(obj, symbol)
-            if not addr:
-                raise CompileError(f"internal error: {symbol} not found in its compiled object")
-            self.loaded[symbol] = addr
+            self.loaded[symbol] = self.load(spec.src, symbol)
         signature = next((line for line in spec.src.splitlines() if line.startswith("define ")), "")
         return LLVMProgram(spec, self.loaded[symbol], "i32 %core_id)" in signature)
+
+    def load(self, src: str, symbol: str) -> int:
+        """Load src's object (compiled or from the cache) and return its function's address. An object the ELF loader
+        finds malformed is never handed to MCJIT: its cache entry is removed and the kernel compiled again."""
+        for attempt in range(2):
+            obj = self.compiler.compile(src)
+            try:
+                loaded = LoadedObject(obj)
+            except MalformedObject as e:
+                if attempt:
+                    raise CompileError(f"internal error: LLVM's object for {symbol} is malformed: {e}") from e
+                entry = self.compiler.entry_name(src)
+                diskcache.warn_once(entry, f"the cached object {entry} is malformed ({e}): compiling it again")
+                self.compiler.evict(src)
+                continue
+            except UnsupportedObject:
+                addr = self.mcjit_load(obj, symbol)
+            else:
+                self.objects.append(loaded)
+                addr = loaded.symbols.get(symbol, 0)
+            if not addr:
+                raise CompileError(f"internal error: {symbol} not found in its compiled object")
+            return addr
+        raise AssertionError("unreachable")
 
     def mcjit_load(self, obj: bytes, symbol: str) -> int:
         """Link an object into this device's MCJIT engine; its function's address."""
