@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zeptograd.dtype import dtypes
-from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp, _alu_range
 from zeptograd.uop.upat import PatternMatcher, UPat
 
 _HALF = (dtypes.float16, dtypes.bfloat16)
@@ -53,5 +53,102 @@ pm_lower = PatternMatcher(
         (UPat(GroupOp.Comparison, name="x"), compare_in_float),
         (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), guard_int_division),
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
+    ]
+)
+
+
+# ***** index dtypes: int32 unless the value range can leave it *****
+# Index arithmetic (loop variables, GPU ids, variables, constants and the ALU ops over only these) is built in int32,
+# and `symbolic` treats it as exact integers. Where a node's exact value range (its op over its sources' ranges,
+# sources first) leaves int32 — a window's `ridx * 23850189`, a loop of 2**31 — it is computed in int64, and so is
+# everything that index arithmetic reads it: once wide, a value stays wide. Values that reach data arithmetic go
+# back to int32 there (wraparound is the data's semantics: for + - * it is the same as wrapping at every step), a
+# comparison widens its other side instead. Kernels whose ranges fit keep plain int32 (no cost).
+
+_I32, _I64 = dtypes.int32, dtypes.int64
+_INDEX_LEAVES = (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR, Ops.CONST)
+
+
+def _is_index(ctx: set[UOp], u: UOp) -> bool:
+    return u.dtype.scalar in (_I32, _I64) and (u.op in _INDEX_LEAVES or u in ctx)
+
+
+def _wide(ctx: set[UOp], u: UOp) -> UOp:
+    if u.dtype.scalar != _I32:
+        return u
+    return UOp.const(_I64, u.arg) if u.op is Ops.CONST else u.cast(_I64.vec(u.dtype.count))
+
+
+def _narrow(ctx: set[UOp], u: UOp) -> UOp:
+    if u.dtype.scalar != _I64:
+        return u
+    if u.op is Ops.CONST:
+        return UOp.const(_I32, u.arg)
+    ctx.add(ret := u.cast(_I32.vec(u.dtype.count)))  # still index arithmetic
+    return ret
+
+
+def _fits_int32(lo, hi) -> bool:
+    return dtypes.min(_I32) <= lo and hi <= dtypes.max(_I32)
+
+
+def widen_index(ctx: set[UOp], x: UOp) -> UOp | None:
+    """# index op(a, b) -> op(int64 a, int64 b) where a source's or the result's exact range leaves int32, else
+    op(int32 a, int32 b): a wide source whose range fits (`big % 181`) is narrowed again"""
+    vals = x.src[1:] if x.op is Ops.WHERE else x.src
+    if x.dtype.scalar not in (_I32, _I64) or not all(_is_index(ctx, s) for s in vals):
+        return None
+    ctx.add(x)  # index arithmetic: what reads it may be too
+    r = _alu_range(x.op, [s.vrange for s in x.src]) if x.op in GroupOp.ALU else (x.vmin, x.vmax)
+    if all(_fits_int32(s.vmin, s.vmax) for s in vals) and (r is None or _fits_int32(*r)):
+        if not any(s.dtype.scalar == _I64 for s in vals):
+            return None
+        to, cast = _I32, _narrow
+    elif x.dtype.scalar == _I64 and all(s.dtype.scalar == _I64 for s in vals):
+        return None
+    else:
+        to, cast = _I64, _wide
+    ret = UOp(x.op, to.vec(x.dtype.count), tuple(cast(ctx, s) if s in vals else s for s in x.src), x.arg)
+    ctx.add(ret)
+    return ret
+
+
+def narrow_data(x: UOp) -> UOp | None:
+    """# data op(int32, int64 index) -> op(int32, int32(index)): an int32 value wraps as int32"""
+    if x.dtype.scalar != _I32 or not any(s.dtype.scalar == _I64 for s in x.src):
+        return None
+    return UOp(x.op, x.dtype, tuple(s.cast(_I32.vec(s.dtype.count)) if s.dtype.scalar == _I64 else s for s in x.src))
+
+
+def widen_compare(x: UOp) -> UOp | None:
+    """# cmp(int32 a, int64 b) -> cmp(int64 a, int64 b)"""
+    if {s.dtype.scalar for s in x.src} != {_I32, _I64}:
+        return None
+    return UOp(x.op, x.dtype, tuple(_wide(set(), s) for s in x.src), x.arg)
+
+
+def narrow_store(st: UOp, idx: UOp, val: UOp) -> UOp | None:
+    """# STORE(int32 buffer, int64 index value) -> STORE(int32 buffer, int32(value))"""
+    base = idx.dtype.base.scalar if hasattr(idx.dtype, "base") else idx.dtype.scalar  # type: ignore[attr-defined]
+    if val.dtype.scalar != _I64 or base == _I64:
+        return None
+    return UOp(Ops.STORE, st.dtype, (idx, val.cast(base.vec(val.dtype.count)), *st.src[2:]), st.arg)
+
+
+pm_index_dtype = PatternMatcher(
+    [
+        # RANGE(int64 end) -> int64 RANGE: the loop variable counts past 2**31
+        (
+            UPat(Ops.RANGE, dtype=_I32, name="r", src=(UPat(dtype=_I64),), allow_any_len=True),
+            lambda r: UOp(Ops.RANGE, _I64, r.src, r.arg),
+        ),
+        # VECTORIZE(int64 lane, int32 lane) -> VECTORIZE of int64 lanes; GEP(int64 vector)[i] -> int64
+        (UPat(Ops.VECTORIZE, dtype=_I32, name="x"), lambda ctx, x: widen_index(ctx, x) or narrow_data(x)),
+        (UPat(Ops.GEP, name="x"), widen_index),
+        (UPat(GroupOp.Comparison, name="x"), widen_compare),
+        (UPat(GroupOp.ALU - GroupOp.Comparison, name="x"), lambda ctx, x: widen_index(ctx, x) or narrow_data(x)),
+        # CAST(int64 -> int64) -> nothing: a widened source already has the type
+        (UPat(Ops.CAST, name="c", src=(UPat.var("s"),)), lambda c, s: s if s.dtype == c.dtype else None),
+        (UPat(Ops.STORE, name="st", src=(UPat(Ops.INDEX, name="idx"), UPat.var("val"))), narrow_store),
     ]
 )
