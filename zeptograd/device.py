@@ -55,6 +55,10 @@ class Allocator:
     def free(self, mem: np.ndarray):
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
+    def capacity(self) -> int:
+        """The most bytes one buffer can have: the host's physical memory."""
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
     def handle(self, mem: np.ndarray) -> int:
         return mem.ctypes.data
 
@@ -65,6 +69,16 @@ class Allocator:
     def copyout(self, mem: np.ndarray) -> np.ndarray:
         """A copy of the bytes, a flat uint8 array."""
         return mem.copy()
+
+
+def check_capacity(buffers: list[Buffer]):
+    """A MemoryError naming the bytes and the device for a buffer not yet allocated that its device can't hold,
+    before anything is compiled or run (a loop over 10**12 elements would otherwise be compiled first)."""
+    for b in buffers:
+        if not b.is_allocated and b.nbytes > (cap := Device[b.device].allocator.capacity()):
+            raise MemoryError(
+                f"can't allocate {b.nbytes} bytes ({b.size} x {b.dtype}) on {b.device}: it holds at most {cap} bytes"
+            )
 
 
 class Buffer:

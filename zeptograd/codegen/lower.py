@@ -100,17 +100,22 @@ def widen_index(ctx: set[UOp], x: UOp) -> UOp | None:
         return None
     ctx.add(x)  # index arithmetic: what reads it may be too
     r = _alu_range(x.op, [s.vrange for s in x.src]) if x.op in GroupOp.ALU else (x.vmin, x.vmax)
-    if all(_fits_int32(s.vmin, s.vmax) for s in vals) and (r is None or _fits_int32(*r)):
-        if not any(s.dtype.scalar == _I64 for s in vals):
-            return None
-        to, cast = _I32, _narrow
-    elif x.dtype.scalar == _I64 and all(s.dtype.scalar == _I64 for s in vals):
+    fits = all(_fits_int32(s.vmin, s.vmax) for s in vals) and (r is None or _fits_int32(*r))
+    to, cast = (_I32, _narrow) if fits else (_I64, _wide)
+    src = tuple(cast(ctx, s) if s in vals else s for s in x.src)
+    if x.dtype.scalar == to and src == x.src:
         return None
-    else:
-        to, cast = _I64, _wide
-    ret = UOp(x.op, to.vec(x.dtype.count), tuple(cast(ctx, s) if s in vals else s for s in x.src), x.arg)
-    ctx.add(ret)
+    ctx.add(ret := UOp(x.op, to.vec(x.dtype.count), src, x.arg))
     return ret
+
+
+def range_width(ctx: set[UOp], r: UOp) -> UOp | None:
+    """# RANGE(end) -> an int64 loop variable where it counts past int32, else int32"""
+    end = r.src[0]
+    to, cast = (_I32, _narrow) if _fits_int32(end.vmin, end.vmax) else (_I64, _wide)
+    if r.dtype == to and end.dtype == to:
+        return None
+    return UOp(Ops.RANGE, to, (cast(ctx, end), *r.src[1:]), r.arg)
 
 
 def narrow_data(x: UOp) -> UOp | None:
@@ -137,11 +142,7 @@ def narrow_store(st: UOp, idx: UOp, val: UOp) -> UOp | None:
 
 pm_index_dtype = PatternMatcher(
     [
-        # RANGE(int64 end) -> int64 RANGE: the loop variable counts past 2**31
-        (
-            UPat(Ops.RANGE, dtype=_I32, name="r", src=(UPat(dtype=_I64),), allow_any_len=True),
-            lambda r: UOp(Ops.RANGE, _I64, r.src, r.arg),
-        ),
+        (UPat(Ops.RANGE, name="r"), range_width),
         # VECTORIZE(int64 lane, int32 lane) -> VECTORIZE of int64 lanes; GEP(int64 vector)[i] -> int64
         (UPat(Ops.VECTORIZE, dtype=_I32, name="x"), lambda ctx, x: widen_index(ctx, x) or narrow_data(x)),
         (UPat(Ops.GEP, name="x"), widen_index),

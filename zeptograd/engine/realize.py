@@ -11,7 +11,7 @@ import numpy as np
 
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
-from zeptograd.device import Device, GlobalCounters
+from zeptograd.device import Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine.buffers import buffer_under, buffers, view_base
 from zeptograd.engine.schedule_cache import cached_schedule
@@ -113,6 +113,7 @@ def estimate_ops(ast: UOp) -> int:
 
 def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = None):
     """Run each kernel; `var_vals` gives the value of each Variable (uop/variable.py) the kernels take."""
+    check_capacity([b for item in items for b in item.bufs])
     for item in items:
         if capturing:
             capturing[-1].append(item)
