@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from zeptograd.dtype import dtypes
-from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu, python_alu
+from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
 from zeptograd.uop.upat import PatternMatcher, UPat
 
 
@@ -72,8 +72,6 @@ def fold_const_alu(x: UOp) -> UOp | None:
     """# CONST op CONST -> CONST"""
     if x.dtype.count != 1 or not all(s.op is Ops.CONST for s in x.src):
         return None
-    if x.dtype == dtypes.index and x.op in (Ops.ADD, Ops.SUB, Ops.MUL) and isinstance(x.src[0].arg, int):
-        return UOp.const(x.dtype, python_alu[x.op](*[s.arg for s in x.src]))  # exact: int64 past int32
     return UOp.const(x.dtype, exec_alu(x.op, x.dtype, [s.arg for s in x.src]))
 
 
