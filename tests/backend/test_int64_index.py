@@ -70,7 +70,13 @@ def test_arange_past_int32(device):
     assert a[2**31 + 1].item() == 2**31 + 1
     half = (2**31 + 8) // 2
     np.testing.assert_equal(a.reshape(2, -1)[:, -2:].numpy(), [[half - 2, half - 1], [2 * half - 2, 2 * half - 1]])
-    np.testing.assert_equal((a[2**31 - 2 : 2**31 + 2] * 2).numpy(), np.arange(2**31 - 2, 2**31 + 2) * 2)
+    np.testing.assert_equal((a[2**31 - 2 : 2**31 + 2] * 3).numpy(), np.arange(2**31 - 2, 2**31 + 2) * 3)
+    np.testing.assert_equal((a[:4] * 3).numpy(), [0, 3, 6, 9])  # int64 data over an index that fits int32
+    ones = Tensor([1, 2, 3], dtype=dtypes.int64, device=device)
+    np.testing.assert_equal((a[2**31 : 2**31 + 3] + ones).numpy(), np.arange(2**31, 2**31 + 3) + [1, 2, 3])
+    wrapped = a[2**31 : 2**31 + 3].cast(dtypes.int32) + ones.cast(dtypes.int32)  # int32 data wraps, as torch's
+    want = (torch.arange(2**31, 2**31 + 3).to(torch.int32) + torch.tensor([1, 2, 3], dtype=torch.int32)).numpy()
+    np.testing.assert_equal(wrapped.numpy(), want)
 
 
 @SLOW
