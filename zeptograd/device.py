@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import os
@@ -35,6 +36,11 @@ class GlobalCounters:
 ALIGN = 64  # bytes: a whole AVX-512 vector, so vector loads at aligned offsets never straddle a cache line
 
 
+@functools.cache
+def _host_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class Allocator:
     """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault).
 
@@ -57,7 +63,7 @@ class Allocator:
 
     def capacity(self) -> int:
         """The most bytes one buffer can have: the host's physical memory."""
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return _host_memory()
 
     def handle(self, mem: np.ndarray) -> int:
         return mem.ctypes.data

@@ -61,9 +61,10 @@ pm_lower = PatternMatcher(
 # Index arithmetic (loop variables, GPU ids, variables, constants and the ALU ops over only these) is built in int32,
 # and `symbolic` treats it as exact integers. Where a node's exact value range (its op over its sources' ranges,
 # sources first) leaves int32 — a window's `ridx * 23850189`, a loop of 2**31 — it is computed in int64, and so is
-# everything that index arithmetic reads it: once wide, a value stays wide. Values that reach data arithmetic go
-# back to int32 there (wraparound is the data's semantics: for + - * it is the same as wrapping at every step), a
-# comparison widens its other side instead. Kernels whose ranges fit keep plain int32 (no cost).
+# index arithmetic that reads it, until a value's range fits again (`big % 181` is narrowed back to int32). Data
+# arithmetic and stores take their own width: int32 data reads a wide index cast to int32 (wraparound is the data's
+# semantics: for + - * it is the same as wrapping at every step), int64 data widens an int32 index, a comparison
+# widens its narrow side. Kernels where no value may leave int32 skip the rewrite (their source is unchanged).
 
 _I32, _I64 = dtypes.int32, dtypes.int64
 _I32_MIN, _I32_MAX = dtypes.min(_I32), dtypes.max(_I32)
