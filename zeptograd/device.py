@@ -80,8 +80,8 @@ class Allocator:
 def check_capacity(buffers: list[Buffer]):
     """A MemoryError naming the bytes and the device for a buffer not yet allocated that its device can't hold,
     before anything is compiled or run (a loop over 10**12 elements would otherwise be compiled first)."""
-    for b in buffers:
-        if not b.is_allocated and b.nbytes > (cap := Device[b.device].allocator.capacity()):
+    for b in buffers:  # every device holds 128 MiB (OpenCL's least max_mem_alloc_size): only larger ones are asked
+        if b.nbytes > 1 << 27 and not b.is_allocated and b.nbytes > (cap := Device[b.device].allocator.capacity()):
             raise MemoryError(
                 f"can't allocate {b.nbytes} bytes ({b.size} x {b.dtype}) on {b.device}: it holds at most {cap} bytes"
             )
