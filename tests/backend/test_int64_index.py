@@ -74,6 +74,9 @@ def test_arange_past_int32(device):
     np.testing.assert_equal((a[:4] * 3).numpy(), [0, 3, 6, 9])  # int64 data over an index that fits int32
     ones = Tensor([1, 2, 3], dtype=dtypes.int64, device=device)
     np.testing.assert_equal((a[2**31 : 2**31 + 3] + ones).numpy(), np.arange(2**31, 2**31 + 3) + [1, 2, 3])
+    default = Tensor.arange(2**31 + 8, device=device)  # a stop past int32 makes it int64, as torch's arange is
+    assert default.dtype == dtypes.int64
+    np.testing.assert_equal(default[-2:].numpy(), [2**31 + 6, 2**31 + 7])
     wrapped = a[2**31 : 2**31 + 3].cast(dtypes.int32) + ones.cast(dtypes.int32)  # int32 data wraps, as torch's
     want = (torch.arange(2**31, 2**31 + 3).to(torch.int32) + torch.tensor([1, 2, 3], dtype=torch.int32)).numpy()
     np.testing.assert_equal(wrapped.numpy(), want)
@@ -86,6 +89,7 @@ def test_reduce_arange_past_int32(dev):
     n = 2**31 + 8
     assert Tensor.arange(n, dtype=dtypes.int64, device=dev).max().item() == n - 1
     assert Tensor.arange(n, dtype=dtypes.int64, device=dev).sum().item() == n * (n - 1) // 2
+    assert Tensor.arange(n, device=dev).sum().item() == n * (n - 1) // 2
 
 
 def test_too_large_is_a_memory_error_before_compiling(device, monkeypatch):
