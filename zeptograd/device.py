@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -35,6 +36,11 @@ class GlobalCounters:
 ALIGN = 64  # bytes: a whole AVX-512 vector, so vector loads at aligned offsets never straddle a cache line
 
 
+@functools.cache
+def _host_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class Allocator:
     """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault).
 
@@ -58,6 +64,10 @@ class Allocator:
     def free(self, mem: np.ndarray):
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
+    def capacity(self) -> int:
+        """The most bytes one buffer can have: the host's physical memory."""
+        return _host_memory()
+
     def handle(self, mem: np.ndarray) -> int:
         return mem.ctypes.data
 
@@ -68,6 +78,16 @@ class Allocator:
     def copyout(self, mem: np.ndarray) -> np.ndarray:
         """A copy of the bytes, a flat uint8 array."""
         return mem.copy()
+
+
+def check_capacity(buffers: list[Buffer]):
+    """A MemoryError naming the bytes and the device for a buffer not yet allocated that its device can't hold,
+    before anything is compiled or run (a loop over 10**12 elements would otherwise be compiled first)."""
+    for b in buffers:  # every device holds 128 MiB (OpenCL's least max_mem_alloc_size): only larger ones are asked
+        if b.nbytes > 1 << 27 and not b.is_allocated and b.nbytes > (cap := Device[b.device].allocator.capacity()):
+            raise MemoryError(
+                f"can't allocate {b.nbytes} bytes ({b.size} x {b.dtype}) on {b.device}: it holds at most {cap} bytes"
+            )
 
 
 class Buffer:

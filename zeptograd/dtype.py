@@ -130,8 +130,8 @@ class dtypes:
     def from_py(x) -> DType:
         if isinstance(x, (bool, np.bool_)):
             return dtypes.bool
-        if isinstance(x, (int, np.integer)):
-            return dtypes.default_int
+        if isinstance(x, (int, np.integer)):  # an int past int32 (arange(2**31 + 8)'s stop) needs int64
+            return dtypes.default_int if -(2**31) <= x < 2**31 or dtypes.default_int.itemsize == 8 else dtypes.int64
         if isinstance(x, (float, np.floating)):
             return dtypes.default_float
         if isinstance(x, (list, tuple)):

@@ -6,7 +6,7 @@ from zeptograd.codegen.accumulator import lower_reduces
 from zeptograd.codegen.devectorizer import pm_devectorize
 from zeptograd.codegen.expander import expand
 from zeptograd.codegen.linearize import linearize
-from zeptograd.codegen.lower import pm_lower
+from zeptograd.codegen.lower import lower_index_dtypes, pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.peel import peel_borders
@@ -57,6 +57,7 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
     sink = graph_rewrite(sink, pm_lower)  # bf16 math (the accumulators' too) in float32, int division made total
     check_kernel(sink, "lower")
+    sink = lower_index_dtypes(sink)  # index math in int64 where its value range leaves int32
     sink = graph_rewrite(sink, pm_devectorize, ctx=renderer)  # vector ops the target lacks -> lanes
     check_kernel(sink, "devectorize")
     uops = linearize(sink)  # loops explicit, invariant work hoisted before them

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from zeptograd.dtype import dtypes
-from zeptograd.uop.ops import GroupOp, Ops, UOp
-from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.uop.ops import GroupOp, Ops, UOp, _alu_range
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
 _HALF = (dtypes.float16, dtypes.bfloat16)
 _TRANSCENDENTAL = GroupOp.Transcendental | {Ops.TRUNC}
@@ -85,5 +85,145 @@ pm_lower = PatternMatcher(
         (UPat(GroupOp.Comparison, name="x"), compare_in_float),
         (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), total_int_division),
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
+    ]
+)
+
+
+# ***** index dtypes: int32 unless the value range can leave it *****
+# Index arithmetic (loop variables, GPU ids, variables, constants and the ALU ops over only these) is built in int32,
+# and `symbolic` treats it as exact integers. Where a node's exact value range (its op over its sources' ranges,
+# sources first) leaves int32 — a window's `ridx * 23850189`, a loop of 2**31 — it is computed in int64, and so is
+# index arithmetic that reads it, until a value's range fits again (`big % 181` is narrowed back to int32). Data
+# arithmetic and stores take their own width: int32 data reads a wide index cast to int32 (wraparound is the data's
+# semantics: for + - * it is the same as wrapping at every step), int64 data widens an int32 index, a comparison
+# widens its narrow side. Kernels where no value may leave int32 skip the rewrite (their source is unchanged).
+
+_I32, _I64 = dtypes.int32, dtypes.int64
+_I32_MIN, _I32_MAX = dtypes.min(_I32), dtypes.max(_I32)
+_INDEX_LEAVES = (Ops.RANGE, Ops.SPECIAL, Ops.DEFINE_VAR, Ops.CONST)
+
+
+class IndexWidths:
+    """pm_index_dtype's context: the nodes known to be index arithmetic, and those of them that are 64-bit because
+    their range leaves int32 (an int64 node outside it, or a CONST that fits, may be the user's int64 data)"""
+
+    def __init__(self):
+        self.index: set[UOp] = set()
+        self.wide: set[UOp] = set()
+
+    def add(self, u: UOp) -> None:
+        self.index.add(u)
+        if u.dtype.scalar is _I64:
+            self.wide.add(u)
+
+
+def _is_index(ctx: IndexWidths, u: UOp) -> bool:
+    return u.dtype.scalar in (_I32, _I64) and (u.op in _INDEX_LEAVES or u in ctx.index)
+
+
+def _is_wide_index(ctx: IndexWidths, u: UOp) -> bool:
+    return u in ctx.wide or (u.dtype.scalar is _I64 and u.op in _INDEX_LEAVES and not _fits_int32(u.vmin, u.vmax))
+
+
+def _wide(ctx: IndexWidths, u: UOp) -> UOp:
+    if u.dtype.scalar != _I32:
+        return u
+    return UOp.const(_I64, u.arg) if u.op is Ops.CONST else u.cast(_I64.vec(u.dtype.count))
+
+
+def _narrow(ctx: IndexWidths, u: UOp) -> UOp:
+    if u.dtype.scalar != _I64:
+        return u
+    if u.op is Ops.CONST:
+        return UOp.const(_I32, u.arg)
+    ctx.add(ret := u.cast(_I32.vec(u.dtype.count)))  # still index arithmetic
+    return ret
+
+
+def _fits_int32(lo, hi) -> bool:
+    return _I32_MIN <= lo and hi <= _I32_MAX
+
+
+def _may_leave_int32(u: UOp) -> bool:
+    """an int64 value, or an int32 one whose value range was clamped to all of int32 (or is a load's)"""
+    scalar = u.dtype.scalar
+    return scalar is _I64 or (scalar is _I32 and u.op is not Ops.RANGE and (u.vmin == _I32_MIN or u.vmax == _I32_MAX))
+
+
+def lower_index_dtypes(sink: UOp) -> UOp:
+    """pm_index_dtype where some value may leave int32; most kernels have none and skip the rewrite"""
+    if not any(_may_leave_int32(u) for u in sink.toposort()):
+        return sink
+    return graph_rewrite(sink, pm_index_dtype, ctx=IndexWidths())
+
+
+def widen_index(ctx: IndexWidths, x: UOp) -> UOp | None:
+    """# index op(a, b) -> op(int64 a, int64 b) where a source's or the result's exact range leaves int32, else
+    op(int32 a, int32 b): a wide source whose range fits (`big % 181`) is narrowed again; ops of only int64
+    user values are left alone"""
+    if x.dtype.scalar not in (_I32, _I64):
+        return None
+    vals = x.src[1:] if x.op is Ops.WHERE else x.src
+    if not all(_is_index(ctx, s) for s in vals):
+        return None
+    if x.dtype.scalar is _I64 and all(s.dtype.scalar is _I64 for s in vals):
+        if not any(_is_wide_index(ctx, s) for s in vals):
+            return None  # an int64 value of the user's (its constants look like index leaves)
+    ctx.add(x)  # index arithmetic: what reads it may be too
+    r = _alu_range(x.op, [s.vrange for s in x.src]) if x.op in GroupOp.ALU else (x.vmin, x.vmax)
+    fits = all(_fits_int32(s.vmin, s.vmax) for s in vals) and (r is None or _fits_int32(*r))
+    to, cast = (_I32, _narrow) if fits else (_I64, _wide)
+    src = tuple(cast(ctx, s) if s in vals else s for s in x.src)
+    if x.dtype.scalar == to and src == x.src:
+        return None
+    ctx.add(ret := UOp(x.op, to.vec(x.dtype.count), src, x.arg))
+    return ret
+
+
+def range_width(ctx: IndexWidths, r: UOp) -> UOp | None:
+    """# RANGE(end) -> an int64 loop variable where it counts past int32, else int32"""
+    end = r.src[0]
+    to, cast = (_I32, _narrow) if _fits_int32(end.vmin, end.vmax) else (_I64, _wide)
+    if r.dtype == to and end.dtype == to:
+        return None
+    return UOp(Ops.RANGE, to, (cast(ctx, end), *r.src[1:]), r.arg)
+
+
+def match_data_width(x: UOp) -> UOp | None:
+    """# data op(int64, int32 index) -> op(int64, int64(index)); int32 op(int32, int64 index) -> op(int32,
+    int32(index)): the data's own width decides (an int32 value wraps as int32)"""
+    to = x.dtype.scalar
+    if to not in (_I32, _I64) or not any(s.dtype.scalar in (_I32, _I64) and s.dtype.scalar is not to for s in x.src):
+        return None
+    srcs = tuple(s.cast(to.vec(s.dtype.count)) if s.dtype.scalar in (_I32, _I64) else s for s in x.src)
+    return UOp(x.op, x.dtype, srcs, x.arg)
+
+
+def widen_compare(x: UOp) -> UOp | None:
+    """# cmp(int32 a, int64 b) -> cmp(int64 a, int64 b)"""
+    if {s.dtype.scalar for s in x.src} != {_I32, _I64}:
+        return None
+    return UOp(x.op, x.dtype, tuple(_wide(IndexWidths(), s) for s in x.src), x.arg)
+
+
+def store_width(st: UOp, idx: UOp, val: UOp) -> UOp | None:
+    """# STORE(int32 buffer, int64 index value) -> STORE(int32 buffer, int32(value)), and int32 into int64"""
+    base = idx.dtype.base.scalar if hasattr(idx.dtype, "base") else idx.dtype.scalar  # type: ignore[attr-defined]
+    if val.dtype.scalar is base or {val.dtype.scalar, base} != {_I32, _I64}:
+        return None
+    return UOp(Ops.STORE, st.dtype, (idx, val.cast(base.vec(val.dtype.count)), *st.src[2:]), st.arg)
+
+
+pm_index_dtype = PatternMatcher(
+    [
+        (UPat(Ops.RANGE, name="r"), range_width),
+        # VECTORIZE(int64 lane, int32 lane) -> VECTORIZE of int64 lanes; GEP(int64 vector)[i] -> int64
+        (UPat(Ops.VECTORIZE, name="x"), lambda ctx, x: widen_index(ctx, x) or match_data_width(x)),
+        (UPat(Ops.GEP, name="x"), widen_index),
+        (UPat(GroupOp.Comparison, name="x"), widen_compare),
+        (UPat(GroupOp.ALU - GroupOp.Comparison, name="x"), lambda ctx, x: widen_index(ctx, x) or match_data_width(x)),
+        # CAST(int64 -> int64) -> nothing: a widened source already has the type
+        (UPat(Ops.CAST, name="c", src=(UPat.var("s"),)), lambda c, s: s if s.dtype == c.dtype else None),
+        (UPat(Ops.STORE, name="st", src=(UPat(Ops.INDEX, name="idx"), UPat.var("val"))), store_width),
     ]
 )

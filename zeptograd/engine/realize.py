@@ -14,7 +14,7 @@ import numpy as np
 from zeptograd.buffers import buffer_under, buffers, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
-from zeptograd.device import Device, GlobalCounters
+from zeptograd.device import Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
@@ -189,6 +189,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 
 
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
+    check_capacity([b for item in items for b in item.bufs])
     for item in items:
         if _capturing:
             _capturing[-1].append(item)

@@ -178,7 +178,7 @@ class CStyleRenderer(Renderer):
                     r[u] = acc
             elif op is Ops.RANGE:
                 r[u] = loop_var(u)
-                emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                emit(f"for ({self.render_dtype(dt)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 depth += 1
             elif op is Ops.END:
                 for _ in [s for s in src[1:] if s.op is Ops.RANGE]:

@@ -275,7 +275,7 @@ class GPURenderer(Renderer):
                 emit(self.barrier)
             elif op is Ops.RANGE:
                 r[u] = loop_var(u)
-                emit(f"for (int {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
+                emit(f"for ({self.vtype(dt)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
                 depth += 1
             elif op is Ops.END:
                 for _ in [s for s in src[1:] if s.op is Ops.RANGE]:

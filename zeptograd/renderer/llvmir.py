@@ -361,8 +361,8 @@ class _Function:
                 r[u] = idx
                 self.emit(f"br label %{blk}")
                 self.label(blk)
-                self.emit(f"{idx} = phi i32 [ 0, %{before} ], [ {idx}_next, %{blk}_latch ]")
-                cond = self.instr(f"icmp slt i32 {idx}, {r[src[0]]}")
+                self.emit(f"{idx} = phi {ltype(dt)} [ 0, %{before} ], [ {idx}_next, %{blk}_latch ]")
+                cond = self.instr(f"icmp slt {ltype(dt)} {idx}, {r[src[0]]}")
                 self.emit(f"br i1 {cond}, label %{blk}_body, label %{blk}_exit")
                 self.label(f"{blk}_body")
             elif op is Ops.END:
@@ -370,7 +370,7 @@ class _Function:
                     idx, blk = loops[rng]
                     self.emit(f"br label %{blk}_latch")
                     self.label(f"{blk}_latch")
-                    self.emit(f"{idx}_next = add nuw nsw i32 {idx}, 1")
+                    self.emit(f"{idx}_next = add nuw nsw {ltype(rng.dtype)} {idx}, 1")
                     self.emit(f"br label %{blk}")
                     self.label(f"{blk}_exit")
             elif op is Ops.AFTER:
@@ -383,7 +383,8 @@ class _Function:
                     r[u] = r[src[0]]
                 else:
                     inb = "" if len(src) > 2 else "inbounds "  # a gated index may point outside the buffer
-                    r[u] = self.instr(f"getelementptr {inb}{ltype(base, True)}, ptr {r[src[0]]}, i32 {r[src[1]]}")
+                    i = f"{ltype(src[1].dtype)} {r[src[1]]}"  # i32, or i64 for index math past 2**31
+                    r[u] = self.instr(f"getelementptr {inb}{ltype(base, True)}, ptr {r[src[0]]}, {i}")
             elif op is Ops.LOAD:
                 idx = src[0]
                 if len(idx.src) > 2:  # gated: 0 where the index is not valid

@@ -60,6 +60,9 @@ class CLAllocator(Allocator):
     def free(self, mem):
         self.free_cache.setdefault(mem.zg_nbytes, []).append(mem)
 
+    def capacity(self) -> int:
+        return self.ctx.devices[0].max_mem_alloc_size  # OpenCL's limit for one buffer
+
     def handle(self, mem):
         return mem
 

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from zeptograd.dtype import DType, dtypes
+from zeptograd.dtype import DType, dtypes, truncate
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
 from zeptograd.uop.upat import PatternMatcher, UPat
@@ -15,7 +15,7 @@ _UNIFORM_MOVES = {Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  #
 
 def const_broadcast(value, dtype: DType, device: str, shape: tuple[int, ...]) -> UOp:
     """A constant broadcast to `shape`: CONST -> RESHAPE to all ones -> EXPAND. It owns no buffer."""
-    arg = value if isinstance(value, UOp) else UOp.const(dtype, value).arg  # a UOp: a symbolic int (a Variable)
+    arg = value if isinstance(value, UOp) else truncate(dtype, value)  # a UOp: a symbolic int (a Variable)
     c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
     if not shape:
         return c

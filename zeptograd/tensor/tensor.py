@@ -386,7 +386,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     @staticmethod
     def _iota(n: int, device: str | None) -> Tensor:
         device = Device.canonicalize(device)
-        return Tensor(UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device),), n), device=device)
+        dt = dtypes.int32 if n <= dtypes.max(dtypes.int32) + 1 else dtypes.int64  # 0..n-1 must not wrap
+        return Tensor(UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=device),), n), device=device)
 
     @staticmethod
     def arange(

@@ -272,6 +272,8 @@ class UOp(MathMixin, metaclass=UOpMeta):
     # --- construction helpers ---
     def alu(self, op: Ops, *src: UOp) -> UOp:
         out_dtype = (self, *src)[-1].dtype
+        if out_dtype.scalar == dtypes.int32 and any(s.dtype.scalar == dtypes.int64 for s in (self, *src)):
+            out_dtype = dtypes.int64.vec(out_dtype.count)  # index math with an int64 term (past 2**31) is int64
         if op in GroupOp.Comparison:
             out_dtype = dtypes.bool.vec(self.dtype.count)
         if op is Ops.WHERE:
@@ -287,6 +289,8 @@ class UOp(MathMixin, metaclass=UOpMeta):
             return b
         if dtype.count > 1:
             return UOp(Ops.VECTORIZE, dtype, (UOp.const(dtype.scalar, b),) * dtype.count)
+        if dtype == dtypes.index and isinstance(b, int) and not dtypes.min(dtype) <= b <= dtypes.max(dtype):
+            dtype = dtypes.int64  # index arithmetic is exact: a size, stride or offset past int32 is an int64
         return UOp(Ops.CONST, dtype, (), truncate(dtype, b))
 
     @staticmethod
@@ -308,7 +312,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
     @staticmethod
     def range(end: int | UOp, axis: int, kind: AxisType = AxisType.LOOP) -> UOp:
         end = end if isinstance(end, UOp) else UOp.const(dtypes.index, end)
-        return UOp(Ops.RANGE, dtypes.index, (end,), (axis, kind))
+        return UOp(Ops.RANGE, dtypes.int64 if end.dtype == dtypes.int64 else dtypes.index, (end,), (axis, kind))
 
     def cast(self, dtype: DType) -> UOp:
         return self if self.dtype == dtype else UOp(Ops.CAST, dtype, (self,))
