@@ -36,16 +36,22 @@ TENSOR_ONLY = GroupOp.Movement | {
 ARITHMETIC = GroupOp.Binary - GroupOp.Comparison - {Ops.SHL, Ops.SHR}
 
 
+def _widens(src, dst) -> bool:
+    """Integer index math may mix widths: an op over an int32 and an int64 index is int64 (codegen/lower.py)."""
+    return dtypes.is_int(src) and dtypes.is_int(dst) and src.count == dst.count and src.itemsize <= dst.itemsize
+
+
 def _same_dtype(u: UOp, srcs: tuple[UOp, ...]) -> str | None:
-    bad = [s.dtype for s in srcs if s.dtype != u.dtype]
+    bad = [s.dtype for s in srcs if s.dtype != u.dtype and not _widens(s.dtype, u.dtype)]
     return f"{u.op.name} of dtype {u.dtype} has sources of dtype {bad}" if bad else None
 
 
 def _comparison(u: UOp) -> str | None:
     if u.dtype.scalar != dtypes.bool:
         return f"{u.op.name} must give bool, gives {u.dtype}"
-    if u.src[0].dtype != u.src[1].dtype:
-        return f"{u.op.name} compares {u.src[0].dtype} with {u.src[1].dtype}"
+    a, b = u.src[0].dtype, u.src[1].dtype
+    if a != b and not (_widens(a, b) or _widens(b, a)):
+        return f"{u.op.name} compares {a} with {b}"
     return None
 
 
