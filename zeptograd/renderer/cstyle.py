@@ -139,7 +139,7 @@ cfamily_rules: list[tuple[UPat, Callable]] = [
     ),
     # STORE(INDEX(p, i[, gate]), v) -> *(p+i) = v;  gated: if (gate) ...
     (
-        UPat(Ops.STORE, src=(UPat(Ops.INDEX, name="idx"), UPat.var("v"))),
+        UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("v"))),
         lambda ctx, idx, v: (f"if ({ctx[idx.src[2]]}) " if len(idx.src) > 2 else "") + f"*{ctx[idx]} = {ctx[v]};",
     ),
     # VECTORIZE(a, b, ...) -> the dialect's vector literal
