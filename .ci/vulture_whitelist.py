@@ -18,7 +18,6 @@ _.do_update_stats  # Tensor.replace's keyword, accepted for tinygrad's signature
 _.exc, _.objtype  # __exit__ and __get__ parameters
 _.find_class, _.persistent_load, _.backward_hooks  # pickle.Unpickler hooks, torch's _rebuild_tensor_v2 signature
 _._print_match_stats  # registered with atexit
-_.src_dts  # the renderers' render_alu signature (C uses it, the GPU dialects do not)
 _.runtime, _.cl_device, _.data_layout  # CompiledDevice's program class; pyopencl device kept alive; llvmlite module
 
 # read by tests and bench, and knobs reserved for work in progress

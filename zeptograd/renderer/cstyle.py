@@ -1,4 +1,8 @@
-"""The C renderer: each linear UOp becomes one line of C, or an inline expression when it has one use."""
+"""The C family's statement loop and its shared rule table, and the C dialect (gcc) as rules put before them.
+
+Each linear UOp becomes one line of C or an expression inlined where it is used; which string comes from a
+`PatternMatcher` of `(UPat, fn)` rules (tinygrad's `base_rewrite`); OpenCL and CUDA (`gpu.py`) are other rule lists
+before the same shared ones, on the same loop."""
 
 from __future__ import annotations
 
@@ -7,7 +11,8 @@ from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
 from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
 
 C_TYPES = {
     dtypes.bool: "_Bool",
@@ -49,9 +54,233 @@ def _nan_wins(dt: DType, a: str) -> str:
     return f"||({a}!={a})" if dtypes.is_float(dt) else ""
 
 
-class CStyleRenderer(Renderer):
+# ***** the C family: one statement loop driven by a table of rules *****
+
+
+class Stmts(str):
+    """A value rule's output that is already whole statements declaring the value (emitted as written)."""
+
+
+class RenderContext:
+    """One kernel's rendering state, the `ctx` of the rules: the names already rendered and the kernel's parameters."""
+
+    def __init__(self, ren: CFamilyRenderer, uops: list[UOp]):
+        self.ren = ren
+        self.r: dict[UOp, str] = {}  # each UOp's C expression or variable name
+        self.counts: dict[str, int] = {}
+        self.args: list[tuple[int, str]] = []  # (DEFINE_GLOBAL index, parameter)
+        self.var_names: list[str] = []
+        self.special: list[UOp] = []
+        self.unsigned_types: set[DType] = set()  # the vectors wrapping integer ops are computed in need typedefs
+        self.has_local = any(u.op is Ops.SPECIAL and u.arg.startswith("lidx") for u in uops)
+
+    def __getitem__(self, u: UOp) -> str:
+        return self.r[u]
+
+    def new_name(self, prefix: str) -> str:
+        self.counts[prefix] = self.counts.get(prefix, 0) + 1
+        return f"{prefix}{self.counts[prefix] - 1}"
+
+
+_EXPRESSION_OPS = (Ops.CONST, Ops.INDEX, Ops.AFTER)  # inlined where used; a one-lane GEP too
+_VALUE_PREFIX = {Ops.LOAD: "val", Ops.CAST: "cast", Ops.BITCAST: "bits", Ops.VECTORIZE: "vec", Ops.GEP: "vec"}
+_NAMED = {
+    Ops.RANGE: loop_var,
+    Ops.SPECIAL: lambda u: u.arg,
+    Ops.DEFINE_LOCAL: lambda u: u.arg,
+    Ops.DEFINE_GLOBAL: lambda u: f"data{u.arg}",
+    Ops.DEFINE_VAR: lambda u: f"var_{u.arg[0]}",  # prefixed: a Variable's name never meets a C keyword or a local
+}
+
+
+def _define_reg(ctx: RenderContext, x: UOp) -> str:
+    acc, base = ctx[x], ctx.ren.render_dtype(x.dtype.base)  # type: ignore[attr-defined]
+    if x.dtype.size == 1:  # type: ignore[attr-defined]  # a plain variable, so the compiler keeps it in a register
+        ctx.r[x] = f"(&{acc})"
+        return f"{base} {acc};"
+    return f"{base} {acc}[{x.dtype.size}];"  # type: ignore[attr-defined]
+
+
+def _define_global(ctx: RenderContext, x: UOp) -> str:
+    ctx.args.append((x.arg, ctx.ren.param(x.dtype, ctx[x])))  # type: ignore[arg-type]
+    return ""
+
+
+def _define_var(ctx: RenderContext, x: UOp) -> str:
+    ctx.var_names.append(x.arg[0])
+    return ""
+
+
+def _gated(ctx: RenderContext, idx: UOp, load: str, dt: DType) -> str:
+    """A gated load: an index outside the valid region reads 0."""
+    return f"({ctx[idx.src[2]]}?{load}:{ctx.ren.render_const(0, dt)})" if len(idx.src) > 2 else load
+
+
+# the rules every C dialect shares; a dialect's own rules come before them and so win
+cfamily_rules: list[tuple[UPat, Callable]] = [
+    # for (T i = 0; i < n; i++) {   (T: int, or a 64-bit type for a loop past 2**31; the loop indents what follows)
+    (
+        UPat(Ops.RANGE, name="x"),
+        lambda ctx, x: f"for ({ctx.ren.render_dtype(x.dtype)} {ctx[x]} = 0; {ctx[x]} < {ctx[x.src[0]]}; {ctx[x]}++) {{",
+    ),
+    # END(x, r0, r1) -> one `}` per range it closes
+    (UPat(Ops.END, name="x"), lambda x: "\n".join("}" for s in x.src[1:] if s.op is Ops.RANGE)),
+    # AFTER(x, deps) -> x   (ordering only)
+    (UPat(Ops.AFTER, name="x"), lambda ctx, x: ctx[x.src[0]]),
+    # INDEX(p, 0) -> p ; INDEX(p, i) -> (p+i)
+    (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.const(None, 0)), allow_any_len=True), lambda ctx, p: ctx[p]),
+    (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i")), allow_any_len=True), lambda ctx, p, i: f"({ctx[p]}+{ctx[i]})"),
+    (UPat((Ops.GROUP, Ops.NOOP)), lambda: ""),
+    (UPat(Ops.CONST, name="x"), lambda ctx, x: ctx.ren.render_const(x.arg, x.dtype)),
+    (UPat(Ops.DEFINE_GLOBAL, name="x"), _define_global),
+    (UPat(Ops.DEFINE_VAR, name="x"), _define_var),
+    (UPat(Ops.DEFINE_REG, name="x"), _define_reg),
+    # LOAD(INDEX(p, i[, gate])) -> the dialect's load of *(p+i), gated: (gate?load:0)
+    (
+        UPat(Ops.LOAD, src=(UPat.var("idx"),), allow_any_len=True, name="x"),
+        lambda ctx, idx, x: _gated(ctx, idx, ctx.ren.render_load(x.dtype, idx.src[0], ctx[idx]), x.dtype),
+    ),
+    # STORE(INDEX(p, i[, gate]), v) -> *(p+i) = v;  gated: if (gate) ...
+    (
+        UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("v"))),
+        lambda ctx, idx, v: (f"if ({ctx[idx.src[2]]}) " if len(idx.src) > 2 else "") + f"*{ctx[idx]} = {ctx[v]};",
+    ),
+    # VECTORIZE(a, b, ...) -> the dialect's vector literal
+    (UPat(Ops.VECTORIZE, name="x"), lambda ctx, x: ctx.ren.render_vectorize([ctx[s] for s in x.src], x.dtype)),
+    # GEP(v, (i,)) -> lane i of v
+    (
+        UPat(Ops.GEP, src=(UPat.var("v"),), name="x", custom=lambda u: len(u.arg) == 1),
+        lambda ctx, v, x: ctx.ren.render_gep(ctx[v], v.dtype, x.arg[0]),
+    ),
+    # CAST(x) of a scalar -> the dialect's conversion
+    (
+        UPat(Ops.CAST, src=(UPat.var("a"),), name="x", custom=lambda u: u.dtype.count == 1),
+        lambda ctx, a, x: ctx.ren.render_cast(x.dtype, a.dtype, ctx[a]),
+    ),
+]
+
+
+class CFamilyRenderer(Renderer):
+    """The statement loop of the C dialects: each linear UOp's string comes from `string_rewrite`, a PatternMatcher
+    whose rules map (ctx, the UOp) to its C; the loop only names values, declares them and indents.
+
+    What the loop does with a rule's string depends on the op: CONST, INDEX, AFTER and a one-lane GEP are inlined
+    where used; ALU ops, LOAD, CAST, BITCAST, VECTORIZE and a shuffling GEP are declared (`T val0 = <string>;`) unless
+    the rule wrote the declaration itself (`Stmts`); any other op's string is its statements (one per line, none when
+    empty). END's lines each close one level."""
+
+    string_rewrite: PatternMatcher
+
+    def render_dtype(self, dt: DType) -> str:
+        raise NotImplementedError
+
+    def param(self, dt: PtrDType, name: str) -> str:
+        raise NotImplementedError
+
+    def render_const(self, x, dt: DType) -> str:
+        raise NotImplementedError
+
+    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+        raise NotImplementedError
+
+    def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
+        ctx = RenderContext(self, uops)
+        body: list[str] = []
+        depth = 1
+        for u in uops:
+            is_value = u.op in GroupOp.ALU or (u.op in _VALUE_PREFIX and (u.op is not Ops.GEP or len(u.arg) > 1))
+            if is_value:
+                ctx.r[u] = ctx.new_name("alu" if u.op in GroupOp.ALU else _VALUE_PREFIX[u.op])
+            elif u.op is Ops.DEFINE_REG:
+                ctx.r[u] = ctx.new_name("acc")
+            elif u.op in _NAMED:
+                ctx.r[u] = _NAMED[u.op](u)
+            code = self.string_rewrite.rewrite(u, ctx)
+            if code is None:
+                raise NotImplementedError(f"the {self.device} renderer has no rule for {u.op}")
+            assert isinstance(code, str)
+            if u.op in _EXPRESSION_OPS or (u.op is Ops.GEP and not is_value):
+                ctx.r[u] = code
+            elif is_value and not isinstance(code, Stmts):
+                body.append("  " * depth + f"{self.render_dtype(u.dtype)} {ctx[u]} = {code};")
+            else:
+                for line in code.split("\n") if code else []:
+                    if u.op is Ops.END:  # each `}` one level out
+                        depth -= 1
+                    body.append("  " * depth + line)
+            if u.op is Ops.RANGE:
+                depth += 1
+        return self.render_kernel(name, ctx, body, uops)
+
+
+# ***** the C dialect (gcc): its rules, before the shared ones *****
+
+
+def _c_alu(ctx: RenderContext, x: UOp) -> str | None:
+    code = ctx.ren.code_for_op.get(x.op)  # type: ignore[attr-defined]
+    if code is None:
+        return None
+    srcs = [ctx[s] for s in x.src]
+    if (ut := wrapping_dtype(x)) is None:
+        return code(x.dtype, *srcs)
+    # wraps as torch's ints: computed in unsigned, cast back (a shift's count stays as it is)
+    wide = [f"(({ctx.ren.render_dtype(ut)}){a})" for a in (srcs[:1] if x.op is Ops.SHL else srcs)]
+    ctx.unsigned_types.add(ut)
+    return f"(({ctx.ren.render_dtype(x.dtype)}){code(ut, *wide, *srcs[len(wide) :])})"
+
+
+def _c_vector_load(ctx: RenderContext, x: UOp, idx: UOp) -> Stmts:
+    """A vector from a scalar pointer: copied (the pointer need not be aligned), gated by an if."""
+    copy = f"__builtin_memcpy(&{ctx[x]}, {ctx[idx]}, {x.dtype.itemsize});"
+    return Stmts(
+        f"{ctx.ren.render_dtype(x.dtype)} {ctx[x]} = {{0}};\n"
+        + (f"if ({ctx[idx.src[2]]}) {copy}" if len(idx.src) > 2 else copy)
+    )
+
+
+def _c_vector_store(ctx: RenderContext, idx: UOp, v: UOp) -> str:
+    t = ctx.ren.render_dtype(v.dtype)
+    store = f"{{ {t} t_ = {ctx[v]}; __builtin_memcpy({ctx[idx]}, &t_, {v.dtype.itemsize}); }}"
+    return f"if ({ctx[idx.src[2]]}) {store}" if len(idx.src) > 2 else store
+
+
+def _c_special(ctx: RenderContext, x: UOp) -> str:
+    ctx.special.append(x)  # a core id: a parameter of the kernel
+    return ""
+
+
+def _c_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> Stmts:
+    to, frm, name = C_TYPES[x.dtype], C_TYPES[a.dtype], ctx[x]
+    return Stmts(f"{to} {name}; {{ {frm} t_ = {ctx[a]}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}")
+
+
+_global_vector = UPat(src=(UPat(Ops.DEFINE_GLOBAL),), allow_any_len=True, name="idx")
+_is_vector = lambda u: u.dtype.count > 1  # noqa: E731
+
+c_rules: list[tuple[UPat, Callable]] = [
+    (UPat(GroupOp.ALU, name="x"), _c_alu),
+    # LOAD(INDEX(global, i)) of a vector -> memcpy into a zeroed vector
+    (UPat(Ops.LOAD, src=(_global_vector,), allow_any_len=True, name="x", custom=_is_vector), _c_vector_load),
+    (UPat(Ops.STORE, src=(_global_vector, UPat(name="v", custom=_is_vector))), _c_vector_store),
+    (UPat(Ops.SPECIAL, name="x"), _c_special),
+    # GEP(v, (i, j, ...)) -> a shuffle (GCC 12+, clang)
+    (
+        UPat(Ops.GEP, src=(UPat.var("v"),), name="x", custom=lambda u: len(u.arg) > 1),
+        lambda ctx, v, x: f"__builtin_shufflevector({ctx[v]}, {ctx[v]}, {', '.join(str(i) for i in x.arg)})",
+    ),
+    # CAST of a vector -> lane by lane conversion
+    (
+        UPat(Ops.CAST, src=(UPat.var("a"),), name="x", custom=_is_vector),
+        lambda ctx, a, x: f"__builtin_convertvector({ctx[a]}, {ctx.ren.render_dtype(x.dtype)})",
+    ),
+    (UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x"), _c_bitcast),
+]
+
+
+class CStyleRenderer(CFamilyRenderer):
     device = "CPU"
     kernel_prefix = ""
+    string_rewrite = PatternMatcher(c_rules + cfamily_rules)
     code_for_op: dict[Ops, Callable[..., str]] = {
         Ops.EXP2: _float_fn("exp2"),
         Ops.LOG2: _float_fn("log2"),
@@ -135,124 +364,30 @@ class CStyleRenderer(Renderer):
             return f"zg_f_to_bf16({x})"
         return f"({C_TYPES[to]})({x})"
 
-    def render_bitcast(self, to: DType, frm: DType, x: str, name: str) -> list[str]:
-        return [f"{C_TYPES[to]} {name}; {{ {C_TYPES[frm]} t_ = {x}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}"]
+    def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
+        return f"(*{addr})"
 
-    def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
-        r: dict[UOp, str] = {}  # each UOp's C expression or variable name
-        lines: list[str] = []
-        args: list[tuple[int, str]] = []
-        var_names: list[str] = []
-        special: list[UOp] = []
-        counts: dict[str, int] = {}
-        unsigned_types: set[DType] = set()  # the vectors wrapping integer ops are computed in need typedefs
-        depth = 1
+    def render_vectorize(self, lanes: list[str], dt: DType) -> str:
+        return f"({self.render_dtype(dt)}){{{', '.join(lanes)}}}"
 
-        def new_name(prefix: str) -> str:
-            counts[prefix] = counts.get(prefix, 0) + 1
-            return f"{prefix}{counts[prefix] - 1}"
+    def render_gep(self, x: str, dt: DType, lane: int) -> str:
+        return f"{x}[{lane}]"
 
-        def emit(line: str):
-            lines.append("  " * depth + line)
+    def param(self, dt: PtrDType, name: str) -> str:
+        return f"{self.render_dtype(dt)} restrict {name}"
 
-        for u in uops:
-            op, dt, src = u.op, u.dtype, u.src
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"data{u.arg}"
-                args.append((u.arg, f"{self.render_dtype(dt)} restrict data{u.arg}"))
-            elif op is Ops.DEFINE_VAR:
-                r[u] = f"var_{u.arg[0]}"  # prefixed: a Variable's name never meets a C keyword or a local
-                var_names.append(u.arg[0])
-            elif op is Ops.SPECIAL:
-                r[u] = u.arg
-                special.append(u)
-            elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt)
-            elif op is Ops.DEFINE_REG:
-                acc = new_name("acc")
-                if dt.size == 1:  # a plain variable, so the compiler keeps it in a register
-                    emit(f"{self.render_dtype(dt.base)} {acc};")  # type: ignore[attr-defined]
-                    r[u] = f"(&{acc})"
-                else:
-                    emit(f"{self.render_dtype(dt.base)} {acc}[{dt.size}];")  # type: ignore[attr-defined]
-                    r[u] = acc
-            elif op is Ops.RANGE:
-                r[u] = loop_var(u)
-                emit(f"for ({self.render_dtype(dt)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
-                depth += 1
-            elif op is Ops.END:
-                for _ in [s for s in src[1:] if s.op is Ops.RANGE]:
-                    depth -= 1
-                    emit("}")
-            elif op is Ops.AFTER:
-                r[u] = r[src[0]]
-            elif op is Ops.INDEX:
-                r[u] = f"({r[src[0]]}+{r[src[1]]})" if src[1].op is not Ops.CONST or src[1].arg != 0 else r[src[0]]
-            elif op is Ops.LOAD:
-                idx = src[0]
-                r[u] = new_name("val")
-                if dt.count > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL:  # a vector from a scalar pointer
-                    copy = f"__builtin_memcpy(&{r[u]}, {r[idx]}, {dt.itemsize});"
-                    emit(f"{self.render_dtype(dt)} {r[u]} = {{0}};")
-                    emit(f"if ({r[idx.src[2]]}) {copy}" if len(idx.src) > 2 else copy)
-                    continue
-                load = f"(*{r[idx]})"
-                if len(idx.src) > 2:  # gated: an index outside the valid region reads 0
-                    load = f"({r[idx.src[2]]}?{load}:{self.render_const(0, dt)})"
-                emit(f"{self.render_dtype(dt)} {r[u]} = {load};")
-            elif op is Ops.STORE:
-                idx, val = src
-                if val.dtype.count > 1 and idx.src[0].op is Ops.DEFINE_GLOBAL:
-                    store = (
-                        f"{{ {self.render_dtype(val.dtype)} t_ = {r[val]}; __builtin_memcpy({r[idx]}, &t_, "
-                        f"{val.dtype.itemsize}); }}"
-                    )
-                else:
-                    store = f"*{r[idx]} = {r[val]};"
-                emit(f"if ({r[idx.src[2]]}) {store}" if len(idx.src) > 2 else store)
-            elif op is Ops.VECTORIZE:
-                r[u] = new_name("vec")
-                vt = self.render_dtype(dt)
-                emit(f"{vt} {r[u]} = ({vt}){{{', '.join(r[s] for s in src)}}};")
-            elif op is Ops.GEP and len(u.arg) == 1:
-                r[u] = f"{r[src[0]]}[{u.arg[0]}]"
-            elif op is Ops.GEP:  # several lanes: a shuffle (GCC 12+, clang)
-                r[u] = new_name("vec")
-                lanes = ", ".join(str(i) for i in u.arg)
-                emit(f"{self.render_dtype(dt)} {r[u]} = __builtin_shufflevector({r[src[0]]}, {r[src[0]]}, {lanes});")
-            elif op in (Ops.GROUP, Ops.NOOP):
-                pass
-            elif op is Ops.CAST:
-                r[u] = new_name("cast")
-                cast = (
-                    f"__builtin_convertvector({r[src[0]]}, {self.render_dtype(dt)})"
-                    if dt.count > 1
-                    else self.render_cast(dt, src[0].dtype, r[src[0]])
-                )
-                emit(f"{self.render_dtype(dt)} {r[u]} = {cast};")
-            elif op is Ops.BITCAST:
-                r[u] = new_name("bits")
-                for line in self.render_bitcast(dt, src[0].dtype, r[src[0]], r[u]):
-                    emit(line)
-            elif op in self.code_for_op:
-                r[u] = new_name("alu")
-                srcs = [r[s] for s in src]
-                if (ut := wrapping_dtype(u)) is not None:  # wraps as torch's ints: computed in unsigned, cast back
-                    wide = [f"(({self.render_dtype(ut)}){a})" for a in (srcs[:1] if op is Ops.SHL else srcs)]
-                    unsigned_types.add(ut)
-                    expr = f"(({self.render_dtype(dt)}){self.code_for_op[op](ut, *wide, *srcs[len(wide) :])})"
-                else:
-                    expr = self.code_for_op[op](dt, *srcs)
-                emit(f"{self.render_dtype(dt)} {r[u]} = {expr};")
-            else:
-                raise NotImplementedError(f"the C renderer has no rule for {op}")
-        params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names] + [f"int {s.arg}" for s in special]
+    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+        params = (
+            [a for _, a in sorted(ctx.args)]
+            + [f"int var_{v}" for v in ctx.var_names]
+            + [f"int {s.arg}" for s in ctx.special]
+        )
         code = (
             PRELUDE
-            + self.render_typedefs(uops, unsigned_types)
+            + self.render_typedefs(uops, ctx.unsigned_types)
             + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n"
-            + "\n".join(lines)
+            + "\n".join(body)
             + "\n}\n"
         )
-        cores = special[0].src[0].arg if special else 1
-        return ProgramSpec(name, code, len(args), tuple(var_names), global_size=(cores, 1, 1))
+        cores = ctx.special[0].src[0].arg if ctx.special else 1
+        return ProgramSpec(name, code, len(ctx.args), tuple(ctx.var_names), global_size=(cores, 1, 1))

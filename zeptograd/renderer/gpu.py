@@ -1,7 +1,8 @@
 """GPU dialects of the C renderer: OpenCL C and CUDA C.
 
-One line per linear UOp, as in `cstyle.py`; what differs by dialect is a handful of hooks (thread ids, address
-spaces, barriers, vectors, type names). Shared conventions:
+The C family's statement loop of `cstyle.py` renders both: the GPU rules come before its shared rules and each
+dialect's rules before those (a dialect is a rule list, never a loop of its own); a handful of hooks give the
+dialects' types, literals and memory access. Shared conventions:
 
 - half values are computed as `float` and rounded to half after every op (`zg_rh`), so results match a device
   with native half math without needing one (PoCL has no cl_khr_fp16); in memory they are 16-bit halves.
@@ -17,17 +18,108 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
+from zeptograd.renderer import ProgramSpec, wrapping_dtype
+from zeptograd.renderer.cstyle import CFamilyRenderer, RenderContext, cfamily_rules
 from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
 
 _NATIVE_OPS = {Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.MULACC}
 _FLOAT_NATIVE_OPS = {Ops.FDIV, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC, Ops.RECIPROCAL}
 _SMALL = (dtypes.float16, dtypes.bfloat16, dtypes.bool)
 
 
-class GPURenderer(Renderer):
+def gpu_code_for_op(float_suffix: str) -> dict[Ops, Callable[..., str]]:
+    """Each ALU op's C from its dtype and its sources' strings. float_suffix: exp2f, fmaf (CUDA) or exp2, fma
+    (OpenCL's overloaded builtins); none for doubles."""
+
+    def suffix(dt: DType) -> str:
+        return float_suffix if dt.scalar != dtypes.float64 else ""
+
+    def math_fn(name: str) -> Callable[..., str]:
+        return lambda dt, a: f"{name}{suffix(dt)}({a})"
+
+    def binary(sym: str, bool_sym: str | None = None) -> Callable[..., str]:
+        # bool + is or, bool * is and
+        return lambda dt, a, b: f"({a}{bool_sym if bool_sym and dt.scalar == dtypes.bool else sym}{b})"
+
+    def nan_wins(dt: DType, a: str) -> str:  # NaN wins, as numpy/torch's max
+        return f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""
+
+    return {
+        **{op: math_fn(op.name.lower()) for op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC)},
+        Ops.RECIPROCAL: lambda dt, a: f"(({'double' if dt.scalar == dtypes.float64 else 'float'})1/{a})",
+        Ops.NEG: lambda dt, a: f"(!{a})" if dt.scalar == dtypes.bool else f"(-{a})",
+        Ops.MAX: lambda dt, a, b: f"((({a}>{b}){nan_wins(dt, a)})?{a}:{b})",
+        Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
+        Ops.MULACC: lambda dt, a, b, c: (
+            f"fma{suffix(dt)}({a},{b},{c})" if dtypes.is_float(dt.scalar) else f"(({a}*{b})+{c})"
+        ),
+        Ops.ADD: binary("+", "|"),
+        Ops.SUB: binary("-"),
+        Ops.MUL: binary("*", "&"),
+        Ops.FDIV: binary("/"),
+        Ops.IDIV: binary("/"),
+        Ops.MOD: binary("%"),
+        Ops.CMPLT: binary("<"),
+        Ops.CMPNE: binary("!="),
+        Ops.CMPEQ: binary("=="),
+        Ops.AND: binary("&"),
+        Ops.OR: binary("|"),
+        Ops.XOR: binary("^"),
+        Ops.SHL: binary("<<"),
+        Ops.SHR: binary(">>"),
+    }
+
+
+def _gpu_alu(ctx: RenderContext, x: UOp) -> str:
+    code, srcs = ctx.ren.code_for_op[x.op], [ctx[s] for s in x.src]  # type: ignore[attr-defined]
+    if (wrap := wrapping_dtype(x)) is not None:  # computed in unsigned so that it wraps, reinterpreted back
+        n = 1 if x.op is Ops.SHL else len(srcs)  # a shift's count stays as it is
+        wide = [ctx.ren.reinterpret(a, s.dtype, wrap) for a, s in zip(srcs[:n], x.src)] + srcs[n:]  # type: ignore
+        return ctx.ren.reinterpret(code(wrap, *wide), wrap, x.dtype)  # type: ignore[attr-defined]
+    return ctx.ren.half_round(x.dtype, code(x.dtype, *srcs))  # type: ignore[attr-defined]
+
+
+def _gpu_special(ctx: RenderContext, x: UOp) -> str:
+    if x.arg[:4] not in ("gidx", "lidx"):
+        raise NotImplementedError(f"{ctx.ren.device} has no thread index {x.arg!r}")
+    ctx.special.append(x)
+    return f"int {x.arg} = {ctx.ren.special(x.arg, ctx.has_local)};"  # type: ignore[attr-defined]
+
+
+def _gpu_store(ctx: RenderContext, idx: UOp, v: UOp) -> str:
+    stores = ctx.ren.render_store(v.dtype, idx.src[0], ctx[idx], ctx[v])  # type: ignore[attr-defined]
+    if len(idx.src) > 2:  # gated: only inside the valid region
+        stores = [f"if ({ctx[idx.src[2]]}) {{ {' '.join(stores)} }}"]
+    return "\n".join(stores)
+
+
+_is_vector = lambda u: u.dtype.count > 1  # noqa: E731
+
+# the rules of both GPU dialects, before the C family's shared ones
+gpu_rules: list[tuple[UPat, Callable]] = [
+    (UPat(GroupOp.ALU, name="x"), _gpu_alu),
+    (UPat(Ops.SPECIAL, name="x"), _gpu_special),
+    # DEFINE_LOCAL -> a work-group's array: __local float smem[n];
+    (
+        UPat(Ops.DEFINE_LOCAL, name="x"),
+        lambda ctx, x: f"{ctx.ren.shared}{ctx.ren.vtype(x.dtype.base)} {ctx[x]}[{x.dtype.size}];",
+    ),
+    (UPat(Ops.BARRIER), lambda ctx: ctx.ren.barrier),
+    # STORE(INDEX(p, i[, gate]), v) -> the dialect's store; gated: if (gate) { ... }
+    (UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("v"))), _gpu_store),
+    # GEP(v, (i, j, ...)) -> a vector of those lanes
+    (
+        UPat(Ops.GEP, src=(UPat.var("v"),), name="x", custom=lambda u: len(u.arg) > 1),
+        lambda ctx, v, x: ctx.ren.render_vectorize([ctx.ren.render_gep(ctx[v], v.dtype, i) for i in x.arg], x.dtype),
+    ),
+]
+
+
+class GPURenderer(CFamilyRenderer):
     device = "GPU"
     has_local = True  # codegen makes work-group threads (codegen/gpudims.py, opt/heuristic_gpu.py)
     alu_trig = True  # OpenCL allows sin/cos 4 ulp and tan 5 (PoCL's tan is 2.3 ulp off), CUDA's tanf 4
@@ -36,6 +128,8 @@ class GPURenderer(Renderer):
     global_max: tuple[int, ...] = (2**31 - 1, 65535, 65535)  # group counts per id
     local_max: tuple[int, ...] = (1024, 1024, 64)  # threads per work-group per id
     local_threads_max = 1024  # threads per work-group
+    string_rewrite = PatternMatcher(gpu_rules + cfamily_rules)
+    code_for_op = gpu_code_for_op("f")
     # dialect
     types: dict[DType, str] = {}  # value types
     mem_types: dict[DType, str] = {}  # element types in global memory where they differ
@@ -43,7 +137,6 @@ class GPURenderer(Renderer):
     prelude = ""
     barrier = ""
     shared = ""  # the DEFINE_LOCAL qualifier
-    float_suffix = "f"  # exp2f (CUDA) or exp2 (OpenCL: overloaded builtins)
 
     # ----- types -----
     def is_native(self, dt: DType) -> bool:
@@ -55,6 +148,9 @@ class GPURenderer(Renderer):
             return self.types[dt]
         scalar = self.types[dt.scalar]
         return f"{scalar}{dt.count}" if self.is_native(dt) else f"zg_{scalar.replace(' ', '_')}x{dt.count}"
+
+    def render_dtype(self, dt: DType) -> str:
+        return self.vtype(dt)
 
     def mem_vtype(self, dt: DType) -> str:
         """The element type of a pointer into global memory."""
@@ -115,68 +211,13 @@ class GPURenderer(Renderer):
             return f"zg_rh((float)({x}))"
         return f"({self.types[to]})({x})"
 
-    def render_vector_cast(self, to: DType, x: str) -> str:
-        raise NotImplementedError
-
-    def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
-        raise NotImplementedError
-
     def reinterpret(self, x: str, frm: DType, to: DType) -> str:
         """x as an int of another signedness (a wider one for scalars): a C cast, modulo 2^n back to signed."""
         return f"(({self.vtype(to)}){x})"
 
-    # ----- ALU -----
-    def math_fn(self, name: str, dt: DType, a: str) -> str:
-        fn = name + (self.float_suffix if dt.scalar != dtypes.float64 else "")
-        return f"{fn}({a})"
-
-    def render_alu(self, op: Ops, dt: DType, srcs: list[str], src_dts: list[DType], wrap: DType | None = None) -> str:
-        """wrap: the unsigned dtype to compute an integer op in so that it wraps around (`wrapping_dtype`)."""
-        if wrap is not None:
-            n = 1 if op is Ops.SHL else len(srcs)  # a shift's count stays as it is
-            wide = [self.reinterpret(x, sdt, wrap) for x, sdt in zip(srcs[:n], src_dts)] + srcs[n:]
-            return self.reinterpret(self.render_alu(op, wrap, wide, [wrap] * len(srcs)), wrap, dt)
-        a = srcs[0]
-        if op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC):
-            ret = self.math_fn(op.name.lower(), dt, a)
-        elif op is Ops.RECIPROCAL:
-            ret = f"(({self.types[dt.scalar]})1/{a})"
-        elif op is Ops.NEG:
-            ret = f"(!{a})" if dt.scalar == dtypes.bool else f"(-{a})"
-        elif op is Ops.MAX:
-            nan = f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""  # NaN wins, as numpy/torch's max
-            ret = f"((({a}>{srcs[1]}){nan})?{a}:{srcs[1]})"
-        elif op is Ops.WHERE:
-            ret = self.render_where(dt, a, srcs[1], srcs[2])
-        elif op is Ops.MULACC:
-            ret = self.render_fma(dt, *srcs) if dtypes.is_float(dt.scalar) else f"(({a}*{srcs[1]})+{srcs[2]})"
-        else:
-            sym = {
-                Ops.ADD: "+",
-                Ops.SUB: "-",
-                Ops.MUL: "*",
-                Ops.FDIV: "/",
-                Ops.IDIV: "/",
-                Ops.MOD: "%",
-                Ops.CMPLT: "<",
-                Ops.CMPNE: "!=",
-                Ops.CMPEQ: "==",
-                Ops.AND: "&",
-                Ops.OR: "|",
-                Ops.XOR: "^",
-                Ops.SHL: "<<",
-                Ops.SHR: ">>",
-            }[op]
-            if dt.scalar == dtypes.bool and op in (Ops.ADD, Ops.MUL):
-                sym = {Ops.ADD: "|", Ops.MUL: "&"}[op]
-            ret = f"({a}{sym}{srcs[1]})"
-        return f"zg_rh({ret})" if dt == dtypes.float16 else ret
-
-    def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
-        return f"fma({a},{b},{c})"
-
-    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
-        return f"({c}?{a}:{b})"
+    def half_round(self, dt: DType, x: str) -> str:
+        """A half result rounded to half (half values are computed as float)."""
+        return f"zg_rh({x})" if dt == dtypes.float16 else x
 
     # ----- memory -----
     def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
@@ -223,108 +264,12 @@ class GPURenderer(Renderer):
     def param(self, dt: PtrDType, name: str) -> str:
         raise NotImplementedError
 
-    def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
-        r: dict[UOp, str] = {}
-        lines: list[str] = []
-        args: list[tuple[int, str]] = []
-        var_names: list[str] = []
-        counts: dict[str, int] = {}
-        sizes: dict[str, int] = {}
-        depth = 1
-        has_local = any(u.op is Ops.SPECIAL and u.arg.startswith("lidx") for u in uops)
+    def prelude_for(self, uops: list[UOp]) -> str:
+        return self.prelude
 
-        def new_name(prefix: str) -> str:
-            counts[prefix] = counts.get(prefix, 0) + 1
-            return f"{prefix}{counts[prefix] - 1}"
-
-        def emit(line: str):
-            lines.append("  " * depth + line)
-
-        def decl(u: UOp, prefix: str, expr: str):
-            r[u] = new_name(prefix)
-            emit(f"{self.vtype(u.dtype)} {r[u]} = {expr};")
-
-        for u in uops:
-            op, dt, src = u.op, u.dtype, u.src
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"data{u.arg}"
-                args.append((u.arg, self.param(dt, r[u])))  # type: ignore[arg-type]
-            elif op is Ops.DEFINE_VAR:
-                r[u] = f"var_{u.arg[0]}"  # prefixed: a Variable's name never meets a C keyword or a local
-                var_names.append(u.arg[0])
-            elif op is Ops.SPECIAL:
-                if u.arg[:4] not in ("gidx", "lidx"):
-                    raise NotImplementedError(f"{self.device} has no thread index {u.arg!r}")
-                r[u] = u.arg
-                sizes[u.arg] = src[0].arg
-                emit(f"int {u.arg} = {self.special(u.arg, has_local)};")
-            elif op is Ops.CONST:
-                r[u] = self.render_const(u.arg, dt)
-            elif op is Ops.DEFINE_REG:
-                acc = new_name("acc")
-                if dt.size == 1:  # type: ignore[attr-defined]
-                    emit(f"{self.vtype(dt.base)} {acc};")  # type: ignore[attr-defined]
-                    r[u] = f"(&{acc})"
-                else:
-                    emit(f"{self.vtype(dt.base)} {acc}[{dt.size}];")  # type: ignore[attr-defined]
-                    r[u] = acc
-            elif op is Ops.DEFINE_LOCAL:
-                r[u] = u.arg
-                emit(f"{self.shared}{self.vtype(dt.base)} {u.arg}[{dt.size}];")  # type: ignore[attr-defined]
-            elif op is Ops.BARRIER:
-                emit(self.barrier)
-            elif op is Ops.RANGE:
-                r[u] = loop_var(u)
-                emit(f"for ({self.vtype(dt)} {r[u]} = 0; {r[u]} < {r[src[0]]}; {r[u]}++) {{")
-                depth += 1
-            elif op is Ops.END:
-                for _ in [s for s in src[1:] if s.op is Ops.RANGE]:
-                    depth -= 1
-                    emit("}")
-            elif op is Ops.AFTER:
-                r[u] = r[src[0]]
-            elif op is Ops.INDEX:
-                r[u] = f"({r[src[0]]}+{r[src[1]]})" if src[1].op is not Ops.CONST or src[1].arg != 0 else r[src[0]]
-            elif op is Ops.LOAD:
-                idx = src[0]
-                load = self.render_load(dt, idx.src[0], r[idx])
-                if len(idx.src) > 2:  # gated: an index outside the valid region reads 0
-                    load = f"({r[idx.src[2]]}?{load}:{self.render_const(0, dt)})"
-                decl(u, "val", load)
-            elif op is Ops.STORE:
-                idx, val = src
-                stores = self.render_store(val.dtype, idx.src[0], r[idx], r[val])
-                if len(idx.src) > 2:
-                    stores = [f"if ({r[idx.src[2]]}) {{ {' '.join(stores)} }}"]
-                for s in stores:
-                    emit(s)
-            elif op is Ops.VECTORIZE:
-                decl(u, "vec", self.render_vectorize([r[s] for s in src], dt))
-            elif op is Ops.GEP:
-                if len(u.arg) == 1:
-                    r[u] = self.render_gep(r[src[0]], src[0].dtype, u.arg[0])
-                else:
-                    decl(
-                        u,
-                        "vec",
-                        self.render_vectorize([self.render_gep(r[src[0]], src[0].dtype, i) for i in u.arg], dt),
-                    )
-            elif op in (Ops.GROUP, Ops.NOOP):
-                pass
-            elif op is Ops.CAST:
-                if dt.count > 1:
-                    decl(u, "cast", self.render_vector_cast(dt, r[src[0]]))
-                else:
-                    decl(u, "cast", self.render_cast(dt, src[0].dtype, r[src[0]]))
-            elif op is Ops.BITCAST:
-                decl(u, "bits", self.render_bitcast(dt, src[0].dtype, r[src[0]]))
-            elif op in GroupOp.ALU:
-                srcs, src_dts = [r[s] for s in src], [s.dtype for s in src]
-                decl(u, "alu", self.render_alu(op, dt, srcs, src_dts, wrapping_dtype(u)))
-            else:
-                raise NotImplementedError(f"the {self.device} renderer has no rule for {op}")
-
-        params = [a for _, a in sorted(args)] + [f"int var_{v}" for v in var_names]
+    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+        sizes = {s.arg: s.src[0].arg for s in ctx.special}
+        params = [a for _, a in sorted(ctx.args)] + [f"int var_{v}" for v in ctx.var_names]
         gsize = tuple(sizes.get(f"gidx{i}", 1) for i in range(3))
         lsize = tuple(sizes.get(f"lidx{i}", 1) for i in range(3))
         structs = sorted(
@@ -340,13 +285,10 @@ class GPURenderer(Renderer):
             + "".join(self.struct_decl(*s) for s in structs)
             + self.kernel_header(name, params, lsize)
             + " {\n"
-            + "\n".join(lines)
+            + "\n".join(body)
             + "\n}\n"
         )
-        return ProgramSpec(name, code, len(args), tuple(var_names), global_size=gsize, local_size=lsize)  # type: ignore
-
-    def prelude_for(self, uops: list[UOp]) -> str:
-        return self.prelude
+        return ProgramSpec(name, code, len(ctx.args), tuple(ctx.var_names), global_size=gsize, local_size=lsize)  # type: ignore
 
 
 # ***** OpenCL C *****
@@ -358,6 +300,39 @@ float zg_bf2f(ushort x) { return as_float((uint)x << 16); }
 ushort zg_f2bf(float f) { uint u = as_uint(f); if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 64u);
   u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
 """
+
+
+def _cl_where_select(ctx: RenderContext, x: UOp, c: UOp, a: UOp, b: UOp) -> str:
+    """A float `c ? a : b` through the select builtin: PoCL compiles `x > 0 ? -0.0f : x` to -0.0 at x = +0.0"""
+    mask = "long" if x.dtype == dtypes.float64 else "int"
+    return ctx.ren.half_round(x.dtype, f"select({ctx[b]},{ctx[a]},({mask})({ctx[c]}))")  # type: ignore[attr-defined]
+
+
+def _cl_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> str:
+    v = f"zg_f2h({ctx[a]})" if a.dtype == dtypes.float16 else ctx[a]
+    return f"zg_h2f(as_ushort({v}))" if x.dtype == dtypes.float16 else f"as_{ctx.ren.types[x.dtype]}({v})"  # type: ignore
+
+
+# OpenCL's own rules, before the GPU ones
+opencl_rules: list[tuple[UPat, Callable]] = [
+    # WHERE(c, a, b) of a float scalar -> select(b, a, (int)c)
+    (
+        UPat(
+            Ops.WHERE,
+            src=(UPat.var("c"), UPat.var("a"), UPat.var("b")),
+            name="x",
+            custom=lambda u: u.dtype.count == 1 and dtypes.is_float(u.dtype),
+        ),
+        _cl_where_select,
+    ),
+    # CAST of a native vector -> convert_floatN(v)
+    (
+        UPat(Ops.CAST, src=(UPat.var("a"),), name="x", custom=_is_vector),
+        lambda ctx, a, x: f"convert_{ctx.ren.vtype(x.dtype)}({ctx[a]})",
+    ),
+    # BITCAST(v) -> as_<type>(v)
+    (UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x"), _cl_bitcast),
+]
 
 
 class OpenCLRenderer(GPURenderer):
@@ -387,7 +362,8 @@ class OpenCLRenderer(GPURenderer):
     native_vector_counts = (2, 4, 8, 16)
     barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
     shared = "__local "
-    float_suffix = ""
+    string_rewrite = PatternMatcher(opencl_rules + gpu_rules + cfamily_rules)
+    code_for_op = gpu_code_for_op("")
 
     def __init__(
         self,
@@ -441,25 +417,8 @@ class OpenCLRenderer(GPURenderer):
     def render_gep(self, x: str, dt: DType, lane: int) -> str:
         return f"{x}.s{lane:x}" if self.is_native(dt) else f"{x}.v[{lane}]"
 
-    def render_vector_cast(self, to: DType, x: str) -> str:
-        return f"convert_{self.vtype(to)}({x})"
-
     def reinterpret(self, x: str, frm: DType, to: DType) -> str:
         return f"as_{self.vtype(to)}({x})" if to.count > 1 else super().reinterpret(x, frm, to)
-
-    def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
-        if frm == dtypes.float16:
-            x = f"zg_f2h({x})"
-        return f"zg_h2f(as_ushort({x}))" if to == dtypes.float16 else f"as_{self.types[to]}({x})"
-
-    def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
-        return f"fma({a},{b},{c})"
-
-    def render_where(self, dt: DType, c: str, a: str, b: str) -> str:
-        """A float `c ? a : b` through the select builtin: PoCL compiles `x > 0 ? -0.0f : x` to -0.0 at x = +0.0"""
-        if dt.count == 1 and dtypes.is_float(dt):
-            return f"select({b},{a},({'long' if dt == dtypes.float64 else 'int'})({c}))"
-        return super().render_where(dt, c, a, b)
 
     def load_scalar(self, dt: DType, addr: str) -> str:
         return f"vload_half(0, {addr})" if dt == dtypes.float16 else f"(*{addr})"
@@ -500,6 +459,19 @@ __device__ __forceinline__ unsigned short zg_f2bf(float f) { unsigned int u = __
 """
 
 
+def _cuda_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> str:
+    """BITCAST(v) -> its bytes copied (half values are floats: through their 16 bits)"""
+    src_t = "unsigned short" if a.dtype == dtypes.float16 else ctx.ren.types[a.dtype]  # type: ignore[attr-defined]
+    dst_t = "unsigned short" if x.dtype == dtypes.float16 else ctx.ren.types[x.dtype]  # type: ignore[attr-defined]
+    val = f"zg_f2h({ctx[a]})" if a.dtype == dtypes.float16 else ctx[a]
+    ret = f"[&]{{ {src_t} s_ = {val}; {dst_t} d_; memcpy(&d_, &s_, sizeof(d_)); return d_; }}()"
+    return f"zg_h2f({ret})" if x.dtype == dtypes.float16 else ret
+
+
+# CUDA's own rules, before the GPU ones (no vector CAST: CUDA casts vectors lane by lane)
+cuda_rules: list[tuple[UPat, Callable]] = [(UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x"), _cuda_bitcast)]
+
+
 class CUDARenderer(GPURenderer):
     """CUDA C for NVRTC / nvcc: `extern "C" __global__`, blockIdx / threadIdx, `__shared__`, `__syncthreads()`."""
 
@@ -523,6 +495,7 @@ class CUDARenderer(GPURenderer):
     prelude = CUDA_PRELUDE
     barrier = "__syncthreads();"
     shared = "__shared__ "
+    string_rewrite = PatternMatcher(cuda_rules + gpu_rules + cfamily_rules)
 
     def __init__(self, arch: str = "sm_90"):
         self.arch = arch
@@ -546,19 +519,6 @@ class CUDARenderer(GPURenderer):
 
     def render_vectorize(self, lanes: list[str], dt: DType) -> str:
         return f"{self.vtype(dt)}{{{{{', '.join(lanes)}}}}}"
-
-    def render_vector_cast(self, to: DType, x: str) -> str:
-        raise NotImplementedError("CUDA casts vectors lane by lane")
-
-    def render_bitcast(self, to: DType, frm: DType, x: str) -> str:
-        src_t = "unsigned short" if frm == dtypes.float16 else self.types[frm]
-        dst_t = "unsigned short" if to == dtypes.float16 else self.types[to]
-        val = f"zg_f2h({x})" if frm == dtypes.float16 else x
-        ret = f"[&]{{ {src_t} s_ = {val}; {dst_t} d_; memcpy(&d_, &s_, sizeof(d_)); return d_; }}()"
-        return f"zg_h2f({ret})" if to == dtypes.float16 else ret
-
-    def render_fma(self, dt: DType, a: str, b: str, c: str) -> str:
-        return f"fma{'f' if dt.scalar != dtypes.float64 else ''}({a},{b},{c})"
 
     def load_scalar(self, dt: DType, addr: str) -> str:
         return f"zg_h2f(*{addr})" if dt == dtypes.float16 else f"(*{addr})"
