@@ -383,14 +383,16 @@ def dtype_values(draw, np_dt, n: int) -> np.ndarray:
 
 def cast_safe(a: np.ndarray, to: str) -> np.ndarray:
     """Float values a float -> integer cast is defined for (C, numpy and torch leave the others undefined):
-    truncated into the target's range and below 2**24 in magnitude, NaN as 0."""
+    truncated into the target's range and below 2**24 in magnitude, NaN as 0, checked again after rounding to
+    a's own dtype (float16 rounds int16's 32767 up to 32768, out of range)."""
     to_np = DTYPES[to][1]
     if a.dtype.kind != "f" or not np.issubdtype(to_np, np.integer):
         return a
     info = np.iinfo(to_np)
     with np.errstate(all="ignore"):
-        a = np.nan_to_num(np.clip(np.trunc(a.astype(np.float64)), info.min, info.max), nan=0.0)
-    return np.where(np.abs(a) < 2**24, a, 0).astype(a.dtype if a.dtype != np.float64 else np.float64)
+        wide = np.nan_to_num(np.clip(np.trunc(a.astype(np.float64)), info.min, info.max), nan=0.0)
+        back = wide.astype(a.dtype).astype(np.float64)
+    return np.where((np.abs(back) < 2**24) & (back >= info.min) & (back <= info.max), back, 0).astype(a.dtype)
 
 
 @st.composite
