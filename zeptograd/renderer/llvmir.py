@@ -13,7 +13,7 @@ import struct
 
 from zeptograd.dtype import DType, PtrDType, dtypes
 from zeptograd.renderer import ProgramSpec, Renderer
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _SCALAR = {
     dtypes.bool: "i1",
@@ -417,34 +417,7 @@ class _Function:
                 r[u] = self.cast(r[src[0]], src[0].dtype, dt)
             elif op is Ops.BITCAST:
                 r[u] = self.bitcast(r[src[0]], src[0].dtype, dt)
-            elif op in (
-                Ops.EXP2,
-                Ops.LOG2,
-                Ops.SIN,
-                Ops.COS,
-                Ops.TAN,
-                Ops.SQRT,
-                Ops.TRUNC,
-                Ops.RECIPROCAL,
-                Ops.NEG,
-                Ops.ADD,
-                Ops.SUB,
-                Ops.MUL,
-                Ops.FDIV,
-                Ops.IDIV,
-                Ops.MOD,
-                Ops.MAX,
-                Ops.CMPLT,
-                Ops.CMPNE,
-                Ops.CMPEQ,
-                Ops.AND,
-                Ops.OR,
-                Ops.XOR,
-                Ops.SHL,
-                Ops.SHR,
-                Ops.WHERE,
-                Ops.MULACC,
-            ):
+            elif op in GroupOp.ALU:
                 r[u] = self.alu(op, dt, list(src), [r[s] for s in src])
             else:
                 raise NotImplementedError(f"the LLVM renderer has no rule for {op}")
