@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from zeptograd.device import Buffer
 
 if TYPE_CHECKING:
-    from zeptograd.schedule.rangeify import ScheduleItem
+    from zeptograd.schedule.kernel import ScheduleItem
 
 
 def plan_memory(items: list[ScheduleItem], intermediates: set[Buffer]) -> dict[Buffer, Buffer]:
