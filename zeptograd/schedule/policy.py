@@ -1,15 +1,17 @@
 """Materialization policy: which tensor nodes get a buffer (a kernel boundary) and which are inlined into their
 consumers' kernels.
 
-Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, and the nodes whose inlining
-would recompute work many times over or make a kernel too large. During the index walk (`must_realize`, once all
-of a node's consumers are known): a node holding a reduce that is needed at several index sets, a reduce that does
-not vary along a loop its consumer runs, a padded window over computed values.
+Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, cuts that keep a kernel within
+the compilers' and devices' limits, and a large contraction's transcendental epilogue (a codegen limit: fused, it
+would run on scalars). During the index walk (`must_realize`, once all of a node's consumers and the loops in scope
+at each read are known): a reduce that does not vary along a loop its consumer runs, a node whose recomputation at
+every read costs more than a buffer (the cost model, `schedule/cost.py`), a padded window over computed values.
 """
 
 from __future__ import annotations
 
 from zeptograd.helpers import prod
+from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
@@ -23,29 +25,25 @@ MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transce
 class MaterializationPolicy:
     def __init__(self, rf: Rangeify):
         self.rf = rf
-        self.has_reduce: dict[UOp, bool] = {}  # holds a reduce that is inlined, so recomputing it is costly
 
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
         self.rf.realize |= outputs | {u for u in nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
         self.rf.realize |= self.long_chains()
-        self.rf.realize |= self.costly_expanded_into_reduce()
         self.rf.realize |= self.contractions_with_costly_epilogue()
-        self.rf.realize |= self.broadcast_reduces()
-        for u in nodes:
-            self.has_reduce[u] = (
-                u.op is Ops.REDUCE_AXIS or any(self.has_reduce[s] for s in u.src)
-            ) and u not in self.rf.realize
+        self.cost = CostModel(nodes, self.rf.realize)
         return self.rf.realize
 
     def must_realize(self, x: UOp, reqs: Requests) -> bool:
-        if len(reqs) > 1 and (self.has_reduce[x] or len(reqs) > MAX_REQUESTS) and x.op not in GroupOp.Movement:
-            return True  # different consumers need it at different places: compute it once (a view: its source)
+        if len(reqs) > MAX_REQUESTS and x.op not in GroupOp.Movement:
+            return True  # needed at many different places: compute it once (a view: its source is)
         if x.op is Ops.REDUCE_AXIS:
             for (idx, valid), scope in reqs.items():
                 used = {r for i in idx for r in i.ranges}
                 if scope - used:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
+        if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
+            return True  # recomputed at every read costs more than a buffer (schedule/cost.py)
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
@@ -60,17 +58,6 @@ class MaterializationPolicy:
             x, req, _ = self.rf.src_requests(x, req)[0]
         exprs = [*req[0]] + ([req[1]] if req[1] is not None else [])
         return x.op is Ops.BUFFER and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
-
-    def costly_nodes(self) -> dict[UOp, bool]:
-        """Whether the ops inlined into a node (up to buffers, reduces and nodes already realized) hold a
-        transcendental and read a buffer; index-only expressions (arange masks) stay cheap to recompute."""
-        trans: dict[UOp, bool] = {}
-        reads: dict[UOp, bool] = {}
-        for u in self.rf.nodes:
-            stop = u.op is Ops.REDUCE_AXIS or u in self.rf.realize
-            trans[u] = not stop and (u.op in GroupOp.Transcendental or any(trans[s] for s in u.src))
-            reads[u] = u.op is Ops.BUFFER or stop or any(reads[s] for s in u.src)
-        return {u: trans[u] and reads[u] for u in self.rf.nodes}
 
     def contractions_with_costly_epilogue(self) -> set[UOp]:
         """Large reduces over many inputs (matmuls) whose elementwise consumers hold a transcendental (gelu, sigmoid):
@@ -102,43 +89,8 @@ class MaterializationPolicy:
                 stack.extend(consumers.get(u, []))
         return found
 
-    def costly_expanded_into_reduce(self) -> set[UOp]:
-        """Costly elementwise nodes that reach a reduce through an EXPAND (a layernorm or gelu before a matmul):
-        inlined, they would be recomputed for every element of the expanded axis, e.g. once per output column."""
-        costly = self.costly_nodes()
-        found: set[UOp] = set()
-        seen: set[UOp] = set()
-        stack = [(u.src[0], False) for u in self.rf.nodes if u.op is Ops.REDUCE_AXIS]
-        while stack:
-            u, expanded = stack.pop()
-            if (u, expanded) in seen or u.op is Ops.BUFFER or u.op is Ops.REDUCE_AXIS or u in self.rf.realize:
-                continue
-            seen.add((u, expanded))
-            if expanded and u.op in GroupOp.Elementwise and costly[u]:
-                found.add(u)
-            elif u.op in GroupOp.Movement or u.op in GroupOp.Elementwise:
-                grows = u.op is Ops.EXPAND and prod(u.shape) > prod(u.src[0].shape)
-                stack.extend((s, expanded or grows) for s in u.src)
-        return found
-
     def reads_buffer(self, x: UOp) -> bool:
         return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))
-
-    def broadcast_reduces(self) -> set[UOp]:
-        """Reduces whose result is expanded later (softmax's max): computed once, never per element of the expand."""
-        found: set[UOp] = set()
-        seen: set[UOp] = set()
-        stack = [u.src[0] for u in self.rf.nodes if u.op is Ops.EXPAND]
-        while stack:
-            u = stack.pop()
-            if u in seen or u.op is Ops.BUFFER or u in self.rf.realize:
-                continue
-            seen.add(u)
-            if u.op is Ops.REDUCE_AXIS:
-                found.add(u)
-            elif u.op in GroupOp.Movement or u.op in GroupOp.Elementwise:
-                stack.extend(u.src)
-        return found
 
     def long_chains(self) -> set[UOp]:
         """Where a fused chain of elementwise ops reaches MAX_KERNEL_OPS ops or MAX_KERNEL_BUFS input buffers:

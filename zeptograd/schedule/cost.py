@@ -1,0 +1,84 @@
+"""The scheduler's cost model: whether inlining a node into its consumers' kernels costs more than a buffer.
+
+Inlined, a node is evaluated once per iteration of the loops in scope where it is read (its consumer kernel's
+output loops and any reduce loops around the read), so a value that does not vary along one of those loops is
+recomputed there: a prologue expanded into a matmul (`(x*g + b) @ w` recomputes `x*g + b` once per output
+column), a reduce read through a cat's PAD (each part's matmul evaluated at every output of the cat), a value read
+at two index sets (`y + y.T`: the transposed read walks every input of `y` with a stride). Materialized, it is
+evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost.
+
+Costs are rough cycles per element on one core, summed along the inlined graph; only the comparison matters.
+"""
+
+from __future__ import annotations
+
+from zeptograd.helpers import prod
+from zeptograd.uop.ops import GroupOp, Ops, UOp, const_trip_count
+
+ALU = 1  # one arithmetic op
+TRANSCENDENTAL = 4  # exp2/log2/sin/sqrt/reciprocal: a polynomial or a long-latency instruction
+LOAD = 2  # an element streamed from memory
+STRIDED_LOAD = 32  # an element read across rows: a cache line for one element
+STORE = 4  # an element written (the line is read for ownership first)
+KERNEL = 16384  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
+MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
+
+
+class CostModel:
+    """Per-node estimates over the tensor graph, stopping at nodes that are materialized up front."""
+
+    def __init__(self, nodes: list[UOp], realized: set[UOp]):
+        self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
+        self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
+        self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
+        for u in nodes:
+            read = [(self.read_cost(s, realized), self.read_loads(s, realized)) for s in u.src]
+            own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
+            if u.op in GroupOp.Transcendental:
+                own = TRANSCENDENTAL
+            work, loads = own + sum(w for w, _ in read), sum(n for _, n in read)
+            if u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
+                n = prod(u.src[0].shape) // max(prod(u.shape), 1) if self.static(u.src[0]) else 1
+                work, loads = (work + ALU) * n, loads * n
+            self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
+            self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
+
+    # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
+    def read_cost(self, s: UOp, realized: set[UOp]) -> int:
+        return LOAD if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in realized else self.work[s]
+
+    def read_loads(self, s: UOp, realized: set[UOp]) -> int:
+        return 1 if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in realized else self.loads[s]
+
+    @staticmethod
+    def static(x: UOp) -> bool:
+        return all(isinstance(s, int) for s in x.shape)
+
+    def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
+        """Whether evaluating x at every read (its requests, each with the ranges in scope there) costs more than
+        computing it once per element, storing it and loading it at every read."""
+        if self.index_only[x] or not self.static(x) or self.work[x] <= LOAD:
+            return False
+        keep = (self.work[x] + STORE) * prod(x.shape) + KERNEL
+        inline = 0
+        for (idx, _), scope in reqs.items():
+            trips = [const_trip_count(r) for r in scope]
+            if any(t is None for t in trips):
+                return False  # a symbolic loop: no estimate
+            strided = reads_across_rows(idx, scope)
+            extra = (STRIDED_LOAD - LOAD) * self.loads[x] if strided else 0
+            inline += (self.work[x] + extra) * prod(trips)
+            keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
+            if inline > keep:
+                return True
+        return False
+
+
+def reads_across_rows(idx: tuple[UOp, ...], scope: set[UOp]) -> bool:
+    """Whether a read at idx moves across rows as the innermost loop in scope advances (a transposed read): that
+    loop appears in an outer dimension's index and not in the last one's."""
+    moving = [i for i in idx if i.op is not Ops.CONST]  # a size-1 or broadcast dimension is read at 0
+    if not scope or len(moving) < 2:
+        return False
+    inner = max(scope, key=lambda r: r.arg[0])
+    return inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
