@@ -300,3 +300,13 @@ def test_a_realized_graph_is_not_reused_after_its_buffer_is_written():
     c.shrink(((0, 2),)).assign(Tensor.full((2,), 7.0)).realize()
     np.testing.assert_equal(Tensor.ones(5).contiguous().numpy(), np.ones(5, np.float32))
     np.testing.assert_equal(c.numpy(), [7, 7, 1, 1, 1])
+
+
+def test_an_assign_into_a_view_is_read_back_through_that_view():
+    """The value of `t[1:3].assign(v)` lives at elements 1..2 of t's buffer: a consumer in the same schedule reads
+    it there (it read elements 0..1)."""
+    t = Tensor.zeros(4).contiguous().realize()
+    np.testing.assert_array_equal((t[1:3].assign(Tensor([5.0, 6.0])) * 2).numpy(), [10, 12])
+    m = Tensor.zeros(4, 4).contiguous().realize()
+    np.testing.assert_array_equal((m.T[1:3].assign(Tensor.ones(2, 4) * 7) + 1).numpy(), np.full((2, 4), 8))
+    np.testing.assert_array_equal(m.numpy()[:, 1:3], np.full((4, 2), 7))

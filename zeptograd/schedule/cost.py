@@ -15,12 +15,12 @@ from __future__ import annotations
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import GroupOp, Ops, UOp, const_trip_count
 
-ALU = 1  # one arithmetic op
+ALU = 1  # one arithmetic op (vectorized: a fraction of a cycle per element)
 TRANSCENDENTAL = 4  # exp2/log2/sin/sqrt/reciprocal: a polynomial or a long-latency instruction
-LOAD = 2  # an element streamed from memory
-STRIDED_LOAD = 32  # an element read across rows: a cache line for one element
-STORE = 4  # an element written (the line is read for ownership first)
-KERNEL = 16384  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
+LOAD = 4  # an element streamed from memory
+STRIDED_LOAD = 64  # an element read across rows: a cache line for one element
+STORE = 8  # an element written (the line is read for ownership first)
+KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 
 
@@ -31,6 +31,11 @@ class CostModel:
         self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
         self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
+        self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
+        consumers: dict[UOp, list[UOp]] = {}
+        for u in nodes:
+            for s in u.src:
+                consumers.setdefault(s, []).append(u)
         for u in nodes:
             read = [(self.read_cost(s, realized), self.read_loads(s, realized)) for s in u.src]
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
@@ -42,6 +47,9 @@ class CostModel:
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
             self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
+        for u in reversed(nodes):  # consumers first
+            users = consumers.get(u, [])
+            self.feeds_index[u] = bool(users) and all(self.index_only[c] or self.feeds_index[c] for c in users)
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp, realized: set[UOp]) -> int:
@@ -57,7 +65,7 @@ class CostModel:
     def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
         """Whether evaluating x at every read (its requests, each with the ranges in scope there) costs more than
         computing it once per element, storing it and loading it at every read."""
-        if self.index_only[x] or not self.static(x) or self.work[x] <= LOAD:
+        if self.index_only[x] or self.feeds_index[x] or not self.static(x) or self.work[x] <= LOAD:
             return False
         keep = (self.work[x] + STORE) * prod(x.shape) + KERNEL
         inline = 0

@@ -55,14 +55,19 @@ def lower_kernel(rf: Rangeify, roots: list[UOp], bufs: dict[UOp, Buffer]) -> tup
     for root, out_dg in zip(roots, out_dgs):
         idx, shape = rngs, root.shape
         if root.op is Ops.ASSIGN:  # store through the target's view ops into its buffer
-            tgt, treq = root.src[0], (rngs, None)
-            while tgt.op is not Ops.BUFFER:
-                tgt, treq, _ = rf.src_requests(tgt, treq)[0]
-            idx, shape = treq[0], tgt.shape
+            idx, _, shape = target_index(rf, root, (rngs, None))
         stores.append(out_dg.index(flat_index(idx, shape)).store(memo[(root, (rngs, None))]))
     body = stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
     ast = body.end(*[r for r in rngs if r.op is Ops.RANGE]).sink()
     return renumber_ranges(ast), list(slots)
+
+
+def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ...], UOp | None, tuple]:
+    """Where an ASSIGN read (or written) at req lands in its target's buffer: (index, validity, buffer shape)."""
+    tgt, treq = assign.src[0], req
+    while tgt.op is not Ops.BUFFER:
+        tgt, treq, _ = rf.src_requests(tgt, treq)[0]
+    return treq[0], treq[1], tgt.shape
 
 
 def lower_leaf(
@@ -72,8 +77,10 @@ def lower_leaf(
     if (c := uniform_const(x)) is not None:  # a symbolic constant (a Variable's value) is its cast expression
         return c.arg.cast(x.dtype) if isinstance(c.arg, UOp) else UOp.const(x.dtype, c.arg)
     if x.op is Ops.BUFFER or (x in rf.realize and x not in roots):
-        dg = define_global(bufs[x])
-        return dg.index(flat_index(idx, x.shape), valid).load()
+        dg, shape = define_global(bufs[x]), x.shape
+        if x.op is Ops.ASSIGN:  # its value lives in the target's buffer, read through the target's view ops
+            idx, valid, shape = target_index(rf, x, req)
+        return dg.index(flat_index(idx, shape), valid).load()
     if x.op is Ops.IOTA:
         return idx[0].cast(x.dtype)
     return None

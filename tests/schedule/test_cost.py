@@ -1,0 +1,95 @@
+"""The scheduler's cost model (schedule/cost.py): keep-or-inline decided by the recomputation an inline causes
+against a buffer's store, loads and kernel. Each case is a cliff that inlining fell off (measured before the model:
+`(x*g + b) @ w` at 512^3 took 202 ms against 1 ms for `x @ w`; a cat of 8 matmuls ran every part's matmul at every
+output of the cat; `y + y.T` read every input of `y` across rows), checked by kernel count and by value; the same
+programs at small sizes stay one kernel, where a kernel's fixed cost outweighs the recomputation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zeptograd import Tensor
+from zeptograd.schedule.cost import CostModel, reads_across_rows
+from zeptograd.uop.ops import AxisType, Ops, UOp
+
+rng = np.random.default_rng(0)
+
+
+def realized(*shape):
+    n = rng.standard_normal(shape).astype(np.float32)
+    return Tensor(n).realize(), n
+
+
+def kernels(t: Tensor) -> list:
+    return [item for item in t.schedule() if item.ast.op is Ops.SINK]
+
+
+def test_a_prologue_recomputed_per_output_column_is_stored_before_the_matmul():
+    """x*g + b is read at (i, k) inside a loop over j: inlined, it runs n times per element."""
+    (x, xn), (w, wn), (g, gn), (b, bn) = realized(256, 256), realized(256, 256), realized(256), realized(256)
+    items = kernels((x * g + b) @ w)
+    assert len(items) == 2
+    assert not any(u.op is Ops.REDUCE for u in items[0].ast.toposort())  # the prologue: elementwise, stored
+    np.testing.assert_allclose(((x * g + b) @ w).numpy(), (xn * gn + bn) @ wn, rtol=1e-4, atol=1e-3)
+    (xs, _), (ws, _), (gs, _) = realized(8, 8), realized(8, 8), realized(8)
+    assert len(kernels((xs * gs) @ ws)) == 1  # 512 multiplies recomputed cost less than a kernel
+
+
+def test_a_unary_prologue_of_a_large_matmul_is_stored():
+    (x, xn), (w, wn) = realized(512, 512), realized(512, 512)
+    assert len(kernels(x.abs() @ w)) == 2
+    np.testing.assert_allclose((x.abs() @ w).numpy(), np.abs(xn) @ wn, rtol=1e-4, atol=1e-3)
+
+
+def test_reduces_read_through_a_cat_are_each_stored():
+    """cat pads each part and adds: an inlined part's matmul would run at every output row of the cat."""
+    parts = [realized(64, 128) for _ in range(4)]
+    w, wn = realized(128, 32)
+    out = Tensor.cat(*[a @ w for a, _ in parts])
+    assert len(kernels(out)) == 5
+    np.testing.assert_allclose(out.numpy(), np.concatenate([an @ wn for _, an in parts]), rtol=1e-4, atol=1e-3)
+
+
+def test_a_value_read_transposed_is_stored():
+    """y + y.T: the transposed read of an inlined y reads each of y's four inputs across rows."""
+    (a, an), (b, bn), (c, cn), (d, dn) = (realized(256, 256) for _ in range(4))
+    y = a * b + c * d
+    assert len(kernels(y + y.T)) == 2
+    yn = an * bn + cn * dn
+    np.testing.assert_allclose((y + y.T).numpy(), yn + yn.T, rtol=1e-5, atol=1e-5)
+    (s, _), (t, _) = realized(8, 8), realized(8, 8)
+    assert len(kernels((s * t) + (s * t).T)) == 1
+
+
+def test_cheap_values_read_twice_in_a_row_stay_inlined():
+    """softmax's exp is read by the sum and by the division at the same rows: recomputed, not stored."""
+    x, xn = realized(64, 1000)
+    assert len(kernels(x.softmax(-1))) == 3
+    e = np.exp(xn - xn.max(-1, keepdims=True))
+    np.testing.assert_allclose(x.softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_an_arange_mask_is_never_stored():
+    """An index-only mask (one_hot's compare of an arange) folds into a gather in codegen: kept inline."""
+    x, _ = realized(512, 64)
+    idx = Tensor(rng.integers(0, 512, 300).astype(np.int32)).realize()
+    assert len(kernels(x[idx])) == 1
+
+
+def test_reads_across_rows_looks_at_the_innermost_loop_in_scope():
+    r0, r1 = UOp.range(64, 0, AxisType.LOOP), UOp.range(64, 1, AxisType.LOOP)
+    zero = UOp.const(r0.dtype, 0)
+    assert not reads_across_rows((r0, r1), {r0, r1})
+    assert reads_across_rows((r1, r0), {r0, r1})
+    assert not reads_across_rows((r0, r1, zero), {r0, r1})  # a trailing size-1 dimension reads 0
+    assert not reads_across_rows((r0,), {r0, r1})
+
+
+@pytest.mark.parametrize("op,expected", [("exp", 4 + 4), ("add", 1 + 4 + 4)])
+def test_the_work_of_an_inlined_node_sums_its_ops_and_loads(op, expected):
+    (a, _), (b, _) = realized(4, 4), realized(4, 4)
+    t = a.exp2() if op == "exp" else a + b
+    sink = t.uop
+    model = CostModel(list(sink.toposort()), set())
+    assert model.work[sink] == expected
