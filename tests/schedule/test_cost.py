@@ -93,3 +93,12 @@ def test_the_work_of_an_inlined_node_sums_its_ops_and_loads(op, expected):
     sink = t.uop
     model = CostModel(list(sink.toposort()), set())
     assert model.work[sink] == expected
+
+
+def test_a_costly_prologue_of_a_large_matmul_is_stored():
+    """layernorm's normalized rows (an rsqrt per row, a subtract and a multiply per element) before a 256^3 matmul:
+    stored once instead of recomputed per output column."""
+    (x, xn), (w, wn) = realized(256, 256), realized(256, 256)
+    assert len(kernels(x.layernorm() @ w)) == 4
+    y = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose((x.layernorm() @ w).numpy(), y @ wn, rtol=1e-3, atol=1e-3)

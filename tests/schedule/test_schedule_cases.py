@@ -385,10 +385,11 @@ def matmul_gelu_matmul():
     return (x @ w1).gelu(approximate="none") @ w2, (0.5 * h * (1 + _erf(h / math.sqrt(2)))) @ w2n
 
 
-@case(4, rtol=1e-4, atol=1e-4)
+@case(3, rtol=1e-4, atol=1e-4)
 def layernorm_then_matmul():
-    """mean, variance, the normalized rows (stored: rsqrt would run once per output column inside the matmul),
-    the matmul."""
+    """mean, variance, the matmul with the normalized rows inlined: at 6x32 @ 32x7 recomputing them once per output
+    column (1344 rsqrts) costs less than a kernel. At 256x256 the cost model stores them (tests/schedule/test_cost.py:
+    test_a_costly_prologue_of_a_large_matmul_is_stored)."""
     (x, xn), (w, wn) = rand(6, 32), rand(32, 7)
     y = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
     return x.layernorm() @ w, y @ wn
