@@ -18,6 +18,7 @@ from zeptograd.uop.ops import GroupOp, Ops, UOp
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
+MAX_INDEX_NODES = 48  # an index expression grown past this many UOps (a chain of views that do not fold) is cut
 MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
 MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 
@@ -37,6 +38,8 @@ class MaterializationPolicy:
     def must_realize(self, x: UOp, reqs: Requests) -> bool:
         if len(reqs) > MAX_REQUESTS and x.op not in GroupOp.Movement:
             return True  # needed at many different places: compute it once (a view: its source is)
+        if x.op is Ops.RESHAPE and any(index_size(i) > MAX_INDEX_NODES for req in reqs for i in req[0]):
+            return True  # the views above composed divmods that do not fold: a copy here keeps indexing linear
         if x.op is Ops.REDUCE_AXIS:
             for (idx, valid), scope in reqs.items():
                 used = {r for i in idx for r in i.ranges}
@@ -122,3 +125,15 @@ class MaterializationPolicy:
             n += x.op in GroupOp.ALU
             stack.extend(s for s in x.src if s not in cut)
         return n
+
+
+def index_size(i: UOp) -> int:
+    """The UOps in an index expression, counted up to MAX_INDEX_NODES + 1."""
+    seen: set[UOp] = set()
+    stack = [i]
+    while stack and len(seen) <= MAX_INDEX_NODES:
+        u = stack.pop()
+        if u not in seen:
+            seen.add(u)
+            stack.extend(u.src)
+    return len(seen)
