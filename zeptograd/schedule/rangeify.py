@@ -17,6 +17,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod, strides_for_shape
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory
+from zeptograd.schedule.nofuse import nofuse_realize
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_tensor_graph
@@ -257,6 +258,7 @@ class Rangeify:
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
         self.realize |= outputs | {u for u in self.nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
+        self.realize |= nofuse_realize(self.nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
         self.realize |= self.long_chains()
         self.realize |= self.costly_expanded_into_reduce()
         self.realize |= self.contractions_with_costly_epilogue()
