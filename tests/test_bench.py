@@ -74,7 +74,7 @@ def test_cliffs_quick_runs_three_programs(capsys):
     lines = out.splitlines()
     ids = [p.id for p in cliffs.generate(3, ("tiny",))]
     assert lines[0].startswith("zeptograd cliffs: ") and "THREADS=" in lines[0]
-    assert lines[1].startswith("3 programs of ")
+    assert any(ln.startswith("3 programs of ") for ln in lines[1:3])  # after a line on the load, if busy
     for title in ("worst a/b (default / no fusion):", "worst a/c (default / torch):"):
         rows = lines[lines.index(title) + 2 : lines.index(title) + 5]  # after the column header: one row each
         assert sorted(r.split(": ", 1)[0].split()[-1] for r in rows) == sorted(ids), rows
