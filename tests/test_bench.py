@@ -49,3 +49,37 @@ def test_main_writes_json(tmp_path, capsys):
     data = json.loads(out.read_text())
     assert [c["name"] for c in data["cases"]] == ["sum"]
     assert "sum" in capsys.readouterr().out
+
+
+def test_cliffs_generator_is_fixed_distinct_and_large():
+    from bench import cliffs
+
+    assert cliffs.total_programs() >= 500
+    first = cliffs.generate(40, ("small", "medium"))
+    assert len({(p.zg, p.inputs) for p in first}) == 40  # distinct programs
+    assert [p.id for p in cliffs.generate(10, ("small", "medium"))] == [p.id for p in first[:10]]  # a prefix
+    assert {p.family for p in first[: len(cliffs.FAMILIES)]} == set(cliffs.FAMILY_BY_NAME)  # families interleaved
+    assert {p.size for p in first} == {"small", "medium"}
+    again = cliffs.program_by_id(first[5].id)
+    assert (again.zg, again.torch, again.inputs) == (first[5].zg, first[5].torch, first[5].inputs)
+    only = cliffs.generate(5, ("large",), ["attention"])
+    assert all(p.family == "attention" and p.size == "large" for p in only)
+
+
+def test_cliffs_quick_runs_three_programs(capsys):
+    from bench import cliffs
+
+    cliffs.main(["--quick", "--count", "3"])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    ids = [p.id for p in cliffs.generate(3, ("tiny",))]
+    assert lines[0].startswith("zeptograd cliffs: ") and "THREADS=" in lines[0]
+    assert any(ln.startswith("3 programs of ") for ln in lines[1:3])  # after a line on the load, if busy
+    for title in ("worst a/b (default / no fusion):", "worst a/c (default / torch):"):
+        rows = lines[lines.index(title) + 2 : lines.index(title) + 5]  # after the column header: one row each
+        assert sorted(r.split(": ", 1)[0].split()[-1] for r in rows) == sorted(ids), rows
+        for r in rows:  # ratios, times and kernel counts, then the program as it runs, with its inputs
+            assert r.split()[0].endswith("x") and "k)" in r and " with " in r
+    assert any(ln.startswith("a/b over 3 programs: p10 ") for ln in lines)
+    assert any(ln.startswith("a/c over 3 programs: p10 ") for ln in lines)
+    assert "errors (" not in out and "values differ" not in out  # every program ran, same values as torch

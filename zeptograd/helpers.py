@@ -85,6 +85,7 @@ SPEC = ContextVar("SPEC", 0)
 DEVECTORIZE = ContextVar("DEVECTORIZE", 1)  # 2: split every vector ALU op into lanes (codegen/devectorizer.py)
 BEAM = ContextVar("BEAM", 0)  # search the optimizer actions with a beam this wide (engine/search.py)
 BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds of search per kernel
+FUSE = ContextVar("FUSE", 1)  # 0: every elementwise op and reduce its own kernel (schedule/nofuse.py)
 THREADS = ContextVar(
     "THREADS", len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from zeptograd.helpers import prod
 from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
+from zeptograd.schedule.nofuse import nofuse_realize
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
@@ -30,6 +31,7 @@ class MaterializationPolicy:
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
         self.rf.realize |= outputs | {u for u in nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
+        self.rf.realize |= nofuse_realize(nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
         self.rf.realize |= self.long_chains()
         self.rf.realize |= self.contractions_with_costly_epilogue()
         self.cost = CostModel(nodes, self.rf.realize)
