@@ -15,6 +15,7 @@ from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod, strides_for_shape
+from zeptograd.schedule.copy import copy_item, copy_realizes
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.split_reduce import split_reduces
@@ -34,7 +35,7 @@ Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity o
 
 @dataclass
 class ScheduleItem:
-    ast: UOp  # SINK(END(STORE(INDEX(DEFINE_GLOBAL 0, idx), value), *ranges)) over DEFINE_GLOBALs
+    ast: UOp  # SINK(END(STORE(INDEX(DEFINE_GLOBAL 0, idx), value), *ranges)) over DEFINE_GLOBALs; COPY: a copy item
     bufs: list[Buffer]  # DEFINE_GLOBAL i reads/writes bufs[i]; bufs[0] is the output
     device: str
     outputs: list[int] = field(default_factory=lambda: [0])
@@ -71,7 +72,7 @@ class Rangeify:
         self.group_ranges: dict[UOp, tuple[UOp, ...]] = {}  # outputs computed in one kernel share their loops
         for u in self.nodes:  # which device each node is computed on
             srcs_dev = (self.device[s] for s in u.src if self.device[s])
-            self.device[u] = u.arg if u.op is Ops.DEVICE else next(srcs_dev, "")
+            self.device[u] = u.arg if u.op is Ops.DEVICE else u.src[1].arg if u.op is Ops.COPY else next(srcs_dev, "")
 
     def fresh_ranges(self, shape: tuple[int, ...], kind: AxisType) -> tuple[UOp, ...]:
         return tuple(UOp.range(s, next(self.axis), kind) if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
@@ -81,7 +82,7 @@ class Rangeify:
         """[(source, its request, new reduce ranges)] for node x read at `req`."""
         idx, valid = req
         op, arg = x.op, x.arg
-        if op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE):
+        if op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE, Ops.COPY):  # a COPY's source: not read by a kernel
             return []
         if op is Ops.ASSIGN:  # the value is read where the target is written; the target itself is not read
             return [(x.src[1], req, ())]
@@ -257,6 +258,7 @@ class Rangeify:
     # --- pass 2: walk from the outputs to the inputs, giving every node its requests ---
     def assign_ranges(self, outputs: set[UOp]):
         self.realize |= outputs | {u for u in self.nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
+        self.realize |= copy_realizes(self.nodes)  # every COPY, and its source unless that is a whole buffer
         self.realize |= self.long_chains()
         self.realize |= self.costly_expanded_into_reduce()
         self.realize |= self.contractions_with_costly_epilogue()
@@ -418,6 +420,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     for x in order_assigns(rf.nodes, [x for x in rf.nodes if x in rf.realize]):
         if prod(x.shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
+        if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
+            items.append(ScheduleItem(*copy_item(x, bufs), rf.device[x]))
+            continue
         members = groups.get(x, [x])
         ast, kbufs = rf.lower_kernel(members, bufs)
         items.append(ScheduleItem(ast, kbufs, rf.device[x], outputs=list(range(len(members)))))
@@ -436,7 +441,7 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
     read = {s for u in rf.nodes if u.op is not Ops.SINK for s in u.src}
     by_key: dict[tuple, list[UOp]] = {}
     for x in rf.nodes:
-        if x in outputs and x not in read and x.op is not Ops.ASSIGN and prod(x.shape) > 0:
+        if x in outputs and x not in read and x.op not in (Ops.ASSIGN, Ops.COPY) and prod(x.shape) > 0:
             by_key.setdefault((x.shape, rf.device[x]), []).append(x)
     groups: dict[UOp, list[UOp]] = {}
     for members in by_key.values():
