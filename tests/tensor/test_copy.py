@@ -221,3 +221,42 @@ def test_to_of_assign_into_a_view():
     t = Tensor(np.zeros(4, np.float32))
     v = t[1:3].assign(Tensor([5.0, 6.0]))
     np.testing.assert_array_equal(v.to("PYTHON").numpy(), [5.0, 6.0])
+
+
+def test_copy_reads_old_contents_before_an_assign_and_shares_a_source_output():
+    a = Tensor(np.arange(4, dtype=np.float32))
+    p, s = a.to("PYTHON"), a.assign(a + 1)
+    Tensor.realize(p, s)
+    np.testing.assert_array_equal(p.numpy(), [0, 1, 2, 3])  # the copy ran before the write
+    np.testing.assert_array_equal(a.to("PYTHON").numpy(), [1, 2, 3, 4])
+    y = a + 1
+    z = y.to("CPU:C")
+    assert _ops(Tensor.schedule(y, z)) == [("kernel", "CPU"), ("copy", "CPU:C")]  # y computed once, copied
+    Tensor.realize(y, z)
+    np.testing.assert_array_equal(z.numpy(), y.numpy())
+
+
+def test_gradient_through_cl():
+    _need("CL")
+    a = rng.standard_normal(5).astype(np.float32)
+    w = Tensor(a, requires_grad=True)
+    (w.to("CL") * w.to("CL")).sum().backward()
+    assert w.grad.device == "CPU"
+    np.testing.assert_allclose(w.grad.numpy(), 2 * a, rtol=1e-6)
+
+
+def test_spec_of_copy():
+    from zeptograd.schedule.copy import tensor_device
+    from zeptograd.uop.ops import UOp
+    from zeptograd.uop.spec import SpecError, check_tensor_graph, spec_kernel
+
+    x = Tensor([1.0, 2.0]).uop
+    dev = UOp(Ops.DEVICE, arg="PYTHON")
+    good = UOp(Ops.COPY, x.dtype, (x, dev))
+    assert good.shape == (2,) and tensor_device(good) == "PYTHON" and tensor_device(x) == "CPU"
+    check_tensor_graph(good.sink())
+    with pytest.raises(SpecError, match="COPY of dtype dtypes.int moves a dtypes.float value"):
+        check_tensor_graph(UOp(Ops.COPY, dtypes.int32, (x, dev)).sink())
+    with pytest.raises(SpecError, match=r"COPY's sources are \(value, DEVICE\)"):
+        check_tensor_graph(UOp(Ops.COPY, x.dtype, (x,)).sink())
+    assert spec_kernel.rewrite(good) == "COPY is a tensor-graph op, left in a kernel"

@@ -59,10 +59,11 @@ class CopyProgram:
     and TinyJit's replay (which patches its inputs' handles) treat it as one more call."""
 
     def __init__(self, ast: UOp):
-        self.src_device, self.dst_device, self.nbytes = ast.src[0].arg, ast.src[1].arg, ast.arg
+        self.src_alloc, self.dst_alloc = Device[ast.src[0].arg].allocator, Device[ast.src[1].arg].allocator
+        self.nbytes = ast.arg
 
     def __call__(self, dst, src, vals: tuple[int, ...] = ()):
-        src_alloc, dst_alloc = Device[self.src_device].allocator, Device[self.dst_device].allocator
+        src_alloc, dst_alloc = self.src_alloc, self.dst_alloc
         if src_alloc.host and dst_alloc.host:
             ctypes.memmove(dst, src, self.nbytes)
             return
