@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import importlib
@@ -45,8 +46,11 @@ class Allocator:
     """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault).
 
     A device with its own memory (CL, CUDA) subclasses it: `alloc`/`free` its handles, `copyin`/`copyout` bytes,
-    and `handle(mem)`, what a kernel call receives for the buffer (here: the host address).
+    and `handle(mem)`, what a kernel call receives for the buffer (here: the host address), and `from_handle`, its
+    inverse (a copy item, schedule/copy.py, is called with handles as a kernel is).
     """
+
+    host = True  # the memory is this process's: a handle is its address (CL, CUDA: memory of their own)
 
     def __init__(self):
         self.free_cache: dict[int, list[np.ndarray]] = {}
@@ -70,6 +74,12 @@ class Allocator:
 
     def handle(self, mem: np.ndarray) -> int:
         return mem.ctypes.data
+
+    def from_handle(self, handle: int, nbytes: int) -> np.ndarray:
+        """The memory whose handle() is `handle`, for copyin/copyout: here nbytes at that address, not copied."""
+        if not nbytes:
+            return np.zeros(0, np.uint8)
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(handle))
 
     def copyin(self, mem: np.ndarray, src: np.ndarray):
         """src: the bytes (a flat uint8 array of mem's size)."""

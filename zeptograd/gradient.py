@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import argsort
+from zeptograd.schedule.copy import tensor_device
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -109,6 +110,8 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.CONTIGUOUS), lambda ctx: (ctx,)),
         (UPat(Ops.DETACH), lambda: (None,)),
         (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),
+        # copy(x, device)' = the gradient copied back to x's device
+        (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (ctx.to(tensor_device(ret.src[0])),)),
     ]
 )
 

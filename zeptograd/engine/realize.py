@@ -18,6 +18,7 @@ from zeptograd.device import Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
+from zeptograd.schedule.copy import CopyProgram, copy_name
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
 from zeptograd.uop import variable
@@ -116,9 +117,13 @@ _kernel_cache: dict[tuple, CompiledKernel] = {}
 
 
 def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKernel:
-    """The compiled kernel for a kernel graph; with BEAM=n and the kernel's buffers, its actions are searched."""
+    """The compiled kernel for a kernel graph (a copy item's COPY: its copy call); with BEAM=n and the kernel's
+    buffers, its actions are searched."""
     key = (device, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
     if key in _kernel_cache:
+        return _kernel_cache[key]
+    if ast.op is Ops.COPY:  # a copy item: no code, a call that copies through the allocators (schedule/copy.py)
+        _kernel_cache[key] = CompiledKernel(copy_name(ast), CopyProgram(ast), 0, "")
         return _kernel_cache[key]
     dev = Device[device]
     if DEBUG >= 5:

@@ -46,6 +46,8 @@ def cl_devices() -> list:
 class CLAllocator(Allocator):
     """cl.Buffers (at least 1 byte: OpenCL has no empty buffers), reused by size."""
 
+    host = False
+
     def __init__(self, cl, ctx, queue):
         super().__init__()
         self.cl, self.ctx, self.queue = cl, ctx, queue
@@ -65,6 +67,9 @@ class CLAllocator(Allocator):
 
     def handle(self, mem):
         return mem
+
+    def from_handle(self, handle, nbytes: int):
+        return handle  # the cl.Buffer itself
 
     def copyin(self, mem, src: np.ndarray):
         if src.nbytes:

@@ -151,6 +151,8 @@ class CUDAMem:
 
 
 class CUDAAllocator(Allocator):
+    host = False
+
     def __init__(self, dev: CUDADevice):
         super().__init__()
         self.dev = dev
@@ -168,6 +170,9 @@ class CUDAAllocator(Allocator):
 
     def handle(self, mem: CUDAMem) -> int:  # type: ignore[override]
         return mem.ptr
+
+    def from_handle(self, handle: int, nbytes: int) -> CUDAMem:  # type: ignore[override]
+        return CUDAMem(handle, nbytes)
 
     def copyin(self, mem: CUDAMem, src: np.ndarray):  # type: ignore[override]
         if src.nbytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from zeptograd.dtype import DType, dtypes, truncate
 from zeptograd.helpers import prod
+from zeptograd.schedule.copy import tensor_device
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -44,7 +45,7 @@ def _fold_reduce(x: UOp) -> UOp | None:
     no loop of 0 iterations whose index arithmetic would divide by the 0)"""
     op, axes = x.arg
     if any(x.src[0].shape[a] == 0 for a in axes if isinstance(x.src[0].shape[a], int)):
-        device = next(u.arg for u in x.src[0].toposort() if u.op is Ops.DEVICE)
+        device = tensor_device(x)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
         return const_broadcast(identity, x.dtype, device, x.shape)
     c = uniform_const(x.src[0])
@@ -62,6 +63,12 @@ def _fold_reduce(x: UOp) -> UOp | None:
     return const_broadcast(value, x.dtype, c.src[0].arg, x.shape)
 
 
+def _fold_copy(x: UOp) -> UOp | None:
+    """# copy(const, device) -> const on that device: a constant has no memory to move"""
+    c = uniform_const(x.src[0])
+    return None if c is None else const_broadcast(c.arg, c.dtype, x.src[1].arg, x.shape)
+
+
 def _canonical_const(x: UOp) -> UOp | None:
     """# movement(const) -> the canonical broadcast of that const, so equal constants are one UOp"""
     c = uniform_const(x)
@@ -75,6 +82,7 @@ tensor_fold = PatternMatcher(
         (UPat(GroupOp.ALU | {Ops.CAST}, name="x"), _fold_alu),
         (UPat(Ops.REDUCE_AXIS, name="x"), _fold_reduce),
         (UPat(_UNIFORM_MOVES, name="x"), _canonical_const),
+        (UPat(Ops.COPY, name="x"), _fold_copy),
         # detach(x) -> x: it only matters to gradients
         (UPat(Ops.DETACH, src=(UPat.var("x"),)), lambda x: x),
         # contiguous(contiguous(x)) -> contiguous(x)

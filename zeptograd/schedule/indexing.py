@@ -69,7 +69,7 @@ class Rangeify:
         self.group_ranges: dict[UOp, tuple[UOp, ...]] = {}  # outputs computed in one kernel share their loops
         for u in self.nodes:  # which device each node is computed on
             srcs_dev = (self.device[s] for s in u.src if self.device[s])
-            self.device[u] = u.arg if u.op is Ops.DEVICE else next(srcs_dev, "")
+            self.device[u] = u.arg if u.op is Ops.DEVICE else u.src[1].arg if u.op is Ops.COPY else next(srcs_dev, "")
 
     def fresh_ranges(self, shape: tuple[int, ...], kind: AxisType) -> tuple[UOp, ...]:
         return tuple(UOp.range(s, next(self.axis), kind) if s != 1 else UOp.const(dtypes.index, 0) for s in shape)
@@ -79,7 +79,7 @@ class Rangeify:
         """[(source, its request, new reduce ranges)] for node x read at `req`."""
         idx, valid = req
         op, arg = x.op, x.arg
-        if op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE):
+        if op in (Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.DEVICE, Ops.COPY):  # a COPY's source: not read by a kernel
             return []
         if op is Ops.ASSIGN:  # the value is read where the target is written; the target itself is not read
             return [(x.src[1], req, ())]

@@ -18,7 +18,7 @@ from zeptograd.uop.upat import graph_substitute
 
 @dataclass
 class ScheduleItem:
-    ast: UOp  # SINK(END(STORE(INDEX(DEFINE_GLOBAL 0, idx), value), *ranges)) over DEFINE_GLOBALs
+    ast: UOp  # SINK(END(STORE(INDEX(DEFINE_GLOBAL 0, idx), value), *ranges)) over DEFINE_GLOBALs; COPY: a copy item
     bufs: list[Buffer]  # DEFINE_GLOBAL i reads/writes bufs[i]; bufs[0] is the output
     device: str
     outputs: list[int] = field(default_factory=lambda: [0])

@@ -11,6 +11,7 @@ every read costs more than a buffer (the cost model, `schedule/cost.py`), a padd
 from __future__ import annotations
 
 from zeptograd.helpers import prod
+from zeptograd.schedule.copy import copy_realizes
 from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
 from zeptograd.schedule.nofuse import nofuse_realize
@@ -31,6 +32,7 @@ class MaterializationPolicy:
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
         self.rf.realize |= outputs | {u for u in nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
+        self.rf.realize |= copy_realizes(nodes)  # every COPY, and its source unless that is a whole buffer
         self.rf.realize |= nofuse_realize(nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
         self.rf.realize |= self.long_chains()
         self.rf.realize |= self.contractions_with_costly_epilogue()

@@ -16,6 +16,7 @@ from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
+from zeptograd.schedule.copy import copy_item
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.indexing import Rangeify
 from zeptograd.schedule.kernel import ScheduleItem, lower_kernel
@@ -60,6 +61,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     for x in order_assigns(rf.nodes, [x for x in rf.nodes if x in rf.realize]):
         if prod(x.shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
+        if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
+            items.append(ScheduleItem(*copy_item(x, bufs), rf.device[x]))
+            continue
         members = groups.get(x, [x])
         ast, kbufs = lower_kernel(rf, members, bufs)
         items.append(ScheduleItem(ast, kbufs, rf.device[x], outputs=list(range(len(members)))))
@@ -78,7 +82,7 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
     read = {s for u in rf.nodes if u.op is not Ops.SINK for s in u.src}
     by_key: dict[tuple, list[UOp]] = {}
     for x in rf.nodes:
-        if x in outputs and x not in read and x.op is not Ops.ASSIGN and prod(x.shape) > 0:
+        if x in outputs and x not in read and x.op not in (Ops.ASSIGN, Ops.COPY) and prod(x.shape) > 0:
             by_key.setdefault((x.shape, rf.device[x]), []).append(x)
     groups: dict[UOp, list[UOp]] = {}
     for members in by_key.values():

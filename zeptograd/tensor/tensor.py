@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
@@ -112,9 +112,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if requires_grad:
             self.requires_grad_(True)
 
-    def _new(self, uop: UOp) -> Tensor:
-        """The Tensor of a UOp built from this tensor's (and others') UOps: it requires grad if a source does."""
-        ret = Tensor(uop, device=self.device)
+    def _new(self, uop: UOp, device: str | None = None) -> Tensor:
+        """The Tensor of a UOp built from this tensor's (and others') UOps, on this tensor's device unless `device`
+        says otherwise (a COPY): it requires grad if a source does."""
+        ret = Tensor(uop, device=device or self.device)
         if any(s in _grad_uops for s in uop.src):
             if Tensor._grad_off:
                 ret.uop = UOp(Ops.DETACH, uop.dtype, (uop,))
@@ -226,8 +227,16 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self).to(device or self.device)
 
     def to(self, device: str | None) -> Tensor:
+        """This tensor on `device`, lazily: a COPY node that the scheduler runs as a copy between the kernels (nothing
+        moves at the call; gradients flow back through it). The same device: this tensor itself, as torch."""
         device = Device.canonicalize(device)
-        return self if device == self.device else Tensor(self.numpy(), device=device)
+        if device == self.device:
+            return self
+        Device[device]  # a device that can't open here (no OpenCL platform, no driver) fails at this call
+        src = self.uop
+        if src.op is Ops.ASSIGN and view_base(src.src[0]) is None:  # its value is a view of a larger buffer:
+            src = UOp(Ops.CONTIGUOUS, src.dtype, (src,))  # a kernel gathers it, so the copy moves exactly its bytes
+        return self._new(UOp(Ops.COPY, self.dtype, (src, UOp(Ops.DEVICE, arg=device))), device)
 
     def to_(self, device: str | None) -> Tensor:
         return self.replace(self.to(device))

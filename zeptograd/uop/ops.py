@@ -27,6 +27,7 @@ class Ops(Enum):
     CONTIGUOUS = auto()  # force a buffer
     DETACH = auto()  # stops gradients; otherwise the identity
     ASSIGN = auto()  # src=(target, value)
+    COPY = auto()  # src=(value, DEVICE target): the value moved to another device (a copy item, not a kernel)
     # scheduling
     BUFFERIZE = auto()  # src=(value, *ranges): a value that may be materialized
     SINK = auto()  # groups outputs
@@ -426,7 +427,7 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src[0].shape))
     if op in GroupOp.Elementwise or op in (Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH):
         return src[-1].shape if op is not Ops.WHERE else src[1].shape
-    if op is Ops.ASSIGN:
+    if op in (Ops.ASSIGN, Ops.COPY):
         return src[0].shape
     return None
 

@@ -5,7 +5,7 @@ number several passes later. Each stage's spec is a flat list of `(UPat, fn)` ru
 what is wrong, or None when the node is fine; a node no rule matches is fine. The test suite runs with SPEC=1.
 
 - the tensor graph, as the scheduler receives it: elementwise ops see sources of one shape (broadcasting is done
-  by movement ops), comparisons give bools, WHERE chooses by a bool;
+  by movement ops), comparisons give bools, WHERE chooses by a bool, a COPY is (value, DEVICE) of the value's dtype;
 - a kernel graph, from the scheduler's output through every codegen pass until linearize: no tensor-level op is
   left, memory is reached through INDEX of a pointer, loops are RANGEs of an integer count, ALU dtypes agree;
 - the linear program: every UOp comes after its sources.
@@ -31,6 +31,7 @@ TENSOR_ONLY = GroupOp.Movement | {
     Ops.CONTIGUOUS,
     Ops.DETACH,
     Ops.ASSIGN,
+    Ops.COPY,
     Ops.BUFFERIZE,
 }
 ARITHMETIC = GroupOp.Binary - GroupOp.Comparison - {Ops.SHL, Ops.SHR}
@@ -70,6 +71,12 @@ def _same_shape(u: UOp) -> str | None:
     )
 
 
+def _copy(u: UOp) -> str | None:
+    if len(u.src) != 2 or u.src[1].op is not Ops.DEVICE:
+        return f"COPY's sources are (value, DEVICE), got {[s.op.name for s in u.src]}"
+    return None if u.dtype == u.src[0].dtype else f"COPY of dtype {u.dtype} moves a {u.src[0].dtype} value"
+
+
 def _index(u: UOp) -> str | None:
     if not isinstance(u.src[0].dtype, PtrDType):
         return f"INDEX into {u.src[0].op.name} of dtype {u.src[0].dtype}, not a pointer"
@@ -99,6 +106,8 @@ spec_tensor = PatternMatcher(
         (UPat(GroupOp.Comparison, name="u"), _comparison),
         (UPat(Ops.WHERE, name="u"), _where),
         (UPat(ARITHMETIC, name="u"), lambda u: _same_dtype(u, u.src)),
+        # a copy moves one value, unchanged, to the device its DEVICE source names
+        (UPat(Ops.COPY, name="u"), _copy),
     ]
 )
 
