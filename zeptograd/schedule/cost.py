@@ -70,7 +70,7 @@ class CostModel:
         keep = (self.work[x] + STORE) * prod(x.shape) + KERNEL
         inline = 0
         for (idx, _), scope in reqs.items():
-            trips = [const_trip_count(r) for r in scope]
+            trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
             if any(t is None for t in trips):
                 return False  # a symbolic loop: no estimate
             strided = reads_across_rows(idx, scope)
@@ -80,6 +80,14 @@ class CostModel:
             if inline > keep:
                 return True
         return False
+
+
+def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
+    """The loops an inlined value is evaluated in: those its index varies along and those around them. A loop nested
+    inside all of them is not: the linearizer places work that does not vary along a loop before the loop opens."""
+    used = {r for i in idx for r in i.ranges}
+    inner = max((r.arg[0] for r in used), default=-1)
+    return [r for r in scope if r in used or r.arg[0] < inner]
 
 
 def reads_across_rows(idx: tuple[UOp, ...], scope: set[UOp]) -> bool:
