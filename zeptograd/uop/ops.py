@@ -346,11 +346,16 @@ class UOp(MathMixin, metaclass=UOpMeta):
     # --- properties ---
     @property
     def size(self) -> int:
-        return prod(self.shape)
+        return prod(self._tensor_shape())
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self._tensor_shape())
+
+    def _tensor_shape(self) -> tuple[int, ...]:
+        if self.shape is None:  # an index expression or a kernel's node: not a tensor
+            raise TypeError(f"{self.op} has no shape")
+        return self.shape
 
     @property
     def vmin(self):
@@ -366,6 +371,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
             for u in self.toposort(gate=lambda x: x._vrange is None):  # sources first, no recursion
                 if u._vrange is None:
                     u._vrange = _value_range(u)
+        assert self._vrange is not None  # the walk ends at self
         return self._vrange
 
     # --- graph walks, all iterative ---
