@@ -230,7 +230,8 @@ class PythonProgram(Program):
         if op is Ops.INDEX:
             buf, idx = src[0], src[1]
             valid = src[2] if len(src) > 2 else None
-            unit = insts[buf][1].base.count  # type: ignore[attr-defined]  # vector-based registers
+            ptr = insts[buf][1]  # a pointer: its element count per index step (vector-based registers)
+            unit = ptr.base.count if isinstance(ptr, PtrDType) else 1
             return lambda v: (v[buf], v[idx] * unit, True if valid is None else v[valid])
         if op is Ops.VECTORIZE:
             return lambda v: tuple(v[s] for s in src)

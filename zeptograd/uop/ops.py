@@ -346,14 +346,16 @@ class UOp(MathMixin, metaclass=UOpMeta):
     # --- properties ---
     @property
     def size(self) -> int:
-        return prod(self._tensor_shape())
+        return prod(self.tensor_shape)
 
     @property
     def ndim(self) -> int:
-        return len(self._tensor_shape())
+        return len(self.tensor_shape)
 
-    def _tensor_shape(self) -> tuple[int, ...]:
-        if self.shape is None:  # an index expression or a kernel's node: not a tensor
+    @property
+    def tensor_shape(self) -> tuple[int, ...]:
+        """The shape of a node of the tensor graph (where the caller knows it is one): not None."""
+        if self.shape is None:  # an index expression or a kernel's node
             raise TypeError(f"{self.op} has no shape")
         return self.shape
 
