@@ -120,14 +120,14 @@ def _time(program: Program, bufs: list[Buffer], out_init: np.ndarray, runs: int 
 
 
 def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[Opt]:
+    dev = Device[device]
+    if not dev.beam_timing:  # realize asks only devices that time kernels
+        raise ArgumentError(f"BEAM times kernels, and {device}'s times mean nothing (its beam_timing is False)")
     cached = _cached_choice(device, ast, width)
     if cached is not None:
         return cached
     from tqdm import tqdm
 
-    dev = Device[device]
-    if not dev.beam_timing:  # realize asks only devices that time kernels
-        raise ArgumentError(f"BEAM times kernels, and {device}'s times mean nothing (its beam_timing is False)")
     scratch = [Buffer(device, bufs[0].size, bufs[0].dtype).ensure_allocated()] + list(bufs[1:])
     out_init = bufs[0].ensure_allocated().numpy()
     for b in bufs:

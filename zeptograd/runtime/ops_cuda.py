@@ -171,6 +171,12 @@ class CUDAAllocator(Allocator[CUDAMem]):
     def free(self, mem: CUDAMem) -> None:
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
+    def capacity(self) -> int:
+        """The GPU's memory (cuDeviceTotalMem), not the host's."""
+        total = ctypes.c_size_t()
+        self.dev.cu("cuDeviceTotalMem_v2", ctypes.byref(total), self.dev.cu_dev)
+        return total.value
+
     def handle(self, mem: CUDAMem) -> int:
         return mem.ptr
 
