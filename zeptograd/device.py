@@ -133,8 +133,9 @@ class Buffer:
     def _memory(self) -> tuple[Allocator, Any]:
         """The allocator and the memory, allocated now if it was not."""
         if self._allocator is None:
-            self._allocator = Device[self.device].allocator
-            self._mem = self._allocator.alloc(self.nbytes)
+            allocator = Device[self.device].allocator
+            self._mem = allocator.alloc(self.nbytes)  # (a failed alloc leaves the buffer unallocated)
+            self._allocator = allocator
             GlobalCounters.mem_used += self.nbytes
             GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
         return self._allocator, self._mem
@@ -150,6 +151,8 @@ class Buffer:
     @property
     def ptr(self) -> Any:
         """What a kernel call receives for this buffer (Allocator.handle): the address of host memory."""
+        if type(self._mem) is np.ndarray:  # host memory (HostAllocator.handle), on every kernel call: no calls
+            return self._mem.ctypes.data
         allocator, mem = self._memory()
         return allocator.handle(mem)
 
