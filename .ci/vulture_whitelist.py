@@ -18,7 +18,8 @@ _.do_update_stats  # Tensor.replace's keyword, accepted for tinygrad's signature
 _.exc, _.objtype  # __exit__ and __get__ parameters
 _.find_class, _.persistent_load, _.backward_hooks  # pickle.Unpickler hooks, torch's _rebuild_tensor_v2 signature
 _._print_match_stats  # registered with atexit
-_.runtime, _.cl_device, _.data_layout  # CompiledDevice's program class; pyopencl device kept alive; llvmlite module
+_.cl_device, _.data_layout  # pyopencl device kept alive; llvmlite module
+_.__getattr__  # the package's lazy attributes (PEP 562: the interpreter calls it)
 
 # read by tests and bench, and knobs reserved for work in progress
 _.uncacheable  # schedule cache statistics

@@ -30,7 +30,7 @@ def reshape_uop(u: UOp, shape: tuple) -> UOp:
         from zeptograd.uop.variable import sint_prod
 
         n = sint_prod(shape)
-        u = u if isinstance(n, int) and n == u.shape[0] else UOp(Ops.SHRINK, u.dtype, (u,), ((0, n),))
+        u = u if isinstance(n, int) and n == u.tensor_shape[0] else UOp(Ops.SHRINK, u.dtype, (u,), ((0, n),))
         return u if len(shape) == 1 else UOp(Ops.RESHAPE, u.dtype, (u,), shape)
     return UOp(Ops.RESHAPE, u.dtype, (u,), shape)
 
@@ -48,7 +48,7 @@ def view_base(u: UOp) -> UOp | None:
     elements, and for a symbolic shape RESHAPE(SHRINK(BUFFER, ((0, prod(shape)),)))), else None."""
     base = u.src[0] if u.op is Ops.RESHAPE else u
     if base.op is Ops.BUFFER:
-        return base if base.arg[1] == _numel(u.shape) else None
+        return base if base.arg[1] == _numel(u.tensor_shape) else None
     if (
         base.op is Ops.SHRINK
         and base.src[0].op is Ops.BUFFER
@@ -57,7 +57,7 @@ def view_base(u: UOp) -> UOp | None:
     ):
         from zeptograd.uop.variable import sint_prod
 
-        return base.src[0] if _same(base.arg[0][1], sint_prod(u.shape)) else None
+        return base.src[0] if _same(base.arg[0][1], sint_prod(u.tensor_shape)) else None
     return None
 
 

@@ -1,4 +1,5 @@
-"""Devices, buffers and allocators, and the interfaces a backend implements (Compiler, Program)."""
+"""Devices, buffers, and the interfaces a backend implements: Allocator, Compiler, Program and CompiledDevice (with
+the Renderer of renderer/__init__.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import hashlib
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable, ClassVar, Generic, TypeVar
 
 import numpy as np
 
 from zeptograd.dtype import DType, dtypes, to_numpy_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
+from zeptograd.renderer import MIN_THREAD_WORK, ProgramSpec, Renderer
 from zeptograd.runtime import diskcache
 
 
@@ -42,18 +44,50 @@ def _host_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-class Allocator:
-    """Host memory for a device, with a cache of freed blocks keyed by size (a fresh page costs a fault).
+MemT = TypeVar("MemT")  # what an allocator's alloc returns: a numpy array of host memory, a cl.Buffer, ...
 
-    A device with its own memory (CL, CUDA) subclasses it: `alloc`/`free` its handles, `copyin`/`copyout` bytes,
-    and `handle(mem)`, what a kernel call receives for the buffer (here: the host address), and `from_handle`, its
-    inverse (a copy item, schedule/copy.py, is called with handles as a kernel is).
-    """
+
+class Allocator(Generic[MemT]):
+    """A device's memory, with a cache of freed blocks keyed by size (a fresh page or a driver call costs).
+
+    A backend implements `alloc`/`free` of its memory objects, `copyin`/`copyout` of bytes, `handle(mem)` (what a
+    kernel call receives for the buffer), `from_handle`, its inverse (a copy item, schedule/copy.py, is called with
+    handles as a kernel is), and `capacity()`; `HostAllocator` is the host's."""
 
     host = True  # the memory is this process's: a handle is its address (CL, CUDA: memory of their own)
 
     def __init__(self):
-        self.free_cache: dict[int, list[np.ndarray]] = {}
+        self.free_cache: dict[int, list[MemT]] = {}
+
+    def alloc(self, nbytes: int) -> MemT:
+        raise NotImplementedError
+
+    def free(self, mem: MemT) -> None:
+        raise NotImplementedError
+
+    def capacity(self) -> int:
+        """The most bytes one buffer can have."""
+        raise NotImplementedError
+
+    def handle(self, mem: MemT) -> Any:
+        """What a Program call receives for the buffer (a host address, a cl.Buffer, a device pointer)."""
+        raise NotImplementedError
+
+    def copyin(self, mem: MemT, src: np.ndarray) -> None:
+        """src: the bytes (a flat uint8 array of mem's size)."""
+        raise NotImplementedError
+
+    def copyout(self, mem: MemT) -> np.ndarray:
+        """A copy of the bytes, a flat uint8 array."""
+        raise NotImplementedError
+
+    def from_handle(self, handle: Any, nbytes: int) -> MemT:
+        """The memory whose handle() is `handle` (nbytes of it), for copyin/copyout."""
+        raise NotImplementedError
+
+
+class HostAllocator(Allocator[np.ndarray]):
+    """Host memory (CPU, PYTHON, NULL): aligned numpy arrays; a kernel receives the address."""
 
     def alloc(self, nbytes: int) -> np.ndarray:
         if cached := self.free_cache.get(nbytes):
@@ -65,28 +99,26 @@ class Allocator:
         off = (-raw.ctypes.data) % ALIGN
         return raw[off : off + nbytes]
 
-    def free(self, mem: np.ndarray):
+    def free(self, mem: np.ndarray) -> None:
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
     def capacity(self) -> int:
-        """The most bytes one buffer can have: the host's physical memory."""
+        """The host's physical memory."""
         return _host_memory()
 
     def handle(self, mem: np.ndarray) -> int:
         return mem.ctypes.data
 
     def from_handle(self, handle: int, nbytes: int) -> np.ndarray:
-        """The memory whose handle() is `handle`, for copyin/copyout: here nbytes at that address, not copied."""
+        """Here nbytes at that address, not copied."""
         if not nbytes:
             return np.zeros(0, np.uint8)
         return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(handle))
 
-    def copyin(self, mem: np.ndarray, src: np.ndarray):
-        """src: the bytes (a flat uint8 array of mem's size)."""
+    def copyin(self, mem: np.ndarray, src: np.ndarray) -> None:
         mem[:] = src
 
     def copyout(self, mem: np.ndarray) -> np.ndarray:
-        """A copy of the bytes, a flat uint8 array."""
         return mem.copy()
 
 
@@ -105,48 +137,57 @@ class Buffer:
 
     def __init__(self, device: str, size: int, dtype: DType):
         self.device, self.size, self.dtype = device, size, dtype
-        self._mem: np.ndarray | None = None  # what the device's allocator returned (host memory on CPU)
+        self._mem: Any = None  # what the device's allocator returned (host memory on CPU); None until allocated
         self._allocator: Allocator | None = None
 
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def ensure_allocated(self) -> Buffer:
-        if self._mem is None:
-            self._allocator = Device[self.device].allocator
-            self._mem = self._allocator.alloc(self.nbytes)
+    def _memory(self) -> tuple[Allocator, Any]:
+        """The allocator and the memory, allocated now if it was not."""
+        if self._allocator is None:
+            allocator = Device[self.device].allocator
+            self._mem = allocator.alloc(self.nbytes)  # (a failed alloc leaves the buffer unallocated)
+            self._allocator = allocator
             GlobalCounters.mem_used += self.nbytes
             GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+        return self._allocator, self._mem
+
+    def ensure_allocated(self) -> Buffer:
+        self._memory()
         return self
 
     @property
     def is_allocated(self) -> bool:
-        return self._mem is not None
+        return self._allocator is not None
 
     @property
-    def ptr(self) -> int:
-        mem = self.ensure_allocated()._mem
-        return mem.ctypes.data if type(mem) is np.ndarray else self._allocator.handle(mem)  # type: ignore[union-attr]
+    def ptr(self) -> Any:
+        """What a kernel call receives for this buffer (Allocator.handle): the address of host memory."""
+        if type(self._mem) is np.ndarray:  # host memory (HostAllocator.handle), on every kernel call: no calls
+            return self._mem.ctypes.data
+        allocator, mem = self._memory()
+        return allocator.handle(mem)
 
     def copyin(self, data: np.ndarray) -> Buffer:
-        self.ensure_allocated()
-        self._allocator.copyin(self._mem, np.ascontiguousarray(data).reshape(-1).view(np.uint8))  # type: ignore
+        allocator, mem = self._memory()
+        allocator.copyin(mem, np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         return self
 
     def numpy(self) -> np.ndarray:
         """A copy of the contents as a flat numpy array."""
-        self.ensure_allocated()
-        raw = self._allocator.copyout(self._mem).view(to_numpy_dtype(self.dtype))  # type: ignore[union-attr]
+        allocator, mem = self._memory()
+        raw = allocator.copyout(mem).view(to_numpy_dtype(self.dtype))
         if self.dtype == dtypes.bfloat16:
             return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw
 
     def __del__(self):
-        if self._mem is not None:
+        if self._allocator is not None:
             GlobalCounters.mem_used -= self.nbytes
             try:
-                self._allocator.free(self._mem)  # type: ignore[union-attr]
+                self._allocator.free(self._mem)
             except Exception:  # interpreter shutdown
                 pass
 
@@ -163,10 +204,17 @@ class CompileError(RuntimeError):
 
 class Compiler:
     """Source -> binary, cached on disk by (compiler key, source) in `runtime/diskcache.py` (which checks an entry's
-    owner, mode and content hash before it is used): a backend implements `build` or `build_file`."""
+    owner, mode and content hash before it is used): a backend implements `build` or `build_file`, or overrides
+    `compile` where its binaries are not cached here (NULL, PYTHON; OpenCL's implementation caches its own)."""
 
-    key = "base"
-    cache_subdir, suffix = "base", ".bin"
+    cache_subdir: str = "base"  # the cache's folder for this compiler's binaries
+    suffix: str = ".bin"  # a cached binary's file name ending
+    disk_cached: bool = True  # compile_to_file writes the cache (BEAM's workers fill it for the parent)
+
+    @property
+    def key(self) -> str:
+        """Names the compiler, its version and flags: a cached binary is used only by the same key."""
+        return "base"
 
     def build(self, src: str) -> bytes:
         """Compile src (a cache miss); by default through `build_file` into a private temporary directory."""
@@ -220,13 +268,33 @@ class Compiler:
         diskcache.remove_entry(self.cache_subdir, self.entry_name(src))
 
 
+class Program:
+    """A loaded kernel: called with each buffer's `Allocator.handle` (DEFINE_GLOBAL order) and `vals`, the int
+    values of `spec.vars`; it returns when the kernel has finished (so a caller's clock times the kernel)."""
+
+    def __init__(self, spec: ProgramSpec):
+        self.spec = spec
+
+    def __call__(self, *bufs: Any, vals: tuple[int, ...] = ()) -> None:
+        raise NotImplementedError
+
+
 @dataclass
 class CompiledDevice:
+    """A backend: its renderer (what codegen targets), compiler, allocator, and `build` (a rendered kernel ->
+    a Program). A new backend subclasses each; tests/backend/test_conformance.py says what one lacks."""
+
     name: str
-    renderer: object  # renderer.Renderer
+    renderer: Renderer
     compiler: Compiler
-    runtime: type  # a Program class: runtime(name, lib) -> callable(*buffers, global_size=..., vals=...)
-    allocator: Allocator = field(default_factory=Allocator)
+    allocator: Allocator = field(default_factory=HostAllocator)
+    # BEAM may choose a kernel's optimizations by timing candidates here: False where time means nothing (PYTHON
+    # interprets kernels, NULL runs none)
+    beam_timing: ClassVar[bool] = True
+
+    def build(self, spec: ProgramSpec) -> Program:
+        """The kernel spec rendered, compiled (or from the cache) and loaded, ready to call."""
+        raise NotImplementedError
 
 
 # ***** running a CPU kernel on several cores: one call per core_id, on a persistent pool *****
@@ -244,12 +312,10 @@ def _forget_pool_in_child():
 os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
-def small_work(spec) -> Callable[[tuple[int, ...]], bool] | None:
+def small_work(spec: ProgramSpec) -> Callable[[tuple[int, ...]], bool] | None:
     """For a ProgramSpec with `work`: vals -> whether a call is too small to be worth the other cores; else None."""
     if not spec.work:
         return None
-    from zeptograd.codegen.opt.heuristic import MIN_THREAD_WORK
-
     try:
         fn = eval(f"lambda {', '.join(spec.vars)}: {spec.work}", {"max": max})  # noqa: S307  (our own rendering)
     except SyntaxError:  # a Variable named like a keyword

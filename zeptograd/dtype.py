@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import functools
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
@@ -64,9 +65,9 @@ class DType:
 
 @dataclass(frozen=True, eq=False)
 class PtrDType(DType):
-    base: DType | None = None  # what the pointer points to
-    size: int = -1  # number of elements, -1 when unknown
-    local: bool = False  # GPU shared memory
+    base: DType = field(kw_only=True)  # what the pointer points to
+    size: int = field(default=-1, kw_only=True)  # number of elements, -1 when unknown
+    local: bool = field(default=False, kw_only=True)  # GPU shared memory
 
     def __repr__(self):
         return f"{self.base}.ptr({self.size})"
@@ -77,7 +78,9 @@ class PtrDType(DType):
 
 @functools.cache
 def _ptr(base: DType, size: int, local: bool) -> PtrDType:
-    return PtrDType(base.priority, base.itemsize, base.name, base.fmt, base.count, base._scalar, base, size, local)
+    return PtrDType(
+        base.priority, base.itemsize, base.name, base.fmt, base.count, base._scalar, base=base, size=size, local=local
+    )
 
 
 DTypeLike = Union[str, DType]
@@ -111,19 +114,19 @@ class dtypes:
     all = (bool, int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64)
 
     @staticmethod
-    def is_float(x: DType) -> bool:
+    def is_float(x: DType) -> builtins.bool:  # plain `bool` in this class is dtypes.bool
         return x.scalar in dtypes.floats
 
     @staticmethod
-    def is_int(x: DType) -> bool:
+    def is_int(x: DType) -> builtins.bool:
         return x.scalar in dtypes.ints
 
     @staticmethod
-    def is_unsigned(x: DType) -> bool:
+    def is_unsigned(x: DType) -> builtins.bool:
         return x.scalar in dtypes.uints
 
     @staticmethod
-    def is_bool(x: DType) -> bool:
+    def is_bool(x: DType) -> builtins.bool:
         return x.scalar == dtypes.bool
 
     @staticmethod

@@ -29,7 +29,7 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
         return apply_opts(sink, opts), opts
     if NOOPT:
         return sink, []
-    if getattr(renderer, "has_local", False):  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
+    if renderer.has_local:  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
         from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations  # imported for GPUs only (startup time)
 
         return gpu_optimizations(sink, renderer)
@@ -41,11 +41,11 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink, opts = optimize(ast, renderer, opts)
     check_kernel(sink, "the optimizer")
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
-    if not getattr(renderer, "has_local", False):  # GPU threads take a pad's border for free; CPU loops don't
+    if not renderer.has_local:  # GPU threads take a pad's border for free; CPU loops don't
         sink = peel_borders(sink)  # window reads gated by a pad: border and interior parts, the interior ungated
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     check_kernel(sink, "expand")
-    if getattr(renderer, "has_local", False):
+    if renderer.has_local:
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
 
         sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory

@@ -23,6 +23,7 @@ from zeptograd.codegen.opt import OptError
 from zeptograd.codegen.opt.heuristic import stride
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
+from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
@@ -34,30 +35,31 @@ def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> t
     """ranges (outermost first) -> {range: expression in SPECIAL ids} and the size of each id, innermost first.
 
     Ranges that can't get an id within max_sizes are left out of the mapping (they stay loops)."""
+    size = {r: n for r in ranges if (n := const_trip_count(r)) is not None}  # every range here has a constant size
     dims: list[list[UOp]] = [[r] for r in reversed(ranges)]  # dim 0 is the innermost loop: the fastest id
     while len(dims) > len(max_sizes):  # merge the outermost two
         dims[-2:] = [dims[-1] + dims[-2]]
     for i in range(len(dims) - 1, 0, -1):  # an id over its limit joins id 0 where that fits (CUDA: y, z < 65536)
-        size_i, size_0 = prod(const_trip_count(r) for r in dims[i]), prod(const_trip_count(r) for r in dims[0])  # type: ignore
+        size_i, size_0 = prod(size[r] for r in dims[i]), prod(size[r] for r in dims[0])
         if size_i > max_sizes[i] and size_i * size_0 <= max_sizes[0]:
             dims[0] = dims.pop(i) + dims[0]
     mapping: dict[UOp, UOp] = {}
     sizes: list[int] = []
     for rs in dims:
-        total = prod(const_trip_count(r) for r in rs)  # type: ignore[misc]
+        total = prod(size[r] for r in rs)
         if total > max_sizes[len(sizes)]:
             continue  # too big for this id: those loops stay loops
         special = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, total),), f"{prefix}{len(sizes)}")
         sizes.append(total)
         inner = 1
         for k, r in enumerate(reversed(rs)):  # innermost first: r = special // inner % size
-            n = const_trip_count(r)
+            n = size[r]
             if total == 0:  # an empty kernel (never launched): no division by a zero size
                 mapping[r] = special
                 continue
             e = special if inner == 1 else special // UOp.const(dtypes.index, inner)
             mapping[r] = e if k == len(rs) - 1 else e % UOp.const(dtypes.index, n)
-            inner *= n  # type: ignore[operator]
+            inner *= n
     return mapping, sizes
 
 
@@ -117,7 +119,7 @@ pm_strip_ranges = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _strip
 pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
 
 
-def add_gpudims(sink: UOp, renderer) -> UOp:
+def add_gpudims(sink: UOp, renderer: Renderer) -> UOp:
     nodes = list(sink.toposort())
     # the loops of the kernel's first loop nest become ids; a tail's nest (codegen/opt/tail.py) stays loops and is
     # run by thread 0 only (step 4)
@@ -136,7 +138,7 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
         if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
     ]
     local.sort(key=lambda r: max([s for i in stores if (s := stride(i, r))] or [0]), reverse=True)
-    n_threads = prod(const_trip_count(r) for r in local)  # type: ignore[misc]
+    n_threads = prod(const_trip_count(r) for r in local)
     if n_threads > renderer.local_threads_max:
         raise OptError(f"{n_threads} threads per work-group; {renderer.device} allows {renderer.local_threads_max}")
 
@@ -148,7 +150,7 @@ def add_gpudims(sink: UOp, renderer) -> UOp:
     # 1. GROUP reduces: partial per thread, through shared memory, then the partials of the group
     groups = [r for r in local if r.arg[1] is AxisType.GROUP]
     if groups:
-        strides = [prod(const_trip_count(r) for r in local[i + 1 :]) for i in range(len(local))]  # type: ignore[misc]
+        strides = [prod(const_trip_count(r) for r in local[i + 1 :]) for i in range(len(local))]
         terms = [r * UOp.const(dtypes.index, s) if s != 1 else r for r, s in zip(local, strides)]
         ctx = _GroupCtx(
             groups,

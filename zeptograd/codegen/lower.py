@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.uop.ops import GroupOp, Ops, UOp, _alu_range
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
@@ -208,7 +208,7 @@ def widen_compare(x: UOp) -> UOp | None:
 
 def store_width(st: UOp, idx: UOp, val: UOp) -> UOp | None:
     """# STORE(int32 buffer, int64 index value) -> STORE(int32 buffer, int32(value)), and int32 into int64"""
-    base = idx.dtype.base.scalar if hasattr(idx.dtype, "base") else idx.dtype.scalar  # type: ignore[attr-defined]
+    base = idx.dtype.base.scalar if isinstance(idx.dtype, PtrDType) else idx.dtype.scalar
     if val.dtype.scalar is base or {val.dtype.scalar, base} != {_I32, _I64}:
         return None
     return UOp(Ops.STORE, st.dtype, (idx, val.cast(base.vec(val.dtype.count)), *st.src[2:]), st.arg)

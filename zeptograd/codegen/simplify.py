@@ -130,8 +130,8 @@ def gate_bounds(g: UOp, r: UOp, neg: bool) -> list[tuple[str, UOp]] | None:
     using r: lo c is r >= c, hi c is r < c, lo1/hi1 the same with c+1. None if it is not an interval in r."""
     if not uses(g, r):
         return [("gate", g.logical_not() if neg else g)]
-    if (b := negated(g)) is not None:
-        return gate_bounds(b, r, not neg)
+    if (inner := negated(g)) is not None:
+        return gate_bounds(inner, r, not neg)
     if g.op is Ops.AND and not neg and g.dtype == dtypes.bool:
         a, b = gate_bounds(g.src[0], r, False), gate_bounds(g.src[1], r, False)
         return None if a is None or b is None else a + b
@@ -210,7 +210,7 @@ def fold_one_range(body: UOp, r: UOp) -> UOp | None:
                 count, bounds[i] = _len_as(r, r.dtype) - count_in(inv, r), []
         if any(b is None for b in bounds):
             return None
-        flat = [b for bs in bounds for b in bs]  # type: ignore[union-attr]
+        flat = [b for bs in bounds if bs is not None for b in bs]
         ret = (count_in(flat, r) if count is None else count).cast(x.dtype) * x
         for kind, g in flat:
             if kind == "gate":
@@ -292,7 +292,7 @@ def reduce_unparented(red: UOp) -> UOp | None:
         if red.arg is Ops.ADD:
             ret = ret * UOp.const(ret.dtype, const_trip_count(r))
         elif red.arg is Ops.MUL:
-            ret = _pow(ret, const_trip_count(r))  # type: ignore[arg-type]
+            ret = _pow(ret, const_trip_count(r) or 0)  # a symbolic size (None) returned above
     return ret
 
 
@@ -478,7 +478,7 @@ def split_at_sink(ctx: dict[UOp, int], sink: UOp) -> UOp | None:
     next_id = max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1
     subs: dict[UOp, UOp] = {}
     for r, c in ctx.items():
-        outer = UOp.range(const_trip_count(r) // c, r.arg[0], r.arg[1])  # type: ignore[operator]
+        outer = UOp.range(trip_count(r) // c, r.arg[0], r.arg[1])
         subs[r] = outer * UOp.const(r.dtype, c) + UOp.range(c, next_id, r.arg[1])
         next_id += 1
     ctx.clear()
@@ -524,7 +524,7 @@ def merge_ranges(sink: UOp) -> UOp:
                 continue
             tried.add((r0, r1))
             n1 = UOp.const(r1.dtype, const_trip_count(r1))
-            new = UOp.range(const_trip_count(r0) * const_trip_count(r1), r0.arg[0], r0.arg[1])  # type: ignore[operator]
+            new = UOp.range(trip_count(r0) * trip_count(r1), r0.arg[0], r0.arg[1])
             cand = graph_rewrite(graph_substitute(sink, {r0: new // n1, r1: new % n1}), pm_symbolic_flatten)
             if count_divmod(cand) <= count_divmod(sink):
                 sink = cand

@@ -21,8 +21,8 @@ import numpy as np
 
 from zeptograd.codegen import full_rewrite, kernel_name, optimize
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
-from zeptograd.device import Buffer, Device
-from zeptograd.helpers import BEAM_BUDGET, THREADS, cache_dir, prod
+from zeptograd.device import Buffer, Device, Program
+from zeptograd.helpers import BEAM_BUDGET, THREADS, ArgumentError, cache_dir, prod
 from zeptograd.renderer import ProgramSpec
 from zeptograd.runtime import diskcache
 from zeptograd.uop.ops import AxisType, Ops, UOp, pretty
@@ -47,10 +47,10 @@ def _render(device: str, ast: UOp, opts: list[Opt]) -> ProgramSpec | None:
     """In a worker: codegen with these actions, render, and compile to the on-disk cache (C); None if invalid."""
     dev = Device[device]
     try:
-        uops, _ = full_rewrite(ast, dev.renderer, opts)  # type: ignore[arg-type]
-        spec = dev.renderer.render(kernel_name(ast), uops)  # type: ignore[attr-defined]
-        if hasattr(dev.compiler, "compile_to_file"):
-            dev.compiler.compile_to_file(spec.src)  # type: ignore[attr-defined]
+        uops, _ = full_rewrite(ast, dev.renderer, opts)
+        spec = dev.renderer.render(kernel_name(ast), uops)
+        if dev.compiler.disk_cached:  # the parent's build finds it there
+            dev.compiler.compile_to_file(spec.src)
         return spec
     except (OptError, RuntimeError):
         return None
@@ -109,7 +109,7 @@ def _cached_choice(device: str, ast: UOp, width: int) -> list[Opt] | None:
     return opts
 
 
-def _time(program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> float:
+def _time(program: Program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> float:
     best = float("inf")
     for _ in range(runs):
         bufs[0].copyin(out_init)
@@ -120,12 +120,14 @@ def _time(program, bufs: list[Buffer], out_init: np.ndarray, runs: int = 3) -> f
 
 
 def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[Opt]:
+    dev = Device[device]
+    if not dev.beam_timing:  # realize asks only devices that time kernels
+        raise ArgumentError(f"BEAM times kernels, and {device}'s times mean nothing (its beam_timing is False)")
     cached = _cached_choice(device, ast, width)
     if cached is not None:
         return cached
     from tqdm import tqdm
 
-    dev = Device[device]
     scratch = [Buffer(device, bufs[0].size, bufs[0].dtype).ensure_allocated()] + list(bufs[1:])
     out_init = bufs[0].ensure_allocated().numpy()
     for b in bufs:
@@ -133,9 +135,9 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
     ref_spec = _render(device, ast, [])
     if ref_spec is None:
         return []
-    _time(dev.build(ref_spec), scratch, out_init, runs=1)  # type: ignore[attr-defined]
+    _time(dev.build(ref_spec), scratch, out_init, runs=1)
     reference = scratch[0].numpy()
-    threads = THREADS.value if dev.renderer.has_threads else 1  # type: ignore[attr-defined]
+    threads = THREADS.value if dev.renderer.has_threads else 1
     start = time.perf_counter()
 
     def evaluate(cands: list[list[Opt]], bar) -> list[tuple[float, list[Opt]]]:
@@ -145,12 +147,12 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
             bar.update(1)
             if spec is None or time.perf_counter() - start > BEAM_BUDGET.value:
                 continue
-            t = _time(dev.build(spec), scratch, out_init)  # type: ignore[attr-defined]
+            t = _time(dev.build(spec), scratch, out_init)
             if np.allclose(scratch[0].numpy(), reference, rtol=1e-3, atol=1e-3, equal_nan=True):
                 out.append((t, opts))
         return out
 
-    heuristic = optimize(ast, dev.renderer)[1]  # type: ignore[arg-type]
+    heuristic = optimize(ast, dev.renderer)[1]
     with tqdm(desc=f"BEAM {kernel_name(ast)}", unit="kernel", leave=False) as bar:
         bar.total = 2
         beam = sorted(evaluate([[], heuristic], bar), key=lambda x: x[0])[:width]

@@ -48,8 +48,7 @@ def _is_buffer(t: Tensor) -> bool:
 
 
 def _dedup(xs: list[Tensor]) -> list[Tensor]:
-    seen: set[int] = set()
-    return [x for x in xs if not (id(x) in seen or seen.add(id(x)))]  # type: ignore[func-returns-value]
+    return list({id(x): x for x in xs}.values())  # each once, in first-seen order
 
 
 class Optimizer:
@@ -137,6 +136,7 @@ class Optimizer:
                     f"parameter {i} (shape {p.shape}) has no gradient: call loss.backward() before "
                     f"step(), and pass the optimizer only tensors the loss depends on"
                 )
+        # every grad is a Tensor (checked above); tensor/tensor.py leaves Tensor.grad unannotated, inferred as None
         return self.schedule_step_with_grads([p.grad for p in self.params])  # type: ignore[misc]
 
     def schedule_step_with_grads(self, grads: list[Tensor]) -> list[Tensor]:
@@ -200,15 +200,16 @@ class LARS(Optimizer):
 
     def _step(self, grads: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         ts = [_value(p) for p in self.params]
-        rs: list[Tensor | float] = [1.0] * len(ts)
+        trust: list[Tensor] = []  # LARS's trust ratios, where tcoef is not 0
         if self.tcoef != 0:
-            for i, (t, g) in enumerate(zip(ts, grads)):
+            for t, g in zip(ts, grads):
                 r1, r2 = t.square().sum().sqrt(), g.square().sum().sqrt()
-                rs[i] = (r1 > 0).where((r2 > 0).where(self.tcoef * r1 / (r2 + self.wd * r1), 1.0), 1.0)
+                trust.append((r1 > 0).where((r2 > 0).where(self.tcoef * r1 / (r2 + self.wd * r1), 1.0), 1.0))
+        rs: list[Tensor | float] = list(trust) if self.tcoef != 0 else [1.0] * len(ts)
         if self.momentum:
             if self.fused:
-                r = Tensor.cat(*[r.reshape(1).expand(t.numel()) for r, t in zip(rs, ts)]) if self.tcoef else 1.0
-                scaled = [self._scaled(self._flat(grads)[0], self._flat(ts)[0], r)]  # type: ignore[arg-type]
+                r = Tensor.cat(*[r.reshape(1).expand(t.numel()) for r, t in zip(trust, ts)]) if self.tcoef else 1.0
+                scaled = [self._scaled(self._flat(grads)[0], self._flat(ts)[0], r)]
             else:
                 scaled = [self._scaled(g, t, r) for g, t, r in zip(grads, ts, rs)]
             for b, g in zip(self.b, scaled):
@@ -370,7 +371,8 @@ class Muon(Optimizer):
                 f"embeddings and other parameters with another optimizer (AdamW)"
             )
         self.wd, self.momentum, self.nesterov, self.eps = weight_decay, momentum, nesterov, eps
-        self.ns_coefficients, self.ns_steps, self.adjust_lr_fn = tuple(ns_coefficients), ns_steps, adjust_lr_fn
+        a, b, c = ns_coefficients
+        self.ns_coefficients, self.ns_steps, self.adjust_lr_fn = (a, b, c), ns_steps, adjust_lr_fn
         self.b = self._new_state()
 
     def _ratio(self, shape: tuple[int, ...]) -> float:
@@ -386,7 +388,7 @@ class Muon(Optimizer):
         for i, (p, g) in enumerate(zip(self.params, grads)):
             b = self._part(self.b, i)
             u = (1.0 - self.momentum) * g + self.momentum * b if self.nesterov else b
-            o = newton_schulz(u, self.ns_coefficients, self.ns_steps, self.eps)  # type: ignore[arg-type]
+            o = newton_schulz(u, self.ns_coefficients, self.ns_steps, self.eps)
             t = _value(p)
             if self.wd:
                 t = t * (1.0 - self.lr * self.wd)

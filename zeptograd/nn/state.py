@@ -22,7 +22,7 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -87,7 +87,7 @@ def _fresh_buffer_uop(t: Tensor) -> None:
 # ***** finding the tensors *****
 
 
-def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> dict[str, Tensor]:
+def get_state_dict(obj: Any, prefix: str = "", tensor_type: type[Tensor] = Tensor) -> dict[str, Tensor]:
     """{dotted name: Tensor} for every tensor reachable from obj through attributes, lists, tuples and dicts."""
     if isinstance(obj, tensor_type):
         return {prefix.strip("."): obj}
@@ -110,8 +110,7 @@ def get_state_dict(obj: Any, prefix: str = "", tensor_type: type = Tensor) -> di
 def get_parameters(obj: Any) -> list[Tensor]:
     """Every tensor of get_state_dict(obj), each once (buffers like running statistics included: an optimizer
     updates only those that require grad)."""
-    seen: set[int] = set()
-    return [t for t in get_state_dict(obj).values() if not (id(t) in seen or seen.add(id(t)))]  # type: ignore
+    return list({id(t): t for t in get_state_dict(obj).values()}.values())  # each once, in first-seen order
 
 
 def load_state_dict(
@@ -204,7 +203,7 @@ _NP = {
 
 def _tensor_from_raw(raw: np.ndarray, dt: DType, shape: tuple[int, ...], device: str | None = None) -> Tensor:
     """A Tensor from little-endian raw element data (bfloat16 as its uint16 bits)."""
-    arr = raw.view(np.dtype(_NP[dt]).newbyteorder("<")).astype(_NP[dt]).reshape(shape)
+    arr: np.ndarray = raw.view(np.dtype(_NP[dt]).newbyteorder("<")).astype(_NP[dt]).reshape(shape)
     if dt == dtypes.bfloat16:  # widen the bits to float32 exactly; the constructor keeps the top 16 bits
         return Tensor((arr.astype(np.uint32) << 16).view(np.float32), device=device, dtype=dtypes.bfloat16)
     return Tensor(arr, device=device, dtype=dt)
@@ -428,7 +427,7 @@ class _StorageType:
         )
 
 
-def _byte_order(big_endian: bool) -> str:
+def _byte_order(big_endian: bool) -> Literal["<", ">"]:
     return ">" if big_endian else "<"
 
 
@@ -438,7 +437,8 @@ class _Storage:
     __setstate__ = _refuse_setstate
 
     def __init__(self, kind: str, key: str, read, big_endian: bool = False):
-        self.kind, self.key, self._read, self._data, self.big_endian = kind, key, read, None, big_endian
+        self.kind, self.key, self._read, self.big_endian = kind, key, read, big_endian
+        self._data: np.ndarray | None = None
 
     def array(self) -> np.ndarray:
         if self._data is None:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from zeptograd.dtype import DType, dtypes
 from zeptograd.uop.ops import Ops, UOp, _alu_range
 
+MIN_THREAD_WORK = 1 << 15  # loop iterations below which a second core costs more than it saves
+
 
 @dataclass(frozen=True)
 class ProgramSpec:
@@ -14,11 +16,17 @@ class ProgramSpec:
     src: str
     n_bufs: int  # pointer arguments, in DEFINE_GLOBAL order
     vars: tuple[str, ...] = ()  # int arguments after the pointers, in DEFINE_VAR order
-    global_size: tuple[int, int, int] = (1, 1, 1)  # GPU groups; on CPU, global_size[0] is the number of cores
+    global_size: tuple[int, int, int] = (1, 1, 1)  # GPU groups per id; a CPU kernel's is (cores, 1, 1)
     local_size: tuple[int, int, int] = (1, 1, 1)  # GPU work-group size
     # a CPU kernel threaded over a symbolic loop: its loop iterations as a Python expression of `vars`; where that is
     # below MIN_THREAD_WORK at a call's values its cores run one after another in the caller (no pool handoff)
     work: str | None = None
+
+    @property
+    def cores(self) -> int:
+        """A CPU kernel (a renderer without has_local) with cores > 1 takes its core_id as its last int argument and
+        is called once per core; with 1 it takes none and is called once."""
+        return self.global_size[0]
 
 
 def loop_var(r) -> str:
@@ -50,16 +58,26 @@ def wrapping_dtype(u: UOp) -> DType | None:
 
 
 class Renderer:
-    device = "base"
-    simd_bytes = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
-    has_threads = True  # kernels may take a core_id and run on several cores
-    alu_transcendentals = False  # vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py)
-    alu_trig = False  # float sin/cos/tan written as ALU ops also as scalars: the target's own are not within 2 ulp
-    masked_vectors = False  # a vector load/store may take a vector of gates (one per lane); else it is split in lanes
+    """What codegen asks of a target, and `render`. A backend's renderer subclasses it, sets the fields where its
+    target differs and implements `render`; tests/backend/test_conformance.py checks the fields' types."""
+
+    device: str = "base"
+    simd_bytes: int = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
+    has_threads: bool = True  # kernels may take a core_id and run on several cores (ProgramSpec.cores)
+    # GPU work-group threads and local memory: codegen maps loops to thread ids (codegen/gpudims.py) within the
+    # limits below, and the GPU heuristic (codegen/opt/heuristic_gpu.py) replaces the CPU one
+    has_local: bool = False
+    global_max: tuple[int, ...] = ()  # has_local: the most groups per id
+    local_max: tuple[int, ...] = ()  # has_local: the most threads per work-group per id
+    local_threads_max: int = 0  # has_local: the most threads per work-group
+    alu_transcendentals: bool = False  # vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py)
+    alu_trig: bool = False  # float sin/cos/tan as ALU ops also as scalars: the target's own are not within 2 ulp
+    masked_vectors: bool = False  # a vector load/store may take a vector of gates (one per lane); else split in lanes
 
     def keeps_vector(self, x: UOp) -> bool:
         """Whether the target computes x (an ALU, CAST or BITCAST with a vector dtype) as one vector op."""
         return True
 
     def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
+        """The linearized kernel `uops` as a program named `name`."""
         raise NotImplementedError

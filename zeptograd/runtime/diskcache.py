@@ -167,7 +167,12 @@ def private_root() -> str:
 
         path, pid = tempfile.mkdtemp(prefix="zeptograd-"), os.getpid()
         _private.append((path, pid))
-        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(path, ignore_errors=True))
+
+        def remove_in_owner():  # a forked child inherits the handler: only the process that made it removes it
+            if os.getpid() == pid:
+                shutil.rmtree(path, ignore_errors=True)
+
+        atexit.register(remove_in_owner)
         mp = sys.modules.get("multiprocessing")
         if mp is not None and mp.parent_process() is not None:  # a pool worker ends without running atexit
             import multiprocessing.util

@@ -215,9 +215,10 @@ class LoadedObject:
                 if shndx in place:
                     if value > secs[shndx].size:
                         raise MalformedObject(f"symbol {name!r} at {value}, past its {secs[shndx].size}-byte section")
-                    addr: int | None = self.base + place[shndx] + value
+                    placed = self.base + place[shndx] + value
+                    addr: int | None = placed
                     if name:
-                        defined[name] = addr  # type: ignore[assignment]
+                        defined[name] = placed
                 elif shndx == _SHN_ABS:
                     addr = value
                 elif shndx == _SHN_UNDEF:

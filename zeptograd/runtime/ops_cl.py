@@ -7,9 +7,12 @@ implementation itself (PoCL: under POCL_CACHE_DIR) and per process by the realiz
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, Program
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.gpu import OpenCLRenderer
@@ -43,7 +46,7 @@ def cl_devices() -> list:
     return sorted(devs, key=lambda d: not d.type & cl.device_type.GPU)
 
 
-class CLAllocator(Allocator):
+class CLAllocator(Allocator[Any]):  # pyopencl's cl.Buffer (pyopencl has no type information)
     """cl.Buffers (at least 1 byte: OpenCL has no empty buffers), reused by size."""
 
     host = False
@@ -83,24 +86,34 @@ class CLAllocator(Allocator):
 
 
 class CLCompiler(Compiler):
+    disk_cached = False  # the OpenCL implementation caches its builds (PoCL: under POCL_CACHE_DIR)
+
     def __init__(self, cl, ctx, device):
         self.cl, self.ctx, self.device = cl, ctx, device
-        self.key = f"cl {device.platform.name} {device.name} {' '.join(BUILD_OPTIONS)}"
 
-    def build(self, src: str):
+    @functools.cached_property
+    def key(self) -> str:
+        return f"cl {self.device.platform.name} {self.device.name} {' '.join(BUILD_OPTIONS)}"
+
+    def program(self, src: str) -> Any:
+        """src built for this device: a cl.Program."""
         try:
             return self.cl.Program(self.ctx, src).build(options=BUILD_OPTIONS)
         except self.cl.RuntimeError as e:  # a build failure: the log is in the message
             raise CompileError(f"internal error: the generated OpenCL C did not build:\n{e}\n{src}") from None
 
+    def build(self, src: str) -> bytes:
+        return self.program(src).get_info(self.cl.program_info.BINARIES)[0]
+
     def compile(self, src: str) -> bytes:
-        return self.build(src).get_info(self.cl.program_info.BINARIES)[0]
+        return self.build(src)
 
 
-class CLProgram:
+class CLProgram(Program):
     def __init__(self, dev: CLDevice, spec: ProgramSpec):
-        self.dev, self.spec = dev, spec
-        self.kernel = dev.compiler.build(spec.src).__getattr__(spec.name)  # type: ignore[attr-defined]
+        super().__init__(spec)
+        self.dev = dev
+        self.kernel = getattr(dev.compiler.program(spec.src), spec.name)
         self.local = None if spec.local_size == (1, 1, 1) else spec.local_size  # None: the runtime picks
         self.global_ = tuple(g * loc for g, loc in zip(spec.global_size, spec.local_size))
 
@@ -116,6 +129,8 @@ class CLProgram:
 
 
 class CLDevice(CompiledDevice):
+    compiler: CLCompiler
+
     def __init__(self, name: str, cl, device):
         self.cl, self.cl_device = cl, device
         self.ctx = cl.Context([device])
@@ -124,9 +139,7 @@ class CLDevice(CompiledDevice):
         renderer = OpenCLRenderer(
             local_max=tuple(min(s, 256) for s in sizes), local_threads_max=min(device.max_work_group_size, 256)
         )
-        super().__init__(
-            name, renderer, CLCompiler(cl, self.ctx, device), CLProgram, CLAllocator(cl, self.ctx, self.queue)
-        )
+        super().__init__(name, renderer, CLCompiler(cl, self.ctx, device), CLAllocator(cl, self.ctx, self.queue))
 
     def build(self, spec: ProgramSpec) -> CLProgram:
         return CLProgram(self, spec)

@@ -10,7 +10,7 @@ import functools
 import hashlib
 import os
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
+from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.runtime import diskcache
@@ -31,7 +31,7 @@ class CCompiler(Compiler):
         self.cc = os.getenv("CC", "cc")
 
     @functools.cached_property
-    def key(self) -> str:  # type: ignore[override]
+    def key(self) -> str:
         """What the on-disk cache is keyed by besides the source: the compiler (its path and version), the flags,
         and the host CPU (-march=native). The version is asked once per compiler binary and host, and remembered in
         `<cache>/zeptograd/hosts/`, so that a process whose kernels are cached runs no compiler."""
@@ -70,9 +70,9 @@ class CCompiler(Compiler):
             raise CompileError(f"internal error: the generated C did not compile:\n{proc.stderr.decode()}\n{src}")
 
 
-class CPUProgram:
+class CPUProgram(Program):
     def __init__(self, spec: ProgramSpec, path: str):
-        self.spec = spec
+        super().__init__(spec)
         self.lib = ctypes.CDLL(path)
         self.fxn = self.lib[spec.name]
         self.fxn.restype = None
@@ -80,25 +80,27 @@ class CPUProgram:
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         args = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(v) for v in vals]
-        if self.spec.global_size[0] == 1:
+        if self.spec.cores == 1:
             self.fxn(*args)
         else:  # one call per core; ctypes releases the GIL during each
             run_on_cores(
                 lambda core: self.fxn(*args, ctypes.c_int(core)),
-                self.spec.global_size[0],
+                self.spec.cores,
                 self.small is not None and self.small(vals),
             )
 
 
 class CPUDevice(CompiledDevice):
+    compiler: CCompiler
+
     def build(self, spec: ProgramSpec) -> CPUProgram:
         """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""
         try:
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))
         except OSError as e:  # dlopen refused it (e.g. not an ELF library): never trusted again
             diskcache.warn_once(spec.name, f"the cached library of {spec.name} did not load ({e}): compiling it again")
             self.compiler.evict(spec.src)
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))  # type: ignore[attr-defined]
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))
 
 
 def open_device(name: str) -> CompiledDevice:
@@ -111,4 +113,4 @@ def open_device(name: str) -> CompiledDevice:
         return LLVMDevice(name)
     from zeptograd.renderer.cstyle import CStyleRenderer  # imported only for CPU:C (startup time)
 
-    return CPUDevice(name, CStyleRenderer(), CCompiler(), CPUProgram, Allocator())
+    return CPUDevice(name, CStyleRenderer(), CCompiler(), HostAllocator())

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler
+from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, Program
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.gpu import CUDARenderer
@@ -102,9 +102,14 @@ def nvrtc_compile(src: str, arch: str = "sm_90", name: str = "kernel.cu") -> byt
 
 
 class NVRTCCompiler(Compiler):
+    disk_cached = False  # NVRTC compiles in the process; its binaries are not cached on disk
+
     def __init__(self, arch: str):
         self.arch = arch
-        self.key = f"nvrtc {arch}"
+
+    @property
+    def key(self) -> str:
+        return f"nvrtc {self.arch}"
 
     def compile(self, src: str) -> bytes:
         return nvrtc_compile(src, self.arch)
@@ -150,31 +155,37 @@ class CUDAMem:
         self.ptr, self.nbytes = ptr, nbytes
 
 
-class CUDAAllocator(Allocator):
+class CUDAAllocator(Allocator[CUDAMem]):
     host = False
 
     def __init__(self, dev: CUDADevice):
         super().__init__()
         self.dev = dev
 
-    def alloc(self, nbytes: int) -> CUDAMem:  # type: ignore[override]
+    def alloc(self, nbytes: int) -> CUDAMem:
         if cached := self.free_cache.get(nbytes):
-            return cached.pop()  # type: ignore[return-value]
+            return cached.pop()
         self.dev.set_current()
         ptr = ctypes.c_uint64()
         self.dev.cu("cuMemAlloc_v2", ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 1)))
         return CUDAMem(ptr.value, nbytes)
 
-    def free(self, mem: CUDAMem):  # type: ignore[override]
-        self.free_cache.setdefault(mem.nbytes, []).append(mem)  # type: ignore[arg-type]
+    def free(self, mem: CUDAMem) -> None:
+        self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
-    def handle(self, mem: CUDAMem) -> int:  # type: ignore[override]
+    def capacity(self) -> int:
+        """The GPU's memory (cuDeviceTotalMem), not the host's."""
+        total = ctypes.c_size_t()
+        self.dev.cu("cuDeviceTotalMem_v2", ctypes.byref(total), self.dev.cu_dev)
+        return total.value
+
+    def handle(self, mem: CUDAMem) -> int:
         return mem.ptr
 
-    def from_handle(self, handle: int, nbytes: int) -> CUDAMem:  # type: ignore[override]
+    def from_handle(self, handle: int, nbytes: int) -> CUDAMem:
         return CUDAMem(handle, nbytes)
 
-    def copyin(self, mem: CUDAMem, src: np.ndarray):  # type: ignore[override]
+    def copyin(self, mem: CUDAMem, src: np.ndarray) -> None:
         if src.nbytes:
             self.dev.set_current()
             self.dev.cu(
@@ -184,7 +195,7 @@ class CUDAAllocator(Allocator):
                 ctypes.c_size_t(src.nbytes),
             )
 
-    def copyout(self, mem: CUDAMem) -> np.ndarray:  # type: ignore[override]
+    def copyout(self, mem: CUDAMem) -> np.ndarray:
         out = np.empty(mem.nbytes, dtype=np.uint8)
         if out.nbytes:
             self.dev.set_current()
@@ -197,9 +208,10 @@ class CUDAAllocator(Allocator):
         return out
 
 
-class CUDAProgram:
+class CUDAProgram(Program):
     def __init__(self, dev: CUDADevice, spec: ProgramSpec, image: bytes):
-        self.dev, self.spec = dev, spec
+        super().__init__(spec)
+        self.dev = dev
         dev.set_current()
         self.module, self.fn = ctypes.c_void_p(), ctypes.c_void_p()
         dev.cu("cuModuleLoadData", ctypes.byref(self.module), ctypes.c_char_p(image))
@@ -262,7 +274,7 @@ class CUDADevice(CompiledDevice):
         renderer.local_max = (attr["block_x"], attr["block_y"], attr["block_z"])
         renderer.local_threads_max = attr["max_threads"]
         nvrtc()  # fail now, in one sentence, when NVRTC is missing
-        super().__init__(name, renderer, NVRTCCompiler(renderer.arch), CUDAProgram, CUDAAllocator(self))
+        super().__init__(name, renderer, NVRTCCompiler(renderer.arch), CUDAAllocator(self))
 
     def set_current(self):
         self.cu("cuCtxSetCurrent", self.ctx)

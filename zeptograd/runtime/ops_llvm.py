@@ -19,7 +19,7 @@ import hashlib
 import re
 from typing import Any
 
-from zeptograd.device import Allocator, CompiledDevice, CompileError, Compiler, run_on_cores, small_work
+from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import DEBUG, getenv
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.llvmir import LLVMRenderer
@@ -60,7 +60,7 @@ class LLVMCompiler(Compiler):
         return self.target_machine()
 
     @functools.cached_property
-    def key(self) -> str:  # type: ignore[override]
+    def key(self) -> str:
         """What the on-disk cache is keyed by besides the source: LLVM's version, the host CPU and features, level.
 
         Remembered per host, so that a process whose kernels are cached needs no LLVM to find them."""
@@ -122,12 +122,13 @@ def _host_memo_name(opt: int) -> str | None:
     return f"llvm-{digest}.txt"
 
 
-class LLVMProgram:
+class LLVMProgram(Program):
     """A compiled kernel: fn(*buffer pointers, *vars[, core_id]), called once per core when it has a core_id."""
 
-    def __init__(self, spec: ProgramSpec, addr: int, has_core_id: bool):
-        self.spec, self.addr, self.has_core_id = spec, addr, has_core_id
-        argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + has_core_id)
+    def __init__(self, spec: ProgramSpec, addr: int):
+        super().__init__(spec)
+        self.addr, self.has_core_id = addr, spec.cores > 1
+        argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + self.has_core_id)
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
         self.small = small_work(spec)
 
@@ -137,7 +138,7 @@ class LLVMProgram:
             return
         run_on_cores(
             lambda core: self.fxn(*ptrs, *vals, core),
-            self.spec.global_size[0],
+            self.spec.cores,
             self.small is not None and self.small(vals),
         )
 
@@ -146,8 +147,10 @@ class LLVMDevice(CompiledDevice):
     """Kernels loaded by `runtime/elf.py`, each in its own executable mapping; MCJIT (one engine per device, made
     when first needed) links the objects that loader does not handle."""
 
+    compiler: LLVMCompiler
+
     def __init__(self, name: str):
-        super().__init__(name, LLVMRenderer(), LLVMCompiler(), LLVMProgram, Allocator())
+        super().__init__(name, LLVMRenderer(), LLVMCompiler(), HostAllocator())
         self.loaded: dict[str, int] = {}  # symbol -> address
         self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
         self._engine: Any = None
@@ -156,8 +159,7 @@ class LLVMDevice(CompiledDevice):
         symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
             self.loaded[symbol] = self.load(spec.src, symbol)
-        signature = next((line for line in spec.src.splitlines() if line.startswith("define ")), "")
-        return LLVMProgram(spec, self.loaded[symbol], "i32 %core_id)" in signature)
+        return LLVMProgram(spec, self.loaded[symbol])
 
     def load(self, src: str, symbol: str) -> int:
         """Load src's object (compiled or from the cache) and return its function's address. An object the ELF loader
@@ -185,7 +187,7 @@ class LLVMDevice(CompiledDevice):
 
     def mcjit_load(self, obj: bytes, symbol: str) -> int:
         """Link an object into this device's MCJIT engine; its function's address."""
-        compiler: LLVMCompiler = self.compiler  # type: ignore[assignment]
+        compiler = self.compiler
         llvm = compiler.llvm
         if self._engine is None:  # the engine owns its target machine: not the one compiles use
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), compiler.target_machine())

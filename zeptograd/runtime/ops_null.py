@@ -5,7 +5,7 @@ Buffers are ordinary host memory (copies in and out work); a kernel's output kee
 
 from __future__ import annotations
 
-from zeptograd.device import Allocator, CompiledDevice, Compiler
+from zeptograd.device import CompiledDevice, Compiler, HostAllocator, Program
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec
 from zeptograd.renderer.cstyle import CStyleRenderer
@@ -17,20 +17,20 @@ class NullRenderer(CStyleRenderer):
 
 class NullCompiler(Compiler):
     key = "null"
+    disk_cached = False  # nothing is compiled
 
     def compile(self, src: str) -> bytes:
         return b""
 
 
-class NullProgram:
-    def __init__(self, spec: ProgramSpec):
-        self.spec = spec
-
+class NullProgram(Program):
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         pass
 
 
 class NullDevice(CompiledDevice):
+    beam_timing = False  # it runs nothing
+
     def build(self, spec: ProgramSpec) -> NullProgram:
         return NullProgram(spec)
 
@@ -38,4 +38,4 @@ class NullDevice(CompiledDevice):
 def open_device(name: str) -> NullDevice:
     if name != "NULL":
         raise ArgumentError(f"unknown NULL backend {name!r}; available: NULL")
-    return NullDevice(name, NullRenderer(), NullCompiler(), NullProgram, Allocator())
+    return NullDevice(name, NullRenderer(), NullCompiler(), HostAllocator())

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from zeptograd.device import Allocator, CompiledDevice, Compiler
+from zeptograd.device import CompiledDevice, Compiler, HostAllocator, Program
 from zeptograd.dtype import DType, PtrDType, dtypes, to_numpy_dtype, truncate
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec, Renderer
@@ -27,7 +27,7 @@ from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, exec_alu
 
 def dtype_text(dt: DType) -> str:
     if isinstance(dt, PtrDType):
-        return f"{dtype_text(dt.base)}.ptr({dt.size}{',True' if dt.local else ''})"  # type: ignore[arg-type]
+        return f"{dtype_text(dt.base)}.ptr({dt.size}{',True' if dt.local else ''})"
     return f"{dt.scalar.name}.vec({dt.count})" if dt.count > 1 else dt.name
 
 
@@ -116,11 +116,9 @@ class Memory:
 def buffer_view(ptr: int, dt: PtrDType, slot: int) -> Memory:
     if dt.size < 0:
         raise ValueError(f"PYTHON: buffer {slot} has no size in its DEFINE_GLOBAL ({dt})")
-    base = dt.base.scalar  # type: ignore[union-attr]
-    nbytes = dt.size * base.itemsize * dt.base.count  # type: ignore[union-attr]
-    raw = (
-        np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), dtype=np.uint8) if nbytes else np.zeros(0, np.uint8)
-    )
+    base = dt.base.scalar
+    nbytes = dt.size * base.itemsize * dt.base.count
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)) if nbytes else np.zeros(0, np.uint8)
     return Memory(raw.view(to_numpy_dtype(base)), base, f"data{slot}")
 
 
@@ -136,12 +134,12 @@ def bitcast(x, frm: DType, to: DType):
     def to_bits(v, d):
         if d == dtypes.bfloat16:
             return struct.pack("<H", _float_to_bf16_bits(v))
-        return struct.pack("<" + d.fmt, v)  # type: ignore[operator]
+        return struct.pack("<" + d.fmt, v)
 
     def from_bits(b, d):
         if d == dtypes.bfloat16:
             return _bf16_bits_to_float(struct.unpack("<H", b)[0])
-        return struct.unpack("<" + d.fmt, b)[0]  # type: ignore[operator]
+        return struct.unpack("<" + d.fmt, b)[0]
 
     frm_vals = x if frm.count > 1 else (x,)
     raw = b"".join(to_bits(v, frm.scalar) for v in frm_vals)
@@ -170,11 +168,11 @@ def _alu_fn(op: Ops, dt: DType, srcs: tuple[int, ...], src_counts: tuple[int, ..
     return fn
 
 
-class PythonProgram:
+class PythonProgram(Program):
     """Parses the listing once; each call runs it (once per core_id when the kernel has one)."""
 
     def __init__(self, spec: ProgramSpec):
-        self.spec = spec
+        super().__init__(spec)
         self.insts = parse(spec.src)
         self.compile()
 
@@ -194,10 +192,10 @@ class PythonProgram:
             if op is Ops.CONST:
                 self.consts[i], self.kind[i] = arg, 5
             elif op is Ops.DEFINE_GLOBAL:
-                self.globals.append((i, arg, dt))  # type: ignore[arg-type]
+                self.globals.append((i, arg, dt))
                 self.kind[i] = 5
             elif op is Ops.DEFINE_REG:
-                self.regs.append((i, dt))  # type: ignore[arg-type]
+                self.regs.append((i, dt))
                 self.kind[i] = 5
             elif op is Ops.DEFINE_VAR:
                 self.var_pos.append(i)
@@ -232,7 +230,8 @@ class PythonProgram:
         if op is Ops.INDEX:
             buf, idx = src[0], src[1]
             valid = src[2] if len(src) > 2 else None
-            unit = insts[buf][1].base.count  # type: ignore[attr-defined]  # vector-based registers
+            ptr = insts[buf][1]  # a pointer: its element count per index step (vector-based registers)
+            unit = ptr.base.count if isinstance(ptr, PtrDType) else 1
             return lambda v: (v[buf], v[idx] * unit, True if valid is None else v[valid])
         if op is Ops.VECTORIZE:
             return lambda v: tuple(v[s] for s in src)
@@ -255,7 +254,7 @@ class PythonProgram:
         raise NotImplementedError(f"PYTHON has no rule for {op}")
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
-        for core in range(self.spec.global_size[0] if self.core_pos else 1):
+        for core in range(self.spec.cores if self.core_pos else 1):
             self.run(ptrs, vals, core)
 
     def run(self, ptrs: tuple[int, ...], vals: tuple[int, ...], core: int):
@@ -266,8 +265,8 @@ class PythonProgram:
         for i, slot, dt in self.globals:
             v[i] = buffer_view(ptrs[slot], dt, slot)
         for i, dt in self.regs:
-            base = dt.base  # type: ignore[union-attr]
-            v[i] = Memory([_zero(base.scalar)] * (dt.size * base.count), base.scalar, f"reg{i}")  # type: ignore
+            base = dt.base
+            v[i] = Memory([_zero(base.scalar)] * (dt.size * base.count), base.scalar, f"reg{i}")
         for i, x in zip(self.var_pos, vals):
             v[i] = x
         for i in self.core_pos:
@@ -327,12 +326,15 @@ def _any(valid) -> bool:
 
 class PythonCompiler(Compiler):
     key = "python"
+    disk_cached = False  # the listing is the program
 
     def compile(self, src: str) -> bytes:
         return src.encode()
 
 
 class PythonDevice(CompiledDevice):
+    beam_timing = False  # an interpreter's time says nothing about compiled code
+
     def build(self, spec: ProgramSpec) -> PythonProgram:
         return PythonProgram(spec)
 
@@ -340,4 +342,4 @@ class PythonDevice(CompiledDevice):
 def open_device(name: str) -> PythonDevice:
     if name != "PYTHON":
         raise ArgumentError(f"unknown PYTHON backend {name!r}; available: PYTHON")
-    return PythonDevice(name, PythonRenderer(), PythonCompiler(), PythonProgram, Allocator())
+    return PythonDevice(name, PythonRenderer(), PythonCompiler(), HostAllocator())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import math
 from typing import TYPE_CHECKING
 
@@ -295,32 +296,32 @@ class ElementwiseMixin:
     def ne(self: Tensor, x) -> Tensor:
         return self._binary(Ops.CMPNE, x)
 
-    def __eq__(self: Tensor, x):  # type: ignore[override]
+    def __eq__(self: Tensor, x):
         return self.eq(x)
 
-    def __ne__(self: Tensor, x):  # type: ignore[override]
+    def __ne__(self: Tensor, x):
         return self.ne(x)
 
     # ***** bitwise (bools and ints) *****
-    def _bitwise(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
+    def _bitwise(self: Tensor, op: Ops, x, reverse: builtins.bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
         if dtypes.is_float(a.dtype):
             raise ArgumentTypeError(f"bitwise {op.name} needs integer or bool tensors, got {a.dtype}")
         return a._alu(op, b)
 
-    def bitwise_and(self: Tensor, x, reverse: bool = False) -> Tensor:
+    def bitwise_and(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
         return self._bitwise(Ops.AND, x, reverse)
 
-    def bitwise_or(self: Tensor, x, reverse: bool = False) -> Tensor:
+    def bitwise_or(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
         return self._bitwise(Ops.OR, x, reverse)
 
-    def bitwise_xor(self: Tensor, x, reverse: bool = False) -> Tensor:
+    def bitwise_xor(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
         return self._bitwise(Ops.XOR, x, reverse)
 
-    def lshift(self: Tensor, x, reverse: bool = False) -> Tensor:
+    def lshift(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
         return self._bitwise(Ops.SHL, x, reverse)
 
-    def rshift(self: Tensor, x, reverse: bool = False) -> Tensor:
+    def rshift(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
         return self._bitwise(Ops.SHR, x, reverse)
 
     def bitwise_not(self: Tensor) -> Tensor:

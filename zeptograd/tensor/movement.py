@@ -94,11 +94,14 @@ class MovementMixin:
         dt = ts[0].dtype
         for t in ts[1:]:
             dt = ts[0]._operands(t)[0].dtype if t.dtype != dt else dt
-        total, off, ret = sum(t.shape[d] for t in ts), 0, None
+        total, off, parts = sum(t.shape[d] for t in ts), 0, []
         for t in ts:
             n = t.shape[d]
-            p = t.cast(dt).pad(tuple((off, total - off - n) if i == d else None for i in range(t.ndim)))
-            ret, off = p if ret is None else ret + p, off + n
+            parts.append(t.cast(dt).pad(tuple((off, total - off - n) if i == d else None for i in range(t.ndim))))
+            off += n
+        ret = parts[0]
+        for p in parts[1:]:
+            ret = ret + p
         return ret
 
     def stack(self: Tensor, *args: Tensor, dim: int = 0) -> Tensor:

@@ -118,8 +118,8 @@ class NNMixin:
         full = [sizes[c] for c in alphabet]
         terms = []
         for letters, x in prepared:  # every operand laid out over the whole alphabet, then broadcast
-            x, letters = x.permute(argsort(list(letters))), sorted(letters)
-            terms.append(x.reshape([x.shape[letters.index(c)] if c in letters else 1 for c in alphabet]).expand(full))
+            x, ordered = x.permute(argsort(list(letters))), sorted(letters)
+            terms.append(x.reshape([x.shape[ordered.index(c)] if c in ordered else 1 for c in alphabet]).expand(full))
         prod_ = functools.reduce(lambda a, b: a * b, terms)
         summed = [i for i, c in enumerate(alphabet) if c not in output]
         ret = prod_.sum(summed, dtype=dtype) if summed else prod_

@@ -28,7 +28,7 @@ class RandomMixin:
         _rng_state["seed"], _rng_state["counter"] = int(seed), 0
 
     @classmethod
-    def _random_bits(cls, shape: tuple[int, ...], device: str | None) -> Tensor:
+    def _random_bits(cls: type[Tensor], shape: tuple[int, ...], device: str | None) -> Tensor:
         """uint32 bits from a 32-bit integer hash of (seed, counter + i): each call draws fresh counters."""
         n = prod(shape)
         counter = _rng_state["counter"]
@@ -42,7 +42,12 @@ class RandomMixin:
 
     @classmethod
     def rand(
-        cls, *shape, dtype: DTypeLike | None = None, device: str | None = None, contiguous: bool = True, **kwargs
+        cls: type[Tensor],
+        *shape,
+        dtype: DTypeLike | None = None,
+        device: str | None = None,
+        contiguous: bool = True,
+        **kwargs,
     ) -> Tensor:
         """Uniform in [0, 1)."""
         dt = to_dtype(dtype or dtypes.default_float)
@@ -59,7 +64,7 @@ class RandomMixin:
         )
 
     @classmethod
-    def randn(cls, *shape, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
+    def randn(cls: type[Tensor], *shape, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
         """Standard normal (Box-Muller on two uniforms)."""
         shape = cls._shape_arg(shape)
         u = cls.rand(2, *shape, device=device, contiguous=False)
@@ -72,48 +77,54 @@ class RandomMixin:
         )
 
     @classmethod
-    def randint(cls, *shape, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs) -> Tensor:
+    def randint(
+        cls: type[Tensor], *shape, low: int = 0, high: int = 10, dtype: DTypeLike = dtypes.int32, **kwargs
+    ) -> Tensor:
         if not isinstance(low, int) or not isinstance(high, int) or low >= high:
             raise ArgumentError(f"randint needs int bounds low < high, got {low}, {high}")
         dt = to_dtype(dtype)
         return (cls.rand(*shape, dtype=dtypes.float64, **kwargs) * (high - low) + low).floor().cast(dt)
 
     @classmethod
-    def uniform(cls, *shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
+    def uniform(
+        cls: type[Tensor], *shape, low: float = 0.0, high: float = 1.0, dtype: DTypeLike | None = None, **kwargs
+    ) -> Tensor:
         rg = kwargs.pop("requires_grad", None)
         out = (cls.rand(*shape, **kwargs) * (high - low) + low).cast(to_dtype(dtype or dtypes.default_float))
         return _grad(out, {"requires_grad": rg})
 
     @classmethod
-    def normal(cls, *shape, mean: float = 0.0, std: float = 1.0, **kwargs) -> Tensor:
+    def normal(cls: type[Tensor], *shape, mean: float = 0.0, std: float = 1.0, **kwargs) -> Tensor:
         rg = kwargs.pop("requires_grad", None)
         return _grad(cls.randn(*shape, **kwargs) * std + mean, {"requires_grad": rg})
 
     @classmethod
-    def scaled_uniform(cls, *shape, **kwargs) -> Tensor:
+    def scaled_uniform(cls: type[Tensor], *shape, **kwargs) -> Tensor:
         shape = cls._shape_arg(shape)
         return cls.uniform(*shape, low=-(prod(shape) ** -0.5), high=prod(shape) ** -0.5, **kwargs)
 
     @classmethod
-    def glorot_uniform(cls, *shape, **kwargs) -> Tensor:
+    def glorot_uniform(cls: type[Tensor], *shape, **kwargs) -> Tensor:
         shape = cls._shape_arg(shape)
         bound = (6 / (shape[0] + prod(shape[1:]))) ** 0.5
         return cls.uniform(*shape, low=-bound, high=bound, **kwargs)
 
     @classmethod
-    def kaiming_uniform(cls, *shape, a: float = 0.01, **kwargs) -> Tensor:
+    def kaiming_uniform(cls: type[Tensor], *shape, a: float = 0.01, **kwargs) -> Tensor:
         shape = cls._shape_arg(shape)
         bound = math.sqrt(3.0) * math.sqrt(2.0 / (1 + a**2)) / math.sqrt(prod(shape[1:]))
         return cls.uniform(*shape, low=-bound, high=bound, **kwargs)
 
     @classmethod
-    def kaiming_normal(cls, *shape, a: float = 0.01, **kwargs) -> Tensor:
+    def kaiming_normal(cls: type[Tensor], *shape, a: float = 0.01, **kwargs) -> Tensor:
         shape = cls._shape_arg(shape)
         std = math.sqrt(2.0 / (1 + a**2)) / math.sqrt(prod(shape[1:]))
         return cls.normal(*shape, mean=0.0, std=std, **kwargs)
 
     @classmethod
-    def randperm(cls, n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs) -> Tensor:
+    def randperm(
+        cls: type[Tensor], n: int, device: str | None = None, dtype: DTypeLike = dtypes.int32, **kwargs
+    ) -> Tensor:
         return cls.rand(n, device=device).argsort().cast(to_dtype(dtype))
 
     def multinomial(self: Tensor, num_samples: int = 1, replacement: bool = False) -> Tensor:

@@ -347,11 +347,18 @@ class UOp(MathMixin, metaclass=UOpMeta):
     # --- properties ---
     @property
     def size(self) -> int:
-        return prod(self.shape)
+        return prod(self.tensor_shape)
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self.tensor_shape)
+
+    @property
+    def tensor_shape(self) -> tuple[int, ...]:
+        """The shape of a node of the tensor graph (where the caller knows it is one): not None."""
+        if self.shape is None:  # an index expression or a kernel's node
+            raise TypeError(f"{self.op} has no shape")
+        return self.shape
 
     @property
     def vmin(self):
@@ -367,6 +374,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
             for u in self.toposort(gate=lambda x: x._vrange is None):  # sources first, no recursion
                 if u._vrange is None:
                     u._vrange = _value_range(u)
+        assert self._vrange is not None  # the walk ends at self
         return self._vrange
 
     # --- graph walks, all iterative ---

@@ -260,11 +260,11 @@ def rebind(u: UOp, var_vals: dict[str, int]) -> UOp:
     if not var_vals:
         return u
 
-    def bind_expr(x: UOp) -> UOp:
+    def bind_expr(x: UOp) -> int | UOp:  # an int where a bound shape expression folds to a constant
         mapping = {
             n: n.bind(var_vals[n.arg[0]]) for n in x.toposort() if n.op is Ops.DEFINE_VAR and n.arg[0] in var_vals
         }
-        return sint_simplify(x.substitute(mapping)) if mapping else x  # type: ignore[return-value]
+        return sint_simplify(x.substitute(mapping)) if mapping else x
 
     return _rebuild([u], bind_expr)[0][0]
 

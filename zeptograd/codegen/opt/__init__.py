@@ -176,7 +176,8 @@ class OptPlan:
     """A kernel and the actions taken on it so far (what the heuristics build up)."""
 
     def __init__(self, ast: UOp):
-        self.ast, self.opts = ast, []
+        self.ast = ast
+        self.opts: list[Opt] = []
 
     def take(self, opt: Opt) -> bool:
         """Apply the action if it is valid for the kernel as it is now; report whether it was."""

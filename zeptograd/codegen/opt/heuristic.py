@@ -16,14 +16,17 @@ chunks; divisors are not preferred where the size is not known.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.tail import gate_single_core
+from zeptograd.dtype import PtrDType
 from zeptograd.helpers import THREADS, prod
+from zeptograd.renderer import MIN_THREAD_WORK
 from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
 from zeptograd.uop.symbolic import split_sum
 
 L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
-MIN_THREAD_WORK = 1 << 15  # loop iterations below which a second core costs more than it saves
 
 
 def accesses(ast: UOp) -> list[UOp]:
@@ -105,7 +108,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     if not axes or any(max_trip_count(r) == 0 for r in axes):
         return plan.ast, plan.opts
     idxs = accesses(plan.ast)
-    itemsize = max(u.src[0].dtype.base.itemsize for u in idxs) if idxs else 4
+    itemsize = max((d.base.itemsize for u in idxs if isinstance(d := u.src[0].dtype, PtrDType)), default=4)
     width = max(1, simd_bytes // itemsize)
     total_work = prod(max_trip_count(r) for r in axes)
     reduce_work = prod(max_trip_count(r) for r in axes if r.arg[1] is AxisType.REDUCE)
@@ -167,13 +170,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             # A @ B.T (both operands contiguous along the reduce): a tile of rows x columns of dot products, each a
             # vector accumulator; one vector load of a row feeds every column and one of a column every row
             row, col = tile
-            take(
-                Opt(
-                    OptOps.UPCAST,
-                    index_of(plan.ast, col),
-                    amount_with_tail(max_trip_count(col), (2,), divisors_first=True),
-                )
-            )
+            if (col_i := index_of(plan.ast, col)) is not None:
+                take(Opt(OptOps.UPCAST, col_i, amount_with_tail(max_trip_count(col), (2,), divisors_first=True)))
             if (row_i := index_of(plan.ast, row)) is not None:
                 take(
                     Opt(OptOps.UPCAST, row_i, amount_with_tail(max_trip_count(row), (8, 6, 4, 2), divisors_first=True))
@@ -201,7 +199,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         # rows: an axis no vector-loaded (or gathered: a strided conv's input) operand depends on, so one vector
         # load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) != 0 and u in in_reduce]
-        row = next(
+        tile_row = next(
             (
                 r
                 for r in loop_axes
@@ -209,7 +207,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             ),
             None,
         )
-        if row is not None:
+        if tile_row is not None:
             axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
             if (
@@ -217,14 +215,14 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             ):  # a tail would get no tile
                 take(Opt(OptOps.UPCAST, vi, 2))
             axes = kernel_axes(plan.ast)
-            ri = next(i for i, r in enumerate(axes) if r.arg[0] == row.arg[0])
+            ri = next(i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0])
             take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), (8, 6, 4, 2), divisors_first=True)))
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
             axes = kernel_axes(plan.ast)
-            ri = next((i for i, r in enumerate(axes) if r.arg[0] == row.arg[0]), None)
+            row_i = next((i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0]), None)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if ri is not None and vi is not None and ri < vi:
-                take(Opt(OptOps.SWAP, ri, vi))
+            if row_i is not None and vi is not None and row_i < vi:
+                take(Opt(OptOps.SWAP, row_i, vi))
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
@@ -238,7 +236,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     return gate_single_core(plan.ast), plan.opts
 
 
-def thread_nests(plan: OptPlan, threads: int, blocks: set[int] = frozenset()) -> None:
+def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozenset()) -> None:
     """THREAD in each loop nest of the kernel (the main one, and tails with enough work): its outermost output loop
     the core count divides, else its outermost with at least 8 iterations per core, else its longest."""
     tried: set[int] = set()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
+from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
 
 GROUP_MAX_OUTPUTS = 2048  # at most this many outputs: a reduce is shared by the threads of a group
@@ -23,7 +24,7 @@ GROUP_MIN_REDUCE = 64  # at least this many inputs per output
 MAX_LOCAL = 256  # threads per work-group the heuristic makes
 
 
-def gpu_optimizations(ast: UOp, renderer) -> tuple[UOp, list[Opt]]:
+def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
     plan = OptPlan(ast)
     max_threads = min(MAX_LOCAL, renderer.local_threads_max)
     take = plan.take

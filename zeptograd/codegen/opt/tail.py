@@ -122,7 +122,7 @@ def vector_tail(kind: AxisType) -> TailFn:
 def thread_tail(core: UOp) -> TailFn:
     """the T remaining iterations of a THREAD, one per core: M + min(core_id, T-1), stored by cores below T"""
 
-    def fn(m: int, t: int, axis: int) -> tuple[UOp, UOp | None]:
+    def fn(m: int | UOp, t: int | UOp, axis: int) -> tuple[UOp, UOp | None]:
         last = UOp.const(dtypes.index, t - 1)
         return UOp.const(dtypes.index, m) + (core < last).where(core, last), core < UOp.const(dtypes.index, t)
 
