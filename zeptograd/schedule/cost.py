@@ -43,7 +43,7 @@ class CostModel:
                 own = TRANSCENDENTAL
             work, loads = own + sum(w for w, _ in read), sum(n for _, n in read)
             if u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
-                n = prod(u.src[0].shape) // max(prod(u.shape), 1) if self.static(u.src[0]) else 1
+                n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
             self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
@@ -60,14 +60,14 @@ class CostModel:
 
     @staticmethod
     def static(x: UOp) -> bool:
-        return all(isinstance(s, int) for s in x.shape)
+        return all(isinstance(s, int) for s in x.tensor_shape)
 
     def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
         """Whether evaluating x at every read (its requests, each with the ranges in scope there) costs more than
         computing it once per element, storing it and loading it at every read."""
         if self.index_only[x] or self.feeds_index[x] or not self.static(x) or self.work[x] <= LOAD:
             return False
-        keep = (self.work[x] + STORE) * prod(x.shape) + KERNEL
+        keep = (self.work[x] + STORE) * prod(x.tensor_shape) + KERNEL
         inline = 0
         for (idx, _), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]

@@ -43,7 +43,7 @@ def and_valid(a: UOp | None, b: UOp | None) -> UOp | None:
 def pad_validity(x: UOp, idx: tuple[UOp, ...]) -> UOp | None:
     """Where a PAD read at `idx` lands inside its source: the AND over padded dims of 0 <= i-before < size."""
     valid = None
-    for i, s, (b, _) in zip(idx, x.src[0].shape, x.arg):
+    for i, s, (b, _) in zip(idx, x.src[0].tensor_shape, x.arg):
         j = simplify(i - b)
         if j.vmin < 0 or isinstance(s, UOp) or j.vmax >= s:  # a symbolic size: always checked
             valid = and_valid(valid, simplify((j >= 0) & (j < s)))
@@ -86,10 +86,10 @@ class Rangeify:
         src = x.src[0]
         if op is Ops.RESHAPE:
             # the outermost dimension needs no `% size`: where the read is valid, lin is in range
-            lin = flat_index(idx, x.shape)
+            lin = flat_index(idx, x.tensor_shape)
             new = tuple(
                 UOp.const(dtypes.index, 0) if s == 1 else simplify(lin // st if i == 0 else (lin // st) % s)
-                for i, (st, s) in enumerate(zip(strides_for_shape(src.shape), src.shape))
+                for i, (st, s) in enumerate(zip(strides_for_shape(src.tensor_shape), src.tensor_shape))
             )
             return [(src, (new, valid), ())]
         if op is Ops.PERMUTE:
@@ -98,22 +98,21 @@ class Rangeify:
                 new_list[in_dim] = idx[out_dim]
             return [(src, (tuple(new_list), valid), ())]
         if op is Ops.EXPAND:
-            new = tuple(UOp.const(dtypes.index, 0) if s == 1 else i for i, s in zip(idx, src.shape))
+            new = tuple(UOp.const(dtypes.index, 0) if s == 1 else i for i, s in zip(idx, src.tensor_shape))
             return [(src, (new, valid), ())]
         if op is Ops.SHRINK:
             return [(src, (tuple(simplify(i + b) if b else i for i, (b, _) in zip(idx, arg)), valid), ())]
         if op is Ops.FLIP:
-            new = tuple(simplify((s - 1) - i) if f else i for i, s, f in zip(idx, src.shape, arg))
+            new = tuple(simplify((s - 1) - i) if f else i for i, s, f in zip(idx, src.tensor_shape, arg))
             return [(src, (new, valid), ())]
         if op is Ops.PAD:
-            new = tuple(
-                simplify(i - b) if s != 1 else UOp.const(dtypes.index, 0) for i, s, (b, _) in zip(idx, src.shape, arg)
-            )
+            shape = src.tensor_shape
+            new = tuple(simplify(i - b) if s != 1 else UOp.const(dtypes.index, 0) for i, s, (b, _) in zip(idx, shape, arg))
             return [(src, (new, and_valid(valid, pad_validity(x, idx))), ())]
         if op is Ops.REDUCE_AXIS:
             key = (x, req)
             if key not in self.red_ranges:
-                self.red_ranges[key] = self.fresh_ranges(tuple(src.shape[a] for a in arg[1]), AxisType.REDUCE)
+                self.red_ranges[key] = self.fresh_ranges(tuple(src.tensor_shape[a] for a in arg[1]), AxisType.REDUCE)
             rr = iter(self.red_ranges[key])
             new = tuple(next(rr) if d in arg[1] else i for d, i in enumerate(idx))
             return [(src, (new, valid), tuple(r for r in self.red_ranges[key] if r.op is Ops.RANGE))]
@@ -130,7 +129,7 @@ class Rangeify:
             if x not in self.realize and must_realize(x, reqs):
                 self.realize.add(x)
             if x in self.realize:
-                rngs = self.group_ranges.get(x) or self.fresh_ranges(x.shape, AxisType.LOOP)
+                rngs = self.group_ranges.get(x) or self.fresh_ranges(x.tensor_shape, AxisType.LOOP)
                 self.kernel_ranges[x] = rngs
                 reqs = {(rngs, None): {r for r in rngs if r.op is Ops.RANGE}}
             for req, scope in reqs.items():

@@ -53,7 +53,7 @@ def lower_kernel(rf: Rangeify, roots: list[UOp], bufs: dict[UOp, Buffer]) -> tup
         memo[(x, req)] = lower_node(rf, x, req, [memo[(s, sreq)] for s, sreq, _ in subs])
     stores = []
     for root, out_dg in zip(roots, out_dgs):
-        idx, shape = rngs, root.shape
+        idx, shape = rngs, root.tensor_shape
         if root.op is Ops.ASSIGN:  # store through the target's view ops into its buffer
             idx, _, shape = target_index(rf, root, (rngs, None))
         stores.append(out_dg.index(flat_index(idx, shape)).store(memo[(root, (rngs, None))]))
@@ -67,7 +67,7 @@ def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ..
     tgt, treq = assign.src[0], req
     while tgt.op is not Ops.BUFFER:
         tgt, treq, _ = rf.src_requests(tgt, treq)[0]
-    return treq[0], treq[1], tgt.shape
+    return treq[0], treq[1], tgt.tensor_shape
 
 
 def lower_leaf(
@@ -77,7 +77,7 @@ def lower_leaf(
     if (c := uniform_const(x)) is not None:  # a symbolic constant (a Variable's value) is its cast expression
         return c.arg.cast(x.dtype) if isinstance(c.arg, UOp) else UOp.const(x.dtype, c.arg)
     if x.op is Ops.BUFFER or (x in rf.realize and x not in roots):
-        dg, shape = define_global(bufs[x]), x.shape
+        dg, shape = define_global(bufs[x]), x.tensor_shape
         if x.op is Ops.ASSIGN:  # its value lives in the target's buffer, read through the target's view ops
             idx, valid, shape = target_index(rf, x, req)
         return dg.index(flat_index(idx, shape), valid).load()

@@ -16,7 +16,7 @@ from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 
 def _numel(u: UOp) -> int:
-    n = prod(u.shape)
+    n = prod(u.tensor_shape)
     return n.vmax if isinstance(n, UOp) else n  # a symbolic size (uop/variable.py): at its largest
 
 

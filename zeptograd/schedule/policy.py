@@ -51,7 +51,7 @@ class MaterializationPolicy:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return True  # recomputed at every read costs more than a buffer (schedule/cost.py)
-        if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.shape) <= 4 * prod(x.src[0].shape):
+        if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.tensor_shape) <= 4 * prod(x.src[0].tensor_shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
                 return True  # a window over computed values or read through divmods: a padded copy, computed once
@@ -80,8 +80,8 @@ class MaterializationPolicy:
             if (
                 x.op is not Ops.REDUCE_AXIS
                 or x in self.rf.realize
-                or prod(x.shape) < MIN_EPILOGUE_SPLIT_OUTPUTS
-                or prod(x.src[0].shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.shape)
+                or prod(x.tensor_shape) < MIN_EPILOGUE_SPLIT_OUTPUTS
+                or prod(x.src[0].tensor_shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.tensor_shape)
             ):
                 continue
             stack, seen = list(consumers.get(x, [])), set()
