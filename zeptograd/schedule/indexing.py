@@ -107,7 +107,8 @@ class Rangeify:
             return [(src, (new, valid), ())]
         if op is Ops.PAD:
             shape = src.tensor_shape
-            new = tuple(simplify(i - b) if s != 1 else UOp.const(dtypes.index, 0) for i, s, (b, _) in zip(idx, shape, arg))
+            zero = UOp.const(dtypes.index, 0)
+            new = tuple(simplify(i - b) if s != 1 else zero for i, s, (b, _) in zip(idx, shape, arg))
             return [(src, (new, and_valid(valid, pad_validity(x, idx))), ())]
         if op is Ops.REDUCE_AXIS:
             key = (x, req)
