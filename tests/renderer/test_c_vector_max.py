@@ -33,3 +33,26 @@ def test_integer_vector_max_has_no_nan_test():
     src = c_source(Tensor(np.ones((64, 1024), np.int32), device="CPU").max(axis=1))
     loop = src[src.index("for (int ridx1") : src.rindex("    }\n")]
     assert re.search(r"__typeof__\((val\d+)>(val\d+)\) mask\d+ = \1>\2;", loop) and "!=" not in loop
+
+
+def test_cpu_c_vectors_are_as_wide_as_the_host_registers():
+    """CPU:C renders vectors as wide as -march=native's registers (gcc splits a wider compare into lanes)"""
+    import pytest
+
+    from zeptograd import Device
+    from zeptograd.runtime.ops_cpu import widest_vector
+
+    assert widest_vector("#define __AVX__ 1\n#define __AVX2__ 1\n#define __AVX512F__ 1\n") == "64"
+    assert widest_vector("#define __SSE2__ 1\n#define __AVX__ 1\n#define __AVX2__ 1\n") == "32"
+    assert widest_vector("#define __ARM_NEON 1\n#define __SSE2_MATH__ 1\n") == "16"
+    try:
+        dev = Device["CPU:C"]
+    except Exception as e:
+        pytest.skip(f"CPU:C: {e}")
+    width = dev.compiler.vector_bytes
+    assert dev.renderer.simd_bytes == width and width in (16, 32, 64)
+    (item,) = schedule_tensors([Tensor(np.ones((64, 1024), np.float32), device="CPU:C").max(axis=1)])
+    uops, _ = full_rewrite(item.ast, dev.renderer)
+    src = dev.renderer.render(kernel_name(item.ast), uops).src
+    lanes = width // 4  # the max accumulates whole vectors of this width, none wider
+    assert re.search(rf"zg_floatx{lanes} alu\d+ = \(zg_floatx{lanes}\)", src) and f"zg_floatx{lanes * 2}" not in src
