@@ -172,6 +172,22 @@ def case_mul_add_relu(q):
     )
 
 
+def case_sin(q):
+    """sin of uniform [0, 1) float32s (torch.rand's range): every lane takes the Cody-Waite reduction; the Payne-Hanek
+    one (|x| >= 4096) is branched around"""
+    n = 2**12 if q else 2**22
+    a = np.random.default_rng(0).random(n, dtype=np.float32)
+    za = _zg(a)
+    t = _torch()
+    ta = t.from_numpy(a) if t else None
+    return Spec(
+        {"zeptograd": lambda: za.sin().realize(), **_peers(lambda: np.sin(a), lambda: t.sin(ta))},
+        "bw",
+        nbytes=2 * a.nbytes,
+        note=f"{n} f32 in [0, 1)",
+    )
+
+
 def _square(q):
     return 64 if q else 4096
 
@@ -471,6 +487,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "sum": case_sum,
     "add": case_add,
     "mul_add_relu": case_mul_add_relu,
+    "sin": case_sin,
     "sum_last_axis": case_sum_last_axis,
     "softmax": case_softmax,
     "layernorm": case_layernorm,

@@ -117,3 +117,94 @@ def test_trig_alu_ops_on_scalar_backends(monkeypatch, device):
             err = _ulps(out[:-5], x[:-5], name)
         assert err.max() <= 2, (name, x[:-5][np.argmax(err)])
         assert np.all(np.isnan(out[-3:])) and out[-5] == (name == "cos") and (name == "cos" or np.signbit(out[-4]))
+
+
+def _per_lane_select(ax, axis):
+    """the reduction as it was before the branch: both reductions on every lane, one chosen per lane by a WHERE"""
+    from zeptograd.codegen import transcendental as T
+
+    small = T._lt(ax, T._c(ax, T.CW_LIMIT))
+    return tuple(T._where(small, a, b) for a, b in zip(T._reduce_cody_waite(ax), T._reduce_payne_hanek(ax)))
+
+
+def _mixed_trig_inputs() -> np.ndarray:
+    """vectors of 16 with no huge lane, one, a few, all of them; nan and inf alone in a vector of small values"""
+    rng = np.random.default_rng(16)
+    x = rng.uniform(-4000, 4000, 16 * 64).astype(np.float32)
+    huge = (10 ** rng.uniform(3.62, 38.5, 16 * 64) * rng.choice([-1, 1], 16 * 64)).astype(np.float32)
+    for v in range(8, 64):  # vector v: none, 1, 2, ... 16 huge lanes (in a rotating position), then all
+        k = v % 17
+        lanes = (np.arange(k) * 5 + v) % 16
+        x[16 * v + lanes] = huge[16 * v + lanes]
+    x[16 * 3 + 7], x[16 * 4 + 2], x[16 * 5 + 15] = np.nan, np.inf, -np.inf
+    x[16 * 6 : 16 * 7] = np.float32([4095.9998, 4096.0, -4096.0005, 6433.0] * 4)  # at the threshold
+    return x
+
+
+@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
+def test_trig_branch_equals_the_per_lane_select_bit_for_bit(monkeypatch, name):
+    """Payne-Hanek runs only in vectors with a lane >= CW_LIMIT (a branch): every lane's bits equal those of both
+    reductions run on every lane and selected per lane, whichever lanes share its vector; also inside a reduce and
+    two trig functions in one kernel"""
+    from zeptograd.codegen import transcendental
+    from zeptograd.engine import realize
+
+    x = _mixed_trig_inputs()
+    t = Tensor(x)
+
+    def run():
+        fn = getattr(t, name)
+        return [fn().numpy(), fn().reshape(64, 16).sum(1).numpy(), (fn() + t.cos() * 2).numpy()]
+
+    branch = run()
+    monkeypatch.setattr(transcendental, "_reduce_half_pi", _per_lane_select)
+    monkeypatch.setattr(realize, "_kernel_cache", {})  # the same kernel graphs: compile them again
+    select = run()
+    for got, want in zip(branch, select):
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    # a lane's value does not depend on its neighbours: each value alone in a vector of its own kind gives the same
+    alone = getattr(Tensor(np.repeat(x, 16)), name)().numpy()[::16]
+    np.testing.assert_array_equal(branch[0].view(np.uint32), alone.view(np.uint32))
+    assert _ulps(branch[0][np.isfinite(x)], x[np.isfinite(x)], name).max() <= 2
+
+
+@pytest.mark.parametrize("renderer", ["LLVM", "OpenCL"])
+def test_payne_hanek_runs_inside_a_branch(renderer):
+    """the 64-bit products of Payne-Hanek are all inside a loop whose count is whether some lane needs them (once
+    or never), opened after Cody-Waite's result is computed"""
+    from zeptograd.codegen import full_rewrite
+    from zeptograd.renderer.gpu import OpenCLRenderer
+    from zeptograd.renderer.llvmir import LLVMRenderer
+
+    (item,) = Tensor(_mixed_trig_inputs()).sin().schedule()
+    uops, _ = full_rewrite(item.ast, LLVMRenderer() if renderer == "LLVM" else OpenCLRenderer())
+    wide = [i for i, u in enumerate(uops) if u.op is Ops.MUL and u.dtype.scalar.name == "ulong"]
+    branch = [i for i, u in enumerate(uops) if u.op is Ops.RANGE and u.src[0].op is not Ops.CONST]
+    assert len(branch) == 1 and wide
+    (start,) = branch
+    end = next(i for i, u in enumerate(uops) if u.op is Ops.END and uops[start] in u.src[1:])
+    assert start < min(wide) and max(wide) < end
+    cond = uops[start].src[0]
+    assert cond.op is Ops.CAST and cond.src[0].dtype.name == "bool" and (cond.vmin, cond.vmax) == (0, 1)
+
+
+@pytest.mark.parametrize("device", ["CPU", "CL"])
+def test_trig_branch_inside_and_after_reduces(device):
+    """the Payne-Hanek branch is a loop of its own: inside a reduce's loop (copies of it next to each other in one
+    reduce: their accumulators lowered first) and on a reduced value (its count reads the reduce, computed before)"""
+    from zeptograd.device import Device
+
+    try:
+        Device[device]
+    except Exception as e:
+        pytest.skip(f"{device}: {e}")
+    rng = np.random.default_rng(7)
+    x = (10 ** rng.uniform(-2, 6, (48, 56)) * rng.choice([-1, 1], (48, 56))).astype(np.float32)
+    t = Tensor(x, device=device)
+    ref = np.sin(x.astype(np.float64))
+    np.testing.assert_allclose(t.sin().sum(0).numpy(), ref.sum(0), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(t.cos().sum(1).numpy(), np.cos(x.astype(np.float64)).sum(1), rtol=1e-5, atol=1e-4)
+    sums = t.sum(1)
+    assert _ulps(sums.sin().numpy(), sums.numpy(), "sin").max() <= 2
+    y = t.reshape(56, 48)[:, :7]
+    assert _ulps((y.sum(1) * 1e3).tan().numpy(), (y.sum(1) * 1e3).numpy(), "tan").max() <= 2

@@ -50,10 +50,10 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
 
         sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory
     if (renderer.alu_transcendentals or renderer.alu_trig) and any(u.op in _TRANSCENDENTAL for u in sink.toposort()):
-        from zeptograd.codegen.transcendental import pm_transcendental  # imported when a kernel needs it
+        from zeptograd.codegen.transcendental import rewrite_transcendentals  # imported when a kernel needs it
 
         # vector exp2/log2/sin/cos/tan (and scalar sin/cos/tan where alu_trig) -> range reductions and polynomials
-        sink = graph_rewrite(sink, pm_transcendental, ctx=renderer)
+        sink = rewrite_transcendentals(sink, renderer)
     sink = lower_reduces(sink)  # REDUCE -> accumulators; reduces over the same loops share them
     sink = graph_rewrite(sink, pm_lower)  # bf16 math (the accumulators' too) in float32, int division made total
     check_kernel(sink, "lower")

@@ -25,21 +25,24 @@ def range_scopes(sink: UOp) -> dict[tuple[UOp, ...], tuple[UOp, ...]]:
     """For each REDUCE (keyed by its ranges): the loops it sits in, outermost first.
 
     Walked from the stores towards the loads: a STORE under END(store, *R) sits in R; a REDUCE's value sits in
-    the REDUCE's own loops plus its ranges.
+    the REDUCE's own loops plus its ranges. A loop's count is computed before the loop opens, and so is x in
+    AFTER(x, *R) (x ordered before the loops R open: a branch's input, `codegen/transcendental.py`).
     """
     scope: dict[UOp, set[UOp]] = {}
     out: dict[tuple[UOp, ...], tuple[UOp, ...]] = {}
     for u in reversed(list(sink.toposort())):
         here = scope.get(u, set())
-        if u.op is Ops.END:
-            srcs_scope = here | set(u.src[1:])
-        elif u.op is Ops.REDUCE:
-            out[u.src[1:]] = tuple(sorted(here, key=lambda r: r.arg[0]))
-            srcs_scope = here | set(u.src[1:])
-        else:
-            srcs_scope = here
-        for s in u.src:
-            scope.setdefault(s, set()).update(srcs_scope)
+        first = here
+        if u.op in (Ops.END, Ops.REDUCE):
+            first = here | set(u.src[1:])
+            if u.op is Ops.REDUCE:
+                out[u.src[1:]] = tuple(sorted(here, key=lambda r: r.arg[0]))
+        elif u.op is Ops.AFTER:
+            first = here - {s for s in u.src[1:] if s.op is Ops.RANGE}
+        elif u.op is Ops.RANGE:
+            here = first = here - {u}
+        for i, s in enumerate(u.src):
+            scope.setdefault(s, set()).update(first if i == 0 else here)
     return out
 
 
@@ -85,7 +88,8 @@ def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
 def lower_reduces(sink: UOp) -> UOp:
     """Every REDUCE -> an accumulator. REDUCEs over the same loops inside the same enclosing loops share one loop
     nest (one END over a GROUP of their updates); sibling loop nests run one after another in first-seen order
-    (each group's inits wait for the previous group's END). Inner reduces are lowered before the ones around them.
+    (each group's inits wait for the previous group's END). Inner reduces are lowered before the ones around them (the
+    deeper nests first).
     """
     scopes = range_scopes(sink)
     groups: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]] = {}
@@ -96,8 +100,13 @@ def lower_reduces(sink: UOp) -> UOp:
     regs = itertools.count()
     replaced: dict[UOp, UOp] = {}
     last_end: dict[tuple[UOp, ...], UOp] = {}
-    for (outer, ranges), reds in groups.items():
-        deps = outer + ((last_end[outer],) if outer in last_end else ())
+    # deepest nests first (stable: siblings keep their order), so a reduce is lowered after every reduce inside it even
+    # where that one is first seen later (two reduces over one loop, the second holding an inner reduce of its own)
+    for (outer, ranges), reds in sorted(groups.items(), key=lambda group: -len(group[0][0])):
+        key = outer
+        if replaced:  # a loop's count may read a reduce lowered already (a branch on a reduced value)
+            outer, ranges = (tuple(r.substitute(replaced) for r in rs) for rs in (outer, ranges))
+        deps = outer + ((last_end[key],) if key in last_end else ())
         accs, updates = [], []
         for red in reds:
             value = red.src[0].substitute(replaced) if replaced else red.src[0]  # inner reduces already lowered
@@ -111,7 +120,7 @@ def lower_reduces(sink: UOp) -> UOp:
             updates.append(acc.index(zero).store(accumulate(red.arg, current, value)))
             accs.append(acc)
         end = (updates[0] if len(updates) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(updates))).end(*ranges)
-        last_end[outer] = end
+        last_end[key] = end
         for red, acc in zip(reds, accs):
             replaced[red] = acc.after(end).index(zero).load()
     return sink.substitute(replaced) if replaced else sink

@@ -3,16 +3,24 @@
 A vector `exp2` otherwise becomes one libm call per lane. Written with +, *, compares, selects, shifts and
 bitcasts, it stays 16 lanes wide (softmax, gelu, sigmoid). exp2/log2 are accurate to a few ulp in float32, sin/cos/
 tan to 2 ulp for every finite argument (a reduction by pi/2 exact enough at 3.4e38 and at multiples of pi/2); NaN,
-the infinities and the overflow/underflow ranges behave as IEEE says.
+the infinities and the overflow/underflow ranges behave as IEEE says. The costly reduction for |x| >= 4096
+(Payne-Hanek) sits in a loop that runs once where a lane of the vector needs it and never otherwise: a branch made
+of a RANGE, a REDUCE and AFTER, which the accumulator pass, the linearizer and every renderer already handle.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
 
 from zeptograd.dtype import dtypes
-from zeptograd.uop.ops import Ops, UOp
-from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
+
+if TYPE_CHECKING:
+    from zeptograd.renderer import Renderer
 
 
 def _c(x: UOp, v) -> UOp:
@@ -201,10 +209,36 @@ def _reduce_payne_hanek(ax: UOp) -> tuple[UOp, UOp, UOp]:
     return q, hi, lo
 
 
-def _reduce_half_pi(ax: UOp) -> tuple[UOp, UOp, UOp]:
-    """(q, hi, lo) with ax = q*pi/2 + hi + lo, |hi| <= pi/4 (a little more at ties), for finite ax >= 0"""
+def _gep(v: UOp, lanes: range) -> UOp:
+    return UOp(Ops.GEP, v.dtype.scalar.vec(len(lanes)), (v,), tuple(lanes))
+
+
+def _any_lane(c: UOp) -> UOp:
+    """whether some lane of a bool vector is true, as one bool: its halves OR'ed until one lane is left (a log2 tree
+    of vector ORs, which LLVM lowers to a few instructions; an odd width's last lane joins at the end)"""
+    odd: list[UOp] = []
+    while (n := c.dtype.count) > 1:
+        if n % 2:
+            odd.append(_gep(c, range(n - 1, n)))
+        c = UOp(Ops.OR, c.dtype.scalar.vec(n // 2), (_gep(c, range(n // 2)), _gep(c, range(n // 2, n // 2 * 2))))
+    for lane in odd:
+        c = UOp(Ops.OR, dtypes.bool, (c, lane))
+    return c
+
+
+def _reduce_half_pi(ax: UOp, axis: int) -> tuple[UOp, UOp, UOp]:
+    """(q, hi, lo) with ax = q*pi/2 + hi + lo, |hi| <= pi/4 (a little more at ties), for finite ax >= 0: Cody-Waite on
+    every lane, Payne-Hanek (92 ops to Cody-Waite's 35, 64-bit products among them) only where some finite lane is
+    >= CW_LIMIT; each lane takes the one its size asks for, so a lane's bits do not depend on the other lanes."""
     small = _lt(ax, _c(ax, CW_LIMIT))
-    cw, ph = _reduce_cody_waite(ax), _reduce_payne_hanek(ax)
+    cw = _reduce_cody_waite(ax)
+    huge = UOp(Ops.AND, small.dtype, (_ne(small, UOp.const(small.dtype, True)), _lt(ax, _c(ax, math.inf))))
+    u32 = dtypes.uint32.vec(ax.dtype.count)
+    branch = UOp(Ops.RANGE, dtypes.index, (_any_lane(huge).cast(dtypes.index),), (axis, AxisType.REDUCE))
+    # the loop runs once or never: its REDUCE (ADD of the bits, 0 + bits = bits) is the result or 0; what is built
+    # from AFTER(ax, loop) runs inside it, never hoisted before
+    ph_parts = _reduce_payne_hanek(ax.after(branch))
+    ph = [UOp(Ops.REDUCE, u32, (v.bitcast(u32), branch), Ops.ADD).bitcast(v.dtype) for v in ph_parts]
     q, hi, lo = (_where(small, a, b) for a, b in zip(cw, ph))
     return q, hi, lo
 
@@ -236,11 +270,12 @@ def _with_sign_of(v: UOp, x: UOp) -> UOp:
     return (v.bitcast(u32) ^ sign).bitcast(x.dtype)
 
 
-def xtrig(x: UOp, op: Ops) -> UOp:
+def xtrig(x: UOp, op: Ops, axis: int) -> UOp:
     """sin, cos or tan of float32 x: reduced by pi/2 from |x| (Cody-Waite below CW_LIMIT, Payne-Hanek above, chosen
-    per lane by a WHERE), then a series on [-pi/4, pi/4] by the quadrant. Within 2 ulp for every finite x."""
+    per lane; Payne-Hanek in a loop `axis` that runs only where a lane needs it), then a series on [-pi/4, pi/4] by
+    the quadrant. Within 2 ulp for every finite x."""
     ax = _where(_lt(x, _c(x, 0.0)), -x, x)
-    q, hi, lo = _reduce_half_pi(ax)
+    q, hi, lo = _reduce_half_pi(ax, axis)
     ints = q.dtype
     if op is Ops.TAN:
         ret = _with_sign_of(_tan_reduced(hi, lo, _ne(q & UOp.const(ints, 1), UOp.const(ints, 0))), x)
@@ -257,18 +292,24 @@ def xtrig(x: UOp, op: Ops) -> UOp:
     return _where(finite, ret, _c(x, math.nan))
 
 
-def _alu_vector(ctx, x: UOp) -> bool:
-    return x.dtype.count > 1 and x.dtype.scalar == dtypes.float32 and (ctx is None or ctx.alu_transcendentals)
+@dataclass
+class TranscendentalContext:
+    renderer: Renderer
+    axes: Iterator[int]  # ids for the loops that branch around Payne-Hanek, after the kernel's own
 
 
-def trig(ctx, t: UOp, x: UOp) -> UOp | None:
+def _alu_vector(ctx: TranscendentalContext, x: UOp) -> bool:
+    return x.dtype.count > 1 and x.dtype.scalar == dtypes.float32 and ctx.renderer.alu_transcendentals
+
+
+def trig(ctx: TranscendentalContext, t: UOp, x: UOp) -> UOp | None:
     """float32 (and half, computed in float32) sin/cos/tan as ALU ops where the renderer asks for them"""
     if x.dtype.scalar not in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
         return None
-    if not (ctx is not None and ctx.alu_trig) and not (x.dtype.count > 1 and (ctx is None or ctx.alu_transcendentals)):
+    if not ctx.renderer.alu_trig and not (x.dtype.count > 1 and ctx.renderer.alu_transcendentals):
         return None
     f32 = dtypes.float32.vec(x.dtype.count)
-    return xtrig(x.cast(f32), t.op).cast(t.dtype)
+    return xtrig(x.cast(f32), t.op, next(ctx.axes)).cast(t.dtype)
 
 
 pm_transcendental = PatternMatcher(
@@ -281,3 +322,10 @@ pm_transcendental = PatternMatcher(
         (UPat((Ops.SIN, Ops.COS, Ops.TAN), name="t", src=(UPat.var("x"),)), trig),
     ]
 )
+
+
+def rewrite_transcendentals(sink: UOp, renderer: Renderer) -> UOp:
+    """pm_transcendental on a kernel: what `renderer` asks for as ALU ops; new loops numbered after the kernel's"""
+    axes = [u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE]
+    ctx = TranscendentalContext(renderer, itertools.count(max(axes, default=-1) + 1))
+    return graph_rewrite(sink, pm_transcendental, ctx=ctx)

@@ -254,10 +254,24 @@ def _c_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> Stmts:
     return Stmts(f"{to} {name}; {{ {frm} t_ = {ctx[a]}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}")
 
 
+def _c_vector_max(ctx: RenderContext, x: UOp, a: UOp, b: UOp) -> Stmts:
+    """max of two vectors lane by lane with the scalar rule (a where a > b or a is NaN, else b: NaN wins). A vector
+    compare gives a mask of all-ones lanes, an int vector of the lanes' size; C (unlike C++) has no vector `?:`, so
+    the lanes are picked with & and | on the bits (a cast between vector types of one size keeps the bits)."""
+    va, vb, mask = ctx[a], ctx[b], ctx.new_name("mask")
+    keep_a = f"({va}>{vb})|({va}!={va})" if dtypes.is_float(x.dtype.scalar) else f"{va}>{vb}"
+    t, bits = ctx.ren.render_dtype(x.dtype), f"__typeof__({mask})"
+    return Stmts(
+        f"__typeof__({va}>{vb}) {mask} = {keep_a};\n{t} {ctx[x]} = ({t})(({mask}&({bits}){va})|(~{mask}&({bits}){vb}));"
+    )
+
+
 _global_vector = UPat(src=(UPat(Ops.DEFINE_GLOBAL),), allow_any_len=True, name="idx")
 _is_vector = lambda u: u.dtype.count > 1  # noqa: E731
 
 c_rules: list[tuple[UPat, Callable]] = [
+    # MAX(vector a, vector b) -> the lanes of a where a > b or a is NaN, else of b, by a mask (no vector ?: in C)
+    (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b")), name="x", custom=_is_vector), _c_vector_max),
     (UPat(GroupOp.ALU, name="x"), _c_alu),
     # LOAD(INDEX(global, i)) of a vector -> memcpy into a zeroed vector
     (UPat(Ops.LOAD, src=(_global_vector,), allow_any_len=True, name="x", custom=_is_vector), _c_vector_load),
@@ -318,11 +332,12 @@ class CStyleRenderer(CFamilyRenderer):
         return C_TYPES[dt]
 
     def keeps_vector(self, x: UOp) -> bool:
-        """gcc's vector extensions: arithmetic and conversions; no bool vectors, no vector select or max."""
+        """gcc's vector extensions: arithmetic, conversions and max (a compare and a select by mask: `_c_vector_max`);
+        no bool vectors, so no vector compare or select of the kernel's own."""
         dts = [x.dtype.scalar] + [s.dtype.scalar for s in x.src]
         if any(d in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for d in dts):
             return False
-        return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.CAST)
+        return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.CAST, Ops.MAX)
 
     def render_typedefs(self, uops: list[UOp], extra: set[DType]) -> str:
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops} | extra
