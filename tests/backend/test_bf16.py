@@ -187,3 +187,33 @@ def test_matmul_gather_scatter(device, dt):
         for c in range(4):  # torch leaves the winner of a repeated index unspecified: the last one, as ours
             want_s[r, idx[r, c]] = srcv[r, c]
     check(s, want_s, dt, "scatter", device)
+
+
+# float32 bit patterns at bfloat16's rounding edges: ties to even (down and up), just past a tie, the largest float
+# (rounds to inf), the largest that stays finite, -0, subnormals, a tie in the subnormals, infinities
+EDGES = [0x3F808000, 0x3F818000, 0x3F808001, 0xBF817FFF, 0x7F7FFFFF, 0x7F7F7FFF, 0x80000000, 0x00000001]
+EDGES += [0x00008000, 0x00018000, 0x807FFFFF, 0x7F800000, 0xFF800000, 0x3F800000, 0x4049_0FDB, 0xC2C8_0000]
+NANS = [0x7FFFFFFF, 0x7F800001, 0xFFC00000, 0x7FC00001]  # rounding 0x7fffffff's payload up would carry into -0
+
+
+def test_float32_to_bf16_rounds_to_nearest_even_bit_for_bit(device):
+    """float32 -> bf16 as numpy's ml_dtypes, bit for bit (37 values: a vector loop and its tail); a NaN stays NaN"""
+    bits = np.array((EDGES + NANS) * 2 + EDGES[:5], dtype=np.uint32)
+    got = Tensor(bits, device=device).bitcast(dtypes.float32).cast(dtypes.bfloat16).bitcast(dtypes.uint16).numpy()
+    with np.errstate(invalid="ignore"):  # numpy warns on the NaNs
+        want = bits.view(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    nan = np.isnan(bits.view(np.float32))
+    np.testing.assert_array_equal(got[~nan], want[~nan], err_msg=f"on {device}")
+    assert np.isnan((got[nan].astype(np.uint32) << 16).view(np.float32)).all(), (device, [hex(b) for b in got[nan]])
+
+
+def test_bf16_to_float32_is_exact_for_every_bit_pattern(device):
+    """bf16 -> float32 puts the 16 bits on top of 16 zero bits: all 65536 patterns, NaNs and subnormals included. A
+    signaling NaN need only stay a NaN: the PYTHON device holds float32 values as Python floats, which quiet it"""
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    got = Tensor(bits, device=device).bitcast(dtypes.bfloat16).cast(dtypes.float32).bitcast(dtypes.uint32).numpy()
+    want = bits.astype(np.uint32) << 16
+    signaling = (want & 0x7FC00000) == 0x7F800000
+    signaling &= (want & 0x003FFFFF) != 0
+    np.testing.assert_array_equal(got[~signaling], want[~signaling], err_msg=f"on {device}")
+    assert np.isnan(got[signaling].view(np.float32)).all(), device

@@ -69,3 +69,44 @@ def test_identical_kernels_share_one_compile():
     a, b = Tensor(np.ones(16, np.float32)), Tensor(np.ones(16, np.float32))
     ka, kb = kernel_of(a * 3 + 1), kernel_of(b * 3 + 1)
     assert ka.ast is kb.ast  # same graph over different buffers: one compiled program
+
+
+def test_bf16_reaches_the_renderers_as_raw_bits():
+    """bf16 math and its conversions are lowered in codegen (lower.py): every renderer gets bf16 values only loaded,
+    stored, moved between lanes and bitcast, never cast, computed with or as a constant, so no renderer rounds"""
+    from zeptograd import dtypes
+    from zeptograd.renderer.gpu import OpenCLRenderer
+    from zeptograd.renderer.llvmir import LLVMRenderer
+
+    x = Tensor(np.linspace(-3, 3, 37, dtype=np.float32)).cast(dtypes.bfloat16).realize()
+    moves = {Ops.LOAD, Ops.STORE, Ops.BITCAST, Ops.VECTORIZE, Ops.GEP, Ops.INDEX, Ops.AFTER}
+    items = [it for t in ((x * 1.5 + x).exp(), x.sum(), x.max()) for it in t.schedule()]
+    for ren in (CStyleRenderer(), LLVMRenderer(), OpenCLRenderer()):
+        for item in items:
+            uops, _ = full_rewrite(item.ast, ren)
+            values = [u for u in uops if u.dtype == dtypes.bfloat16 or u.dtype.scalar == dtypes.bfloat16]
+            assert values, "the kernel should hold bf16 values"
+            assert {u.op for u in values} <= moves, (type(ren).__name__, sorted({u.op.name for u in values}))
+            assert "bf16" not in ren.render(kernel_name(item.ast), uops).src
+
+
+def test_a_bf16_cast_that_reaches_a_renderer_is_refused():
+    """A bf16 cast left for a renderer would be rendered as an integer conversion of the bits: it is an error instead"""
+    import pytest
+
+    from zeptograd import dtypes
+    from zeptograd.renderer.gpu import OpenCLRenderer
+    from zeptograd.renderer.llvmir import LLVMRenderer
+    from zeptograd.uop.ops import UOp
+
+    out, inp, zero = (
+        UOp(Ops.DEFINE_GLOBAL, dtypes.bfloat16.ptr(1), (), 0),
+        UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(1), (), 1),
+        UOp.const(dtypes.int32, 0),
+    )
+    x = inp.index(zero).load()
+    cast = UOp(Ops.CAST, dtypes.bfloat16, (x,))
+    uops = [out, inp, zero, inp.index(zero), x, cast, out.index(zero), out.index(zero).store(cast)]
+    for ren in (CStyleRenderer(), LLVMRenderer(), OpenCLRenderer()):
+        with pytest.raises(NotImplementedError, match="lower.py"):
+            ren.render("bf16_cast", uops)

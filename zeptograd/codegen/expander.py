@@ -9,6 +9,10 @@ A REDUCE over expanded ranges keeps one accumulator per input copy (several inde
 add latency) unless the output already has several copies (a register tile), in which case the
 copies are added before the accumulator. Vector lanes of a reduced axis are folded once, after the loop
 (one horizontal reduce after the loop).
+
+How each op expands is a `(UPat, fn)` rule of `pm_expand`; the `Expander` is their ctx: it chooses the vector range,
+walks the kernel in toposort order and keeps each node's copies (`Expanded`), which the rules build from their
+sources'. That walk stays procedural: a node's copies are not a node, so `graph_rewrite` can't carry them.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import split_sum, symbolic
-from zeptograd.uop.upat import graph_rewrite
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
@@ -110,42 +114,15 @@ class Expander:
             mapping[self.v] = UOp.const(dtypes.index, lane)
         return graph_rewrite(x.substitute(mapping), symbolic) if mapping else x
 
-    # --- the expansion of each op ---
+    # --- the walk: each node's copies from its sources', by the first rule of pm_expand that matches ---
     def expand(self) -> UOp:
         if self.v is None and not self.unrolled:
             return self.ast
         for u in self.nodes:
-            self.exp[u] = self.expand_node(u)
+            e = pm_expand.rewrite(u, ctx=self)
+            assert isinstance(e, Expanded), f"no expander rule for {u.op}"
+            self.exp[u] = e
         return self.exp[self.ast].vals[()]
-
-    def expand_node(self, u: UOp) -> Expanded:
-        if u in self.unrolled:
-            return Expanded((u,), {(i,): UOp.const(dtypes.index, i) for i in range(trip_count(u))}, False)
-        if u is self.v:
-            lanes = tuple(UOp.const(dtypes.index, i) for i in range(self.width))
-            return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(self.width), lanes)}, True)
-        if not self.deps[u]:
-            return Expanded((), {(): u}, False)
-        if u.op is Ops.INDEX:
-            return Expanded((), {(): u}, False)  # LOAD and STORE expand their INDEX themselves
-        if u.op is Ops.LOAD:
-            return self.expand_load(u)
-        if u.op is Ops.STORE:
-            return self.expand_store(u)
-        if u.op is Ops.REDUCE:
-            return self.expand_reduce(u)
-        if u.op is Ops.END:  # the expanded stores end together; expanded ranges are no loops any more
-            keep = [r for r in u.src[1:] if r not in self.unrolled and r is not self.v]
-            return Expanded((), {(): self.exp[u.src[0]].vals[()].end(*keep)}, False)
-        if u.op in (Ops.SINK, Ops.GROUP):  # statements: every copy of every source (the stores of several outputs)
-            return Expanded((), {(): UOp(u.op, dtypes.void, tuple(self.flat_vals(u.src)))}, False)
-        axes = self.axes_of(*u.src)
-        vec = any(self.exp[s].vec for s in u.src)
-        dtype = u.dtype.vec(self.width) if vec else u.dtype
-        vals = {
-            key: UOp(u.op, dtype, tuple(self.get(s, axes, key, vec) for s in u.src), u.arg) for key in self.keys(axes)
-        }
-        return Expanded(axes, vals, vec)
 
     def flat_vals(self, srcs: tuple[UOp, ...]) -> list[UOp]:
         return [self.exp[s].vals[k] for s in srcs for k in sorted(self.exp[s].vals)]
@@ -186,64 +163,130 @@ class Expander:
                 done[u] = UOp(u.op, u.dtype.vec(self.width), srcs, u.arg)
         return done[x]
 
-    def expand_load(self, u: UOp) -> Expanded:
-        index = u.src[0]
-        axes, vec = self.axes_of(index), self.v in self.deps[index]
-        vals = {}
-        for key in self.keys(axes):
-            if not vec:
-                vals[key] = UOp(Ops.LOAD, u.dtype, (self.scalar_index(index, axes, key),))
-            elif (vidx := self.vector_index(index, axes, key)) is not None:
-                vals[key] = UOp(Ops.LOAD, u.dtype.vec(self.width), (vidx,))
-            else:  # a gather: one scalar load per lane
-                lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in self.lane_indices(index, axes, key)]
-                vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(self.width), tuple(lanes))
-        return Expanded(axes, vals, vec)
 
-    def expand_store(self, u: UOp) -> Expanded:
-        index, value = u.src
-        axes = self.axes_of(index, value)
-        vec = self.v in self.deps[index]
-        if self.exp[value].vec and not vec:
-            raise RuntimeError("internal error: a vector value stored to one address")
-        stores = []
-        for key in self.keys(axes):
-            val = self.get(value, axes, key, vec)
-            if not vec:
-                stores.append(self.scalar_index(index, axes, key).store(val))
-            elif (vidx := self.vector_index(index, axes, key)) is not None:
-                stores.append(vidx.store(val))
-            else:  # a scatter: one scalar store per lane
-                for lane, i in enumerate(self.lane_indices(index, axes, key)):
-                    stores.append(i.store(UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))))
-        return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))}, False)
+# ***** the expansion of each op: (UPat, fn) rules over the Expander (ctx), which holds the sources' copies *****
+# A rule returns the node's Expanded: the expanded ranges it depends on, one UOp per position of them, and whether
+# those are vectors. Rules are tried in order; the first that returns one wins.
 
-    def expand_reduce(self, u: UOp) -> Expanded:
-        x, ranges, op = u.src[0], u.src[1:], u.arg
-        loops = tuple(r for r in ranges if r not in self.unrolled and r is not self.v)
-        red_axes = tuple(r for r in self.unrolled if r in ranges)
-        lanes_reduced = self.v in ranges
-        x_axes = tuple(r for r in self.unrolled if r in self.exp[x].axes or r in red_axes)
-        out_axes = tuple(r for r in x_axes if r not in red_axes)
-        x_vec = self.exp[x].vec or lanes_reduced
-        n_out = 1
-        for r in out_axes:
-            n_out *= trip_count(r)
-        chain = n_out >= CHAIN_COPIES
-        vals = {}
-        for out_key in self.keys(out_axes):
-            copies = []
-            for red_key in self.keys(red_axes):
-                full = dict(zip(out_axes, out_key)) | dict(zip(red_axes, red_key))
-                copies.append(self.get(x, x_axes, tuple(full[a] for a in x_axes), x_vec))
-            parts = [_fold(copies, op)] if chain else copies
-            dtype = parts[0].dtype
-            accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
-            res = _fold(accs, op)
-            if lanes_reduced:  # one horizontal reduce, after the loop
-                res = _fold_lanes(res, self.width, op)
-            vals[out_key] = res
-        return Expanded(out_axes, vals, x_vec and not lanes_reduced)
+
+def expand_range(ctx: Expander, r: UOp) -> Expanded | None:
+    """# unrolled RANGE(n) -> copies 0, 1, ..., n-1; the vector RANGE(w) -> VECTORIZE(0, 1, ..., w-1)"""
+    if r in ctx.unrolled:
+        return Expanded((r,), {(i,): UOp.const(dtypes.index, i) for i in range(trip_count(r))}, False)
+    if r is ctx.v:
+        lanes = tuple(UOp.const(dtypes.index, i) for i in range(ctx.width))
+        return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(ctx.width), lanes)}, True)
+    return None
+
+
+def keep_unexpanded(ctx: Expander, u: UOp) -> Expanded | None:
+    """# u reached by no expanded range -> u, once"""
+    return Expanded((), {(): u}, False) if not ctx.deps[u] else None
+
+
+def expand_load(ctx: Expander, u: UOp) -> Expanded:
+    """# LOAD(INDEX(buf, i(r))) per copy -> one vector LOAD where lanes of r read consecutive elements (masked where
+    the gate differs across them), else VECTORIZE(LOAD(INDEX(buf, i(0))), ..., LOAD(INDEX(buf, i(w-1)))): a gather"""
+    index = u.src[0]
+    axes, vec = ctx.axes_of(index), ctx.v in ctx.deps[index]
+    vals = {}
+    for key in ctx.keys(axes):
+        if not vec:
+            vals[key] = UOp(Ops.LOAD, u.dtype, (ctx.scalar_index(index, axes, key),))
+        elif (vidx := ctx.vector_index(index, axes, key)) is not None:
+            vals[key] = UOp(Ops.LOAD, u.dtype.vec(ctx.width), (vidx,))
+        else:  # a gather: one scalar load per lane
+            lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in ctx.lane_indices(index, axes, key)]
+            vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(ctx.width), tuple(lanes))
+    return Expanded(axes, vals, vec)
+
+
+def expand_store(ctx: Expander, u: UOp) -> Expanded:
+    """# STORE(INDEX(buf, i(r)), x) -> GROUP of one STORE per copy: a vector STORE where lanes of r write consecutive
+    elements, else one scalar STORE(INDEX(buf, i(k)), x[k]) per lane k: a scatter"""
+    index, value = u.src
+    axes = ctx.axes_of(index, value)
+    vec = ctx.v in ctx.deps[index]
+    if ctx.exp[value].vec and not vec:
+        raise RuntimeError("internal error: a vector value stored to one address")
+    stores = []
+    for key in ctx.keys(axes):
+        val = ctx.get(value, axes, key, vec)
+        if not vec:
+            stores.append(ctx.scalar_index(index, axes, key).store(val))
+        elif (vidx := ctx.vector_index(index, axes, key)) is not None:
+            stores.append(vidx.store(val))
+        else:  # a scatter: one scalar store per lane
+            for lane, i in enumerate(ctx.lane_indices(index, axes, key)):
+                stores.append(i.store(UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))))
+    return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))}, False)
+
+
+def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
+    """# REDUCE(x, loops + unrolled r) -> REDUCE(x(0), loops) op ... op REDUCE(x(n-1), loops): one accumulator per
+    copy, or REDUCE(x(0) op ... op x(n-1), loops) where the output has CHAIN_COPIES copies already; a reduced vector
+    range's lanes are folded after the loop"""
+    x, ranges, op = u.src[0], u.src[1:], u.arg
+    loops = tuple(r for r in ranges if r not in ctx.unrolled and r is not ctx.v)
+    red_axes = tuple(r for r in ctx.unrolled if r in ranges)
+    lanes_reduced = ctx.v in ranges
+    x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in red_axes)
+    out_axes = tuple(r for r in x_axes if r not in red_axes)
+    x_vec = ctx.exp[x].vec or lanes_reduced
+    n_out = 1
+    for r in out_axes:
+        n_out *= trip_count(r)
+    chain = n_out >= CHAIN_COPIES
+    vals = {}
+    for out_key in ctx.keys(out_axes):
+        copies = []
+        for red_key in ctx.keys(red_axes):
+            full = dict(zip(out_axes, out_key)) | dict(zip(red_axes, red_key))
+            copies.append(ctx.get(x, x_axes, tuple(full[a] for a in x_axes), x_vec))
+        parts = [_fold(copies, op)] if chain else copies
+        dtype = parts[0].dtype
+        accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
+        res = _fold(accs, op)
+        if lanes_reduced:  # one horizontal reduce, after the loop
+            res = _fold_lanes(res, ctx.width, op)
+        vals[out_key] = res
+    return Expanded(out_axes, vals, x_vec and not lanes_reduced)
+
+
+def expand_end(ctx: Expander, u: UOp) -> Expanded:
+    """# END(stores, loops + expanded ranges) -> END(all copies of the stores, loops): expanded ranges are no loops"""
+    keep = [r for r in u.src[1:] if r not in ctx.unrolled and r is not ctx.v]
+    return Expanded((), {(): ctx.exp[u.src[0]].vals[()].end(*keep)}, False)
+
+
+def expand_elementwise(ctx: Expander, u: UOp) -> Expanded:
+    """# op(a, b) -> op(a(k), b(k)) for each copy k of the ranges either depends on; a vector op if either is one
+    (the other broadcast)"""
+    axes = ctx.axes_of(*u.src)
+    vec = any(ctx.exp[s].vec for s in u.src)
+    dtype = u.dtype.vec(ctx.width) if vec else u.dtype
+    vals = {key: UOp(u.op, dtype, tuple(ctx.get(s, axes, key, vec) for s in u.src), u.arg) for key in ctx.keys(axes)}
+    return Expanded(axes, vals, vec)
+
+
+pm_expand = PatternMatcher(
+    [
+        (UPat(Ops.RANGE, name="r"), expand_range),
+        (UPat(name="u"), keep_unexpanded),
+        # INDEX -> INDEX: LOAD and STORE expand their INDEX themselves
+        (UPat(Ops.INDEX, name="u"), lambda u: Expanded((), {(): u}, False)),
+        (UPat(Ops.LOAD, name="u"), expand_load),
+        (UPat(Ops.STORE, name="u"), expand_store),
+        (UPat(Ops.REDUCE, name="u"), expand_reduce),
+        (UPat(Ops.END, name="u"), expand_end),
+        # SINK(a, b) / GROUP(a, b) -> SINK(a(0), ..., a(n-1), b(0), ...): statements keep every copy of every source
+        (
+            UPat((Ops.SINK, Ops.GROUP), name="u"),
+            lambda ctx, u: Expanded((), {(): UOp(u.op, dtypes.void, tuple(ctx.flat_vals(u.src)))}, False),
+        ),
+        (UPat(name="u"), expand_elementwise),
+    ]
+)
 
 
 def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:

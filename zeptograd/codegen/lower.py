@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from zeptograd.dtype import PtrDType, dtypes
+import struct
+
+from zeptograd.dtype import PtrDType, dtypes, truncate
 from zeptograd.uop.ops import GroupOp, Ops, UOp, _alu_range
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
@@ -79,12 +81,65 @@ def cast_via_float(c: UOp, x: UOp) -> UOp | None:
     return x.cast(f32).cast(c.dtype)
 
 
+# ***** bfloat16 conversions as integer ops *****
+# bf16 is float32's upper 16 bits. To the renderers a bf16 value is those raw bits (C, OpenCL and CUDA have no bf16
+# type, LLVM's is i16), so its conversions are written here once, as integer ops every target has.
+
+_BF16, _F32, _U16, _U32 = dtypes.bfloat16, dtypes.float32, dtypes.uint16, dtypes.uint32
+
+
+def bf16_const(c: UOp) -> UOp:
+    """# CONST bf16 v -> bitcast<bf16>(CONST uint16 (float32 bits of v) >> 16)"""
+    bits = struct.unpack("<I", struct.pack("<f", truncate(_BF16, c.arg)))[0] >> 16
+    return UOp.const(_U16, bits).bitcast(_BF16)
+
+
+def bf16_to_float(c: UOp, x: UOp) -> UOp | None:
+    """# float32(bf16 x) -> bitcast<float32>(uint32(bitcast<uint16>(x)) << 16): bf16 is float32's upper half;
+    float32(bitcast<bf16>(CONST uint16 b)) -> CONST float32 (b << 16)"""
+    if x.dtype.scalar != _BF16 or c.dtype.scalar != _F32:
+        return None
+    if x.op is Ops.BITCAST and x.src[0].op is Ops.CONST:
+        return UOp.const(c.dtype, struct.unpack("<f", struct.pack("<I", x.src[0].arg << 16))[0])
+    n = x.dtype.count
+    bits = x.bitcast(_U16.vec(n)).cast(_U32.vec(n))
+    return UOp(Ops.SHL, _U32.vec(n), (bits, UOp.const(_U32.vec(n), 16))).bitcast(c.dtype)
+
+
+def float_to_bf16(c: UOp, x: UOp) -> UOp | None:
+    """# bf16(float32 x) -> bitcast<bf16>(uint16((u + 0x7fff + ((u >> 16) & 1)) >> 16)), u = bitcast<uint32>(x):
+    round to nearest, ties to even; a NaN (u & 0x7fffffff > 0x7f800000) -> (u >> 16) | 0x40, a quiet NaN (its payload
+    rounded could become inf, or carry into the sign: -0)"""
+    if c.dtype.scalar != _BF16 or x.dtype.scalar != _F32:
+        return None
+    n = x.dtype.count
+    u32 = _U32.vec(n)
+
+    def k(v: int) -> UOp:
+        return UOp.const(u32, v)
+
+    u = x.bitcast(u32)
+    hi = UOp(Ops.SHR, u32, (u, k(16)))
+    rounded = UOp(Ops.SHR, u32, (u + k(0x7FFF) + (hi & k(1)), k(16)))
+    is_nan = k(0x7F800000) < (u & k(0x7FFFFFFF))
+    return is_nan.where(hi | k(0x40), rounded).cast(_U16.vec(n)).bitcast(c.dtype)
+
+
+def fold_bf16_bits(b: UOp, x: UOp) -> UOp | None:
+    """# bitcast<T>(bitcast<bf16>(x of T)) -> x: the bits a bf16 value was made of (a rounded result read back)"""
+    return x if b.dtype == x.dtype else None
+
+
 pm_lower = PatternMatcher(
     [
         (UPat(GroupOp.ALU - GroupOp.Comparison, name="x"), compute_in_float),
         (UPat(GroupOp.Comparison, name="x"), compare_in_float),
         (UPat((Ops.IDIV, Ops.MOD), name="x", src=(UPat.var("a"), UPat.var("b"))), total_int_division),
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), cast_via_float),
+        (UPat(Ops.CONST, dtype=dtypes.bfloat16, name="c"), bf16_const),
+        (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), bf16_to_float),
+        (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), float_to_bf16),
+        (UPat(Ops.BITCAST, name="b", src=(UPat(Ops.BITCAST, dtype=_BF16, src=(UPat.var("x"),)),)), fold_bf16_bits),
     ]
 )
 

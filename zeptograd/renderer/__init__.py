@@ -34,6 +34,12 @@ def loop_var(r) -> str:
     return f"ridx{r.arg[0]}" if r.arg[0] >= 0 else f"ridxb{-r.arg[0]}"
 
 
+def reject_bf16_cast(frm: DType, to: DType) -> None:
+    """A renderer knows bf16 only as its raw bits: its conversions are integer ops made in codegen (lower.py)."""
+    if frm.scalar != to.scalar and dtypes.bfloat16 in (frm.scalar, to.scalar):
+        raise NotImplementedError(f"a {frm} -> {to} cast reached the renderer: codegen/lower.py lowers bf16 casts")
+
+
 _WRAPPING_OPS = (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG, Ops.SHL, Ops.MULACC)
 _UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
 

@@ -10,7 +10,7 @@ import math
 from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer, loop_var, wrapping_dtype
+from zeptograd.renderer import ProgramSpec, Renderer, loop_var, reject_bf16_cast, wrapping_dtype
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -30,13 +30,7 @@ C_TYPES = {
     dtypes.float64: "double",
 }
 
-PRELUDE = """#include <math.h>
-static inline float zg_bf16_to_f(unsigned short x) { unsigned int u = (unsigned int)x << 16; float f;
-  __builtin_memcpy(&f, &u, 4); return f; }
-static inline unsigned short zg_f_to_bf16(float f) { unsigned int u; __builtin_memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
-"""
+PRELUDE = "#include <math.h>\n"
 
 
 def _float_fn(name: str) -> Callable[[DType, str], str]:
@@ -266,6 +260,10 @@ def _c_vector_max(ctx: RenderContext, x: UOp, a: UOp, b: UOp) -> Stmts:
     )
 
 
+def _same_c_type(x: UOp) -> bool:
+    return C_TYPES[x.dtype.scalar] == C_TYPES[x.src[0].dtype.scalar] and x.dtype.count == x.src[0].dtype.count
+
+
 _global_vector = UPat(src=(UPat(Ops.DEFINE_GLOBAL),), allow_any_len=True, name="idx")
 _is_vector = lambda u: u.dtype.count > 1  # noqa: E731
 
@@ -287,6 +285,8 @@ c_rules: list[tuple[UPat, Callable]] = [
         UPat(Ops.CAST, src=(UPat.var("a"),), name="x", custom=_is_vector),
         lambda ctx, a, x: f"__builtin_convertvector({ctx[a]}, {ctx.ren.render_dtype(x.dtype)})",
     ),
+    # BITCAST between dtypes of one C type (bf16's raw bits and uint16: unsigned short) -> the value itself
+    (UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x", custom=_same_c_type), lambda ctx, a, x: ctx[a]),
     (UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x"), _c_bitcast),
 ]
 
@@ -334,6 +334,8 @@ class CStyleRenderer(CFamilyRenderer):
     def keeps_vector(self, x: UOp) -> bool:
         """gcc's vector extensions: arithmetic, conversions and max (a compare and a select by mask: `_c_vector_max`);
         no bool vectors, so no vector compare or select of the kernel's own."""
+        if x.op is Ops.BITCAST and _same_c_type(x):  # bf16 <-> uint16: one vector type, nothing to do
+            return True
         dts = [x.dtype.scalar] + [s.dtype.scalar for s in x.src]
         if any(d in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for d in dts):
             return False
@@ -357,8 +359,6 @@ class CStyleRenderer(CFamilyRenderer):
             else:  # a negative literal in parentheses: `a-(-1.5f)`, never `a--1.5f`
                 v = repr(float(x)) + ("" if dt == dtypes.float64 else "f")
                 v = f"({v})" if v.startswith("-") else v
-            if dt == dtypes.bfloat16:
-                return f"zg_f_to_bf16({v})"
             return v if dt in (dtypes.float32, dtypes.float64) else f"(({C_TYPES[dt]}){v})"
         if dt == dtypes.bool:
             return "1" if x else "0"
@@ -373,10 +373,7 @@ class CStyleRenderer(CFamilyRenderer):
         return (f"({x})" if x < 0 else str(x)) if dt == dtypes.int32 else f"(({C_TYPES[dt]}){x})"
 
     def render_cast(self, to: DType, frm: DType, x: str) -> str:
-        if frm == dtypes.bfloat16:
-            return f"zg_bf16_to_f({x})"  # codegen routes every other bf16 cast through float32
-        if to == dtypes.bfloat16:
-            return f"zg_f_to_bf16({x})"
+        reject_bf16_cast(frm, to)
         return f"({C_TYPES[to]})({x})"
 
     def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:

@@ -6,7 +6,7 @@ dialects' types, literals and memory access. Shared conventions:
 
 - half values are computed as `float` and rounded to half after every op (`zg_rh`), so results match a device
   with native half math without needing one (PoCL has no cl_khr_fp16); in memory they are 16-bit halves.
-- bfloat16 values are their 16 bits (`ushort`), converted with `zg_bf2f` / `zg_f2bf` as in the C renderer.
+- bfloat16 values are their 16 bits (`ushort`): codegen/lower.py converts them with integer ops.
 - vectors: OpenCL's native `floatN` (N = 2, 4, 8, 16; vloadN/vstoreN), else (CUDA, bool, other widths) a struct
   `zg_<type>x<N> { <type> v[N]; }` handled lane by lane.
 - thread ids: SPECIAL `gidxN` (group id), `lidxN` (local id); `ProgramSpec.global_size` counts groups and
@@ -21,7 +21,7 @@ import struct
 from typing import Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, wrapping_dtype
+from zeptograd.renderer import ProgramSpec, reject_bf16_cast, wrapping_dtype
 from zeptograd.renderer.cstyle import CFamilyRenderer, RenderContext, cfamily_rules
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
@@ -177,9 +177,6 @@ class GPURenderer(CFamilyRenderer):
         """A literal; a negative one in parentheses (`a-(-1.5f)`, never `a--1.5f`)."""
         if dt.count > 1:
             return self.render_vectorize([self.render_const(x, dt.scalar)] * dt.count, dt)
-        if dt == dtypes.bfloat16:
-            bits = struct.unpack("<I", struct.pack("<f", x))[0] >> 16
-            return f"(({self.types[dt]}){bits}u)"
         if dt == dtypes.bool:
             return "1" if x else "0"
         if dtypes.is_float(dt):
@@ -203,10 +200,7 @@ class GPURenderer(CFamilyRenderer):
         raise NotImplementedError
 
     def render_cast(self, to: DType, frm: DType, x: str) -> str:
-        if frm == dtypes.bfloat16:
-            return f"zg_bf2f({x})"  # codegen routes every other bf16 cast through float32
-        if to == dtypes.bfloat16:
-            return f"zg_f2bf({x})"
+        reject_bf16_cast(frm, to)
         if to == dtypes.float16:
             return f"zg_rh((float)({x}))"
         return f"({self.types[to]})({x})"
@@ -296,9 +290,6 @@ class GPURenderer(CFamilyRenderer):
 CL_PRELUDE = """ushort zg_f2h(float x) { ushort h; vstore_half_rte(x, 0, (half*)&h); return h; }
 float zg_h2f(ushort h) { return vload_half(0, (half*)&h); }
 float zg_rh(float x) { return zg_h2f(zg_f2h(x)); }
-float zg_bf2f(ushort x) { return as_float((uint)x << 16); }
-ushort zg_f2bf(float f) { uint u = as_uint(f); if ((u & 0x7fffffffu) > 0x7f800000u) return (ushort)((u >> 16) | 64u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (ushort)(u >> 16); }
 """
 
 
@@ -452,10 +443,6 @@ CUDA_PRELUDE = """__device__ __forceinline__ float zg_h2f(unsigned short h) { fl
 __device__ __forceinline__ unsigned short zg_f2h(float f) { unsigned short h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float zg_rh(float x) { return zg_h2f(zg_f2h(x)); }
-__device__ __forceinline__ float zg_bf2f(unsigned short x) { return __uint_as_float((unsigned int)x << 16); }
-__device__ __forceinline__ unsigned short zg_f2bf(float f) { unsigned int u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 64u);
-  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
 """
 
 

@@ -2,8 +2,8 @@
 
 Values are SSA registers; loops are basic blocks (a header with a phi for the counter, a latch that increments it);
 accumulators (DEFINE_REG) are allocas in the entry block, which the optimizer promotes to registers (SROA/mem2reg).
-Types: bool is i1 in registers and i8 in memory, float16 is `half`, bfloat16 is i16 (codegen computes bf16 math in
-float32; conversions are integer ops here), vectors are `<n x T>`. Gated loads and stores branch around the access.
+Types: bool is i1 in registers and i8 in memory, float16 is `half`, bfloat16 is i16 (codegen/lower.py computes bf16
+math in float32 and converts with integer ops), vectors are `<n x T>`. Gated loads and stores branch around the access.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import struct
 
 from zeptograd.dtype import DType, PtrDType, dtypes
-from zeptograd.renderer import ProgramSpec, Renderer
+from zeptograd.renderer import ProgramSpec, Renderer, reject_bf16_cast
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 _SCALAR = {
@@ -62,9 +62,6 @@ def _const_scalar(x, dt: DType) -> str:
     dt = dt.scalar
     if dt == dtypes.bool:
         return "true" if x else "false"
-    if dt == dtypes.bfloat16:
-        bits = struct.unpack("<I", struct.pack("<f", float(x)))[0] >> 16
-        return str(bits - 65536 if bits >= 32768 else bits)
     if _is_float(dt):  # the exact double, in hex: the value is representable in dt (codegen rounded it)
         if math.isnan(x):
             return "0x7FF8000000000000"
@@ -136,37 +133,11 @@ class _Function:
         return self.instr(f"call {ret_t} @{fn}({', '.join(f'{ltype(t)} {v}' for t, v in args)})")
 
     # --- conversions ---
-    def splat(self, x, dt: DType, count: int) -> str:
-        return render_const(x, dt.vec(count) if count > 1 else dt)
-
-    def bf16_to_f32(self, x: str, count: int) -> str:
-        i32, f32 = ltype(dtypes.int32.vec(count)), ltype(dtypes.float32.vec(count))
-        wide = self.instr(f"zext {ltype(dtypes.int16.vec(count))} {x} to {i32}")
-        bits = self.instr(f"shl {i32} {wide}, {self.splat(16, dtypes.int32, count)}")
-        return self.instr(f"bitcast {i32} {bits} to {f32}")
-
-    def f32_to_bf16(self, x: str, count: int) -> str:
-        """Round to nearest even; a NaN stays a (quiet) NaN, as the C renderer's zg_f_to_bf16."""
-        i32, f32, c = ltype(dtypes.int32.vec(count)), ltype(dtypes.float32.vec(count)), count
-        u = self.instr(f"bitcast {f32} {x} to {i32}")
-        hi = self.instr(f"lshr {i32} {u}, {self.splat(16, dtypes.int32, c)}")
-        odd = self.instr(f"and {i32} {hi}, {self.splat(1, dtypes.int32, c)}")
-        biased = self.instr(f"add {i32} {u}, {self.splat(0x7FFF, dtypes.int32, c)}")
-        rounded = self.instr(f"add {i32} {biased}, {odd}")
-        res = self.instr(f"lshr {i32} {rounded}, {self.splat(16, dtypes.int32, c)}")
-        nan_bits = self.instr(f"or {i32} {hi}, {self.splat(64, dtypes.int32, c)}")
-        isnan = self.instr(f"fcmp uno {f32} {x}, {x}")
-        sel = self.instr(f"select {ltype(dtypes.bool.vec(c))} {isnan}, {i32} {nan_bits}, {i32} {res}")
-        return self.instr(f"trunc {i32} {sel} to {ltype(dtypes.int16.vec(c))}")
-
     def cast(self, x: str, frm: DType, to: DType) -> str:
         n = to.count
         if frm.scalar == to.scalar:
             return x
-        if frm.scalar == dtypes.bfloat16:
-            return self.cast(self.bf16_to_f32(x, n), dtypes.float32.vec(n), to)
-        if to.scalar == dtypes.bfloat16:
-            return self.f32_to_bf16(self.cast(x, frm, dtypes.float32.vec(n)), n)
+        reject_bf16_cast(frm, to)
         ft, tt = ltype(frm), ltype(to)
         if to.scalar == dtypes.bool:  # nonzero (and NaN) is true, as in C
             op = "fcmp une" if _is_float(frm) else "icmp ne"
