@@ -232,6 +232,8 @@ class IndexMixin:
         selected position the view's element is self's element there), so the write reads its target at the element
         it writes (no copy of the target first, and the scheduler reads the target at one index), and only the other
         operands of those ops are placed."""
+        if self.uop not in v.uop.toposort(gate=lambda u: u is not self.uop):  # v does not read self (a constant)
+            return self._unapply_basic(v, sels, spread=True)
         read = self._apply_basic(sels, out_shape).uop
         region = v.uop.toposort(gate=lambda u: u is not read and u is not self.uop and u.op in GroupOp.Elementwise)
         if read not in region:
