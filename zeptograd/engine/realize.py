@@ -37,6 +37,7 @@ _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDicti
 # is O(N) in all, not a walk of the whole growing chain per setitem). Emptied whenever a node is realized: it may
 # sit under any of them.
 _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
+_realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
 
 
 class _ThreadCaptures(threading.local):
@@ -108,11 +109,13 @@ def with_realized_values(uops: list[UOp]) -> list[UOp]:
     """uops with every node realized before replaced by what it was realized to. The walk stops at nodes known to
     hold none (`_clean`); where it finds none, the nodes it walked are marked so."""
     sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
+    count = _realized_count[0]
     nodes = sink.toposort(gate=lambda u: u not in _clean and u not in _realized)
     mapping = {u: _realized[u] for u in nodes if u in _realized and _realized[u] is not u}
     if mapping:
         return list(graph_substitute(sink, mapping).src)
-    _clean.update(u for u in nodes if u is not sink)
+    if count == _realized_count[0]:
+        _clean.update(u for u in nodes if u is not sink)
     return uops
 
 
@@ -264,6 +267,7 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 def remember_realized(node: UOp, value: UOp):
     _realized[node] = value
+    _realized_count[0] += 1
     if _clean:
         _clean.clear()
     if _capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
