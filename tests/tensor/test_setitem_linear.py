@@ -181,3 +181,19 @@ def test_in_place_op_on_an_element_of_a_realized_tensor():
     ref = np.arange(35, dtype=np.float32).reshape(5, 7)
     ref[3, 5] += 2
     np.testing.assert_array_equal(t.numpy(), ref)
+
+
+def test_setitems_after_another_tensor_realized_the_pending_write():
+    """u = t * 2 realized runs t's pending write too: the setitems after it build on the realized buffer (the walks'
+    marks are dropped when anything is realized)."""
+    t = Tensor.zeros(6).contiguous().realize()
+    ref = np.zeros(6, np.float32)
+    t[1], ref[1] = 4.0, 4.0
+    u = t * 2
+    np.testing.assert_array_equal(u.numpy(), ref * 2)
+    t[2] += 3
+    t[1] *= 5
+    ref[2] += 3
+    ref[1] *= 5
+    np.testing.assert_array_equal(t.numpy(), ref)
+    np.testing.assert_array_equal(u.numpy(), [0, 8, 0, 0, 0, 0])
