@@ -7,6 +7,8 @@
     softmax_odd          x.softmax(-1) on (4096, 1000)
     matmul1000_odd       (1000, 1000) @ (1000, 1000)
     matmul513_odd        (513, 257) @ (257, 513)  (not matmul_*: `--only matmul` selects the square cases)
+    setitem_loop_odd     1000 `t[i] = i` on a realized (1000,) f32, then one realize: the Python work of a loop
+                         of lazy setitems (one kernel, compiled at the first call; the median call hits the cache)
 
 Registered in bench/run.py's CASES (`**ODD_CASES`). Like bench/cases_train.py, the case functions return an object
 with Spec's fields, so this module does not import bench.run.
@@ -132,6 +134,34 @@ def _case_matmul(m, k, n):
     return case
 
 
+def case_setitem_loop_odd(q):
+    n = 50 if q else 1000
+    t = torch_or_none()
+
+    def zg():
+        from zeptograd import Tensor
+
+        x = Tensor.zeros(n).contiguous().realize()
+        for i in range(n):
+            x[i] = i
+        return x.realize()
+
+    def loop(x):
+        for i in range(n):
+            x[i] = i
+        return x
+
+    return Spec(
+        {
+            "zeptograd": zg,
+            "numpy": lambda: loop(np.zeros(n, np.float32)),
+            "torch": (lambda: loop(t.zeros(n))) if t else None,
+        },
+        "latency",
+        note=f"{n} setitems + realize, f32",
+    )
+
+
 ODD_CASES: dict[str, Callable[[bool], Spec]] = {
     "add_odd": case_add_odd,
     "sum_odd": case_sum_odd,
@@ -140,4 +170,5 @@ ODD_CASES: dict[str, Callable[[bool], Spec]] = {
     "softmax_odd": case_softmax_odd,
     "matmul1000_odd": _case_matmul(1000, 1000, 1000),
     "matmul513_odd": _case_matmul(513, 257, 513),
+    "setitem_loop_odd": case_setitem_loop_odd,
 }

@@ -23,6 +23,7 @@ from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
 from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, pretty
+from zeptograd.uop.upat import graph_substitute
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -32,6 +33,12 @@ _realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 # a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
 # under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
 _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDictionary()
+# nodes whose graph holds no node of `_realized` (substituting realized values leaves them as they are): the walks
+# below stop at them, so an assign walks only what was built since the last one (a loop of N setitems on one tensor
+# is O(N) in all, not a walk of the whole growing chain per setitem). Emptied whenever a node is realized: it may
+# sit under any of them.
+_clean: weakref.WeakSet[UOp] = weakref.WeakSet()
+_realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
 
 
 class _ThreadCaptures(threading.local):
@@ -100,8 +107,23 @@ def realized_or_none(u: UOp) -> UOp | None:
 
 
 def with_realized_values(uops: list[UOp]) -> list[UOp]:
-    """uops with every node realized before replaced by what it was realized to."""
-    return substitute_realized(uops, _realized)
+    """uops with every node realized before replaced by what it was realized to. The walk stops at nodes known to
+    hold none (`_clean`); where it finds none, the nodes it walked are marked so."""
+    sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
+    count = _realized_count[0]
+    nodes = sink.toposort(gate=lambda u: u not in _clean and u not in _realized)
+    mapping = {u: _realized[u] for u in nodes if u in _realized and _realized[u] is not u}
+    if mapping:
+        return list(graph_substitute(sink, mapping).src)
+    if count == _realized_count[0]:
+        _clean.update(u for u in nodes if u is not sink)
+    return uops
+
+
+def note_built(u: UOp) -> None:
+    """Mark u, just built from parts that went through with_realized_values, as holding no realized node (checked:
+    a rebuilt node may be one realized before), so the next with_realized_values over a graph above it stops there."""
+    with_realized_values([u])
 
 
 @dataclass
@@ -250,6 +272,9 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 def remember_realized(node: UOp, value: UOp):
     _realized[node] = value
+    _realized_count[0] += 1
+    if _clean:
+        _clean.clear()
     if _capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:

@@ -23,7 +23,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import broadcast_shape, normalize_axis
 from zeptograd.uop import variable
-from zeptograd.uop.ops import UOp
+from zeptograd.uop.ops import GroupOp, UOp
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -188,17 +188,70 @@ class IndexMixin:
                 x = x.reshape(x.shape[: d + 1] + x.shape[d + 2 :])
         return x.reshape(out_shape)
 
-    def _unapply_basic(self: Tensor, v: Tensor, sels: list[_DimSel]) -> Tensor:
-        """The inverse of _apply_basic for a value v of the indexed shape: v placed into self's shape, zeros around."""
+    def _unapply_basic(self: Tensor, v: Tensor, sels: list[_DimSel], spread: bool = False) -> Tensor:
+        """The inverse of _apply_basic for a value v of the indexed shape: v placed into self's shape, zeros around.
+        With `spread` (int bounds only), a dim that selects one element takes v broadcast along it instead of padded
+        (a mask picks the element), so `t[i] = v` and `x[i] = row` place v with no PAD."""
         v = v.reshape(tuple(1 if s.drop else s.n for s in sels))
         for d, s in enumerate(sels):
-            if s.step > 1 and s.n > 0:  # put step-1 zeros after each element
+            if s.step > 1 and s.n > 1:  # put step-1 zeros after each element
                 v = v.reshape(v.shape[: d + 1] + (1,) + v.shape[d + 1 :])
                 v = v.pad(tuple((0, s.step - 1) if i == d + 1 else None for i in range(v.ndim)))
                 v = v.reshape(v.shape[:d] + (s.n * s.step,) + v.shape[d + 2 :])
                 v = v.shrink(tuple((0, s.hi - s.lo) if i == d else None for i in range(v.ndim)))
         v = v.flip([d for d, s in enumerate(sels) if s.flip]) if any(s.flip for s in sels) else v
-        return v.pad(tuple((s.lo, size - s.hi) for s, size in zip(sels, self.shape)))
+        pads = tuple(None if spread and s.n == 1 else (s.lo, size - s.hi) for s, size in zip(sels, self.shape))
+        v = v.pad(pads) if any(p is not None for p in pads) else v
+        return v.expand(self.shape) if spread else v
+
+    def _selection_mask(self: Tensor, sels: list[_DimSel]) -> Tensor | None:
+        """Where a basic index with int bounds selects, as comparisons of each element's position along a dim with
+        the bounds (None: everywhere). A position tensor is one graph node per dim and size, shared by every
+        setitem, so a chain of N setitems adds O(1) nodes each and the scheduler lowers them without index algebra."""
+        mask = None
+        for d, (s, size) in enumerate(zip(sels, self.shape)):
+            if (s.lo, s.hi, s.step) == (0, size, 1):
+                continue
+            pos = type(self)._iota(size, self.device).reshape(tuple(size if i == d else 1 for i in range(self.ndim)))
+            pos = pos.expand(self.shape)
+            if s.n == 1:
+                sel = pos == s.lo
+            else:
+                terms = [pos > s.lo - 1] if s.lo > 0 else []
+                terms += [pos < s.hi] if s.hi < size else []
+                terms += [pos._fmod(pos.full_like(s.step)) == s.lo % s.step] if s.step > 1 else []
+                sel = terms[0]
+                for term in terms[1:]:
+                    sel = sel & term
+            mask = sel if mask is None else mask & sel
+        return mask
+
+    def _place_reading_self(self: Tensor, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> Tensor:
+        """v (of the indexed shape) placed into self's shape by _unapply_basic(spread=True). `t[indices] op= x` reads
+        t[indices] and writes it back: the elementwise ops of v over that view are rebuilt over self itself (at each
+        selected position the view's element is self's element there), so the write reads its target at the element
+        it writes (no copy of the target first, and the scheduler reads the target at one index), and only the other
+        operands of those ops are placed."""
+        if self.uop not in v.uop.toposort(gate=lambda u: u is not self.uop):  # v does not read self (a constant)
+            return self._unapply_basic(v, sels, spread=True)
+        read = self._apply_basic(sels, out_shape).uop
+        region = v.uop.toposort(gate=lambda u: u is not read and u is not self.uop and u.op in GroupOp.Elementwise)
+        if read not in region:
+            return self._unapply_basic(v, sels, spread=True)
+        uses = v.uop.toposort(gate=lambda u: u is not read and u is not self.uop)
+        reaches = {read}  # the elementwise nodes over the view, each reached from v through elementwise ops alone
+        for u in region:
+            if u.op in GroupOp.Elementwise and not reaches.isdisjoint(u.src):
+                reaches.add(u)
+        if any(read in u.src and u not in reaches for u in uses):  # the view is also read otherwise (a sum of it)
+            return self._unapply_basic(v, sels, spread=True)
+        T = type(self)
+        rebuilt: dict[UOp, Tensor] = {read: self}
+        for u in region:
+            if u in reaches and u is not read:
+                srcs = [rebuilt[s] if s in reaches else self._unapply_basic(T(s), sels, spread=True) for s in u.src]
+                rebuilt[u] = self._new(UOp(u.op, u.dtype, tuple(s.uop for s in srcs), u.arg))
+        return rebuilt[v.uop]
 
     def __getitem__(self: Tensor, indices) -> Tensor:
         return self._getitem(self._index_items(indices))
@@ -249,8 +302,21 @@ class IndexMixin:
         items = self._index_items(indices)
         sels, out_shape = self._basic_plan(items)
         if not any(isinstance(i, T) for i in items):
-            placed = self._unapply_basic(v.cast(self.dtype)._broadcast_to(out_shape), sels)
-            mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
+            v = v.cast(self.dtype)._broadcast_to(out_shape)
+            if not all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) or any(
+                isinstance(n, UOp) for n in self.shape
+            ):
+                # a symbolic bound or size: the value and a mask of ones placed by the inverse movement (PADs)
+                placed = self._unapply_basic(v, sels)
+                mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
+            elif any(s.n == 0 for s in sels):
+                return  # nothing selected: nothing written
+            else:
+                placed = self._place_reading_self(v, sels, out_shape)
+                mask = self._selection_mask(sels)
+                if mask is None:  # every element is written
+                    self.assign(placed)
+                    return
         else:  # tensor indices: which flat position each selected element writes; the last write wins
             pos = T.arange(self.numel(), device=self.device).reshape(self.shape)._getitem(items)
             vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()

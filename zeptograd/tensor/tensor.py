@@ -250,7 +250,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def assign(self, x: Tensor | ConstType | list | tuple) -> Tensor:
         """Write x into this tensor, lazily: a buffer-backed tensor gets an ASSIGN whose kernel stores into its
         buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
-        from zeptograd.engine.realize import realized_value, with_realized_values
+        from zeptograd.engine.realize import note_built, realized_value, with_realized_values
 
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
@@ -261,14 +261,18 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
         target = realized_value(self.uop)
         value = with_realized_values([x.uop])[0]
-        if target.op is Ops.ASSIGN:  # not run yet: fold into one write whose value reads the previous value
-            value, target = value.substitute({target: target.src[1]}), target.src[0]
+        pending = None  # the previous ASSIGN to this buffer, not run yet
+        if target.op is Ops.ASSIGN:
+            pending, target = target, target.src[0]
         if buffer_under(target) is None:
-            self.uop = value
+            self.uop = value  # (pending is None: an ASSIGN's target has a buffer)
         else:
-            if _reads_target_elsewhere(target, value):
+            if _reads_target_elsewhere(target, value, pending):
                 value = UOp(Ops.CONTIGUOUS, value.dtype, (value,))
+            if pending is not None:  # fold into one write whose value reads the previous value (substitute only
+                value = value.substitute({pending: pending.src[1]})  # walks the nodes above `pending`: the new ones)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
+            note_built(self.uop)
         if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
             _grad_uops.add(self.uop)
         return self
@@ -733,12 +737,16 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
-def _reads_target_elsewhere(target: UOp, value: UOp) -> bool:
+def _reads_target_elsewhere(target: UOp, value: UOp, pending: UOp | None = None) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
-    one kernel that writes the buffer would read values it has already overwritten."""
+    one kernel that writes the buffer would read values it has already overwritten. `pending`, the ASSIGN to the
+    target that value's write folds into, counts as a read of the target: its own value was checked when it was
+    built (it reads the target elementwise, or is CONTIGUOUS), so the walk stops there and costs what was built since.
+    """
     buf = buffer_under(target)
-    nodes = value.toposort(gate=lambda u: u is not target)
-    if buf not in nodes and target not in nodes:
+    stops = {target} if pending is None else {target, pending}
+    nodes = value.toposort(gate=lambda u: u not in stops)
+    if buf not in nodes and stops.isdisjoint(nodes):
         return False
     elementwise, stack = set(), [value]
     while stack:
@@ -746,4 +754,6 @@ def _reads_target_elsewhere(target: UOp, value: UOp) -> bool:
         if u not in elementwise and u.op in GroupOp.Elementwise:
             elementwise.add(u)
             stack.extend(u.src)
-    return (buf is not target and buf in nodes) or any(target in u.src and u not in elementwise for u in nodes)
+    return (buf is not target and buf in nodes) or any(
+        u not in elementwise and u not in stops and not stops.isdisjoint(u.src) for u in nodes
+    )
