@@ -169,13 +169,9 @@ def test_setitem_loop_work_is_linear():
     assert small[0] <= 60 * 200, f"{small[0]} nodes walked for 200 setitems: more than what each one builds"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="schedule/rangeify.py lower_leaf: a kernel that reads an ASSIGN into a view of a buffer (t[3, 5] += 2 "
-    "on a realized t assigns into the view t[3, 5]) loads the buffer at the view's own flat index, not through the "
-    "view's offset",
-)
 def test_in_place_op_on_an_element_of_a_realized_tensor():
+    """t[3, 5] += 2 assigns into the view t[3, 5]: a kernel reading that ASSIGN loads through the view's offset
+    (schedule/kernel.py: target_index; it loaded element 0)."""
     t = Tensor.arange(35).reshape(5, 7).float().contiguous().realize()
     t[3, 5] += 2
     ref = np.arange(35, dtype=np.float32).reshape(5, 7)
