@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import NP_OF, TORCH_OF, ZEPTO_OF, check, check_numpy, data
 from zeptograd import GlobalCounters, Tensor, dtypes
 
@@ -15,16 +16,19 @@ from zeptograd import GlobalCounters, Tensor, dtypes
 
 @pytest.mark.parametrize(
     "value,shape,dtype",
-    [
-        (3, (), "int32"),
-        (2.5, (), "float32"),
-        (True, (), "bool"),
-        ([1, 2, 3], (3,), "int32"),
-        ([1.5, -2.0], (2,), "float32"),
-        ([[1, 2], [3, 4], [5, 6]], (3, 2), "int32"),
-        ([[True, False]], (1, 2), "bool"),
-        ([1, 2.5], (2,), "float32"),
-    ],
+    fast_first(
+        [
+            (3, (), "int32"),
+            (2.5, (), "float32"),
+            (True, (), "bool"),
+            ([1, 2, 3], (3,), "int32"),
+            ([1.5, -2.0], (2,), "float32"),
+            ([[1, 2], [3, 4], [5, 6]], (3, 2), "int32"),
+            ([[True, False]], (1, 2), "bool"),
+            ([1, 2.5], (2,), "float32"),
+        ],
+        unpack=True,
+    ),
 )
 def test_construct_python(value, shape, dtype):
     t = Tensor(value)
@@ -39,14 +43,14 @@ def test_construct_empty_list():
     assert t.numel() == 0
 
 
-@pytest.mark.parametrize("dtype", ["float64", "int64", "int8", "uint8", "uint16", "bool", "float16"])
+@pytest.mark.parametrize("dtype", fast_first(["float64", "int64", "int8", "uint8", "uint16", "bool", "float16"]))
 def test_construct_numpy_keeps_dtype(dtype):
     x = data((2, 3), dtype, lo=-5, hi=5, seed=1)
     t = Tensor(x)
     check_numpy(t, x, dtype)
 
 
-@pytest.mark.parametrize("shape", [(), (0,), (0, 3), (2, 0, 4)])
+@pytest.mark.parametrize("shape", fast_first([(), (0,), (0, 3), (2, 0, 4)]))
 def test_construct_numpy_odd_shapes(shape):
     x = data(shape, "float32")
     check_numpy(Tensor(x), x)
@@ -54,14 +58,17 @@ def test_construct_numpy_odd_shapes(shape):
 
 @pytest.mark.parametrize(
     "value,dtype",
-    [
-        ([1.25, -2.5, 3.0], "float16"),
-        ([1, 2, 3], "float32"),
-        ([1.7, -2.7, 0.2], "int32"),
-        ([0, 1, 2], "bool"),
-        ([1, 2, 300], "int64"),
-        ([0.5, 1.5], "float64"),
-    ],
+    fast_first(
+        [
+            ([1.25, -2.5, 3.0], "float16"),
+            ([1, 2, 3], "float32"),
+            ([1.7, -2.7, 0.2], "int32"),
+            ([0, 1, 2], "bool"),
+            ([1, 2, 300], "int64"),
+            ([0.5, 1.5], "float64"),
+        ],
+        unpack=True,
+    ),
 )
 def test_construct_with_dtype(value, dtype):
     t = Tensor(value, dtype=ZEPTO_OF[dtype])
@@ -87,7 +94,7 @@ def test_dtype_aliases():
 # ----------------------------------------------------------------------------- creation
 
 
-@pytest.mark.parametrize("shape", [(), (3,), (2, 3), (0, 3), (2, 0, 4)])
+@pytest.mark.parametrize("shape", fast_first([(), (3,), (2, 3), (0, 3), (2, 0, 4)]))
 def test_zeros_ones(shape):
     check_numpy(Tensor.zeros(*shape), np.zeros(shape, np.float32), "float32")
     check_numpy(Tensor.ones(*shape), np.ones(shape, np.float32), "float32")
@@ -100,7 +107,7 @@ def test_zeros_ones_shape_as_tuple():
     check(lambda: Tensor.zeros((2, 3)), lambda: torch.zeros((2, 3)))
 
 
-@pytest.mark.parametrize("dtype", ["int32", "float16", "bool", "int64", "uint8"])
+@pytest.mark.parametrize("dtype", fast_first(["int32", "float16", "bool", "int64", "uint8"]))
 def test_zeros_ones_dtype(dtype):
     check_numpy(Tensor.zeros(2, 3, dtype=ZEPTO_OF[dtype]), np.zeros((2, 3), NP_OF[dtype]), dtype)
     check_numpy(Tensor.ones(4, dtype=ZEPTO_OF[dtype]), np.ones((4,), NP_OF[dtype]), dtype)
@@ -109,15 +116,18 @@ def test_zeros_ones_dtype(dtype):
 
 @pytest.mark.parametrize(
     "shape,value,dtype,expected_dtype",
-    [
-        ((2, 3), 1.5, None, "float32"),
-        ((2, 3), 7, None, "int32"),  # tinygrad's default int is int32 (torch's int64)
-        ((4,), True, None, "bool"),
-        ((), -2.5, None, "float32"),
-        ((3, 2), 3, dtypes.float32, "float32"),
-        ((2, 2), 2.0, dtypes.float16, "float16"),
-        ((0, 2), 1.0, None, "float32"),
-    ],
+    fast_first(
+        [
+            ((2, 3), 1.5, None, "float32"),
+            ((2, 3), 7, None, "int32"),  # tinygrad's default int is int32 (torch's int64)
+            ((4,), True, None, "bool"),
+            ((), -2.5, None, "float32"),
+            ((3, 2), 3, dtypes.float32, "float32"),
+            ((2, 2), 2.0, dtypes.float16, "float16"),
+            ((0, 2), 1.0, None, "float32"),
+        ],
+        unpack=True,
+    ),
 )
 def test_full(shape, value, dtype, expected_dtype):
     t = Tensor.full(shape, value) if dtype is None else Tensor.full(shape, value, dtype=dtype)
@@ -126,7 +136,11 @@ def test_full(shape, value, dtype, expected_dtype):
 
 
 @pytest.mark.parametrize(
-    "shape,dtype", [((2, 3), None), ((4,), dtypes.int32), ((0, 5), None), ((), dtypes.float16), ((2, 3), dtypes.int16)]
+    "shape,dtype",
+    fast_first(
+        [((2, 3), None), ((4,), dtypes.int32), ((0, 5), None), ((), dtypes.float16), ((2, 3), dtypes.int16)],
+        unpack=True,
+    ),
 )
 def test_empty(shape, dtype):
     t = Tensor.empty(*shape) if dtype is None else Tensor.empty(*shape, dtype=dtype)
@@ -144,7 +158,7 @@ LIKE = {  # zeptograd on an int32 (2, 3) tensor, torch's result
 }
 
 
-@pytest.mark.parametrize("op", list(LIKE))
+@pytest.mark.parametrize("op", fast_first(list(LIKE)))
 def test_like(op):
     x = Tensor(data((2, 3), "int32", seed=1))
     check(lambda: LIKE[op][0](x), LIKE[op][1])
@@ -173,7 +187,7 @@ ARANGE = [  # args, dtype keyword
 ]
 
 
-@pytest.mark.parametrize("args,dtype", ARANGE)
+@pytest.mark.parametrize("args,dtype", fast_first(ARANGE, unpack=True))
 def test_arange(args, dtype):
     # int arguments give tinygrad's default int, int32 (torch: int64); a float one gives float32
     name = dtype or ("int32" if all(isinstance(a, int) for a in args) else "float32")
@@ -183,17 +197,20 @@ def test_arange(args, dtype):
         check(lambda: z, lambda: torch.arange(*args, dtype=TORCH_OF[name]))
 
 
-@pytest.mark.parametrize("start,stop,steps", [(0, 1, 5), (-3.5, 2, 8), (2, 2, 3), (1, 0, 1), (0, 10, 0)])
+@pytest.mark.parametrize(
+    "start,stop,steps", fast_first([(0, 1, 5), (-3.5, 2, 8), (2, 2, 3), (1, 0, 1), (0, 10, 0)], unpack=True)
+)
 def test_linspace(start, stop, steps):
     check(lambda: Tensor.linspace(start, stop, steps), lambda: torch.linspace(start, stop, steps))
 
 
-@pytest.mark.parametrize("n,m", [(3, None), (2, 4), (4, 2), (0, None)])
+@pytest.mark.parametrize("n,m", fast_first([(3, None), (2, 4), (4, 2), (0, None)], unpack=True))
 def test_eye(n, m):
     check(lambda: Tensor.eye(n, m), lambda: torch.eye(n, m if m is not None else n))
     check(lambda: Tensor.eye(n, m, dtype=dtypes.int32), lambda: torch.eye(n, m if m is not None else n).int())
 
 
+@pytest.mark.slow
 def test_random_distributions():
     Tensor.manual_seed(0)
     u = Tensor.rand(20000).numpy()
@@ -259,6 +276,7 @@ def test_rand_empty_and_scalar():
     assert r.shape == () and 0.0 <= float(r) < 1.0
 
 
+@pytest.mark.slow
 def test_randperm_multinomial():
     Tensor.manual_seed(1)
     p = Tensor.randperm(10).numpy()

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import NP_OF, TORCH_OF, ZEPTO_OF, V, check, check_numpy, data, tol_for
 from zeptograd import Tensor, dtypes
 
@@ -76,7 +77,7 @@ UNARY = {
 EDGE_OPS = ["exp", "log", "sqrt", "sin", "tanh", "abs", "round", "sigmoid", "gelu_tanh", "erf"]
 
 
-@pytest.mark.parametrize("op", list(UNARY))
+@pytest.mark.parametrize("op", fast_first(list(UNARY)))
 def test_unary(op):
     zfn, tfn, (lo, hi) = UNARY[op]
     check(zfn, tfn, SHAPES["2d"](lo, hi, 1), atol=1e-6 if op not in ("sinh", "cosh") else 1e-5)
@@ -84,7 +85,7 @@ def test_unary(op):
         _unary_numpy(op, (4, 6))
 
 
-@pytest.mark.parametrize("shape", ["0d", "empty", "perm", "slice"])
+@pytest.mark.parametrize("shape", fast_first(["0d", "empty", "perm", "slice"]))
 @pytest.mark.parametrize("op", EDGE_OPS)
 def test_unary_shapes(op, shape):
     zfn, tfn, (lo, hi) = UNARY[op]
@@ -93,7 +94,7 @@ def test_unary_shapes(op, shape):
         _unary_numpy(op, {"0d": (), "empty": (2, 0, 4)}[shape])
 
 
-@pytest.mark.parametrize("op", ["exp", "sqrt", "sin", "log", "abs", "sign", "floor", "round", "sigmoid"])
+@pytest.mark.parametrize("op", fast_first(["exp", "sqrt", "sin", "log", "abs", "sign", "floor", "round", "sigmoid"]))
 @pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "float16", "float64"])
 def test_unary_dtypes(op, dtype):
     """int/bool inputs give float32 for transcendentals (as torch); the rest keep the dtype."""
@@ -130,7 +131,7 @@ SPECIAL = {
 }
 
 
-@pytest.mark.parametrize("op", list(SPECIAL))
+@pytest.mark.parametrize("op", fast_first(list(SPECIAL)))
 def test_special_values(op):
     x = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 2.5, -2.5, 0.5, -0.5, 1.5], np.float32)
     check(*SPECIAL[op], V(x), grad=False)
@@ -179,7 +180,7 @@ def _with_ties(a, b):
     return b
 
 
-@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("op", fast_first(list(BINARY)))
 def test_binary(op):
     fn, (lo, hi) = BINARY[op]
     a, b = data((3, 4), lo=lo, hi=hi, seed=5), data((3, 4), lo=lo, hi=hi, seed=6)
@@ -189,7 +190,7 @@ def test_binary(op):
         _binary_numpy(op, "float32")
 
 
-@pytest.mark.parametrize("pair", [p for p in PAIRS if p != "same"])
+@pytest.mark.parametrize("pair", fast_first([p for p in PAIRS if p != "same"]))
 @pytest.mark.parametrize("op", ["add", "mul", "div", "maximum", "lt", "pow"])
 def test_binary_shapes(op, pair):
     fn, (lo, hi) = BINARY[op]
@@ -199,7 +200,9 @@ def test_binary_shapes(op, pair):
         _binary_shape_numpy(op, ())
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "pow", "mod", "floordiv", "lt", "eq", "maximum", "minimum"])
+@pytest.mark.parametrize(
+    "op", fast_first(["add", "sub", "mul", "div", "pow", "mod", "floordiv", "lt", "eq", "maximum", "minimum"])
+)
 @pytest.mark.parametrize("side", ["left", "right"])
 @pytest.mark.parametrize("scalar", [2, 1.5, -0.5])
 def test_binary_python_scalar(op, side, scalar):
@@ -224,7 +227,10 @@ def test_binary_python_scalar(op, side, scalar):
 
 
 @pytest.mark.parametrize(
-    "op", ["add", "sub", "mul", "div", "mod", "floordiv", "div_trunc", "fmod", "maximum", "minimum", "lt", "eq", "pow"]
+    "op",
+    fast_first(
+        ["add", "sub", "mul", "div", "mod", "floordiv", "div_trunc", "fmod", "maximum", "minimum", "lt", "eq", "pow"]
+    ),
 )
 @pytest.mark.parametrize("dtype", ["int32", "int8", "int64"])
 def test_binary_int(op, dtype):
@@ -260,7 +266,7 @@ PROMOTION = [  # a, b, the dtype of a + b that numpy's check expects (None: torc
 ]
 
 
-@pytest.mark.parametrize("a,b,expected", PROMOTION)
+@pytest.mark.parametrize("a,b,expected", fast_first(PROMOTION, unpack=True))
 @pytest.mark.parametrize("fn", ["add", "mul", "eq", "div"])
 def test_promotion(a, b, expected, fn):
     f = {"add": operator.add, "mul": operator.mul, "eq": operator.eq, "div": operator.truediv}[fn]
@@ -276,14 +282,17 @@ def test_promotion(a, b, expected, fn):
 
 @pytest.mark.parametrize(
     "a,b",
-    [
-        ("float32", "float64"),
-        ("int32", "float64"),
-        ("float16", "float64"),  # double -> half goes through float32 (codegen/lower.py)
-        ("int8", "int64"),
-        ("bool", "int64"),
-        ("float32", "int64"),
-    ],
+    fast_first(
+        [
+            ("float32", "float64"),
+            ("int32", "float64"),
+            ("float16", "float64"),  # double -> half goes through float32 (codegen/lower.py)
+            ("int8", "int64"),
+            ("bool", "int64"),
+            ("float32", "int64"),
+        ],
+        unpack=True,
+    ),
 )
 def test_promotion_0d(a, b):
     """torch: a 0-d tensor only decides the dtype when it is of a higher kind than the dimensioned one"""
@@ -294,17 +303,20 @@ def test_promotion_0d(a, b):
 
 @pytest.mark.parametrize(
     "dtype,scalar,expected",  # expected: the result dtype numpy's check expects (None: torch only)
-    [
-        ("bool", 3, None),
-        ("bool", 2.5, None),
-        ("int8", 3, "int8"),
-        ("uint8", 2, "uint8"),
-        ("uint8", 1.5, "float32"),
-        ("float16", 2.5, "float16"),
-        ("int64", 2, "int64"),
-        ("float64", 0.5, "float64"),
-        ("int32", True, None),
-    ],
+    fast_first(
+        [
+            ("bool", 3, None),
+            ("bool", 2.5, None),
+            ("int8", 3, "int8"),
+            ("uint8", 2, "uint8"),
+            ("uint8", 1.5, "float32"),
+            ("float16", 2.5, "float16"),
+            ("int64", 2, "int64"),
+            ("float64", 0.5, "float64"),
+            ("int32", True, None),
+        ],
+        unpack=True,
+    ),
 )
 def test_promotion_python_scalar(dtype, scalar, expected):
     x = data((5,), dtype, 0, 9, seed=16)
@@ -317,7 +329,7 @@ def test_promotion_python_scalar(dtype, scalar, expected):
         check_numpy(scalar * Tensor(x), (x.astype(np.float64) * scalar).astype(NP_OF[expected]), expected, **tol)
 
 
-@pytest.mark.parametrize("op", ["and", "or", "xor", "lshift", "rshift", "invert"])
+@pytest.mark.parametrize("op", fast_first(["and", "or", "xor", "lshift", "rshift", "invert"]))
 @pytest.mark.parametrize("dtype", ["int32", "uint8", "bool", "int64"])
 def test_bitwise(op, dtype):
     if dtype == "bool" and op in ("lshift", "rshift"):
@@ -352,7 +364,7 @@ LOGICAL = {
 }
 
 
-@pytest.mark.parametrize("op", list(LOGICAL))
+@pytest.mark.parametrize("op", fast_first(list(LOGICAL)))
 def test_logical(op):
     a, b = data((3, 4), "bool", seed=19), data((3, 4), "bool", seed=20)
     check(*LOGICAL[op], V(a), *([V(b)] if op != "not" else []))
@@ -368,7 +380,7 @@ WHERE_SHAPES = [  # condition, x, y
 ]
 
 
-@pytest.mark.parametrize("shapes", WHERE_SHAPES)
+@pytest.mark.parametrize("shapes", fast_first(WHERE_SHAPES))
 def test_where(shapes):
     c, a, b = data(shapes[0], "bool", seed=21), data(shapes[1], seed=22), data(shapes[2], seed=23)
     check_numpy(Tensor(c).where(Tensor(a), Tensor(b)), np.where(c, a, b))
@@ -384,7 +396,7 @@ def test_where_int_dtypes():
     check(lambda c, a: c.where(a, 7), lambda c, a: torch.where(c, a, 7), V(c), V(a))
 
 
-@pytest.mark.parametrize("lo,hi", [(-0.5, 1.0), (None, 0.3), (-0.2, None), (1.0, -1.0)])
+@pytest.mark.parametrize("lo,hi", fast_first([(-0.5, 1.0), (None, 0.3), (-0.2, None), (1.0, -1.0)], unpack=True))
 def test_clamp(lo, hi):
     x = data((3, 5), seed=27)
     check(lambda t: t.clamp(lo, hi), lambda t: torch.clamp(t, lo, hi), V(x))
@@ -412,6 +424,7 @@ def test_isclose_allclose():
     assert isinstance(Tensor(a).allclose(Tensor(a)), Tensor)
 
 
+@pytest.mark.slow
 def test_pow_special():
     x = np.array([-2.0, -1.5, 0.0, 0.5, 2.0, -3.0], np.float32)
     e = np.array([2.0, 0.5, 0.0, -1.0, 3.0, 3.0], np.float32)
@@ -424,7 +437,7 @@ def test_pow_special():
     check(lambda a: a**2.0, lambda a: a**2.0, V(xi))
 
 
-@pytest.mark.parametrize("op", ["iadd", "isub", "imul", "itruediv", "ipow", "imod", "ifloordiv"])
+@pytest.mark.parametrize("op", fast_first(["iadd", "isub", "imul", "itruediv", "ipow", "imod", "ifloordiv"]))
 def test_inplace_float(op):
     fn = getattr(operator, op)
     a, b = data((3, 4), 0.5, 2, seed=37), data((3, 4), 0.5, 2, seed=38)
@@ -439,7 +452,7 @@ def test_inplace_float(op):
     np.testing.assert_allclose(za3.numpy(), ta.numpy(), atol=1e-6, rtol=1e-3)
 
 
-@pytest.mark.parametrize("op", ["iand", "ior", "ixor", "ilshift", "irshift", "iadd", "imul", "isub"])
+@pytest.mark.parametrize("op", fast_first(["iand", "ior", "ixor", "ilshift", "irshift", "iadd", "imul", "isub"]))
 def test_inplace_int(op):
     fn = getattr(operator, op)
     a, b = data((6,), "int32", 0, 50, seed=39), data((6,), "int32", 0, 3, seed=40)
@@ -486,7 +499,7 @@ CASTS = [  # src, dst, the data's range
 ]
 
 
-@pytest.mark.parametrize("src,dst,lo,hi", CASTS)
+@pytest.mark.parametrize("src,dst,lo,hi", fast_first(CASTS, unpack=True))
 def test_cast(src, dst, lo, hi):
     x = data((4, 6), src, lo, hi, seed=12)
     check_numpy(Tensor(x).cast(ZEPTO_OF[dst]), x.astype(NP_OF[dst]), dst, rtol=1e-3 if dst == "float16" else 1e-5)
@@ -503,7 +516,7 @@ SHORTHANDS = {"float": "float32", "half": "float16", "double": "float64", "int":
 SHORTHANDS |= {"short": "int16", "bool": "bool"}
 
 
-@pytest.mark.parametrize("name", list(SHORTHANDS))
+@pytest.mark.parametrize("name", fast_first(list(SHORTHANDS)))
 def test_cast_shorthand(name):
     check(lambda v: getattr(v, name)(), lambda v: getattr(v, name)(), V(data((3, 4), seed=42)), grad=False, atol=2e-3)
     x = data((2, 3), "float32", -5, 5, seed=13)
@@ -517,7 +530,10 @@ def test_cast_int_then_float():
 
 @pytest.mark.parametrize(
     "src,dst",
-    [("float32", "int32"), ("int32", "float32"), ("int16", "uint16"), ("float16", "int16"), ("int64", "float64")],
+    fast_first(
+        [("float32", "int32"), ("int32", "float32"), ("int16", "uint16"), ("float16", "int16"), ("int64", "float64")],
+        unpack=True,
+    ),
 )
 def test_bitcast(src, dst):
     x = data((2, 5), src, -50, 50, seed=43)
@@ -574,7 +590,7 @@ UNARY_NUMPY_CASES = (
 )
 
 
-@pytest.mark.parametrize("op,shape", UNARY_NUMPY_CASES)
+@pytest.mark.parametrize("op,shape", fast_first(UNARY_NUMPY_CASES, unpack=True))
 def test_unary_numpy(op, shape):
     _unary_numpy(op, shape)
 
@@ -647,7 +663,7 @@ def _binary_numpy(op, dtype):
     check_numpy(NP_BINARY[op][0](Tensor(x), Tensor(y)), expected, edt)
 
 
-@pytest.mark.parametrize("op", ["le", "gt", "ge", "ne"])  # the rest: in test_binary and test_binary_int
+@pytest.mark.parametrize("op", fast_first(["le", "gt", "ge", "ne"]))  # the rest: in test_binary and test_binary_int
 def test_binary_cmp_int32(op):
     _binary_numpy(op, "int32")
 
@@ -659,7 +675,9 @@ def _binary_shape_numpy(op, shape):
     check_numpy(NP_BINARY[op][0](Tensor(x), Tensor(y)), expected, edt)
 
 
-@pytest.mark.parametrize("shape", [(7,), (0, 3), (2, 0, 4), (2, 3, 4), (4, 8)])  # 0-d: in test_binary_shapes
+@pytest.mark.parametrize(
+    "shape", fast_first([(7,), (0, 3), (2, 0, 4), (2, 3, 4), (4, 8)])
+)  # 0-d: in test_binary_shapes
 @pytest.mark.parametrize("op", ["add", "div", "maximum", "lt"])
 def test_binary_shapes_numpy(op, shape):
     _binary_shape_numpy(op, shape)
@@ -680,16 +698,19 @@ def test_binary_other_dtypes(op, dtype):
 
 @pytest.mark.parametrize(
     "sx,sy",
-    [
-        ((3, 1), (1, 4)),
-        ((4,), (2, 3, 4)),
-        ((2, 3, 4), (3, 1)),
-        ((), (2, 3)),
-        ((2, 3), ()),
-        ((1,), (5,)),
-        ((0, 1), (1, 4)),
-        ((2, 1, 3), (2, 4, 1)),
-    ],
+    fast_first(
+        [
+            ((3, 1), (1, 4)),
+            ((4,), (2, 3, 4)),
+            ((2, 3, 4), (3, 1)),
+            ((), (2, 3)),
+            ((2, 3), ()),
+            ((1,), (5,)),
+            ((0, 1), (1, 4)),
+            ((2, 1, 3), (2, 4, 1)),
+        ],
+        unpack=True,
+    ),
 )
 @pytest.mark.parametrize("op", ["add", "gt"])
 def test_broadcast(op, sx, sy):
@@ -701,15 +722,18 @@ def test_broadcast(op, sx, sy):
 
 @pytest.mark.parametrize(
     "fn,npfn,edt",
-    [
-        (lambda t: 3 * t, lambda x: 3 * x, None),
-        (lambda t: 3 / t, lambda x: 3 / x, None),
-        (lambda t: t / 4, lambda x: x / 4, None),
-        (lambda t: t > 0, lambda x: x > 0, "bool"),
-        (lambda t: 0 < t, lambda x: 0 < x, "bool"),
-        (lambda t: t == 1.0, lambda x: x == 1.0, "bool"),
-        (lambda t: t.maximum(0.5), lambda x: np.maximum(x, 0.5), None),
-    ],
+    fast_first(
+        [
+            (lambda t: 3 * t, lambda x: 3 * x, None),
+            (lambda t: 3 / t, lambda x: 3 / x, None),
+            (lambda t: t / 4, lambda x: x / 4, None),
+            (lambda t: t > 0, lambda x: x > 0, "bool"),
+            (lambda t: 0 < t, lambda x: 0 < x, "bool"),
+            (lambda t: t == 1.0, lambda x: x == 1.0, "bool"),
+            (lambda t: t.maximum(0.5), lambda x: np.maximum(x, 0.5), None),
+        ],
+        unpack=True,
+    ),
 )
 def test_python_scalar_float(fn, npfn, edt):
     x = np.round(data((3, 4), seed=22) * 2) / 2  # half-integers, so == 1.0 hits
@@ -720,17 +744,20 @@ def test_python_scalar_float(fn, npfn, edt):
 
 @pytest.mark.parametrize(
     "fn,npfn,edt",
-    [
-        (lambda t: t + 1, lambda x: x + 1, "int32"),
-        (lambda t: 2 * t, lambda x: 2 * x, "int32"),
-        (lambda t: 10 - t, lambda x: 10 - x, "int32"),
-        (lambda t: t + 1.5, lambda x: x + 1.5, "float32"),  # int32 + python float -> float32
-        (lambda t: t * 0.5, lambda x: x * 0.5, "float32"),
-        (lambda t: t / 2, lambda x: x / 2, "float32"),  # true division
-        (lambda t: 3 / t, lambda x: 3 / x, "float32"),
-        (lambda t: t >= 2, lambda x: x >= 2, "bool"),
-        (lambda t: t != 3, lambda x: x != 3, "bool"),
-    ],
+    fast_first(
+        [
+            (lambda t: t + 1, lambda x: x + 1, "int32"),
+            (lambda t: 2 * t, lambda x: 2 * x, "int32"),
+            (lambda t: 10 - t, lambda x: 10 - x, "int32"),
+            (lambda t: t + 1.5, lambda x: x + 1.5, "float32"),  # int32 + python float -> float32
+            (lambda t: t * 0.5, lambda x: x * 0.5, "float32"),
+            (lambda t: t / 2, lambda x: x / 2, "float32"),  # true division
+            (lambda t: 3 / t, lambda x: 3 / x, "float32"),
+            (lambda t: t >= 2, lambda x: x >= 2, "bool"),
+            (lambda t: t != 3, lambda x: x != 3, "bool"),
+        ],
+        unpack=True,
+    ),
 )
 def test_python_scalar_int(fn, npfn, edt):
     x = data((2, 5), "int32", -6, 6, seed=23, avoid_zero=True)
@@ -802,7 +829,7 @@ VIEWS = {
 }
 
 
-@pytest.mark.parametrize("view", list(VIEWS))
+@pytest.mark.parametrize("view", fast_first(list(VIEWS)))
 def test_views_into_ops(view):
     x, _ = _views()
     base = Tensor(x)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, check_numpy, data
 from zeptograd import Tensor
 
@@ -114,7 +115,7 @@ NP_MOVE = {
 }
 
 
-@pytest.mark.parametrize("op", list(MOVE))
+@pytest.mark.parametrize("op", fast_first(list(MOVE)))
 def test_movement(op):
     zf, tf = MOVE[op]
     x = X3()
@@ -123,7 +124,7 @@ def test_movement(op):
         check_numpy(zf(Tensor(x.arr)), NP_MOVE[op](x.arr))
 
 
-@pytest.mark.parametrize("op", list(NUMPY_MOVE))
+@pytest.mark.parametrize("op", fast_first(list(NUMPY_MOVE)))
 def test_movement_numpy(op):
     zf, npf = NUMPY_MOVE[op]
     x = X3().arr
@@ -132,13 +133,16 @@ def test_movement_numpy(op):
 
 @pytest.mark.parametrize(
     "shape,new",
-    [
-        ((3, 1), (3, 4)),
-        ((1, 4), (5, 4)),
-        ((4,), (2, 3, 4)),
-        ((), (2, 3)),
-        ((2, 1, 1), (2, 3, 0)),
-    ],
+    fast_first(
+        [
+            ((3, 1), (3, 4)),
+            ((1, 4), (5, 4)),
+            ((4,), (2, 3, 4)),
+            ((), (2, 3)),
+            ((2, 1, 1), (2, 3, 0)),
+        ],
+        unpack=True,
+    ),
 )
 def test_expand(shape, new):
     x = data(shape, seed=4)
@@ -152,7 +156,10 @@ def test_expand_minus_one_keeps_dim():
 
 
 @pytest.mark.parametrize(
-    "shape,dim", [((1, 3, 1), None), ((1, 3, 1), 0), ((1, 3, 1), -1), ((1, 3, 1), 1), ((1,), None), ((), None)]
+    "shape,dim",
+    fast_first(
+        [((1, 3, 1), None), ((1, 3, 1), 0), ((1, 3, 1), -1), ((1, 3, 1), 1), ((1,), None), ((), None)], unpack=True
+    ),
 )
 def test_squeeze(shape, dim):
     x = data(shape, seed=5)
@@ -201,21 +208,23 @@ def test_movement_chain_int_dtype():
 
 @pytest.mark.parametrize(
     "op",
-    [
-        "reshape",
-        "permute",
-        "flip",
-        "cat",
-        "pad_reflect",
-        "repeat",
-        "roll",
-        "unfold",
-        "diagonal",
-        "tril",
-        "stack",
-        "chunk",
-        "pad_circular",
-    ],
+    fast_first(
+        [
+            "reshape",
+            "permute",
+            "flip",
+            "cat",
+            "pad_reflect",
+            "repeat",
+            "roll",
+            "unfold",
+            "diagonal",
+            "tril",
+            "stack",
+            "chunk",
+            "pad_circular",
+        ]
+    ),
 )
 def test_movement_noncontiguous(op):
     zf, tf = MOVE[op]
@@ -224,14 +233,17 @@ def test_movement_noncontiguous(op):
 
 @pytest.mark.parametrize(
     "zf,tf",
-    [
-        (lambda t: t.reshape(1, 1), lambda t: t.reshape(1, 1)),
-        (lambda t: t.unsqueeze(0), lambda t: t.unsqueeze(0)),
-        (lambda t: t.expand(3), lambda t: t.expand(3)),
-        (lambda t: t.flatten(), lambda t: t.flatten()),
-        (lambda t: t.reshape(()).squeeze(), lambda t: t.squeeze()),
-        (lambda t: t.repeat(2), lambda t: t.repeat(2)),
-    ],
+    fast_first(
+        [
+            (lambda t: t.reshape(1, 1), lambda t: t.reshape(1, 1)),
+            (lambda t: t.unsqueeze(0), lambda t: t.unsqueeze(0)),
+            (lambda t: t.expand(3), lambda t: t.expand(3)),
+            (lambda t: t.flatten(), lambda t: t.flatten()),
+            (lambda t: t.reshape(()).squeeze(), lambda t: t.squeeze()),
+            (lambda t: t.repeat(2), lambda t: t.repeat(2)),
+        ],
+        unpack=True,
+    ),
 )
 def test_movement_0d(zf, tf):
     check(zf, tf, V(data((), seed=4)))
@@ -239,16 +251,19 @@ def test_movement_0d(zf, tf):
 
 @pytest.mark.parametrize(
     "zf,tf",
-    [
-        (lambda t: t.reshape(3, 0), lambda t: t.reshape(3, 0)),
-        (lambda t: t.permute(1, 0), lambda t: t.permute(1, 0)),
-        (lambda t: t.cat(t, dim=0), lambda t: torch.cat([t, t], 0)),
-        (lambda t: t.pad((1, 1)), lambda t: F.pad(t, (1, 1))),
-        (lambda t: t.flip(1), lambda t: t.flip(1)),
-        (lambda t: t.expand(2, 0, 3), lambda t: t.expand(2, 0, 3)),
-        (lambda t: t.repeat(2, 2), lambda t: t.repeat(2, 2)),
-        (lambda t: t.tril(), lambda t: t.tril()),
-    ],
+    fast_first(
+        [
+            (lambda t: t.reshape(3, 0), lambda t: t.reshape(3, 0)),
+            (lambda t: t.permute(1, 0), lambda t: t.permute(1, 0)),
+            (lambda t: t.cat(t, dim=0), lambda t: torch.cat([t, t], 0)),
+            (lambda t: t.pad((1, 1)), lambda t: F.pad(t, (1, 1))),
+            (lambda t: t.flip(1), lambda t: t.flip(1)),
+            (lambda t: t.expand(2, 0, 3), lambda t: t.expand(2, 0, 3)),
+            (lambda t: t.repeat(2, 2), lambda t: t.repeat(2, 2)),
+            (lambda t: t.tril(), lambda t: t.tril()),
+        ],
+        unpack=True,
+    ),
 )
 def test_movement_zero_size(zf, tf):
     check(zf, tf, V(data((0, 3), seed=5)))
@@ -268,6 +283,7 @@ def test_diag():
     check(lambda t: t.diag(), torch.diag, V(data((3, 4), seed=11)))
 
 
+@pytest.mark.slow
 def test_meshgrid():
     a, b, c = V(data((3,), seed=12)), V(data((4,), seed=13)), V(data((2,), seed=14))
     check(lambda x, y: x.meshgrid(y), lambda x, y: torch.meshgrid(x, y, indexing="ij"), a, b)

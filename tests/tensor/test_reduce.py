@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import NP_OF, V, check, check_numpy, data, time_limit
 from zeptograd import GlobalCounters, Tensor, dtypes
 
@@ -52,7 +53,7 @@ REDUCE = {  # zeptograd(x, axis, keepdim), torch(x, axis, keepdim)
 }
 
 
-@pytest.mark.parametrize("axis", AXES)
+@pytest.mark.parametrize("axis", fast_first(AXES))
 @pytest.mark.parametrize("op", list(REDUCE))
 def test_reduce(op, axis):
     zf, tf = REDUCE[op]
@@ -62,6 +63,7 @@ def test_reduce(op, axis):
         check_numpy(getattr(Tensor(x), op)(1), RED[op][1](x.astype(np.float64), axis=1).astype(np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inp", ["3d", "perm", "slice"])
 @pytest.mark.parametrize("op", ["sum", "max", "mean", "std", "prod", "logsumexp"])
 def test_reduce_keepdim_views(op, inp):
@@ -73,7 +75,7 @@ def test_reduce_keepdim_views(op, inp):
         _reduce_numpy(op, -1, False)
 
 
-@pytest.mark.parametrize("op", ["sum", "max", "mean", "prod", "min"])
+@pytest.mark.parametrize("op", fast_first(["sum", "max", "mean", "prod", "min"]))
 def test_reduce_0d(op):
     zf, tf = REDUCE[op]
     check(lambda x: zf(x, None, False), lambda x: tf(x, None, False), V(data((), seed=4)))
@@ -94,7 +96,7 @@ ZERO_SIZE = {
 }
 
 
-@pytest.mark.parametrize("op", list(ZERO_SIZE))
+@pytest.mark.parametrize("op", fast_first(list(ZERO_SIZE)))
 def test_reduce_zero_size(op):
     check(*ZERO_SIZE[op], V(data((0, 3), seed=5)))
 
@@ -111,7 +113,7 @@ REDUCE_OF_DTYPE = {
 }
 
 
-@pytest.mark.parametrize("op", list(REDUCE_OF_DTYPE))
+@pytest.mark.parametrize("op", fast_first(list(REDUCE_OF_DTYPE)))
 @pytest.mark.parametrize("dtype", ["int32", "int8", "bool", "int64", "float16", "uint8"])
 def test_reduce_dtypes(dtype, op):
     """sum/prod of ints and bools are int64, of halves half; max/min keep the dtype; any/all are bool"""
@@ -129,7 +131,7 @@ def test_sum_dtype_arg():
 
 
 @pytest.mark.parametrize("keepdim", [False, True])
-@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("axis", fast_first([None, 0, 1, -1]))
 def test_argmax_argmin(axis, keepdim):
     x = data((4, 5), "int32", -3, 3, seed=8)  # ties: the first one wins, as torch
     for zf, tf in [(Tensor.argmax, torch.argmax), (Tensor.argmin, torch.argmin)]:
@@ -162,6 +164,7 @@ SCANS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("op", list(SCANS))
 def test_scan(op, axis):
@@ -169,6 +172,7 @@ def test_scan(op, axis):
     check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS["2d"](12))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", list(SCANS))
 def test_scan_shapes(op):
     zf, tf = SCANS[op]
@@ -178,6 +182,7 @@ def test_scan_shapes(op):
     check(lambda x: zf(x, 1), lambda x: tf(x, 1), V(data((0, 3), seed=16)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["int32", "bool", "int8"])
 def test_scan_int(dtype):
     x = data((3, 5), dtype, -3, 3, seed=17)
@@ -196,6 +201,7 @@ SOFT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [0, -1])
 @pytest.mark.parametrize("inp", list(INPUTS))
 @pytest.mark.parametrize("op", list(SOFT))
@@ -204,6 +210,7 @@ def test_softmax(op, inp, axis):
     check(lambda x: zf(x, axis), lambda x: tf(x, axis), INPUTS[inp](18))
 
 
+@pytest.mark.slow
 def test_softmax_edge():
     check(lambda x: x.softmax(0), lambda x: x.softmax(0), V(data((), seed=19)))
     check(lambda x: x.softmax(1), lambda x: x.softmax(1), V(data((0, 3), seed=19)))
@@ -227,6 +234,7 @@ def test_softmax_kernel_count():
 # ----------------------------------------------------------------------------- sort / topk
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((3, 5), -1), ((3, 5), 0), ((2, 3, 4), 1), ((8,), 0), ((1, 4), 0)])
 def test_sort(shape, dim, descending):
@@ -242,6 +250,7 @@ def test_sort(shape, dim, descending):
     )
 
 
+@pytest.mark.slow
 def test_sort_views_ints_and_ties():
     check(lambda x: x.sort(0), lambda x: tuple(torch.sort(x, 0)), INPUTS["perm"](23))
     check(lambda x: x.sort(-1, True), lambda x: tuple(torch.sort(x, -1, True)), INPUTS["slice"](24))
@@ -253,6 +262,7 @@ def test_sort_views_ints_and_ties():
     check(lambda t: t.sort(0), lambda t: tuple(torch.sort(t, 0)), V(data((), seed=26)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k,dim,largest", [(3, -1, True), (1, 0, True), (2, -1, False), (5, 1, True), (0, -1, True)])
 def test_topk(k, dim, largest):
     check(
@@ -267,6 +277,7 @@ def test_topk_too_large_raises():
         Tensor([1.0, 2.0]).topk(3)
 
 
+@pytest.mark.slow
 def test_sort_kernel_count():
     x = Tensor(data((4, 8), seed=28, distinct=True)).realize()
     GlobalCounters.reset()
@@ -301,7 +312,7 @@ REDUCE_NUMPY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("op,axis,keepdim", REDUCE_NUMPY_CASES)
+@pytest.mark.parametrize("op,axis,keepdim", fast_first(REDUCE_NUMPY_CASES, unpack=True))
 def test_reduce_float(op, axis, keepdim):
     _reduce_numpy(op, axis, keepdim)
 
@@ -315,7 +326,7 @@ def test_reduce_defaults():
     check_numpy(t.mean(axis=(0, 1)), np.array(x.mean(dtype=np.float64), np.float32))
 
 
-@pytest.mark.parametrize("dtype", ["int32", "int64", "int8", "uint8"])
+@pytest.mark.parametrize("dtype", fast_first(["int32", "int64", "int8", "uint8"]))
 def test_reduce_int(dtype):
     x = data((3, 4), dtype, -20, 20, seed=53)
     t = Tensor(x)
@@ -333,6 +344,7 @@ def test_reduce_bool_sum():
     np.testing.assert_array_equal(Tensor(x).sum(axis=1).numpy(), x.sum(axis=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float16", "float64"])
 def test_reduce_other_floats(dtype):
     x = data((4, 8), dtype, -2, 2, seed=55)
@@ -343,7 +355,7 @@ def test_reduce_other_floats(dtype):
     check_numpy(Tensor(x).max(axis=0), x.max(axis=0), dtype, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("op", fast_first(["sum", "mean", "max", "min"]))
 def test_reduce_1_element_and_negative(op):
     x = np.array([[-5.0, -3.0, -7.0]], dtype=np.float32)
     check_numpy(getattr(Tensor(x), op)(axis=0), RED[op][1](x, axis=0).astype(np.float32))
@@ -366,7 +378,7 @@ def test_reduce_empty():
 
 
 @pytest.mark.parametrize("axis", [0, 1])
-@pytest.mark.parametrize("op", list(RED))
+@pytest.mark.parametrize("op", fast_first(list(RED)))
 def test_reduce_pow2(op, axis):
     x = data((16, 32), seed=59)
     check_numpy(

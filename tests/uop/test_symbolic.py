@@ -2,6 +2,7 @@
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -410,6 +411,7 @@ def check_case(vs, e, seed):
     return s
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(case())
 def test_simplify_keeps_values(cs):
@@ -417,6 +419,7 @@ def test_simplify_keeps_values(cs):
     check_case(vs, e, seed)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(case())
 def test_substituted_constants_fold_to_value(cs):
@@ -433,6 +436,7 @@ def test_substituted_constants_fold_to_value(cs):
     assert folded_s.op is Ops.CONST and folded_s.arg == want, f"{fmt(s)} at {env}: {fmt(folded_s)} != {want}"
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(case())
 def test_simplify_is_idempotent(cs):
