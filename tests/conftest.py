@@ -19,7 +19,15 @@ import pytest
 # knobs are first imported, which is after this file
 os.environ.setdefault("SPEC", "1")
 
-SLOW_MODULES = {"test_deep", "test_examples", "test_minilm", "test_property", "test_bench", "test_startup"}
+SLOW_MODULES = {
+    "test_deep",
+    "test_examples",
+    "test_minilm",
+    "test_property",
+    "test_symbolic_property",
+    "test_bench",
+    "test_startup",
+}
 
 
 # a parameter naming one of these devices (or "DEVICE-..."): the inner loop runs the default CPU only
