@@ -1,6 +1,13 @@
-"""Suite-wide markers. `slow` marks what takes seconds per test: the 10^5-node graphs, the examples, the pretrained
-model, the property-based tests, the bench harness, and every case that runs on the PYTHON interpreter device.
-`python -m pytest -m "not slow" tests` is the quick inner loop; CI runs everything. The whole suite runs with SPEC=1."""
+"""Suite-wide markers. The fast inner loop, under 30 s on two cores, runs what is not marked `slow`:
+
+    python -m pytest -q -n 2 -m "not slow" tests
+
+CI (`.ci/run`) runs everything. `slow` marks what takes seconds: the 10^5-node graphs, the examples, the pretrained
+model, the property-based tests, the bench harness, the cache-security subprocesses; every case on a device other
+than the default CPU (LLVM) — PYTHON (the interpreter), CL (PoCL), CPU:C (a gcc run per kernel), CUDA — is slow
+here (a `device` parameter, see tests/backend/conftest.py); large families keep their first cases in the inner loop
+and mark the rest (tests/slow.py's `fast_first`). Mark a new test slow when it takes over ~0.1 s on CPU. The whole
+suite runs with SPEC=1."""
 
 from __future__ import annotations
 
@@ -12,15 +19,35 @@ import pytest
 # knobs are first imported, which is after this file
 os.environ.setdefault("SPEC", "1")
 
-SLOW_MODULES = {"test_deep", "test_examples", "test_minilm", "test_property", "test_bench", "test_startup"}
+SLOW_MODULES = {
+    "test_deep",
+    "test_examples",
+    "test_minilm",
+    "test_property",
+    "test_symbolic_property",
+    "test_bench",
+    "test_startup",
+}
 
 
-def _runs_on_python_device(item) -> bool:
+# a parameter naming one of these devices (or "DEVICE-..."): the inner loop runs the default CPU only
+SLOW_DEVICES = ("PYTHON", "CL", "CPU:C", "CUDA")
+
+
+def _runs_on_a_slow_device(item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return any(isinstance(v, str) and (v == "PYTHON" or v.startswith("PYTHON-")) for v in params.values())
+    return any(isinstance(v, str) and v.split("-")[0] in SLOW_DEVICES for v in params.values())
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The inner loop (-m "not slow") does not import the modules that are slow as a whole: hypothesis alone takes
+    seconds to import in each worker. None: let pytest decide as usual."""
+    if config.getoption("markexpr", "") == "not slow" and collection_path.stem in SLOW_MODULES:
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or _runs_on_python_device(item):
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or _runs_on_a_slow_device(item):
             item.add_marker(pytest.mark.slow)

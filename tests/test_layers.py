@@ -51,6 +51,7 @@ def modules(folder: str) -> list[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", LOWER)
 def test_lower_layers_import_nothing_above_them(layer):
     bad = [
@@ -62,6 +63,7 @@ def test_lower_layers_import_nothing_above_them(layer):
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", ["tensor", "nn", "models"])
 def test_layers_above_the_engine_use_its_public_functions(layer):
     bad = []

@@ -12,6 +12,7 @@ import functools
 import numpy as np
 import pytest
 
+from tests.slow import fast_first
 from zeptograd import Tensor, dtypes
 
 from .conftest import REFERENCE, unavailable
@@ -162,7 +163,7 @@ def same(got: np.ndarray, ref: np.ndarray, what: str, atol: float = 0.0):
         np.testing.assert_array_equal(got, ref, err_msg=what)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", fast_first(list(CASES)))
 def test_op(device, name):
     inputs, _, np_fn = CASES[name][:3]
     rtol = CASES[name][3] if len(CASES[name]) > 3 else 1e-6

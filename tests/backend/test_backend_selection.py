@@ -97,6 +97,7 @@ def test_device_grammar_errors_name_the_value(name, message):
     assert not any("/runtime/" in f.filename for f in frames), "raised from the backend, not at the call"
 
 
+@pytest.mark.slow
 def test_import_does_not_load_llvmlite():
     code = "import sys, zeptograd; from zeptograd import Tensor; assert 'llvmlite' not in sys.modules, 'loaded'"
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

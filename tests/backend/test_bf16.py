@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.slow import fast_first
 from zeptograd import Tensor, dtypes
 from zeptograd.dtype import to_numpy_dtype
 
@@ -66,6 +67,7 @@ def check(got: Tensor, want: np.ndarray, dt, what: str, device: str, ulps: float
         np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=0, err_msg=msg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
 def test_unary(device, dt):
     a, p = inputs(dt, 1), inputs(dt, 2, positive=True)
@@ -88,7 +90,7 @@ def test_unary(device, dt):
         check(t, w, dt, k, device, ulps)
 
 
-@pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", fast_first(ALL), ids=lambda d: d.name)
 def test_binary_where_compare(device, dt):
     a, b = inputs(dt, 3), inputs(dt, 4)
     x, y = tensor(a, dt, device), tensor(b, dt, device)
@@ -119,6 +121,7 @@ CAST_TARGETS = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.flo
 BITS = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
 def test_cast_and_bitcast(device, dt):
     a = inputs(dt, 5)
@@ -142,7 +145,7 @@ def test_cast_and_bitcast(device, dt):
         check(t, w, to, k, device)
 
 
-@pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", fast_first(ALL), ids=lambda d: d.name)
 def test_reduce_and_cumsum(device, dt):
     a = inputs(dt, 6)
     x, wa = tensor(a, dt, device), wide(a)
@@ -165,7 +168,7 @@ def test_reduce_and_cumsum(device, dt):
             check(t, w, out_dt, k, device)
 
 
-@pytest.mark.parametrize("dt", ALL, ids=lambda d: d.name)
+@pytest.mark.parametrize("dt", fast_first(ALL), ids=lambda d: d.name)
 def test_matmul_gather_scatter(device, dt):
     a, b = inputs(dt, 7)[:, :6], inputs(dt, 8)[:2, :5].repeat(3, axis=0)  # (3, 6) @ (6, 5): small int sums
     x, y = tensor(a, dt, device), tensor(b, dt, device)

@@ -33,6 +33,7 @@ def test_max_pool_64_on_512x512(device):
     np.testing.assert_equal(Tensor(x).to(device).max_pool2d(64).numpy(), want)
 
 
+@pytest.mark.slow
 def test_window_of_65536(device):
     """a 1-D window of 65536 (segfaulted): the sliding-window view has 65536**2 elements"""
     x = rand(1, 1, 1, 65536)
@@ -41,6 +42,7 @@ def test_window_of_65536(device):
     np.testing.assert_equal(Tensor(x).to(device).max_pool2d((1, 65536)).numpy(), x.max().reshape(1, 1, 1, 1))
 
 
+@pytest.mark.slow
 def test_avg_pool_7_large_batch(device):
     """avg_pool2d(7) over a (256, 1024, 7, 7) batch was wrong from batch index 190 on, while mean((2, 3)) was right
     (the window view's index passes 2**31 there); batches 186..193 of the last channels only"""

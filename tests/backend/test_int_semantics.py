@@ -69,6 +69,7 @@ def trunc_div(a: int, b: int, dt) -> int:
     return int(np.array(q % 2 ** (8 * dt.itemsize), dtype=np.uint64).astype(to_numpy_dtype(dt)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", INTS, ids=lambda d: d.name)
 def test_division_is_total(device, dt):
     vals = edge_values(dt)
@@ -94,6 +95,7 @@ def test_division_is_total(device, dt):
         np.testing.assert_array_equal(np.array(got[k], dtype=npdt), w, err_msg=f"{k} on {device}, {dt.name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dt", [dtypes.int32, dtypes.int64], ids=lambda d: d.name)
 def test_division_agrees_with_torch(device, dt):
     """torch's //, % and fmod (nonzero divisors: torch raises on an integer division by zero). Not
@@ -113,6 +115,7 @@ def test_division_agrees_with_torch(device, dt):
 WRAP_DTYPES = [dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [1, 37], ids=["scalar", "vector"])
 @pytest.mark.parametrize("dt", WRAP_DTYPES, ids=lambda d: d.name)
 def test_arithmetic_wraps(device, dt, n):

@@ -80,6 +80,7 @@ def xs(dt, n: int) -> np.ndarray:
     return np.resize(base, n).astype(np_dtype(dt))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [7, 37])
 @pytest.mark.parametrize("dt", FLOATS + INTS, ids=lambda d: d.name)
 def test_constants(device, dt, n):
@@ -99,6 +100,7 @@ def test_constants(device, dt, n):
                 same_bits(got, f(a, k_np), msg, signed_zeros=k != "max")
 
 
+@pytest.mark.slow
 def test_constants_compile_for_cuda():
     """Every constant and op above, rendered as CUDA C and compiled by NVRTC."""
     from zeptograd.codegen import full_rewrite, kernel_name

@@ -57,6 +57,7 @@ def float32_inputs(device: str) -> np.ndarray:
     return np.concatenate([x, np.zeros((-len(x)) % 16, np.float32)])  # a multiple of 16: vector kernels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fn", FNS)
 def test_float32_within_2_ulp(device, fn):
     x = float32_inputs(device)

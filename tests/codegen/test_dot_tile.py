@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 
+from tests.slow import fast_first
 from zeptograd import Context, Tensor
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt import OptOps
@@ -47,7 +48,7 @@ def test_attention_times_values_vectorizes_the_output_axis():
     assert not any(o.op is OptOps.UNROLL for o in opts)
 
 
-@pytest.mark.parametrize("shape", [(64, 48, 32), (37, 19, 23), (5, 100, 3), (2, 16, 1), (1, 64, 64)])
+@pytest.mark.parametrize("shape", fast_first([(64, 48, 32), (37, 19, 23), (5, 100, 3), (2, 16, 1), (1, 64, 64)]))
 @pytest.mark.parametrize("device", ["CPU", "CPU:C"])
 def test_a_times_b_transposed_values(shape, device):
     m, k, n = shape
@@ -80,6 +81,7 @@ def test_tile_makes_an_outermost_block_loop():
     assert all(r.arg[1] is AxisType.LOOP for r in end.src[1:])
 
 
+@pytest.mark.slow
 def test_a_wide_weight_is_read_in_cache_blocks():
     """x @ w.T with w (1536, 384): 2.3 MB of w would be streamed from L3 once per row tile; TILE keeps a block of
     w's rows in L2 and the cores split the rows, not the blocks."""
@@ -116,6 +118,7 @@ def test_tiled_kernel_runs_on_every_cpu_backend(device):
     np.testing.assert_allclose((x.to(device) @ w.to(device).T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_tile_columns_prefer_a_dividing_vector_when_a_tail_would_be_large():
     """conv's ow=56: two 16-lane vectors tile only 32 of the 56 columns (the tail nest gets no register tile);
     7 x 8 lanes tile them all (43 -> 15 ms here). A 1000-wide matmul tiles 992 with 16 lanes and keeps them."""
@@ -135,6 +138,7 @@ def test_tile_columns_prefer_a_dividing_vector_when_a_tail_would_be_large():
     np.testing.assert_allclose(x.conv2d(w, padding=1).numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_strided_conv_gets_a_register_tile_over_gathered_input():
     """conv stride 2: no load is contiguous along ow (the input is read every other column) and the weights are
     contiguous only along kw=3. Before, 2 lanes of kw were chosen, refused, and the kernel ran scalar (237 ms on
@@ -155,6 +159,7 @@ def test_strided_conv_gets_a_register_tile_over_gathered_input():
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_column_sum_reads_rows_in_long_runs():
     """x.sum(0): the vector is along the output (columns) and the reduce walks rows 4 KB apart; with one 16-lane
     vector per row the kernel was latency-bound (4096x1024: 1.16 ms). It now takes 8 vectors (128 columns) of

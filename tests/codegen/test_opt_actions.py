@@ -95,6 +95,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(32, 32), (17, 33), (48, 16), (1, 100)])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_optimized_noopt_and_one_thread_agree(case, shape):

@@ -54,6 +54,7 @@ def c_source(ast: UOp, peel: bool = True) -> str:
 # ***** the schedule: the padded input is read in place *****
 
 
+@pytest.mark.slow
 def test_padded_conv_is_one_kernel_reading_the_input_through_a_gate():
     x, w = Tensor(randn(2, 3, 6, 6)), Tensor(randn(4, 3, 3, 3))
     # before: E_2_3_8_8 (a padded copy, (2,3,6,6) -> (2,3,8,8)) and r_2_4_6_6_3_3_3 reading it unconditionally
@@ -76,6 +77,7 @@ def test_a_prologue_is_computed_once_into_the_padded_copy():
     assert gated_loads(conv.ast) == []
 
 
+@pytest.mark.slow
 def test_conv_transpose_keeps_its_padded_copy():
     """A zero-inserted input (stride 2) would be read through divmods in every iteration: a padded copy first."""
     x, w = Tensor(randn(1, 4, 9, 9)), Tensor(randn(4, 3, 3, 3))
@@ -116,6 +118,7 @@ def test_pool_code_before_and_after():
     assert "= (*(data1+" in after
 
 
+@pytest.mark.slow
 def test_a_conv_is_not_peeled():
     """Each gated input load meets an ungated weight load: the multiply-adds hide the gate (measured), so the border
     copies would only cost compile time."""
@@ -153,6 +156,7 @@ def test_gpu_kernels_are_not_peeled():
     assert sum(u.op is Ops.RANGE for u in uops) <= 3  # one nest (threads, and the 3x3 window loops at most)
 
 
+@pytest.mark.slow
 def test_true_interval_is_sound_and_tight():
     """`coef*r + rest cmp c`, checked against every value of r and of the other ranges."""
     random.seed(0)
@@ -226,11 +230,13 @@ CL_CASES = CASES[:3] + CASES[6:8] + CASES[10:11]
 BACKEND_CASES = [(d, c) for d in ("CPU", "CPU:C") for c in CASES] + [("PYTHON", c) for c in PYTHON_CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device,case", BACKEND_CASES, ids=[f"{d}-{case_id(c)}" for d, c in BACKEND_CASES])
 def test_values_on_every_cpu_backend(device, case):
     run_case(*case, device=device)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 @pytest.mark.parametrize("ctx", [{"NOOPT": 1}, {"THREADS": 3}, {"THREADS": 1}], ids=str)
 def test_noopt_and_core_counts_agree(ctx, case):
@@ -238,6 +244,7 @@ def test_noopt_and_core_counts_agree(ctx, case):
         run_case(*case)
 
 
+@pytest.mark.slow
 def test_conv_bn_relu_and_its_gradient():
     x, w = randn(2, 3, 10, 10), randn(4, 3, 3, 3)
     g, b, m, v = randn(4), randn(4), randn(4), np.abs(randn(4)) + 0.5
@@ -267,6 +274,7 @@ def _cl_unavailable() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cl_unavailable() is not None, reason="no OpenCL device")
 @pytest.mark.parametrize("case", CL_CASES, ids=case_id)
 def test_values_on_opencl(case):

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from tests.slow import fast_first
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite
 from zeptograd.codegen.simplify import pm_flatten_range, reduce_collapse, reduce_unparented, simplify_ranges
@@ -238,6 +239,7 @@ def test_divmod_sum_folds():
 # ***** load collapse / reduce collapse *****
 
 
+@pytest.mark.slow
 def test_load_collapse_count():
     """sum(1 for k in 0..64 if k >= n) -> clamp(64-n, 0, 64): the REDUCE is gone"""
     r0, k = UOp.range(6, 0), UOp.range(64, 1, RED)
@@ -271,18 +273,21 @@ def bounds_inputs(rng):
 
 @pytest.mark.parametrize(
     "name,gate_fn,v_on_true",
-    [
-        ("lower: sum(r < cut ? 0 : v)", lambda r, a, b: r < a, False),
-        ("upper: sum(r < cut ? v : 0)", lambda r, a, b: r < a, True),
-        ("two-sided: sum(lo <= r & r < hi ? v : 0)", lambda r, a, b: (r < a).logical_not() & (r < b), True),
-        ("reversed: sum(lo < r ? v : 0)", lambda r, a, b: a < r, True),
-        ("lifted: sum(r + lo < hi ? v : 0)", lambda r, a, b: (r + a) < b, True),
-        ("lifted: sum(hi < r + lo ? 0 : v)", lambda r, a, b: b < (r + a), False),
-        ("scaled: sum(r*3 < cut ? v : 0)", lambda r, a, b: (r * 3) < a, True),
-        ("equal: sum(r == e ? v : 0)", lambda r, a, b: r.eq(a), True),
-        ("complement: sum(r != e ? v : 0)", lambda r, a, b: r.ne(a), True),
-        ("complement: sum(lo <= r & r < hi ? 0 : v)", lambda r, a, b: (r < a).logical_not() & (r < b), False),
-    ],
+    fast_first(
+        [
+            ("lower: sum(r < cut ? 0 : v)", lambda r, a, b: r < a, False),
+            ("upper: sum(r < cut ? v : 0)", lambda r, a, b: r < a, True),
+            ("two-sided: sum(lo <= r & r < hi ? v : 0)", lambda r, a, b: (r < a).logical_not() & (r < b), True),
+            ("reversed: sum(lo < r ? v : 0)", lambda r, a, b: a < r, True),
+            ("lifted: sum(r + lo < hi ? v : 0)", lambda r, a, b: (r + a) < b, True),
+            ("lifted: sum(hi < r + lo ? 0 : v)", lambda r, a, b: b < (r + a), False),
+            ("scaled: sum(r*3 < cut ? v : 0)", lambda r, a, b: (r * 3) < a, True),
+            ("equal: sum(r == e ? v : 0)", lambda r, a, b: r.eq(a), True),
+            ("complement: sum(r != e ? v : 0)", lambda r, a, b: r.ne(a), True),
+            ("complement: sum(lo <= r & r < hi ? 0 : v)", lambda r, a, b: (r < a).logical_not() & (r < b), False),
+        ],
+        unpack=True,
+    ),
 )
 def test_reduce_collapse_bounds(name, gate_fn, v_on_true):
     before = bounds_kernel(gate_fn, v_on_true)
@@ -296,12 +301,14 @@ EXTREMES = [-(2**31), -(2**31) + 5, -1, 0, 7, 16, 2**31 - 6, 2**31 - 1]
 
 @pytest.mark.parametrize(
     "gate_fn",
-    [
-        lambda r, a, b: r < a,
-        lambda r, a, b: a < r,
-        lambda r, a, b: r.eq(a),
-        lambda r, a, b: (r < a).logical_not() & (r < b),
-    ],
+    fast_first(
+        [
+            lambda r, a, b: r < a,
+            lambda r, a, b: a < r,
+            lambda r, a, b: r.eq(a),
+            lambda r, a, b: (r < a).logical_not() & (r < b),
+        ]
+    ),
 )
 def test_bounds_at_the_int_limits(gate_fn):
     """clamped before any + 1: no bound overflows, whatever the loaded cut"""
@@ -320,6 +327,7 @@ def test_bounds_at_the_int_limits(gate_fn):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "gate_fn", [lambda r, a, b: (r + a) < b, lambda r, a, b: b < (r + a), lambda r, a, b: (r + a).eq(b)]
 )
@@ -360,6 +368,7 @@ def test_two_sided_through_tensor():
     np.testing.assert_allclose(t.numpy(), np.clip(np.minimum(hi, 64) - np.maximum(lo, 0), 0, None) * vn, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_mul_casted_bool_and_distributive_law():
     """sum(v*(r < a).cast() + w*(r >= b).cast()) -> two closed forms added (the distributive law enables it)"""
     r0, r1 = UOp.range(5, 0), UOp.range(16, 1, RED)
@@ -408,6 +417,7 @@ def gather_kernel(B: int, V: int, D: int, form: str, offset: int = 0) -> UOp:
     return kernel(red(body, rv), rb, rd)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["ne", "eq", "cast", "not_ne"])
 @pytest.mark.parametrize("offset", [0, 3])
 def test_gather_collapse(form, offset):
@@ -452,6 +462,7 @@ def test_embedding_is_an_indexed_load(form):
     np.testing.assert_array_equal(t.numpy(), ref)
 
 
+@pytest.mark.slow
 def test_one_hot_matmul_and_nn_embedding_are_gathers():
     from zeptograd import nn
 
@@ -493,7 +504,9 @@ def test_unparented_max_drops_the_range():
     np.testing.assert_equal(t.numpy(), xn.reshape(4, 8))
 
 
-@pytest.mark.parametrize("op,n", [(Ops.ADD, 5), (Ops.MUL, 5), (Ops.MUL, 8), (Ops.MUL, 1), (Ops.MAX, 5)])
+@pytest.mark.parametrize(
+    "op,n", fast_first([(Ops.ADD, 5), (Ops.MUL, 5), (Ops.MUL, 8), (Ops.MUL, 1), (Ops.MAX, 5)], unpack=True)
+)
 def test_unparented_unit(op, n):
     r0, r1, r2 = UOp.range(3, 0), UOp.range(n, 1, RED), UOp.range(2, 2, RED)
     x = glob(1, i32, 6)
@@ -512,6 +525,7 @@ def test_unparented_unit(op, n):
 # ***** a randomized sweep: random gates, sizes and inputs, before == after *****
 
 
+@pytest.mark.slow
 def test_random_gated_sums():
     rng = random.Random(3)
     gates = [

@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
 
+from tests.slow import fast_first
 from zeptograd import Context, Device, Tensor, dtypes  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
 from zeptograd.codegen.linearize import linearize  # noqa: E402
@@ -135,7 +136,7 @@ def test_row_reduce_code_before_and_after():
     assert all(f"+{i});" in after for i in range(992, 1000))  # the tail's 8 loads, unrolled, outside the loop
 
 
-@pytest.mark.parametrize("shape", [(4096, 1000), (512, 1000), (4096, 4096)])
+@pytest.mark.parametrize("shape", fast_first([(4096, 1000), (512, 1000), (4096, 4096)]))
 def test_softmax_reduces_vectorize_the_row(shape):
     # both reduces (max, then sum of exp(x - max[row])) get 16-lane accumulators along the row and a tail: the
     # max[row] load inside the second is hoisted out of the row loop, it does not make the rows the vector axis
@@ -169,6 +170,7 @@ def _close(got, want, tol=1e-4):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_elementwise_and_full_reduces(device):
     for n in (1, 2, 7, 15, 17, 31, 33, 100, 1003) + ((65537, 1_000_003) if device in BIG else ()):
@@ -180,6 +182,7 @@ def test_elementwise_and_full_reduces(device):
         np.testing.assert_array_equal(tx.max().numpy(), x.max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_reduces_over_last_and_other_axes(device):
     shapes = [(3, 7), (17, 17), (7, 33), (33, 40), (5, 100)] + ([(513, 257), (256, 1000)] if device in BIG else [])
@@ -192,6 +195,7 @@ def test_reduces_over_last_and_other_axes(device):
         _close(t.softmax(-1).numpy(), _softmax(x), 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", CPU_DEVICES)
 def test_matmul(device):
     sizes = [(7, 7, 7), (17, 33, 19), (9, 5, 35)] + ([(513, 257, 513), (1000, 1000, 1000)] if device in BIG else [])
@@ -241,7 +245,9 @@ CASES = {
 SHAPES = [(7, 17), (17, 7), (33, 1000), (129, 257), (1, 1_000_003)]
 
 
-@pytest.mark.parametrize("case,shape", [(c, s) for c in sorted(CASES) for s in SHAPES if c != "matmul" or s[0] > 1])
+@pytest.mark.parametrize(
+    "case,shape", fast_first([(c, s) for c in sorted(CASES) for s in SHAPES if c != "matmul" or s[0] > 1], unpack=True)
+)
 def test_noopt_and_core_counts_agree(case, shape):
     an, bn = rng.standard_normal(shape, dtype=np.float32), rng.standard_normal(shape, dtype=np.float32)
     outs = []
@@ -264,6 +270,7 @@ def _cl_unavailable() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_cl_unavailable() is not None, reason="no OpenCL device")
 def test_cl_tails_with_explicit_actions():
     a = rng.standard_normal((13, 1003)).astype(np.float32)

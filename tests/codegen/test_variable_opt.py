@@ -211,6 +211,7 @@ def test_full_reduce_values(device):
     _check_values(device, vmax, lambda v: x[:v].max(), lambda n: xn[:n].max(), VALUES)
 
 
+@pytest.mark.slow
 def test_row_and_column_reduces_values(device):
     vmax = 300
     xn = rng.standard_normal((vmax, 70), dtype=np.float32)
@@ -230,6 +231,7 @@ def test_row_and_column_reduces_values(device):
     )
 
 
+@pytest.mark.slow
 def test_matmul_values(device):
     vmax, k = (300, 100) if device != "PYTHON" else (40, 20)
     an, wn = rng.standard_normal((vmax, k), dtype=np.float32), rng.standard_normal((k, 70), dtype=np.float32)
@@ -239,6 +241,7 @@ def test_matmul_values(device):
     _check_values(device, vmax, lambda v: a[:v].T @ a[:v], lambda n: an[:n].T @ an[:n], vals, 1e-3)  # a symbolic K
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ctx", [{"NOOPT": 1}, {"THREADS": 3}, {"THREADS": 1}])
 def test_noopt_and_core_counts_agree(ctx):
     an = rng.standard_normal((300, 100), dtype=np.float32)
@@ -278,6 +281,7 @@ def test_jit_replays_an_optimized_symbolic_kernel():
 # ***** indexing with a bound Variable *****
 
 
+@pytest.mark.slow
 def test_slice_and_index_with_a_variable(device):
     xn = np.arange(40, dtype=np.float32).reshape(4, 10)
     x = Tensor(xn, device=device)

@@ -3,11 +3,13 @@
 import os
 
 import numpy as np
+import pytest
 
 from zeptograd import Context, Tensor
 from zeptograd.engine import realize, search
 
 
+@pytest.mark.slow
 def test_beam_finds_a_valid_kernel_and_caches_it(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     an = np.random.default_rng(0).standard_normal((48, 40)).astype(np.float32)

@@ -8,6 +8,7 @@ import textwrap
 import threading
 
 import numpy as np
+import pytest
 
 from zeptograd import Tensor, TinyJit
 
@@ -61,6 +62,7 @@ def test_another_threads_kernels_are_not_captured():
     assert len(f.captured.calls) == 1
 
 
+@pytest.mark.slow
 def test_threads_realizing_at_once():
     n_iter = 50
 
@@ -167,6 +169,7 @@ FORK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_fork_after_a_threaded_kernel():
     env = {**os.environ, "THREADS": "2", "DEV": "CPU"}
     proc = subprocess.run(

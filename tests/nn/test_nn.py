@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.slow import fast_first
 from zeptograd import GlobalCounters, Tensor, dtypes, nn
 from zeptograd.nn.state import get_state_dict
 
@@ -48,11 +49,13 @@ def check(zmod, tmod, x: np.ndarray, grad: bool = True, rtol=1e-4, atol=1e-5, tr
     return zout
 
 
+@pytest.mark.slow
 def test_linear():
     check(nn.Linear(5, 3), torch.nn.Linear(5, 3), rnd(4, 5))
     check(nn.Linear(5, 3, bias=False), torch.nn.Linear(5, 3, bias=False), rnd(2, 3, 5), grad=False)
 
 
+@pytest.mark.slow
 def test_conv2d_padding_stride_groups():
     check(
         nn.Conv2d(4, 6, 3, padding=1, stride=2, groups=2),
@@ -67,10 +70,12 @@ def test_conv2d_padding_stride_groups():
     )
 
 
+@pytest.mark.slow
 def test_conv1d():
     check(nn.Conv1d(3, 4, 3, padding=1), torch.nn.Conv1d(3, 4, 3, padding=1), rnd(2, 3, 9))
 
 
+@pytest.mark.slow
 def test_conv_transpose():
     check(
         nn.ConvTranspose2d(4, 2, 3, stride=2, padding=1, output_padding=1),
@@ -81,6 +86,7 @@ def test_conv_transpose():
     check(nn.ConvTranspose1d(2, 3, 3, stride=2), torch.nn.ConvTranspose1d(2, 3, 3, stride=2), rnd(2, 2, 5))
 
 
+@pytest.mark.slow
 def test_batchnorm_train_eval_and_running_stats():
     z, t = nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
     copy_weights(z, t)
@@ -99,6 +105,7 @@ def test_batchnorm_train_eval_and_running_stats():
     np.testing.assert_allclose(z.running_mean.numpy(), t.running_mean.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_batchnorm_gradients_and_separate_buffers():
     check(nn.BatchNorm(3), torch.nn.BatchNorm1d(3), rnd(5, 3), train=True)
     a, b = nn.BatchNorm2d(4), nn.BatchNorm2d(4)  # each layer owns its running statistics
@@ -107,6 +114,7 @@ def test_batchnorm_gradients_and_separate_buffers():
     assert np.all(b.running_mean.numpy() == 0) and np.all(a.running_mean.numpy() != 0)
 
 
+@pytest.mark.slow
 def test_layernorms():
     check(nn.LayerNorm(6), torch.nn.LayerNorm(6), rnd(2, 3, 6))
     check(
@@ -123,6 +131,7 @@ def test_layernorms():
         nn.LayerNorm(5)(Tensor(rnd(2, 4)))
 
 
+@pytest.mark.slow
 def test_group_instance_rms_norm():
     check(nn.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4), rnd(3, 4, 5))
     check(nn.InstanceNorm(3), torch.nn.InstanceNorm2d(3, affine=True), rnd(2, 3, 4, 4), grad=False)
@@ -144,6 +153,7 @@ def test_embedding():
         z(Tensor([1.0]))
 
 
+@pytest.mark.slow
 def test_lstm_cell():
     z, t = nn.LSTMCell(3, 4), torch.nn.LSTMCell(3, 4)
     copy_weights(z, t)
@@ -176,12 +186,15 @@ def test_state_dict_names_match_torch():
 
 @pytest.mark.parametrize(
     "make, bound",
-    [
-        (lambda: nn.Linear(50, 40).weight, 1 / math.sqrt(50)),
-        (lambda: nn.Conv2d(6, 8, 3, groups=2).weight, 1 / math.sqrt(3 * 9)),
-        (lambda: nn.ConvTranspose2d(6, 8, 3).weight, 1 / math.sqrt(8 * 9)),
-        (lambda: nn.LSTMCell(5, 16).weight_hh, 1 / math.sqrt(16)),
-    ],
+    fast_first(
+        [
+            (lambda: nn.Linear(50, 40).weight, 1 / math.sqrt(50)),
+            (lambda: nn.Conv2d(6, 8, 3, groups=2).weight, 1 / math.sqrt(3 * 9)),
+            (lambda: nn.ConvTranspose2d(6, 8, 3).weight, 1 / math.sqrt(8 * 9)),
+            (lambda: nn.LSTMCell(5, 16).weight_hh, 1 / math.sqrt(16)),
+        ],
+        unpack=True,
+    ),
 )
 def test_uniform_init_bounds(make, bound):
     Tensor.manual_seed(1)
@@ -190,6 +203,7 @@ def test_uniform_init_bounds(make, bound):
     assert abs(w.mean()) < 0.1 * bound
 
 
+@pytest.mark.slow
 def test_norm_and_embedding_init():
     assert np.all(nn.LayerNorm(4).weight.numpy() == 1) and np.all(nn.GroupNorm(2, 4).bias.numpy() == 0)
     bn = nn.BatchNorm2d(3)
@@ -223,6 +237,7 @@ def test_batchnorm_loads_a_torch_era_num_batches_tracked(tmp_path):
             t2.load_state_dict({**t2.state_dict(), "num_batches_tracked": torch.tensor(bad)})
 
 
+@pytest.mark.slow
 def test_layer_parameters_require_grad_without_an_optimizer():
     layers = [
         (nn.Linear(3, 2), torch.nn.Linear(3, 2)),

@@ -42,6 +42,7 @@ TORCH_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("name, kw", TORCH_CASES)
 def test_against_torch(name, kw, fused):
@@ -88,6 +89,7 @@ def np_lars(init, grads, lr, momentum, wd, tcoef, nesterov=False):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [True, False])
 def test_lamb_and_lars_against_numpy(fused):
     init, grads = data(seed=1)
@@ -187,6 +189,7 @@ def _train(jit: bool, steps: int = 4):
     return losses, l2.weight.numpy()
 
 
+@pytest.mark.slow
 def test_tinyjit_replays_the_training_step():
     eager, w_eager = _train(jit=False)
     jitted, w_jit = _train(jit=True)
@@ -246,6 +249,7 @@ def _float32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
     return x.T if grad.size(0) > grad.size(1) else x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("kw", MUON_CASES)
 def test_muon_against_torch_in_float32(kw, fused, monkeypatch):
@@ -258,6 +262,7 @@ def test_muon_against_torch_in_float32(kw, fused, monkeypatch):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-6, err_msg=f"step {step}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", MUON_CASES[:2])
 def test_muon_against_torch(kw):
     # torch runs the Newton-Schulz iteration in bfloat16: after 10 steps the weights agree to its precision
@@ -267,6 +272,7 @@ def test_muon_against_torch(kw):
     assert max(np.abs(a - b).max() for a, b in zip(zout[-1], tout[-1])) > 0  # (not compared with itself)
 
 
+@pytest.mark.slow
 def test_muon_errors():
     w, b = Tensor(np.ones((2, 3), np.float32), requires_grad=True), Tensor([1.0, 2.0], requires_grad=True)
     with pytest.raises(ValueError, match=r"2-D parameters.*\(1, \(2,\)\)"):

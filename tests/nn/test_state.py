@@ -80,6 +80,7 @@ def test_state_dict_names_and_parameters():
     assert len(get_parameters(net)) == len(sd)
 
 
+@pytest.mark.slow
 def test_load_state_dict_roundtrip_and_errors():
     a, b = Net(), Net()
     load_state_dict(b, {k: v.numpy() for k, v in get_state_dict(a).items()})
@@ -162,6 +163,7 @@ def test_safetensors_metadata_layout_and_errors(tmp_path):
         safe_load(struct.pack("<Q", len(bad)) + bad + bytes(8))
 
 
+@pytest.mark.slow
 def test_model_roundtrip_through_safetensors(tmp_path):
     a, b = Net(), Net()
     safe_save(get_state_dict(a), tmp_path / "net.safetensors")

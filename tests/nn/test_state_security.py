@@ -160,6 +160,7 @@ OUT_OF_BOUNDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("numel,offset,size,stride", OUT_OF_BOUNDS)
 def test_views_outside_the_storage_are_refused_in_a_child(tmp_path, numel, offset, size, stride):
     write_view_checkpoint(tmp_path / "v.pt", numel, offset, size, stride)

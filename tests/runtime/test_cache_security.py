@@ -89,6 +89,7 @@ def _read(path: str) -> bytes:
 # ***** item 1: directories 0700, no planted code is loaded *****
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["CPU", "CPU:C"])
 def test_cache_directories_and_entries_are_private(device, tmp_path):
     cache = tmp_path / "new" / "cache"  # made by zeptograd, under umask 0 (0777 before)
@@ -111,6 +112,7 @@ __attribute__((constructor)) static void planted(void) { close(open("%s", O_CREA
 """
 
 
+@pytest.mark.slow
 @linux_x86
 @needs_root
 @pytest.mark.parametrize("how", ["entry_owner", "root_owner", "dir_writable", "entry_writable", "symlink", "control"])
@@ -149,6 +151,7 @@ def test_planted_library_is_never_opened(how, tmp_path, monkeypatch):
         assert not os.path.islink(entry) and _read(entry) == good and os.stat(entry).st_uid == os.geteuid()
 
 
+@pytest.mark.slow
 @linux_x86
 @needs_root
 def test_unsafe_directory_above_the_cache_is_refused(tmp_path):
@@ -167,6 +170,7 @@ def test_unsafe_directory_above_the_cache_is_refused(tmp_path):
 # ***** item 2: a tampered entry is compiled again (the hash), a planted one refused (the owner) *****
 
 
+@pytest.mark.slow
 @linux_x86
 @needs_root
 def test_tampered_constant_is_compiled_again(tmp_path):
@@ -201,6 +205,7 @@ CORRUPTIONS = {
 }
 
 
+@pytest.mark.slow
 @linux_x86
 @pytest.mark.parametrize("hashed", [False, True], ids=["stale_hash", "matching_hash"])
 @pytest.mark.parametrize("corruption", list(CORRUPTIONS))
@@ -216,6 +221,7 @@ def test_corrupt_llvm_entry_is_compiled_again(corruption, hashed, tmp_path):
     _run_ok(cache, "CPU")  # and later runs are not affected
 
 
+@pytest.mark.slow
 @linux_x86
 @pytest.mark.parametrize("hashed", [False, True], ids=["stale_hash", "matching_hash"])
 @pytest.mark.parametrize("corruption", ["truncated", "random", "zeroed"])
@@ -229,6 +235,7 @@ def test_corrupt_c_library_is_compiled_again(corruption, hashed, tmp_path, monke
     assert _read(entry) == good
 
 
+@pytest.mark.slow
 @linux_x86
 def test_c_library_dlopen_refuses_is_compiled_again(tmp_path, monkeypatch):
     """An entry that passes the checks (this user's, its hash matching, its ELF layout whole) but that dlopen refuses
@@ -299,6 +306,7 @@ def test_elf_loader_rejects_malformed_objects(tmp_path, monkeypatch):
 # ***** item 4: a cache that cannot be written *****
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["CPU", "CPU:C"])
 def test_cache_path_through_a_file_falls_back(device, tmp_path):
     (tmp_path / "file").write_text("not a directory")
@@ -311,6 +319,7 @@ def test_cache_path_through_a_file_falls_back(device, tmp_path):
     assert os.listdir(tmp_path / "tmp") == []  # CPU:C's private directory was removed at exit
 
 
+@pytest.mark.slow
 @linux_x86
 @pytest.mark.parametrize("device", ["CPU", "CPU:C"])
 def test_full_disk_falls_back(device, tmp_path):
@@ -334,6 +343,7 @@ def test_full_disk_falls_back(device, tmp_path):
 # ***** item 5: BEAM's choices *****
 
 
+@pytest.mark.slow
 def test_bad_beam_choice_is_ignored_and_rewritten(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     seen = []
@@ -385,6 +395,7 @@ def test_beam_choice_of_another_user_is_ignored(tmp_path, monkeypatch):
     shutil.rmtree(tmp_path / "zeptograd")
 
 
+@pytest.mark.slow
 def test_beam_on_c_without_a_cache_leaves_no_temporary_files(tmp_path):
     """BEAM's forked workers compile CPU:C candidates with no usable cache: into private directories, all removed."""
     (tmp_path / "file").write_text("not a directory")

@@ -21,6 +21,7 @@ import pytest
 # PoCL caches compiled kernels on disk: keep that cache out of the home directory (set before PoCL loads)
 os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zeptograd-pocl-cache"))
 
+from tests.slow import fast_first
 from zeptograd import Device, Tensor, dtypes  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
 from zeptograd.codegen.gpudims import assign_dims  # noqa: E402
@@ -80,6 +81,7 @@ def softmax(t: Tensor) -> Tensor:
 # ***** OpenCL: values *****
 
 
+@pytest.mark.slow
 @needs_cl
 def test_elementwise_and_broadcast():
     a, b = rng.uniform(-2, 2, (24, 40)).astype(np.float32), rng.uniform(0.5, 2, (40,)).astype(np.float32)
@@ -100,7 +102,9 @@ def test_int_half_and_bool():
 
 
 @needs_cl
-@pytest.mark.parametrize("shape,axis", [((4096,), None), ((3, 1000), 1), ((64, 100), 0), ((2, 3, 4), (0, 2))])
+@pytest.mark.parametrize(
+    "shape,axis", fast_first([((4096,), None), ((3, 1000), 1), ((64, 100), 0), ((2, 3, 4), (0, 2))], unpack=True)
+)
 def test_reductions(shape, axis):
     a = rng.uniform(-1, 1, shape).astype(np.float32)
     got, ref = both(lambda x: x.sum(axis=axis), a)
@@ -111,6 +115,7 @@ def test_reductions(shape, axis):
     np.testing.assert_array_equal(got, ref)
 
 
+@pytest.mark.slow
 @needs_cl
 def test_softmax_and_matmul():
     x = rng.uniform(-3, 3, (8, 50)).astype(np.float32)
@@ -235,6 +240,7 @@ def test_cuda_source_form():
     assert ks["group_reduce"].local_size == (256, 1, 1) and ks["group_reduce"].global_size == (64, 1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 def test_cuda_compiles_with_nvcc(tmp_path):
     ks = cuda_kernels()
@@ -249,6 +255,7 @@ def test_cuda_compiles_with_nvcc(tmp_path):
         assert proc.returncode == 0, f"{name}:\n{proc.stderr}\n{spec.src}"
 
 
+@pytest.mark.slow
 def test_cuda_compiles_with_nvrtc():
     try:
         ops_cuda.nvrtc()
@@ -259,6 +266,7 @@ def test_cuda_compiles_with_nvrtc():
     assert b".entry" in ops_cuda.nvrtc_compile(cuda_kernels()["matmul"].src, "compute_90")
 
 
+@pytest.mark.slow
 def test_nvrtc_builtins_come_from_beside_libnvrtc():
     """NVRTC dlopens libnvrtc-builtins by soname at its first compile; a pip wheel's folder is not on the loader's
     path, so zeptograd preloads the builtins beside the libnvrtc it opened. In a fresh process with no library path

@@ -161,6 +161,7 @@ def test_realize_several_at_once():
     np.testing.assert_allclose(b.numpy(), xn * 2)
 
 
+@pytest.mark.slow
 def test_scheduling_cost_grows_linearly():
     from zeptograd.uop import upat
 
@@ -176,6 +177,7 @@ def test_scheduling_cost_grows_linearly():
     assert 5 < steps[1] / steps[0] < 20 and 5 < steps[2] / steps[1] < 20, steps  # ~10x per 10x nodes
 
 
+@pytest.mark.slow
 def test_scheduling_a_chain_of_views_grows_linearly():
     """reshape-permute-reshape composes divmods the simplifier can't fold: the index grows with the chain, so the
     policy copies at a RESHAPE whose index passed MAX_INDEX_NODES (it was quadratic: 8 -> 32 links cost 11x)."""
@@ -206,6 +208,7 @@ def test_kernels_read_a_bounded_number_of_buffers():
     np.testing.assert_allclose(t.numpy(), sum(xs), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_long_chain_peak_memory_stays_at_a_few_buffers():
     n = 1 << 18
     x, y = Tensor(np.ones(n, np.float32)), Tensor(np.full(n, 0.5, np.float32))
@@ -271,6 +274,7 @@ def test_cheap_index_prologue_stays_inlined_into_a_reduce():
     np.testing.assert_allclose(out, np.maximum(an, 0) @ wn, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_costly_epilogue_of_a_large_matmul_is_its_own_kernel():
     """gelu after x @ w.T (256 x 384 outputs, 128 inputs each): the matmul is stored and gelu runs in its own
     elementwise kernel, 16 lanes wide (fused, it ran once per output of a dot-product tile, on scalars: 3x slower).

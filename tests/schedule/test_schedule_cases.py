@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
+from tests.slow import fast_first
 from zeptograd import Context, GlobalCounters, Tensor, dtypes
 
 rng = np.random.default_rng(1234)
@@ -618,14 +619,16 @@ def _run(c: Case):
 
 @pytest.mark.parametrize(
     "c",
-    [
-        pytest.param(
-            c,
-            id=c.name,
-            marks=[pytest.mark.xfail(reason=c.xfail, raises=KernelCountMismatch, strict=True)] if c.xfail else [],
-        )
-        for c in CASES
-    ],
+    fast_first(
+        [
+            pytest.param(
+                c,
+                id=c.name,
+                marks=[pytest.mark.xfail(reason=c.xfail, raises=KernelCountMismatch, strict=True)] if c.xfail else [],
+            )
+            for c in CASES
+        ]
+    ),
 )
 def test_case(c: Case):
     outs, refs, scheduled, ran = _run(c)

@@ -28,6 +28,7 @@ def test_getitem_out_of_range():
         Tensor(A)[Tensor([3]), Tensor([0])]
 
 
+@pytest.mark.slow
 def test_getitem_in_range_and_negative_wraps():
     t = Tensor(A)
     idx = np.array([[0, -1], [2, -3]])

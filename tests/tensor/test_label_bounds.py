@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.slow import fast_first
 from zeptograd import GlobalCounters, Tensor, TinyJit, dtypes
 
 RNG = np.random.default_rng(0)
@@ -24,6 +25,7 @@ def close(a: Tensor, b: torch.Tensor):
 # ***** cross_entropy *****
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ls", [0.0, 0.2])
 def test_cross_entropy_good_labels_and_ignore_index(reduction, ls):
@@ -86,6 +88,7 @@ def test_realized_labels_are_read_where_they_lie():
 # ***** nll_loss *****
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss_good_labels_and_ignore_index(reduction):
     lp, w = F.log_softmax(torch.tensor(X), 1), torch.tensor([0.5, 1.0, 2.0, 1.5, 0.7])
@@ -127,6 +130,7 @@ def test_nll_loss_out_of_range():
 # ***** sparse_categorical_crossentropy *****
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ls", [0.0, 0.1])
 def test_sparse_categorical_crossentropy_good_labels(reduction, ls):
@@ -188,7 +192,7 @@ def test_one_hot_good_and_out_of_range():
 # ***** TinyJit: the check runs on every replay *****
 
 
-@pytest.mark.parametrize("fn", ["cross_entropy", "nll_loss", "sparse_categorical_crossentropy", "one_hot"])
+@pytest.mark.parametrize("fn", fast_first(["cross_entropy", "nll_loss", "sparse_categorical_crossentropy", "one_hot"]))
 def test_jit_replay_checks_labels(fn):
     x = Tensor(X)
     ign = {"cross_entropy": -100, "nll_loss": -100, "sparse_categorical_crossentropy": -1}.get(fn)
@@ -225,6 +229,7 @@ def test_jit_replay_checks_labels(fn):
     close(f(Tensor(goods[0])), ref(torch.tensor(goods[0])) * 2)  # replays go on
 
 
+@pytest.mark.slow
 def test_jit_training_step_raises_before_the_update():
     """A training step whose replay sees a bad label raises before the weight update is applied."""
     from zeptograd.nn.optim import SGD

@@ -15,6 +15,7 @@ def test_the_suite_runs_with_spec_on():
     assert SPEC.value >= 1
 
 
+@pytest.mark.slow
 def test_valid_programs_pass_every_stage():
     with Context(SPEC=1):
         a, b = Tensor.rand(5, 17), Tensor.rand(17, 3)

@@ -36,6 +36,7 @@ def test_interning_equal_uops_are_the_same_object():
     assert UOp(Ops.NOOP, dtypes.void, (), ("a", 1)) is UOp(Ops.NOOP, dtypes.void, (), ("a", 1))
 
 
+@pytest.mark.slow
 def test_interning_is_weak():
     # the intern table does not keep dead graphs alive, and a rebuilt node is again one object
     import weakref
@@ -169,6 +170,7 @@ def chain():
     return make_chain()
 
 
+@pytest.mark.slow
 def test_deep_chain_toposort(chain):
     x, one, u = chain
     order = list(u.toposort())
@@ -178,11 +180,13 @@ def test_deep_chain_toposort(chain):
     assert all(order[i].src[0] is order[i - 1] for i in range(3, len(order)))
 
 
+@pytest.mark.slow
 def test_deep_chain_vmin_vmax(chain):
     _, _, u = chain
     assert u.vmin == CHAIN_LEN and u.vmax == CHAIN_LEN + 10
 
 
+@pytest.mark.slow
 def test_deep_chain_graph_rewrite(chain):
     x, one, u = chain
     two = c(2)
@@ -198,6 +202,7 @@ def test_deep_chain_graph_rewrite(chain):
     assert out_bu is out
 
 
+@pytest.mark.slow
 def test_deep_chain_graph_substitute(chain):
     x, one, u = chain
     y = var("y", 0, 3)
@@ -211,6 +216,7 @@ def test_deep_chain_graph_substitute(chain):
     assert u.substitute({x: y}) is out
 
 
+@pytest.mark.slow
 def test_deep_chain_graph_rewrite_noop_returns_same(chain):
     _, _, u = chain
     pm = PatternMatcher([(UPat(Ops.MUL, name="m"), lambda m: None)])

@@ -110,6 +110,7 @@ def test_elementwise(device):
         close((z + x).numpy(), np.exp(an[:, :i]) - bn[:, :i] + an[:, :i])  # a realized symbolic tensor keeps its shape
 
 
+@pytest.mark.slow
 def test_cat_and_matmul_two_variables(device):
     for i, j in ((1, 3), (4, 2)):
         vi, vj = Variable("i", 1, 10).bind(i), Variable("j", 1, 10).bind(j)

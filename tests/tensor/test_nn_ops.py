@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, data
 from zeptograd import Context, GlobalCounters, Tensor, dtypes
 
@@ -14,16 +15,19 @@ from zeptograd import Context, GlobalCounters, Tensor, dtypes
 
 @pytest.mark.parametrize(
     "sa,sb",
-    [
-        ((3,), (3,)),
-        ((2, 3), (3,)),
-        ((3,), (3, 4)),
-        ((2, 3), (3, 4)),
-        ((2, 2, 3), (3, 4)),
-        ((2, 1, 2, 3), (3, 3, 2)),
-        ((0, 3), (3, 2)),
-        ((2, 0), (0, 3)),
-    ],
+    fast_first(
+        [
+            ((3,), (3,)),
+            ((2, 3), (3,)),
+            ((3,), (3, 4)),
+            ((2, 3), (3, 4)),
+            ((2, 2, 3), (3, 4)),
+            ((2, 1, 2, 3), (3, 3, 2)),
+            ((0, 3), (3, 2)),
+            ((2, 0), (0, 3)),
+        ],
+        unpack=True,
+    ),
 )
 def test_matmul(sa, sb):
     a, b = V(data(sa, seed=1)), V(data(sb, seed=2))
@@ -31,6 +35,7 @@ def test_matmul(sa, sb):
     check(lambda x, y: x.matmul(y), torch.matmul, a, b)
 
 
+@pytest.mark.slow
 def test_matmul_views_and_ints():
     check(
         lambda x, y: x @ y,
@@ -67,20 +72,23 @@ def test_linear():
 
 @pytest.mark.parametrize(
     "formula,shapes",
-    [
-        ("ij,jk->ik", [(2, 3), (3, 4)]),
-        ("ij,jk", [(2, 3), (3, 4)]),
-        ("i,i->", [(4,), (4,)]),
-        ("i,j->ij", [(3,), (2,)]),
-        ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
-        ("ij->ji", [(2, 3)]),
-        ("ii->i", [(3, 3)]),
-        ("ii", [(3, 3)]),
-        ("...ij,...jk->...ik", [(2, 2, 3), (2, 3, 2)]),
-        ("ijk,k->ij", [(2, 3, 4), (4,)]),
-        ("ij,ij,ij->i", [(2, 3)] * 3),
-        ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
-    ],
+    fast_first(
+        [
+            ("ij,jk->ik", [(2, 3), (3, 4)]),
+            ("ij,jk", [(2, 3), (3, 4)]),
+            ("i,i->", [(4,), (4,)]),
+            ("i,j->ij", [(3,), (2,)]),
+            ("bij,bjk->bik", [(2, 3, 4), (2, 4, 2)]),
+            ("ij->ji", [(2, 3)]),
+            ("ii->i", [(3, 3)]),
+            ("ii", [(3, 3)]),
+            ("...ij,...jk->...ik", [(2, 2, 3), (2, 3, 2)]),
+            ("ijk,k->ij", [(2, 3, 4), (4,)]),
+            ("ij,ij,ij->i", [(2, 3)] * 3),
+            ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+        ],
+        unpack=True,
+    ),
 )
 def test_einsum(formula, shapes):
     ins = [V(data(s, seed=12 + i)) for i, s in enumerate(shapes)]
@@ -117,6 +125,7 @@ def _torch_conv(x, w, b=None, stride=1, padding=0, dilation=1, groups=1):
     return {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd](x, w, b, stride, padding, dilation, groups)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xs,ws,kw", CONV)
 def test_conv2d(xs, ws, kw):
     b = V(data((ws[0],), seed=23))
@@ -129,6 +138,7 @@ def test_conv2d(xs, ws, kw):
     )
 
 
+@pytest.mark.slow
 def test_conv2d_noncontiguous_input():
     check(
         lambda x, w: x.conv2d(w),
@@ -145,6 +155,7 @@ def test_conv2d_wrong_channels_raises():
         Tensor.ones(1, 4, 5, 5).conv2d(Tensor.ones(4, 3, 3, 3), groups=2)
 
 
+@pytest.mark.slow
 def test_conv2d_kernel_count():
     x, w = Tensor(data((1, 2, 6, 6), seed=26)).realize(), Tensor(data((3, 2, 3, 3), seed=27)).realize()
     GlobalCounters.reset()
@@ -161,6 +172,7 @@ CONVT = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xs,ws,kw", CONVT)
 def test_conv_transpose2d(xs, ws, kw):
     fn = {3: F.conv_transpose1d, 4: F.conv_transpose2d}[len(ws)]
@@ -186,6 +198,7 @@ POOL = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", POOL)
 def test_max_pool2d(kw):
     x = V(data((1, 2, 7, 6), seed=31, distinct=True))
@@ -193,6 +206,7 @@ def test_max_pool2d(kw):
     check(lambda t: t.max_pool2d(**kw, return_indices=True), lambda t: F.max_pool2d(t, **kw, return_indices=True), x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [k for k in POOL if "dilation" not in k])
 @pytest.mark.parametrize("count_include_pad", [True, False])
 def test_avg_pool2d(kw, count_include_pad):
@@ -203,6 +217,7 @@ def test_avg_pool2d(kw, count_include_pad):
     )
 
 
+@pytest.mark.slow
 def test_pool_1d_and_views():
     check(lambda t: t.max_pool2d((3,), 2), lambda t: F.max_pool1d(t, 3, 2), V(data((1, 2, 9), seed=33, distinct=True)))
     check(lambda t: t.avg_pool2d((2,)), lambda t: F.avg_pool1d(t, 2), V(data((1, 2, 8), seed=34)))
@@ -213,6 +228,7 @@ def test_pool_1d_and_views():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [{"kernel_size": (2, 2)}, {"kernel_size": (3, 3), "stride": 2, "padding": 1}])
 def test_max_unpool2d(kw):
     x = data((1, 2, 6, 6), seed=36, distinct=True)
@@ -232,13 +248,16 @@ def test_max_unpool2d(kw):
 
 @pytest.mark.parametrize(
     "size,mode,align",
-    [
-        ((6,), "nearest", False),
-        ((3,), "nearest", False),
-        ((7,), "linear", False),
-        ((7,), "linear", True),
-        ((2,), "linear", False),
-    ],
+    fast_first(
+        [
+            ((6,), "nearest", False),
+            ((3,), "nearest", False),
+            ((7,), "linear", False),
+            ((7,), "linear", True),
+            ((2,), "linear", False),
+        ],
+        unpack=True,
+    ),
 )
 def test_interpolate_1d(size, mode, align):
     kw = {"align_corners": align} if mode == "linear" else {}
@@ -251,7 +270,10 @@ def test_interpolate_1d(size, mode, align):
 
 @pytest.mark.parametrize(
     "size,mode,align",
-    [((5, 7), "nearest", False), ((2, 3), "nearest", False), ((5, 7), "linear", False), ((6, 3), "linear", True)],
+    fast_first(
+        [((5, 7), "nearest", False), ((2, 3), "nearest", False), ((5, 7), "linear", False), ((6, 3), "linear", True)],
+        unpack=True,
+    ),
 )
 def test_interpolate_2d(size, mode, align):
     kw = {"align_corners": align} if mode == "linear" else {}
@@ -266,6 +288,7 @@ def test_interpolate_2d(size, mode, align):
 # ----------------------------------------------------------------------------- normalization, attention, dropout
 
 
+@pytest.mark.slow
 def test_layernorm():
     check(lambda t: t.layernorm(), lambda t: F.layer_norm(t, (4,)), V(data((3, 4), seed=39)))
     check(
@@ -293,7 +316,7 @@ def test_batchnorm():
     )
 
 
-@pytest.mark.parametrize("p,dim", [(2.0, 1), (1.0, 0), (3.0, -1)])
+@pytest.mark.parametrize("p,dim", fast_first([(2.0, 1), (1.0, 0), (3.0, -1)], unpack=True))
 def test_normalize(p, dim):
     check(lambda t: t.normalize(p, dim), lambda t: F.normalize(t, p, dim), V(data((3, 4), seed=47)))
 
@@ -320,6 +343,7 @@ def test_dropout_grad():
         np.testing.assert_allclose(x.grad.numpy(), y.numpy())  # the same mask scales the gradient
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw", [{}, {"is_causal": True}, {"mask": "bool"}, {"mask": "float"}])
 def test_scaled_dot_product_attention(kw):
     q, k, v = V(data((2, 2, 3, 4), seed=48)), V(data((2, 2, 5, 4), seed=49)), V(data((2, 2, 5, 3), seed=50))
@@ -361,6 +385,7 @@ def test_one_hot():
         Tensor([1.0]).one_hot(3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ls", [0.0, 0.2])
 def test_cross_entropy(reduction, ls):
@@ -380,6 +405,7 @@ def test_cross_entropy(reduction, ls):
     )
 
 
+@pytest.mark.slow
 def test_cross_entropy_shapes():
     check(
         lambda x, y: x.cross_entropy(y),
@@ -390,6 +416,7 @@ def test_cross_entropy_shapes():
     check(lambda x, y: x.cross_entropy(y), F.cross_entropy, V(data((5,), seed=58)), V(np.array(3, np.int64)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_nll_loss(reduction):
     x, y, w = V(data((4, 5), seed=59)), V(np.array([0, 4, 2, 2], np.int64)), V(data((5,), 0.5, 2, seed=60), grad=False)
@@ -409,6 +436,7 @@ def test_nll_loss(reduction):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_sparse_categorical_crossentropy(reduction):
     x, y = V(data((4, 5), seed=61)), V(np.array([0, 4, -1, 2], np.int64))
@@ -427,6 +455,7 @@ def test_sparse_categorical_crossentropy(reduction):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_binary_crossentropy(reduction):
     p, y = V(data((3, 4), 0.05, 0.95, seed=62)), V(data((3, 4), 0, 1, seed=63))

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.slow import fast_first
 from zeptograd import Tensor, dtypes
 
 
@@ -17,6 +18,7 @@ def arange(*shape):
 # ----------------------------------------------------------------------------- pad with mixed-sign amounts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "shape, padding, mode",
     [
@@ -39,6 +41,7 @@ def test_pad_mixed_negative_and_positive(shape, padding, mode):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_pad_negative_reflect_gradient_matches_torch():
     x, tx = Tensor(arange(1, 2, 4, 5), requires_grad=True), torch.tensor(arange(1, 2, 4, 5), requires_grad=True)
     w = arange(1, 2, 5, 6)
@@ -70,7 +73,7 @@ def test_pad_negative_past_the_size_is_an_error_as_torch():
 # ----------------------------------------------------------------------------- squeeze of a 0-d tensor
 
 
-@pytest.mark.parametrize("dim", [0, -1, (0,), None])
+@pytest.mark.parametrize("dim", fast_first([0, -1, (0,), None]))
 def test_squeeze_0d(dim):
     want = torch.tensor(3.0).squeeze(dim) if dim is not None else torch.tensor(3.0).squeeze()
     got = Tensor(3.0).squeeze(dim)
@@ -86,15 +89,18 @@ def test_squeeze_0d(dim):
 
 @pytest.mark.parametrize(
     "shape, dim, size, step",
-    [
-        ((3,), 0, 2, 8),
-        ((3,), 0, 0, 1),
-        ((3,), 0, 0, 2),
-        ((2, 7, 5), 1, 2, 8),
-        ((2, 7, 5), 2, 1, 9),
-        ((2, 7, 5), 1, 7, 100),
-    ]
-    + [((2, 7, 5), 1, 3, 5), ((2, 7, 5), 2, 0, 1), ((4, 9), 1, 4, 4)],
+    fast_first(
+        [
+            ((3,), 0, 2, 8),
+            ((3,), 0, 0, 1),
+            ((3,), 0, 0, 2),
+            ((2, 7, 5), 1, 2, 8),
+            ((2, 7, 5), 2, 1, 9),
+            ((2, 7, 5), 1, 7, 100),
+        ]
+        + [((2, 7, 5), 1, 3, 5), ((2, 7, 5), 2, 0, 1), ((4, 9), 1, 4, 4)],
+        unpack=True,
+    ),
 )
 def test_unfold_step_larger_than_size_and_empty_windows(shape, dim, size, step):
     x = arange(*shape)
@@ -106,13 +112,16 @@ def test_unfold_step_larger_than_size_and_empty_windows(shape, dim, size, step):
 
 @pytest.mark.parametrize(
     "shape, kernel, stride, dilation",
-    [
-        ((1, 1, 1, 3), (1, 2), (1, 8), 1),
-        ((1, 2, 5, 6), (2, 3), (7, 9), 1),
-        ((1, 2, 5, 6), (2, 2), (5, 6), 2),
-        ((1, 2, 5, 6), (3, 3), (10, 1), 1),
-        ((2, 1, 9, 9), (3, 2), (4, 11), (2, 1)),
-    ],
+    fast_first(
+        [
+            ((1, 1, 1, 3), (1, 2), (1, 8), 1),
+            ((1, 2, 5, 6), (2, 3), (7, 9), 1),
+            ((1, 2, 5, 6), (2, 2), (5, 6), 2),
+            ((1, 2, 5, 6), (3, 3), (10, 1), 1),
+            ((2, 1, 9, 9), (3, 2), (4, 11), (2, 1)),
+        ],
+        unpack=True,
+    ),
 )
 def test_pool_stride_larger_than_input(shape, kernel, stride, dilation):
     x = arange(*shape)
@@ -135,7 +144,9 @@ def test_conv_stride_larger_than_input():
 # ----------------------------------------------------------------------------- scans over an empty dim
 
 
-@pytest.mark.parametrize("shape, dim", [((0, 3), 0), ((3, 0), 1), ((0, 3), 1), ((3, 0), 0), ((2, 0, 4), -1)])
+@pytest.mark.parametrize(
+    "shape, dim", fast_first([((0, 3), 0), ((3, 0), 1), ((0, 3), 1), ((3, 0), 0), ((2, 0, 4), -1)], unpack=True)
+)
 def test_scans_over_a_tensor_with_an_empty_dim(shape, dim):
     x, tx = Tensor(arange(*shape)), torch.tensor(arange(*shape))
     for name in ("cummax", "cummin"):
@@ -148,7 +159,7 @@ def test_scans_over_a_tensor_with_an_empty_dim(shape, dim):
         assert got.shape == tuple(want.shape) and got.numpy().size == 0
 
 
-@pytest.mark.parametrize("name", ["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"])
+@pytest.mark.parametrize("name", fast_first(["cumsum", "cumprod", "logcumsumexp", "cummax", "cummin"]))
 def test_scans_of_a_0d_tensor(name):
     got, want = getattr(Tensor(2.5), name)(-1), getattr(torch.tensor(2.5), name)(-1)
     if name in ("cummax", "cummin"):
@@ -165,8 +176,10 @@ def test_scans_of_a_0d_tensor(name):
 
 @pytest.mark.parametrize(
     "sl",
-    [slice(2, 5, -1), slice(5, 2, -1), slice(0, 0, -1), slice(0, 9, -2), slice(None, None, -3), slice(-1, -11, -2)]
-    + [slice(20, -20, -1), slice(-20, 20, -1), slice(3, None, -1), slice(None, 3, -4)],
+    fast_first(
+        [slice(2, 5, -1), slice(5, 2, -1), slice(0, 0, -1), slice(0, 9, -2), slice(None, None, -3), slice(-1, -11, -2)]
+        + [slice(20, -20, -1), slice(-20, 20, -1), slice(3, None, -1), slice(None, 3, -4)]
+    ),
 )
 def test_negative_step_slices_follow_numpy(sl):
     # torch rejects negative steps altogether; zeptograd follows numpy (README: deliberate differences)
@@ -185,7 +198,9 @@ def test_negative_step_empty_slice_in_setitem_writes_nothing():
     np.testing.assert_array_equal(t.numpy(), want)
 
 
-@pytest.mark.parametrize("index", [((1, 0), 0), ((1, 0),), (0, (2, 0, 1)), ((1, 1), (0, 2)), ((-1, 0), slice(1, None))])
+@pytest.mark.parametrize(
+    "index", fast_first([((1, 0), 0), ((1, 0),), (0, (2, 0, 1)), ((1, 1), (0, 2)), ((-1, 0), slice(1, None))])
+)
 def test_tuple_as_an_index_element(index):
     x = np.arange(6).reshape(2, 3)
     got = Tensor(x)[index].numpy()
@@ -193,6 +208,7 @@ def test_tuple_as_an_index_element(index):
     np.testing.assert_array_equal(got, x[index])
 
 
+@pytest.mark.slow
 def test_bool_masks_of_matching_shape_still_index():
     x = arange(2, 3, 4)
     m, m2 = np.array([True, False, True, True]), arange(3, 4) > 0
@@ -204,7 +220,9 @@ def test_bool_masks_of_matching_shape_still_index():
 # ----------------------------------------------------------------------------- dtype limits as properties
 
 
-@pytest.mark.parametrize("name", ["int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "bool"])
+@pytest.mark.parametrize(
+    "name", fast_first(["int8", "uint8", "int16", "int32", "int64", "uint16", "uint32", "uint64", "bool"])
+)
 def test_dtype_min_max_properties(name):
     d = getattr(dtypes, name)
     if name == "bool":
@@ -222,7 +240,7 @@ def test_float_dtype_limits_are_infinities():
 # ----------------------------------------------------------------------------- Python ints past the default int
 
 
-@pytest.mark.parametrize("data", [2**40, -(2**40), [2**40, 1], [[1, 2], [3, 2**33]]])
+@pytest.mark.parametrize("data", fast_first([2**40, -(2**40), [2**40, 1], [[1, 2], [3, 2**33]]]))
 def test_ints_past_int32_become_int64_as_torch(data):
     got, want = Tensor(data), torch.tensor(data)
     assert got.dtype == dtypes.int64 and want.dtype == torch.int64

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, data
 from zeptograd import GlobalCounters, Tensor, dtypes
 
@@ -51,7 +52,7 @@ BASIC = [
 ]
 
 
-@pytest.mark.parametrize("idx", BASIC, ids=[str(i) for i in range(len(BASIC))])
+@pytest.mark.parametrize("idx", fast_first(BASIC), ids=[str(i) for i in range(len(BASIC))])
 def test_getitem_basic(idx):
     check(lambda t: t[idx], lambda t: tindex(t, idx), X())
 
@@ -90,11 +91,12 @@ def _lift(idx, lib):
     return tuple((Tensor(i) if lib == "z" else torch.tensor(i)) if isinstance(i, np.ndarray) else i for i in idx)
 
 
-@pytest.mark.parametrize("idx", ADV, ids=[str(i) for i in range(len(ADV))])
+@pytest.mark.parametrize("idx", fast_first(ADV), ids=[str(i) for i in range(len(ADV))])
 def test_getitem_tensor(idx):
     check(lambda t: t[_lift(idx, "z")], lambda t: tindex(t, _lift(idx, "t")), X())
 
 
+@pytest.mark.slow
 def test_getitem_bool_and_lists():
     x = data((4, 5), seed=5)
     m = data((4, 5), "bool", seed=6)
@@ -136,7 +138,7 @@ def test_getitem_errors():
 # ----------------------------------------------------------------------------- gather / scatter
 
 
-@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("dim", fast_first([0, 1, -1]))
 def test_gather(dim):
     x = data((3, 4), seed=10)
     idx = data((2, 3), "int64", 0, 2, seed=11)
@@ -151,6 +153,7 @@ def test_gather_errors():
         Tensor.ones(3, 4).gather(0, Tensor([[0.5]]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dim", [0, 1])
 def test_scatter(dim):
     x, src = data((3, 5), seed=13), data((2, 4), seed=14)
@@ -160,7 +163,7 @@ def test_scatter(dim):
 
 
 @pytest.mark.parametrize("include_self", [True, False])
-@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("reduce", fast_first(["sum", "prod", "mean", "amax", "amin"]))
 def test_scatter_reduce(reduce, include_self):
     x, src = data((3, 4), seed=15), data((3, 4), seed=16, distinct=True)
     idx = np.array([[0, 1, 2, 0], [2, 0, 0, 1], [0, 0, 1, 1]], np.int64)  # repeated targets
@@ -199,6 +202,7 @@ def test_scatter_add_multiply_and_int():
     )
 
 
+@pytest.mark.slow
 def test_masked_fill_select_nonzero():
     x, m = data((3, 4), seed=20), data((3, 4), "bool", seed=21)
     check(lambda t, m: t.masked_fill(m, -1.5), lambda t, m: t.masked_fill(m, -1.5), V(x), V(m))
@@ -232,7 +236,7 @@ SET = [
 ]
 
 
-@pytest.mark.parametrize("idx", SET, ids=[str(i) for i in range(len(SET))])
+@pytest.mark.parametrize("idx", fast_first(SET), ids=[str(i) for i in range(len(SET))])
 @pytest.mark.parametrize("value", ["scalar", "tensor"])
 def test_setitem_basic(idx, value):
     x = data((4, 5, 6), seed=25)  # numpy is the oracle: torch has no negative steps
@@ -243,6 +247,7 @@ def test_setitem_basic(idx, value):
     np.testing.assert_array_equal(zt.numpy(), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("idx", [(_ti(0, 2),), (slice(None), _ti(4, 1)), (_ti(1, 3), _ti(0, 0)), (_ti(-1),)])
 def test_setitem_tensor_index(idx):
     x = data((4, 5), seed=27)
@@ -272,6 +277,7 @@ def test_setitem_dtypes_and_grad():
     np.testing.assert_allclose(v.grad.numpy(), [3] * 4)
 
 
+@pytest.mark.slow
 def test_setitem_loop_is_one_kernel():
     """ten t[i] = i into Tensor.empty(10), then one realize, is one kernel; setitem runs nothing"""
     GlobalCounters.reset()
@@ -284,6 +290,7 @@ def test_setitem_loop_is_one_kernel():
     np.testing.assert_array_equal(t.numpy(), np.arange(10))
 
 
+@pytest.mark.slow
 def test_setitem_2d_loop_is_one_kernel():
     t = Tensor.zeros(4, 4).contiguous().realize()
     GlobalCounters.reset()

@@ -55,6 +55,7 @@ def test_constants_requiring_grad_are_distinct():
     assert c.grad.item() == 8.0
 
 
+@pytest.mark.slow
 def test_backward_with_gradient_argument():
     x = data((2, 3), seed=2)
     g = data((2, 3), seed=3)
@@ -142,6 +143,7 @@ def test_backward_after_realize_and_item():
     np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_loop_matches_torch():
     """a small MLP trained for 3 SGD steps: the same weights as torch"""
     rng = np.random.default_rng(7)
@@ -178,6 +180,7 @@ def test_higher_order():
     np.testing.assert_allclose(gg.numpy(), 6 * np.array([0.5, 1.5]), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_deep_graph_backward_no_recursion():
     """backward walks the toposort, not the graph's depth"""
     x = Tensor([1.0, 2.0], requires_grad=True)

@@ -69,6 +69,7 @@ WIDE_CASES = [avg_pool_181, max_pool_64, window_65536, expanded_view_shrink, big
 NEEDS_INT64 = {window_65536, huge_elementwise}  # unoptimized: some index value leaves int32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RENDERERS)
 def test_small_kernels_stay_int32(name):
     x = Tensor(np.ones((4, 32, 32), np.float32))
@@ -79,6 +80,7 @@ def test_small_kernels_stay_int32(name):
             assert all(u.dtype.scalar != dtypes.int64 for u in uops)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opts", [[], None], ids=["unoptimized", "heuristic"])
 @pytest.mark.parametrize("name", RENDERERS)
 @pytest.mark.parametrize("case", WIDE_CASES, ids=lambda f: f.__name__)

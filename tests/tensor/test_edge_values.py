@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.backend.conftest import unavailable
+from tests.slow import fast_first
 from zeptograd import Tensor, dtypes
 
 NAN, INF = math.nan, math.inf
@@ -34,6 +35,7 @@ def _assert_same(z, t, rtol=1e-6):
 
 
 # ***** clamp / maximum / minimum gradients *****
+@pytest.mark.slow
 def test_clip_gradient_at_the_bounds():
     xs = [-3.0, -2.5, 0.0, 1.5, 2.0]
     z, t = _grads(lambda x: x.clip(-2.5, 1.5), lambda x: x.clip(-2.5, 1.5), xs)
@@ -41,12 +43,14 @@ def test_clip_gradient_at_the_bounds():
     np.testing.assert_equal(z[1][0], [0, 1, 1, 1, 0])  # the bounds get all of it, not maximum's half
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lo,hi", [(-2.5, None), (None, 1.5), (-2.5, 1.5), (1.5, -2.5), (0.0, 0.0)], ids=repr)
 def test_clamp_scalar_bounds(lo, hi):
     xs = [-INF, -3.0, -2.5, 0.0, 1.5, 2.0, INF, NAN]
     _assert_same(*_grads(lambda x: x.clamp(lo, hi), lambda x: x.clamp(lo, hi), xs, upstream=np.arange(1.0, 9.0)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["both", "min", "max"])
 def test_clamp_tensor_bounds(which):
     """Tensor bounds get the gradient where they clamp (hi everywhere when lo > hi), x inside them; broadcast."""
@@ -97,7 +101,9 @@ _CLOSE_VALUES = [INF, -INF, NAN, 0.0, -0.0, 1.0, 1.0 + 1e-6, 1e30, -1e30, 1e-9]
 
 
 @pytest.mark.parametrize("equal_nan", [False, True])
-@pytest.mark.parametrize("rtol,atol", [(1e-5, 1e-8), (0.0, 0.0), (0.5, 0.0), (0.0, 2.0)], ids=repr)
+@pytest.mark.parametrize(
+    "rtol,atol", fast_first([(1e-5, 1e-8), (0.0, 0.0), (0.5, 0.0), (0.0, 2.0)], unpack=True), ids=repr
+)
 def test_isclose_matches_torch(equal_nan, rtol, atol):
     pairs = list(itertools.product(_CLOSE_VALUES, repeat=2))
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
@@ -107,6 +113,7 @@ def test_isclose_matches_torch(equal_nan, rtol, atol):
     assert not bad, f"isclose(a, b) differs from torch at (a, b, zeptograd, torch): {bad}"
 
 
+@pytest.mark.slow
 def test_isclose_edges_named_in_the_issue():
     assert not Tensor([INF]).isclose(Tensor([-INF])).item()
     assert not Tensor([0.0]).isclose(Tensor([INF])).item()
@@ -127,7 +134,7 @@ def test_isclose_ints_do_not_wrap_and_bad_tolerances():
 _NORM_X = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 0.0], [-3.0, 4.0, 0.5]], np.float32)
 
 
-@pytest.mark.parametrize("p", [0, 1, 2, 3, 0.5, INF, -INF, -1, -2.5], ids=repr)
+@pytest.mark.parametrize("p", fast_first([0, 1, 2, 3, 0.5, INF, -INF, -1, -2.5]), ids=repr)
 @pytest.mark.parametrize("dim", [0, 1])
 def test_normalize_orders(p, dim):
     """Values and gradients of F.normalize for each order, with a zero row/column and zero elements."""
@@ -158,7 +165,7 @@ def test_interpolate_uint8_named_in_the_issue():
 
 
 @pytest.mark.parametrize("align_corners", [False, True])
-@pytest.mark.parametrize("c,h,w,oh,ow", _RESIZES, ids=repr)
+@pytest.mark.parametrize("c,h,w,oh,ow", fast_first(_RESIZES, unpack=True), ids=repr)
 def test_interpolate_uint8_bilinear(c, h, w, oh, ow, align_corners):
     """torch's uint8 bilinear: fixed-point weights, the last dim first, rounded to uint8 in between."""
     x = np.random.default_rng(h * 100 + w).integers(0, 256, (2, c, h, w), dtype=np.uint8)
@@ -169,7 +176,7 @@ def test_interpolate_uint8_bilinear(c, h, w, oh, ow, align_corners):
 
 
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
-@pytest.mark.parametrize("c,h,w,oh,ow", _RESIZES, ids=repr)
+@pytest.mark.parametrize("c,h,w,oh,ow", fast_first(_RESIZES, unpack=True), ids=repr)
 def test_interpolate_uint8_nearest(c, h, w, oh, ow, mode):
     x = np.random.default_rng(h * 100 + w).integers(0, 256, (2, c, h, w), dtype=np.uint8)
     z = Tensor(x).interpolate((oh, ow), mode=mode)
@@ -197,6 +204,7 @@ def device(request) -> str:
     return request.param
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [4, 5])  # a power of two, and one the sort pads
 def test_argmax_argmin_max_min_with_nan(device, width):
     """The index of the first nan (not one past the row), for argmax and argmin, per row, per column and over all;
@@ -212,6 +220,7 @@ def test_argmax_argmin_max_min_with_nan(device, width):
     assert math.isnan(z.max().item()) and math.isnan(z.min().item())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [4, 5])
 @pytest.mark.parametrize("descending", [False, True])
 def test_sort_with_nan(device, width, descending):
@@ -224,6 +233,7 @@ def test_sort_with_nan(device, width, descending):
     np.testing.assert_equal(zi.numpy(), ti.numpy())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("largest", [True, False])
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_topk_with_nan(device, largest, k):

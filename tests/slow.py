@@ -1,0 +1,15 @@
+"""The fast inner loop (`python -m pytest -q -n 2 -m "not slow" tests`, see tests/conftest.py) keeps a family's first
+cases and marks the rest `slow`: `@pytest.mark.parametrize("op", fast_first(list(UNARY), 3))` runs UNARY's first
+three ops in the inner loop and every op in the full run (CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def fast_first(values, n: int = 1, unpack: bool = False) -> list:
+    """`values` for a parametrize, all but the first `n` marked slow; unpack=True where each value is the tuple of
+    several argument names ("op,shape")."""
+    return [
+        v if i < n else pytest.param(*(v if unpack else (v,)), marks=pytest.mark.slow) for i, v in enumerate(values)
+    ]
