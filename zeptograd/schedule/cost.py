@@ -24,6 +24,9 @@ KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread ha
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 
 
+COMPARISONS = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
+
+
 class CostModel:
     """Per-node estimates over the tensor graph, stopping at nodes that are materialized up front."""
 
@@ -49,7 +52,10 @@ class CostModel:
             self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
         for u in reversed(nodes):  # consumers first
             users = consumers.get(u, [])
-            self.feeds_index[u] = bool(users) and all(self.index_only[c] or self.feeds_index[c] for c in users)
+            self.feeds_index[u] = bool(users) and all(
+                (c.op in COMPARISONS and self.index_only[c]) or (not self.index_only[c] and self.feeds_index[c])
+                for c in users
+            )  # compared with an arange (`arange == idx`), directly or through its own arithmetic
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp, realized: set[UOp]) -> int:
