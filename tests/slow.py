@@ -10,6 +10,12 @@ import pytest
 def fast_first(values, n: int = 1, unpack: bool = False) -> list:
     """`values` for a parametrize, all but the first `n` marked slow; unpack=True where each value is the tuple of
     several argument names ("op,shape")."""
-    return [
-        v if i < n else pytest.param(*(v if unpack else (v,)), marks=pytest.mark.slow) for i, v in enumerate(values)
-    ]
+    out = []
+    for i, v in enumerate(values):
+        if i < n:
+            out.append(v)
+        elif isinstance(v, type(pytest.param(None))):  # already a pytest.param: keep its id and marks, add slow
+            out.append(pytest.param(*v.values, id=v.id, marks=[*v.marks, pytest.mark.slow]))
+        else:
+            out.append(pytest.param(*(v if unpack else (v,)), marks=pytest.mark.slow))
+    return out

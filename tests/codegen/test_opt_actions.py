@@ -132,3 +132,17 @@ def test_sibling_reduces_inside_an_unrolled_reduce():
     for ctx in ({}, {"NOOPT": 1}):
         with Context(**ctx):
             np.testing.assert_allclose(loss.numpy(), ref, rtol=1e-5)
+
+
+def test_vector_axis_is_the_one_per_element_accesses_walk():
+    """batchnorm over (n, c, h, w): gamma, beta, mean and rsqrt(var) are four stride-1 loads along c, but each runs
+    once per channel (hoisted out of h and w), while x, the residual and the store run per element along w: the
+    vector axis is w (vectorizing c made the per-element accesses gathers across 16 channels)."""
+    rng = np.random.default_rng(0)
+    x, r = (Tensor(rng.random((2, 64, 4, 32), dtype=np.float32)).realize() for _ in range(2))
+    g, b, mu, var = (Tensor(rng.random(64, dtype=np.float32)).realize() for _ in range(4))
+    (item,) = (x.batchnorm(g, b, mu, (var + 1e-5).rsqrt()) + r).schedule()
+    ast, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    axes = kernel_axes(item.ast)
+    upcast = [o for o in opts if o.op is OptOps.UPCAST]
+    assert upcast and axes[upcast[0].axis].src[0].arg == 32, opts

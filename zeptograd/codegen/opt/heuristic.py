@@ -117,10 +117,17 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
     # of every loop, whichever ranges its index uses; the store once per output element)
     in_reduce = {u for red in plan.ast.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()}
-    out_work = prod(max_trip_count(r) for r in axes if r.arg[1] is not AxisType.REDUCE)
     # ... unless its index uses no reduce range: then it is hoisted out of the reduce loops (softmax's max[row])
     runs_in_reduce = {u for u in idxs if u in in_reduce and any(r.arg[1] is AxisType.REDUCE for r in u.src[1].ranges)}
-    weight = {u: total_work if u in runs_in_reduce else out_work for u in idxs}
+
+    def runs(u: UOp) -> int:  # an access outside a reduce runs in the loops its index uses and those around them:
+        # the linearizer hoists it out of inner loops it does not use (batchnorm's gamma[c] over (n, c, h, w))
+        used = u.src[1].ranges
+        inner = max((r.arg[0] for r in used), default=-1)
+        loops = [r for r in axes if r.arg[1] is not AxisType.REDUCE and (r in used or r.arg[0] < inner)]
+        return prod(max_trip_count(r) for r in loops)
+
+    weight = {u: total_work if u in runs_in_reduce else runs(u) for u in idxs}
 
     def contiguous_count(r: UOp) -> int:
         return sum(weight[u] for u in idxs if stride(u.src[1], r) == 1)
