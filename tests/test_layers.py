@@ -31,6 +31,7 @@ ENGINE_API = {
     "realized_value",
     "realized_or_none",
     "with_realized_values",
+    "note_built",  # a node just built over with_realized_values output: later walks stop there (setitem loops)
 }
 
 

@@ -102,3 +102,13 @@ def test_a_costly_prologue_of_a_large_matmul_is_stored():
     assert len(kernels(x.layernorm() @ w)) == 4
     y = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose((x.layernorm() @ w).numpy(), y @ wn, rtol=1e-3, atol=1e-3)
+
+
+def test_a_broadcast_product_read_across_its_rows_stays_inline():
+    """A matmul written by hand, `(a[:, :, None] * b[None]).sum(1)`: the product's layout is (i, k, j) while the loops
+    run k innermost, but its loads are a[i, k] and b[k, j], not the product's rows: nothing is stored (the transposed
+    read penalty applies only to a node whose buffers share its layout, as `y + y.T`)."""
+    (a, an), (b, bn) = realized(64, 256), realized(256, 32)
+    t = (a.reshape(64, 256, 1) * b.reshape(1, 256, 32)).sum(1)
+    assert len(kernels(t)) == 1
+    np.testing.assert_allclose(t.numpy(), an @ bn, rtol=1e-4, atol=1e-3)

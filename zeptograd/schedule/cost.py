@@ -12,6 +12,7 @@ Costs are rough cycles per element on one core, summed along the inlined graph; 
 
 from __future__ import annotations
 
+from zeptograd.buffers import view_base
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import GroupOp, Ops, UOp, const_trip_count
 
@@ -34,6 +35,7 @@ class CostModel:
         self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
         self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
+        self.same_layout: dict[UOp, bool] = {}
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
         consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
@@ -50,6 +52,12 @@ class CostModel:
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
             self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
+            # its buffers are read in its own layout (elementwise ops down to them): a transposed read of it is a
+            # transposed read of each of them
+            self.same_layout[u] = view_base(u) is not None or (
+                u.op in GroupOp.Elementwise
+                and all(s in realized or s.op is Ops.REDUCE_AXIS or uniform(s) or self.same_layout[s] for s in u.src)
+            )
         for u in reversed(nodes):  # consumers first
             users = consumers.get(u, [])
             self.feeds_index[u] = bool(users) and all(
@@ -80,12 +88,19 @@ class CostModel:
             if any(t is None for t in trips):
                 return False  # a symbolic loop: no estimate
             strided = reads_across_rows(idx, scope)
-            extra = (STRIDED_LOAD - LOAD) * self.loads[x] if strided else 0
+            extra = (STRIDED_LOAD - LOAD) * self.loads[x] if strided and self.same_layout[x] else 0
             inline += (self.work[x] + extra) * prod(trips)
             keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
             if inline > keep:
                 return True
         return False
+
+
+def uniform(u: UOp) -> bool:
+    """A constant broadcast by view ops: read at no cost in any layout."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u.op is Ops.CONST
 
 
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
