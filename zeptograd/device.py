@@ -97,6 +97,7 @@ class Buffer:
         self.device, self.size, self.dtype = device, size, dtype
         self._mem: np.ndarray | None = None  # what the device's allocator returned (host memory on CPU)
         self._allocator: Allocator | None = None
+        self._ptr: int | None = None  # the address kernels take, read once (numpy's .ctypes makes an object per read)
 
     @property
     def nbytes(self) -> int:
@@ -116,8 +117,10 @@ class Buffer:
 
     @property
     def ptr(self) -> int:
-        mem = self.ensure_allocated()._mem
-        return mem.ctypes.data if type(mem) is np.ndarray else self._allocator.handle(mem)  # type: ignore[union-attr]
+        if (p := self._ptr) is None:
+            mem = self.ensure_allocated()._mem
+            p = self._ptr = mem.ctypes.data if type(mem) is np.ndarray else self._allocator.handle(mem)  # type: ignore
+        return p
 
     def copyin(self, data: np.ndarray) -> Buffer:
         self.ensure_allocated()
