@@ -192,7 +192,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
     check_capacity([b for item in items for b in item.bufs])
     for item in items:
-        if _capturing:
+        if _capturing.stack:
             _capturing[-1].append(item)
         kernel = get_kernel(item.device, item.ast, item.bufs)
         for b in item.bufs:
@@ -213,7 +213,7 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
         GlobalCounters.global_ops += kernel.n_ops
         mem = sum(b.nbytes for b in item.bufs)
         GlobalCounters.global_mem += mem
-        if DEBUG >= 2:
+        if DEBUG.value >= 2:
             print(
                 f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
                 f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
@@ -253,7 +253,7 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 def remember_realized(node: UOp, value: UOp):
     _realized[node] = value
-    if _capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
+    if _capturing.stack:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
         if (readers := _readers.get(buf)) is None:

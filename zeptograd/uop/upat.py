@@ -384,6 +384,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
     Iterative: an explicit stack, never Python recursion, so graph depth is unbounded.
     """
     done: dict[UOp, UOp] = {}
+    rewrite, steps = pm.rewrite, 0
     # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux
     stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
     while stack:
@@ -391,20 +392,20 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
         if n in done:
             continue
         if stage == 0:
-            rewrite_steps[0] += 1
-            if bottom_up and (r := pm.rewrite(n, ctx)) is not None:
+            steps += 1
+            if bottom_up and (r := rewrite(n, ctx)) is not None:
                 stack.append((n, 2, r))
                 stack.append((r, 0, None))
                 continue
             stack.append((n, 1, None))
-            stack.extend((s, 0, None) for s in reversed(n.src) if s not in done)
+            stack.extend([(s, 0, None) for s in reversed(n.src) if s not in done])
         elif stage == 1:
-            new_src = tuple(done[s] for s in n.src)
+            new_src = tuple(map(done.__getitem__, n.src))
             if new_src != n.src:
                 nn = UOp(n.op, n.dtype, new_src, n.arg)
                 stack.append((n, 2, nn))
                 stack.append((nn, 0, None))
-            elif not bottom_up and (r := pm.rewrite(n, ctx)) is not None:
+            elif not bottom_up and (r := rewrite(n, ctx)) is not None:
                 stack.append((n, 2, r))
                 stack.append((r, 0, None))
             else:
@@ -412,6 +413,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
         else:
             assert aux is not None
             done[n] = done[aux]
+    rewrite_steps[0] += steps
     return done[sink]
 
 
