@@ -287,6 +287,7 @@ DEVICE_GRAMMAR = "KIND[:INDEX][:COMPILER]"
 class _Device:
     def __init__(self):
         self._opened: dict[str, CompiledDevice] = {}
+        self._spellings: dict[str, str] = {}  # a valid name -> its one spelling (every Tensor() asks)
 
     def canonicalize(self, device: str | None) -> str:
         """A device name in its one spelling. The grammar is KIND[:INDEX][:COMPILER]: an integer field is a device
@@ -294,6 +295,8 @@ class _Device:
         `CPU:LLVM`, `CPU:0:C`). CL and CUDA number their devices; CPU, PYTHON and NULL have only index 0 for now."""
         if device is None:
             return self.DEFAULT
+        if type(device) is str and (known := self._spellings.get(device)) is not None:
+            return known
         if not isinstance(device, str):
             raise ArgumentTypeError(f"a device is a string like 'CPU' or 'CL:1', got {type(device).__name__}")
         kind, *fields = device.upper().split(":")
@@ -309,7 +312,10 @@ class _Device:
             raise ArgumentError(
                 f"device {device!r}: {kind} has only device index 0 ({DEVICE_GRAMMAR}: {kind} and {kind}:0 name it)"
             )
-        return kind + (f":{index}" if index else "") + (f":{compiler}" if compiler else "")
+        canonical = kind + (f":{index}" if index else "") + (f":{compiler}" if compiler else "")
+        if len(self._spellings) < 256:
+            self._spellings[device] = canonical
+        return canonical
 
     def __getitem__(self, device: str) -> CompiledDevice:
         device = self.canonicalize(device)
