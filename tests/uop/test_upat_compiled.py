@@ -52,6 +52,22 @@ def reference_match(p: UPat, u: UOp, store: dict) -> list[dict]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def compile_at_once(monkeypatch):
+    """Rules compiled on an op's first rewrite (not after PatternMatcher's warm-up), so the tests see compiled code."""
+    monkeypatch.setattr(upat, "COMPILE_AFTER", 1)
+
+
+def test_rules_are_interpreted_until_an_op_was_rewritten_compile_after_times(monkeypatch):
+    monkeypatch.setattr(upat, "COMPILE_AFTER", 3)
+    x = var("x")
+    pm = PatternMatcher([(UPat.var("a") + 0, lambda a: a)])
+    assert pm.rewrite(x + 0) is x and isinstance(pm._by_op[Ops.ADD], upat._Warmup)
+    assert pm.rewrite(x + 1) is None and isinstance(pm._by_op[Ops.ADD], upat._Warmup)
+    assert pm.rewrite(c(0) + x) is x and not isinstance(pm._by_op[Ops.ADD], upat._Warmup)  # the third: compiled
+    assert pm.rewrite(x + 0) is x and pm.rewrite(x + 1) is None
+
+
 def test_commutative_pattern_matches_both_orders():
     x = var("x")
     seen = []
@@ -194,7 +210,7 @@ def random_upat(rng: random.Random, depth: int, names: str) -> UPat:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_compiled_bindings_equal_the_reference_in_order(seed):
+def test_compiled_bindings_equal_the_reference_in_order(seed, monkeypatch):
     """Every binding, in the reference's order (the order a rule sees them), on random patterns and graphs."""
     rng = random.Random(seed)
     nodes = list(dict.fromkeys(u for _ in range(12) for u in random_uop(rng, 4).toposort()))
@@ -206,9 +222,11 @@ def test_compiled_bindings_equal_the_reference_in_order(seed):
             assert pat.match(u, {}) == want, (pat, u)
             n_matched += bool(want)
             # the rule sees the bindings in that order: each call records one, the last one is taken
-            tried = []
-            assert PatternMatcher([(pat, lambda **kw: tried.append(kw))]).rewrite(u) is None
-            assert tried == want, (pat, u)
+            for compile_after in (1, 10**9):  # compiled, and interpreted (an op's first rewrites)
+                monkeypatch.setattr(upat, "COMPILE_AFTER", compile_after)
+                tried = []
+                assert PatternMatcher([(pat, lambda **kw: tried.append(kw))]).rewrite(u) is None
+                assert tried == want, (pat, u, compile_after)
     assert n_matched > 50  # the random patterns do match often enough to compare orders
 
 

@@ -260,7 +260,8 @@ def _collector(p: UPat) -> Callable[[UOp, list], list]:
 
 
 def _match_all(p: UPat, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
-    """The bindings of p on u, built eagerly and recursively: only for a pattern Python refuses to compile."""
+    """The bindings of p on u, built eagerly and recursively: for an op's first rewrites (_Warmup) and a pattern
+    Python refuses to compile."""
     if p.op is not None and u.op not in p.op:
         return []
     if p.dtype is not None and u.dtype not in p.dtype and u.dtype.scalar not in p.dtype:
@@ -290,8 +291,9 @@ def _match_all(p: UPat, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
 class PatternMatcher:
     """A flat list of `(UPat, fn)` rules, indexed by op. `fn` gets the bound names (and `ctx` if it asks).
 
-    Each op's rules are compiled into one Python function on the first rewrite of a node with that op
-    (_compile_rules); with TRACK_MATCH_STATS each rule is compiled alone, to be counted and timed."""
+    Each op's rules are compiled into one Python function (_compile_rules) once COMPILE_AFTER nodes of that op were
+    rewritten (before, they are interpreted: compiling costs what ~100 interpreted matches do, and a short process
+    meets most ops only a few times); with TRACK_MATCH_STATS each rule is compiled alone, to be counted and timed."""
 
     def __init__(self, rules: list[tuple[UPat, Callable]]):
         self.rules = rules
@@ -312,7 +314,7 @@ class PatternMatcher:
             return self._rewrite_tracked(u, ctx)
         if (fn := self._by_op.get(u.op)) is None:
             rules = self.pdict.get(u.op)
-            fn = self._by_op[u.op] = _compile_rules(rules) if rules else _no_rules
+            fn = self._by_op[u.op] = _Warmup(self, u.op, rules) if rules else _no_rules
         return fn(u, ctx)
 
     def _rewrite_tracked(self, u: UOp, ctx: Any) -> UOp | None:
@@ -330,6 +332,25 @@ class PatternMatcher:
 
 def _no_rules(u: UOp, ctx: Any) -> None:
     return None
+
+
+COMPILE_AFTER = 32  # rewrites of one op (in one PatternMatcher) interpreted before its rules are compiled
+
+
+class _Warmup:
+    """An op's rules before they are compiled: interpreted (UPat.match's bindings, in the same order), counted."""
+
+    __slots__ = ("pm", "op", "rules", "calls")
+
+    def __init__(self, pm: PatternMatcher, op: Ops, rules: list[tuple[UPat, Callable, bool]]):
+        self.pm, self.op, self.rules, self.calls = pm, op, rules, 0
+
+    def __call__(self, u: UOp, ctx: Any) -> Any:
+        self.calls += 1
+        if self.calls >= COMPILE_AFTER:
+            compiled = self.pm._by_op[self.op] = _compile_rules(self.rules)
+            return compiled(u, ctx)
+        return _interpret_rules(self.rules, u, ctx)
 
 
 def _takes_ctx(fn: Callable) -> bool:
