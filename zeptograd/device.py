@@ -139,6 +139,7 @@ class Buffer:
         self.device, self.size, self.dtype = device, size, dtype
         self._mem: Any = None  # what the device's allocator returned (host memory on CPU); None until allocated
         self._allocator: Allocator | None = None
+        self._ptr: Any = None  # the address kernels take, read once (numpy's .ctypes makes an object per read)
 
     @property
     def nbytes(self) -> int:
@@ -164,11 +165,12 @@ class Buffer:
 
     @property
     def ptr(self) -> Any:
-        """What a kernel call receives for this buffer (Allocator.handle): the address of host memory."""
-        if type(self._mem) is np.ndarray:  # host memory (HostAllocator.handle), on every kernel call: no calls
-            return self._mem.ctypes.data
-        allocator, mem = self._memory()
-        return allocator.handle(mem)
+        """What a kernel call receives for this buffer (Allocator.handle): for host memory its address. Read once:
+        numpy's .ctypes makes an object per read."""
+        if (p := self._ptr) is None:
+            allocator, mem = self._memory()
+            p = self._ptr = mem.ctypes.data if type(mem) is np.ndarray else allocator.handle(mem)
+        return p
 
     def copyin(self, data: np.ndarray) -> Buffer:
         allocator, mem = self._memory()
@@ -360,6 +362,7 @@ DEVICE_GRAMMAR = "KIND[:INDEX][:COMPILER]"
 class _Device:
     def __init__(self):
         self._opened: dict[str, CompiledDevice] = {}
+        self._spellings: dict[str, str] = {}  # a valid name -> its one spelling (every Tensor() asks)
 
     def canonicalize(self, device: str | None) -> str:
         """A device name in its one spelling. The grammar is KIND[:INDEX][:COMPILER]: an integer field is a device
@@ -367,6 +370,8 @@ class _Device:
         `CPU:LLVM`, `CPU:0:C`). CL and CUDA number their devices; CPU, PYTHON and NULL have only index 0 for now."""
         if device is None:
             return self.DEFAULT
+        if type(device) is str and (known := self._spellings.get(device)) is not None:
+            return known
         if not isinstance(device, str):
             raise ArgumentTypeError(f"a device is a string like 'CPU' or 'CL:1', got {type(device).__name__}")
         kind, *fields = device.upper().split(":")
@@ -382,7 +387,10 @@ class _Device:
             raise ArgumentError(
                 f"device {device!r}: {kind} has only device index 0 ({DEVICE_GRAMMAR}: {kind} and {kind}:0 name it)"
             )
-        return kind + (f":{index}" if index else "") + (f":{compiler}" if compiler else "")
+        canonical = kind + (f":{index}" if index else "") + (f":{compiler}" if compiler else "")
+        if len(self._spellings) < 256:
+            self._spellings[device] = canonical
+        return canonical
 
     def __getitem__(self, device: str) -> CompiledDevice:
         device = self.canonicalize(device)

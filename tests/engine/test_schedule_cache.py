@@ -142,3 +142,47 @@ def test_random_expressions_match_the_uncached_schedule():
             ref = op(Tensor(x), Tensor(y)).numpy()
         got = op(Tensor(x), Tensor(y)).numpy()
         np.testing.assert_allclose(got, ref, rtol=1e-6)
+
+
+def test_negative_zero_is_another_constant(count):
+    """The key tells args apart as UOp interning does: -0.0 and 0.0 are equal in Python but not in a product."""
+    x = np.array([-1.0, 2.0], dtype=np.float32)
+    pos = count.realize(realized(x) * 0.0)
+    neg = count.realize(realized(x) * -0.0)
+    np.testing.assert_array_equal(np.signbit(pos), np.signbit(x * np.float32(0.0)))
+    np.testing.assert_array_equal(np.signbit(neg), np.signbit(x * np.float32(-0.0)))
+    assert count.misses == 2
+
+
+def test_a_hit_builds_no_uop_for_its_key(count, monkeypatch):
+    """The key comes from one walk of the graph (which also looks for Variables): a hit builds no placeholder UOps,
+    no substituted graph and no SINK to walk again."""
+    from zeptograd.uop import ops
+
+    a, b = realized(rnd(16, seed=5)), realized(rnd(16, seed=6))
+    count.realize(a + b)
+    lazy = a * b - a  # no constant: another test may have realized the same constant node to a buffer
+    c, d = realized(rnd(16, seed=7)), realized(rnd(16, seed=8))
+    count.realize(c * d - c)  # the template
+    made = []
+    real_call = ops.UOpMeta.__call__
+    monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    hits = sc.Stats.hits
+    lazy.realize()
+    monkeypatch.undo()
+    assert sc.Stats.hits == hits + 1
+    assert made.count(ops.Ops.BUFFER) == 1 and set(made) <= {ops.Ops.BUFFER, ops.Ops.DEVICE}  # the new output only
+    np.testing.assert_allclose(lazy.numpy(), a.numpy() * b.numpy() - a.numpy(), rtol=1e-6)
+
+
+def test_inputs_a_jit_noted_as_realized_still_hit(count):
+    """TinyJit realizes its inputs (an input buffer is noted as realized to itself): eager calls after it still hit."""
+    from zeptograd import TinyJit
+
+    a, b = realized(rnd(16, seed=1)), realized(rnd(16, seed=2))
+    f = TinyJit(lambda x, y: x * y)
+    for _ in range(3):
+        f(a, b)
+    for _ in range(3):
+        np.testing.assert_allclose(count.realize(a - b), a.numpy() - b.numpy(), rtol=1e-6)
+    assert (count.misses, count.hits) == (1, 2)

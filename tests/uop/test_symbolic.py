@@ -218,3 +218,20 @@ def test_simplify_is_idempotent_on_examples():
     for e in [(a * 4 + b) // 4, (a * 3 + b * 2 + 7) % 5, (a - b) * 3 + b * 3, (a + b).maximum(a * 2)]:
         s = e.simplify()
         assert s.simplify() is s
+
+
+def test_a_sum_is_rebuilt_once_while_it_lives(monkeypatch):
+    """Every stage simplifies again: a sum met before is not rebuilt again (its canonical form is known). No // or %
+    here, so only the like-terms rule builds sums."""
+    import zeptograd.uop.symbolic as symbolic_module
+
+    a, b = UOp.variable("a", 0, 7), UOp.variable("b", 0, 7)
+    messy = (a * 2 + b) + (a * 3 + 5)
+    splits = []
+    real_build = symbolic_module.build_sum
+    monkeypatch.setattr(symbolic_module, "build_sum", lambda *args: splits.append(args[2]) or real_build(*args))
+    first = messy.simplify()
+    n_first = len(splits)
+    assert first is a * 5 + b + 5 and n_first > 0
+    assert messy.simplify() is first and len(splits) == n_first  # nothing rebuilt the second time
+    assert first.simplify() is first and len(splits) == n_first

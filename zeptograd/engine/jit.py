@@ -199,7 +199,9 @@ def _value(u: UOp) -> UOp:
 def _whole_buffer(u: UOp) -> Buffer | None:
     """The Buffer behind a realized tensor's uop (a BUFFER or a reshape of one; for a symbolic shape, a view of its
     first elements), else None."""
-    base = view_base(_value(u))
+    base = view_base(u)
+    if base is None and (value := _realize._realized.get(u)) is not None:  # view_base(_value(u)), one view_base less
+        base = view_base(value)
     return buffers[base] if base is not None else None
 
 
@@ -363,7 +365,7 @@ class CapturedJit:
         calls = self.calls
         for ci, pos, key in self.input_slots:
             calls[ci][1][pos] = in_bufs[key].ptr
-        if DEBUG >= 2:
+        if DEBUG.value >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
         checks = self.checks
         if checks and -1 in checks:  # those after pruned kernels: their values are the capture's
@@ -422,9 +424,9 @@ class TinyJit:
     def __call__(self, *args, **kwargs):
         tensors, others = _split_args(args, kwargs)
         with self._lock:
-            if self.cnt == 0 or _realize._capturing:
+            if self.cnt == 0 or _realize._capturing.stack:
                 ret = self._run(args, kwargs, tensors)
-                if not _realize._capturing:  # inside another jit's capture: a plain call, not one of this jit's
+                if not _realize._capturing.stack:  # inside another jit's capture: a plain call, not one of this jit's
                     self.cnt = 1
                 return ret
             if self.cnt == 1:
@@ -569,15 +571,19 @@ class TinyJit:
                 outs.append(Tensor(rebind(spec[1], var_vals), device=spec[2]))
             elif spec[0] == "in":  # the function returned an input: the caller's tensor, as an eager call would
                 outs.append(tensors[spec[1]])
-            else:
-                outs.append(_buffer_tensor(spec[1], rebind_shape(spec[2], var_vals), spec[3]))
+            else:  # a fresh BUFFER uop each call: what was realized from the last call's output is not reused
+                outs.append(
+                    _buffer_tensor(spec[1], rebind_shape(spec[2], var_vals) if cap.symbolic else spec[2], spec[3])
+                )
         return _wrap(cap.ret, outs)
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):
         if tensors.keys() == cap.signature.keys() and others.keys() == cap.others.keys():  # the usual case, quicker
+            signature = cap.signature
             for k, t in tensors.items():
-                if (unbound_shape(t.shape), t.dtype, t.device) != cap.signature[k]:
+                u = t.uop  # without Variables in the capture, a shape holding one differs bound or unbound
+                if (u.shape if not cap.symbolic else unbound_shape(u.shape), u.dtype, t.device) != signature[k]:
                     break
             else:
                 if all(_same_value(a, cap.others[k]) for k, a in others.items()):

@@ -16,6 +16,7 @@ from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
+from zeptograd.engine import schedule_cache
 from zeptograd.engine.schedule_cache import cached_schedule
 from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
 from zeptograd.schedule.copy import CopyProgram, copy_name
@@ -218,7 +219,7 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
     check_capacity([b for item in items for b in item.bufs])
     for item in items:
-        if _capturing:
+        if _capturing.stack:
             _capturing[-1].append(item)
         kernel = get_kernel(item.device, item.ast, item.bufs)
         for b in item.bufs:
@@ -239,7 +240,7 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
         GlobalCounters.global_ops += kernel.n_ops
         mem = sum(b.nbytes for b in item.bufs)
         GlobalCounters.global_mem += mem
-        if DEBUG >= 2:
+        if DEBUG.value >= 2:
             print(
                 f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
                 f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
@@ -248,17 +249,24 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
 
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
-    outs = substitute_realized([t.uop for t in tensors], _realized if not _capturing else _capturing[-1].realized)
+    uops = [t.uop for t in tensors]
     t0 = time.perf_counter()
+    realized = _realized if not _capturing.stack else _capturing[-1].realized
+    try:  # one walk: the schedule cache's key, and whether a node was realized before
+        w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
+    except KeyError:  # a BUFFER without a Buffer: cached_schedule says so
+        w = None
+    outs = uops if w is not None else substitute_realized(uops, realized)
     var_vals: dict[str, int] = {}
-    if variable.in_use and variable.has_symbols(outs):  # schedule the unbound graph: one schedule for all values
+    symbolic = w.symbolic if w is not None else variable.in_use and variable.has_symbols(outs)
+    if symbolic:  # schedule the unbound graph: one schedule for all values
         unbound, var_vals, done = variable.strip_binds(outs)
         items, ubecomes = cached_schedule(unbound, create_schedule)
         back = {v: k for k, v in done.items()}
         becomes = {back[k]: variable.rebind(v, var_vals) for k, v in ubecomes.items() if k in back}
     else:
-        items, becomes = cached_schedule(outs, create_schedule)  # create_schedule, or the template of an equal graph
-    if DEBUG >= 1:
+        items, becomes = cached_schedule(outs, create_schedule, w)  # create_schedule, or an equal graph's template
+    if DEBUG.value >= 1:
         n, ms = len(items), (time.perf_counter() - t0) * 1e3
         print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")
     return items, outs, becomes, var_vals
@@ -275,10 +283,12 @@ def remember_realized(node: UOp, value: UOp):
     _realized_count[0] += 1
     if _clean:
         _clean.clear()
-    if _capturing:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
+    if _capturing.stack:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
-        _readers.setdefault(buf, weakref.WeakSet()).add(node)
+        if (readers := _readers.get(buf)) is None:
+            readers = _readers[buf] = weakref.WeakSet()
+        readers.add(node)
 
 
 def forget_written(buf: UOp):
@@ -298,13 +308,16 @@ def _realize_tensors(tensors: list[Tensor]):
     for old in becomes:
         if old.op is Ops.ASSIGN:
             forget_written(buffer_under(old.src[0]))
+    noted = {}  # node -> value remembered in the first loop, not noted twice
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
         if new is not t.uop:
             remember_realized(t.uop, new)
+            noted[t.uop] = new
             t.uop = new
     for old, new in becomes.items():
-        remember_realized(old, new)
+        if noted.get(old) is not new:
+            remember_realized(old, new)
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:

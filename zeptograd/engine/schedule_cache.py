@@ -2,9 +2,11 @@
 
 Eager code repeats the same small graphs on new buffers ((a+b).realize() in a loop, one training step after
 another). Scheduling one (fold, rangeify, symbolic index arithmetic, lowering) costs about a millisecond; looking
-its template up costs microseconds. The key is the graph with every BUFFER replaced by a placeholder numbered by
-first use of its Buffer (so `a+a` and `a+b` differ) and carrying its dtype and size, each ASSIGN's unique id
-replaced by its order in the graph, plus the values of all the Context knobs. A template stores the
+its template up costs microseconds. The key comes from one walk of the graph that builds no UOp (`walk`): per node
+its op, dtype, arg and the positions of its sources, with every BUFFER's arg a placeholder numbered by first use of
+its Buffer (so `a+a` and `a+b` differ) carrying its size, each ASSIGN's unique id replaced by its order in the
+graph; plus the values of all the Context knobs. The same walk tells realize.py whether the graph holds a node
+realized before (it is then substituted and walked again). A template stores the
 ScheduleItems with their buffers as slots (an input of the graph or a new buffer to allocate), and what each
 realized node becomes, with the same placeholders. `SCHEDULE_CACHE=0` turns it off.
 """
@@ -12,13 +14,14 @@ realized node becomes, with the same placeholders. `SCHEDULE_CACHE=0` turns it o
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable
 
 from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
-from zeptograd.dtype import dtypes
 from zeptograd.helpers import ContextVar
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop import variable
+from zeptograd.uop.ops import Ops, UOp, _arg_key
 from zeptograd.uop.upat import graph_substitute
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
@@ -31,7 +34,7 @@ Slot = tuple[int, int]  # (0, i): the graph's i-th input Buffer; (1, j): the j-t
 class Template:
     items: list[tuple[Any, list[Slot]]]  # (ScheduleItem with bufs=[], a slot per buffer)
     new_bufs: list[tuple[str, int, Any]]  # (device, size, dtype) of each new Buffer
-    becomes: dict[UOp, UOp]  # node of the key graph -> its value, over placeholders
+    becomes: dict[int, UOp]  # position of a node in the graph's Walk -> its value, over placeholders
 
 
 class Stats:
@@ -51,39 +54,76 @@ def _placeholder(u: UOp, tag: tuple[str, int]) -> UOp:
     return UOp(Ops.BUFFER, u.dtype, u.src, (tag, u.arg[1]))
 
 
-def _abstract(outs: list[UOp]) -> tuple[UOp, list[Buffer], list[UOp], dict[UOp, UOp]]:
-    """(the key graph, the input Buffers in order, a BUFFER uop of each, this graph's node -> key graph's node)."""
-    sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
-    done: dict[UOp, UOp] = {}
+@dataclasses.dataclass
+class Walk:
+    """One walk of a graph: its key (no UOp is built for it), its nodes in order, and its input Buffers."""
+
+    key: tuple  # per node (op, dtype, arg, positions of its sources); a BUFFER's arg is ("in", i, size)
+    nodes: list[UOp]  # sources before users; a node's position is its place here
+    position: dict[UOp, int]
+    in_bufs: list[Buffer]  # by first use
+    in_uops: list[UOp]  # a BUFFER uop of each
+    symbolic: bool  # whether a node is a Variable or holds one in its arg (variable.has_symbols, in the same walk)
+
+
+def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
+    """The graph of `outs` as a cache key, in one iterative walk; None if `realized` maps a node of it to another
+    node (it must be replaced by its value first). A KeyError for a BUFFER without a Buffer."""
+    position: dict[UOp, int] = {}
+    nodes: list[UOp] = []
+    key: list[tuple] = []
     in_bufs: list[Buffer] = []
     in_uops: list[UOp] = []
     index: dict[int, int] = {}
     n_assign = 0
-    for n in sink.toposort():
-        if n.op is Ops.BUFFER:
-            b = buffers[n]
-            if (i := index.get(id(b))) is None:
-                i = index[id(b)] = len(in_bufs)
-                in_bufs.append(b)
-                in_uops.append(n)
-            done[n] = _placeholder(n, ("in", i))
-        elif n.op is Ops.ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
-            done[n] = UOp(n.op, n.dtype, tuple(done[s] for s in n.src), ("assign", n_assign))
-            n_assign += 1
-        else:
-            new_src = tuple(done[s] for s in n.src)
-            done[n] = n if new_src == n.src else UOp(n.op, n.dtype, new_src, n.arg)
-    return done[sink], in_bufs, in_uops, done
+    symbolic, look_for_symbols = False, variable.in_use  # until a Variable is bound, there is none to find
+    held = buffers.data  # the WeakKeyDictionary's own dict: a lookup without a Python-level call
+    fast_realized = realized.data if isinstance(realized, weakref.WeakKeyDictionary) else None
+    stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
+    while stack:
+        u, expanded = stack.pop()
+        if u in position:
+            continue
+        if expanded:
+            src = tuple(map(position.__getitem__, u.src))
+            if u.op is Ops.BUFFER:
+                b = held[weakref.ref(u)]
+                if (i := index.get(id(b))) is None:
+                    i = index[id(b)] = len(in_bufs)
+                    in_bufs.append(b)
+                    in_uops.append(u)
+                arg: Any = ("in", i, u.arg[1])
+            elif u.op is Ops.ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
+                arg, n_assign = ("assign", n_assign), n_assign + 1
+            else:
+                arg = _arg_key(u.arg)  # as UOp interning tells args apart: -0.0 is not 0.0
+            if look_for_symbols and not symbolic:
+                symbolic = u.op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
+            position[u] = len(nodes)
+            nodes.append(u)
+            key.append((u.op, u.dtype, arg, src))
+            continue
+        if realized is not None:  # a node realized to another node (an input buffer may be noted as itself)
+            if fast_realized is not None:
+                if (value := fast_realized.get(weakref.ref(u))) is not None and value is not u:
+                    return None
+            elif u in realized and realized[u] is not u:
+                return None
+        stack.append((u, True))
+        for s in reversed(u.src):
+            if s not in position:
+                stack.append((s, False))
+    key.append((Ops.SINK, tuple(position[u] for u in outs)))
+    return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
 
 
 def _knobs() -> tuple:
-    return tuple((k, v.value) for k, v in ContextVar._cache.items())
+    """The value of every knob (knobs are only ever added to ContextVar._cache, so the values name them)."""
+    return tuple([v.value for v in ContextVar._cache.values()])
 
 
-def _make_template(
-    items: list, becomes: dict[UOp, UOp], in_bufs: list[Buffer], done: dict[UOp, UOp]
-) -> Template | None:
-    in_index = {id(b): i for i, b in enumerate(in_bufs)}
+def _make_template(items: list, becomes: dict[UOp, UOp], w: Walk) -> Template | None:
+    in_index = {id(b): i for i, b in enumerate(w.in_bufs)}
     new_index: dict[int, int] = {}
     new_bufs: list[tuple[str, int, Any]] = []
 
@@ -106,9 +146,9 @@ def _make_template(
             ):
                 return None
         titems.append((dataclasses.replace(item, bufs=[]), [slot(b) for b in item.bufs]))
-    tbecomes: dict[UOp, UOp] = {}
+    tbecomes: dict[int, UOp] = {}
     for old, new in becomes.items():
-        if old not in done:
+        if old not in w.position:
             continue
         mapping: dict[UOp, UOp] = {}
         for n in new.toposort():
@@ -120,7 +160,7 @@ def _make_template(
                     mapping[n] = _placeholder(n, ("new", new_index[id(b)]))
                 else:
                     return None  # a buffer the schedule neither reads nor makes
-        tbecomes[done[old]] = graph_substitute(new, mapping)
+        tbecomes[w.position[old]] = graph_substitute(new, mapping)
     return Template(titems, new_bufs, tbecomes)
 
 
@@ -133,8 +173,9 @@ def _copy_item(item: Any, bufs: list[Buffer]) -> Any:
     return dataclasses.replace(item, bufs=bufs)
 
 
-def _instantiate(t: Template, in_bufs: list[Buffer], in_uops: list[UOp], done: dict[UOp, UOp]):
+def _instantiate(t: Template, w: Walk):
     new = [Buffer(dev, size, dtype) for dev, size, dtype in t.new_bufs]
+    in_bufs, in_uops = w.in_bufs, w.in_uops
     items = [_copy_item(item, [in_bufs[i] if kind == 0 else new[i] for kind, i in slots]) for item, slots in t.items]
     new_uops: dict[int, UOp] = {}
 
@@ -147,11 +188,8 @@ def _instantiate(t: Template, in_bufs: list[Buffer], in_uops: list[UOp], done: d
         return new_uops[i]
 
     becomes = {}
-    back = {k: n for n, k in done.items()} if len(t.becomes) > 1 else None  # key graph node -> this graph's node
-    for knode, value in t.becomes.items():
-        node = back.get(knode) if back is not None else next((n for n, k in done.items() if k is knode), None)
-        if node is None:
-            continue
+    for pos, value in t.becomes.items():
+        node = w.nodes[pos]
         if value.op is Ops.BUFFER:
             becomes[node] = real(value)
         elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
@@ -161,22 +199,25 @@ def _instantiate(t: Template, in_bufs: list[Buffer], in_uops: list[UOp], done: d
     return items, becomes
 
 
-def cached_schedule(outs: list[UOp], create_schedule: Callable) -> tuple[list, dict[UOp, UOp]]:
-    """create_schedule(outs), from the template of an equal-structure graph when one was scheduled before."""
+def cached_schedule(outs: list[UOp], create_schedule: Callable, w: Walk | None = None) -> tuple[list, dict[UOp, UOp]]:
+    """create_schedule(outs), from the template of an equal-structure graph when one was scheduled before. `w`: the
+    walk of outs, where the caller made it already."""
     if not SCHEDULE_CACHE:
         return create_schedule(outs)
-    try:
-        key_graph, in_bufs, in_uops, done = _abstract(outs)
-    except KeyError:  # a BUFFER without a Buffer: schedule it the slow way
-        Stats.uncacheable += 1
-        return create_schedule(outs)
-    key = (key_graph, _knobs())
+    if w is None:
+        try:
+            w = walk(outs)
+        except KeyError:  # a BUFFER without a Buffer: schedule it the slow way
+            Stats.uncacheable += 1
+            return create_schedule(outs)
+        assert w is not None
+    key = (w.key, _knobs())
     if (t := _cache.get(key)) is not None:
         Stats.hits += 1
-        return _instantiate(t, in_bufs, in_uops, done)
+        return _instantiate(t, w)
     Stats.misses += 1
     items, becomes = create_schedule(outs)
-    t = _make_template(items, becomes, in_bufs, done)
+    t = _make_template(items, becomes, w)
     if t is None:
         Stats.uncacheable += 1
     else:

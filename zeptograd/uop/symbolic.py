@@ -7,6 +7,7 @@ these rules to make a reshape, a permute or a shrink cost nothing at run time.
 from __future__ import annotations
 
 import math
+import weakref
 
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
@@ -53,12 +54,21 @@ def build_sum(terms: list[tuple[UOp, int]], const: int, like: UOp) -> UOp:
     return ret if const == 0 else ret + UOp.const(like.dtype, const)
 
 
+# a sum -> its canonical form (None: it is canonical already), while the sum lives. graph_rewrite meets one sum in
+# many passes (each stage simplifies again) and most are canonical: split and rebuilt, they come back as themselves
+_like_terms_done: weakref.WeakKeyDictionary[UOp, UOp | None] = weakref.WeakKeyDictionary()
+
+
 def fold_like_terms(x: UOp) -> UOp | None:
     """# a*2 + b + a*3 + 1 + 2 -> a*5 + b + 3 (and the sum in canonical left-nested order)"""
     if not is_int(x):
         return None
+    if (known := _like_terms_done.get(x, x)) is not x:
+        return known
     terms, const = split_sum(x)
-    return build_sum(terms, const, x)
+    ret = build_sum(terms, const, x)
+    _like_terms_done[x] = None if ret is x else ret  # never x itself: a value holding its key would never die
+    return ret
 
 
 def fold_vrange(x: UOp) -> UOp | None:

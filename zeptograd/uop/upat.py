@@ -5,6 +5,8 @@ from __future__ import annotations
 import atexit
 import functools
 import inspect
+import itertools
+import linecache
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -66,41 +68,232 @@ class UPat(MathMixin):
         return f"UPat({ops}, name={self.name!r}, src={self.src!r}, arg={self.arg!r})"
 
     def match(self, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
-        """Every binding under which `u` matches this pattern (several when commutative orders both match)."""
-        if self.op is not None and u.op not in self.op:
+        """Every binding under which `u` matches this pattern, in the order a rule sees them (for a commutative op,
+        the sources' order, then the swapped order), each merged with `store` (a name in it must bind its node).
+        PatternMatcher does not call this: its compiled matchers bind lazily (_compile_rules)."""
+        collect = _collector(self)
+        found = collect(u, [])
+        if store:
+            found = [{**store, **b} for b in found if all(store.get(k, v) is v for k, v in b.items())]
+        return found
+
+
+# ***** compiling patterns to straight-line Python *****
+# A rule's pattern becomes nested `if`s over the UOp's fields, in the order the pattern lists them (the op, dtype,
+# arg, custom check and name of a node, then its sources left to right): the first failing check falls through to
+# the next rule, and nothing is allocated before the rule's function runs. A commutative node with two source
+# patterns is a loop over the two orders; a name seen before is an `is` check against the node it bound. Bindings are
+# tried in the order UPat.match lists them: where both sources of a commutative node can bind in several ways (each
+# holds a commutative node), the two orders are two branches that visit the sources in each order's sequence.
+
+
+class _Source:
+    """The text of one generated function: lines, and the objects it names (as module-level constants)."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.consts: dict[str, Any] = {}
+        self._names: dict[int, str] = {}  # id(object) -> its constant name (the object is held in consts)
+        self.n_tmp = 0
+
+    def const(self, obj: Any) -> str:
+        if (name := self._names.get(id(obj))) is None:
+            name = self._names[id(obj)] = f"_k{len(self.consts)}"
+            self.consts[name] = obj
+        return name
+
+    def tmp(self) -> str:
+        self.n_tmp += 1
+        return f"_t{self.n_tmp}"
+
+    def emit(self, depth: int, line: str):
+        self.lines.append("    " * depth + line)
+
+
+def _commutative(p: UPat) -> bool:
+    return p.src is not None and len(p.src) == 2 and p.op is not None and p.op <= GroupOp.Commutative
+
+
+def _several_bindings(p: UPat) -> bool:
+    """Whether p can match one UOp in more than one way (it holds a commutative node)."""
+    stack = [p]
+    while stack:
+        q = stack.pop()
+        if _commutative(q):
+            return True
+        stack.extend(q.src or ())
+    return False
+
+
+def _checks_nothing(p: UPat) -> bool:
+    return p.op is None and p.dtype is None and p.arg is None and p.custom is None and p.name is None and p.src is None
+
+
+Leaf = Callable[[_Source, int, dict[str, str]], None]
+
+
+def _emit_pattern(
+    g: _Source, work: list[tuple[UPat, str]], depth: int, bound: dict[str, str], leaf: Leaf, root_op: bool
+):
+    """Emit the checks of each (pattern, expression) in `work` in turn, nested, then `leaf` with the bound names
+    (name -> expression). The pattern's recursion here is over its own small depth, never the graph's."""
+    while work:
+        (p, expr), work = work[0], work[1:]
+        conds: list[str] = []
+        v = expr
+        if not _checks_nothing(p) and not expr.isidentifier():
+            v = g.tmp()
+            g.emit(depth, f"{v} = {expr}")
+        if p.op is not None and (root_op or expr != "u"):
+            conds.append(f"{v}.op is {g.const(next(iter(p.op)))}" if len(p.op) == 1 else f"{v}.op in {g.const(p.op)}")
+        if p.dtype is not None:
+            if len(p.dtype) == 1:
+                k = g.const(next(iter(p.dtype)))
+                conds.append(f"({v}.dtype is {k} or {v}.dtype.scalar is {k})")
+            else:
+                k = g.const(p.dtype)
+                conds.append(f"({v}.dtype in {k} or {v}.dtype.scalar in {k})")
+        if p.arg is not None:
+            conds.append(f"not ({v}.arg != {g.const(p.arg)})")
+            if not isinstance(p.arg, Ops):  # 0 == False == 0.0, but a pattern's arg names one constant exactly
+                conds.append(f"type({v}.arg) is {g.const(type(p.arg))}")
+        if p.custom is not None:
+            conds.append(f"{g.const(p.custom)}({v})")
+        if p.name is not None:
+            if p.name in bound:
+                conds.append(f"{v} is {bound[p.name]}")
+            else:
+                bound = {**bound, p.name: v}
+        if conds:
+            g.emit(depth, f"if {' and '.join(conds)}:")
+            depth += 1
+        if p.src is None:
+            continue
+        s = g.tmp()
+        g.emit(depth, f"{s} = {v}.src")
+        g.emit(depth, f"if len({s}) {'>=' if p.allow_any_len else '=='} {len(p.src)}:")
+        depth += 1
+        if _commutative(p):
+            first, second = p.src
+            if _several_bindings(first) and _several_bindings(second):  # each order visits its sources in sequence
+                o = g.tmp()
+                g.emit(depth, f"for {o} in (0, 1):")
+                g.emit(depth + 1, f"if {o} == 0:")
+                _emit_pattern(g, [(first, f"{s}[0]"), (second, f"{s}[1]"), *work], depth + 2, bound, leaf, root_op)
+                g.emit(depth + 1, "else:")
+                _emit_pattern(g, [(second, f"{s}[0]"), (first, f"{s}[1]"), *work], depth + 2, bound, leaf, root_op)
+                return
+            a, b = g.tmp(), g.tmp()
+            orders = f"({s}, ({s}[1], {s}[0]))" if not p.allow_any_len else f"(({s}[0], {s}[1]), ({s}[1], {s}[0]))"
+            g.emit(depth, f"for {a}, {b} in {orders}:")
+            depth += 1
+            work = [(first, a), (second, b), *work]
+        else:
+            work = [(q, f"{s}[{i}]") for i, q in enumerate(p.src) if not _checks_nothing(q)] + work
+    leaf(g, depth, bound)
+
+
+def _rule_leaf(fn: Callable, takes_ctx: bool) -> Leaf:
+    """Call the rule's function with the bound names; a result other than None or the node itself is the rewrite."""
+
+    def leaf(g: _Source, depth: int, bound: dict[str, str]):
+        args = [f"{name}={expr}" for name, expr in bound.items()]
+        g.emit(depth, f"_r = {g.const(fn)}({', '.join((['ctx=ctx'] if takes_ctx else []) + args)})")
+        g.emit(depth, "if _r is not None and _r is not u:")
+        g.emit(depth + 1, "return _r")
+
+    return leaf
+
+
+def _collect_leaf(g: _Source, depth: int, bound: dict[str, str]):
+    g.emit(depth, f"_out.append({{{', '.join(f'{name!r}: {expr}' for name, expr in bound.items())}}})")
+
+
+_n_built = itertools.count()
+
+
+def _build(g: _Source, name: str, params: str, ret: str) -> Callable | None:
+    """The function the lines of g are the body of, or None where Python refuses it (too deeply nested)."""
+    text = "\n".join([f"def {name}({params}):", *g.lines, f"    return {ret}"])
+    filename = f"<upat {name} {next(_n_built)}>"
+    try:
+        code = compile(text, filename, "exec")
+    except (SyntaxError, RecursionError, MemoryError):
+        return None
+    namespace = dict(g.consts)
+    exec(code, namespace)
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # tracebacks show the lines
+    return namespace[name]
+
+
+def _compile_rules(rules: list[tuple[UPat, Callable, bool]]) -> Callable[[UOp, Any], Any]:
+    """One function (u, ctx) -> the first rewrite the rules give, tried in order; u's op is one the rules accept
+    (PatternMatcher dispatches on it), so the root's op is not checked again."""
+    g = _Source()
+    for pat, fn, takes_ctx in rules:
+        _emit_pattern(g, [(pat, "u")], 1, {}, _rule_leaf(fn, takes_ctx), root_op=False)
+    if (compiled := _build(g, "rewrite", "u, ctx", "None")) is not None:
+        return compiled
+    return functools.partial(_interpret_rules, rules)  # a pattern too deep to compile
+
+
+def _interpret_rules(rules: list[tuple[UPat, Callable, bool]], u: UOp, ctx: Any) -> Any:
+    for pat, fn, takes_ctx in rules:
+        for store in _match_all(pat, u, {}):
+            ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
+            if ret is not None and ret is not u:
+                return ret
+    return None
+
+
+_collectors: dict[int, tuple[UPat, Callable]] = {}  # id(pattern) -> (the pattern, kept alive; its collector)
+
+
+def _collector(p: UPat) -> Callable[[UOp, list], list]:
+    """(u, out) -> out with every binding of p on u appended (UPat.match), compiled once per pattern."""
+    if (hit := _collectors.get(id(p))) is None:
+        g = _Source()
+        _emit_pattern(g, [(p, "u")], 1, {}, _collect_leaf, root_op=True)
+        fn = _build(g, "match", "u, _out", "_out")
+        hit = _collectors[id(p)] = (p, fn if fn is not None else (lambda u, out: out + _match_all(p, u, {})))
+    return hit[1]
+
+
+def _match_all(p: UPat, u: UOp, store: dict[str, UOp]) -> list[dict[str, UOp]]:
+    """The bindings of p on u, built eagerly and recursively: for an op's first rewrites (_Warmup) and a pattern
+    Python refuses to compile."""
+    if p.op is not None and u.op not in p.op:
+        return []
+    if p.dtype is not None and u.dtype not in p.dtype and u.dtype.scalar not in p.dtype:
+        return []
+    if p.arg is not None and (u.arg != p.arg or (type(u.arg) is not type(p.arg) and not isinstance(p.arg, Ops))):
+        return []
+    if p.custom is not None and not p.custom(u):
+        return []
+    if p.name is not None:
+        if p.name in store and store[p.name] is not u:
             return []
-        if self.dtype is not None and u.dtype not in self.dtype and u.dtype.scalar not in self.dtype:
-            return []
-        if self.arg is not None and u.arg != self.arg:
-            return []
-        if self.arg is not None and type(u.arg) is not type(self.arg) and not isinstance(self.arg, Ops):
-            return []  # 0 == False == 0.0, but a pattern's arg names one constant exactly
-        if self.custom is not None and not self.custom(u):
-            return []
-        if self.name is not None:
-            if self.name in store and store[self.name] is not u:
-                return []
-            store = {**store, self.name: u}
-        if self.src is None:
-            return [store]
-        if len(u.src) < len(self.src) or (len(u.src) != len(self.src) and not self.allow_any_len):
-            return []
-        orders: Any = [self.src]
-        if len(self.src) == 2 and self.op is not None and self.op <= GroupOp.Commutative:
-            orders = [self.src, self.src[::-1]]
-        out: list[dict[str, UOp]] = []
-        for order in orders:
-            stores = [store]
-            for p, s in zip(order, u.src):
-                stores = [m for st in stores for m in p.match(s, st)]
-                if not stores:
-                    break
-            out.extend(stores)
-        return out
+        store = {**store, p.name: u}
+    if p.src is None:
+        return [store]
+    if len(u.src) < len(p.src) or (len(u.src) != len(p.src) and not p.allow_any_len):
+        return []
+    orders = [p.src, p.src[::-1]] if _commutative(p) else [p.src]
+    out: list[dict[str, UOp]] = []
+    for order in orders:
+        stores = [store]
+        for q, s in zip(order, u.src):
+            stores = [m for st in stores for m in _match_all(q, s, st)]
+        out.extend(stores)
+    return out
 
 
 class PatternMatcher:
-    """A flat list of `(UPat, fn)` rules, indexed by op. `fn` gets the bound names (and `ctx` if it asks)."""
+    """A flat list of `(UPat, fn)` rules, indexed by op. `fn` gets the bound names (and `ctx` if it asks).
+
+    Each op's rules are compiled into one Python function (_compile_rules) once COMPILE_AFTER nodes of that op were
+    rewritten (before, they are interpreted: compiling costs what ~100 interpreted matches do, and a short process
+    meets most ops only a few times); with TRACK_MATCH_STATS each rule is compiled alone, to be counted and timed."""
 
     def __init__(self, rules: list[tuple[UPat, Callable]]):
         self.rules = rules
@@ -110,22 +303,54 @@ class PatternMatcher:
             for op in pat.op if pat.op is not None else Ops:
                 self.pdict[op].append(entry)
         self.pdict = dict(self.pdict)
+        self._by_op: dict[Ops, Callable[[UOp, Any], Any]] = {}  # op -> its rules, compiled (filled on first use)
+        self._by_rule: dict[tuple[int, int], Callable[[UOp, Any], Any]] = {}  # TRACK_MATCH_STATS: one rule each
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
-        for pat, fn, takes_ctx in self.pdict.get(u.op, ()):
-            t0 = time.perf_counter() if TRACK_MATCH_STATS else 0.0
-            for store in pat.match(u, {}):
-                ret = fn(ctx=ctx, **store) if takes_ctx else fn(**store)
-                if ret is not None and ret is not u:
-                    if TRACK_MATCH_STATS:
-                        _record(_rule_name(pat, fn), True, time.perf_counter() - t0)
-                    return ret
-            if TRACK_MATCH_STATS:
-                _record(_rule_name(pat, fn), False, time.perf_counter() - t0)
+        if TRACK_MATCH_STATS.value:
+            return self._rewrite_tracked(u, ctx)
+        if (fn := self._by_op.get(u.op)) is None:
+            rules = self.pdict.get(u.op)
+            fn = self._by_op[u.op] = _Warmup(self, u.op, rules) if rules else _no_rules
+        return fn(u, ctx)
+
+    def _rewrite_tracked(self, u: UOp, ctx: Any) -> UOp | None:
+        for entry in self.pdict.get(u.op, ()):
+            key = (id(entry[0]), id(entry[1]))
+            if (fn := self._by_rule.get(key)) is None:
+                fn = self._by_rule[key] = _compile_rules([entry])
+            t0 = time.perf_counter()
+            ret = fn(u, ctx)
+            _record(_rule_name(entry[0], entry[1]), ret is not None, time.perf_counter() - t0)
+            if ret is not None:
+                return ret
         return None
+
+
+def _no_rules(u: UOp, ctx: Any) -> None:
+    return None
+
+
+COMPILE_AFTER = 32  # rewrites of one op (in one PatternMatcher) interpreted before its rules are compiled
+
+
+class _Warmup:
+    """An op's rules before they are compiled: interpreted (UPat.match's bindings, in the same order), counted."""
+
+    __slots__ = ("pm", "op", "rules", "calls")
+
+    def __init__(self, pm: PatternMatcher, op: Ops, rules: list[tuple[UPat, Callable, bool]]):
+        self.pm, self.op, self.rules, self.calls = pm, op, rules, 0
+
+    def __call__(self, u: UOp, ctx: Any) -> Any:
+        self.calls += 1
+        if self.calls >= COMPILE_AFTER:
+            compiled = self.pm._by_op[self.op] = _compile_rules(self.rules)
+            return compiled(u, ctx)
+        return _interpret_rules(self.rules, u, ctx)
 
 
 def _takes_ctx(fn: Callable) -> bool:
@@ -180,6 +405,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
     Iterative: an explicit stack, never Python recursion, so graph depth is unbounded.
     """
     done: dict[UOp, UOp] = {}
+    rewrite, steps = pm.rewrite, 0
     # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux
     stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
     while stack:
@@ -187,20 +413,20 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
         if n in done:
             continue
         if stage == 0:
-            rewrite_steps[0] += 1
-            if bottom_up and (r := pm.rewrite(n, ctx)) is not None:
+            steps += 1
+            if bottom_up and (r := rewrite(n, ctx)) is not None:
                 stack.append((n, 2, r))
                 stack.append((r, 0, None))
                 continue
             stack.append((n, 1, None))
-            stack.extend((s, 0, None) for s in reversed(n.src) if s not in done)
+            stack.extend([(s, 0, None) for s in reversed(n.src) if s not in done])
         elif stage == 1:
-            new_src = tuple(done[s] for s in n.src)
+            new_src = tuple(map(done.__getitem__, n.src))
             if new_src != n.src:
                 nn = UOp(n.op, n.dtype, new_src, n.arg)
                 stack.append((n, 2, nn))
                 stack.append((nn, 0, None))
-            elif not bottom_up and (r := pm.rewrite(n, ctx)) is not None:
+            elif not bottom_up and (r := rewrite(n, ctx)) is not None:
                 stack.append((n, 2, r))
                 stack.append((r, 0, None))
             else:
@@ -208,6 +434,7 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
         else:
             assert aux is not None
             done[n] = done[aux]
+    rewrite_steps[0] += steps
     return done[sink]
 
 
