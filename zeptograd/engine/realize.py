@@ -155,7 +155,7 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if (
         BEAM >= 1
         and bufs is not None
-        and device.split(":")[0] not in ("PYTHON", "NULL")
+        and dev.beam_timing  # an interpreter's or a dry run's times mean nothing
         and not any(u.op is Ops.DEFINE_VAR for u in ast.toposort())
     ):  # BEAM times kernels without variable values
         from zeptograd.engine.search import beam_search
@@ -169,7 +169,7 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
             print(f"{i:4d} {u.op.name:<14} {str(u.dtype):<20} {[uops.index(s) for s in u.src]} {u.arg!r}")
     name = kernel_name(ast)
     spec = dev.renderer.render(name, uops)  # type: ignore[attr-defined]
-    if spec.vars and spec.global_size[0] > 1 and not getattr(dev.renderer, "has_local", False):
+    if spec.vars and not dev.renderer.has_local and spec.cores > 1:
         spec = replace(spec, work=symbolic_work(ast))  # small values run on one core (device.run_on_cores)
     if DEBUG >= 4:
         print(spec.src)
