@@ -91,7 +91,7 @@ def test_the_work_of_an_inlined_node_sums_its_ops_and_loads(op, expected):
     (a, _), (b, _) = realized(4, 4), realized(4, 4)
     t = a.exp2() if op == "exp" else a + b
     sink = t.uop
-    model = CostModel(list(sink.toposort()), set())
+    model = CostModel(list(sink.toposort()), set(), lambda u, req: [])
     assert model.work[sink] == expected
 
 
@@ -112,3 +112,14 @@ def test_a_broadcast_product_read_across_its_rows_stays_inline():
     t = (a.reshape(64, 256, 1) * b.reshape(1, 256, 32)).sum(1)
     assert len(kernels(t)) == 1
     np.testing.assert_allclose(t.numpy(), an @ bn, rtol=1e-4, atol=1e-3)
+
+
+def test_a_prologue_read_across_rows_by_a_conv_is_stored():
+    """batchnorm before a 1x1 conv: the conv reduces over channels, so inlined, every load of x moves a whole
+    channel plane per step of the reduce (and the prologue runs once per output channel): stored, contiguous."""
+    (x, xn), (w, wn) = realized(8, 32, 16, 16), realized(32, 32, 1, 1)
+    (g, gn), (b, bn) = realized(32), realized(32)
+    t = x.batchnorm(g, b, Tensor.zeros(32), Tensor.ones(32)).conv2d(w)
+    assert len(kernels(t)) == 2
+    y = xn * gn[None, :, None, None] + bn[None, :, None, None]
+    np.testing.assert_allclose(t.numpy(), np.einsum("nchw,oc->nohw", y, wn[:, :, 0, 0]), rtol=1e-4, atol=1e-3)

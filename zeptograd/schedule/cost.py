@@ -12,6 +12,9 @@ Costs are rough cycles per element on one core, summed along the inlined graph; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from zeptograd.buffers import view_base
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import GroupOp, Ops, UOp, const_trip_count
@@ -23,6 +26,7 @@ STRIDED_LOAD = 64  # an element read across rows: a cache line for one element
 STORE = 8  # an element written (the line is read for ownership first)
 KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
+MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
 
 COMPARISONS = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
@@ -31,11 +35,11 @@ COMPARISONS = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
 class CostModel:
     """Per-node estimates over the tensor graph, stopping at nodes that are materialized up front."""
 
-    def __init__(self, nodes: list[UOp], realized: set[UOp]):
+    def __init__(self, nodes: list[UOp], realized: set[UOp], src_requests: Callable):
+        self.src_requests, self.realized = src_requests, realized  # how a node reads its sources (the index walk)
         self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
         self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
-        self.same_layout: dict[UOp, bool] = {}
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
         consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
@@ -52,12 +56,6 @@ class CostModel:
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
             self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
-            # its buffers are read in its own layout (elementwise ops down to them): a transposed read of it is a
-            # transposed read of each of them
-            self.same_layout[u] = view_base(u) is not None or (
-                u.op in GroupOp.Elementwise
-                and all(s in realized or s.op is Ops.REDUCE_AXIS or uniform(s) or self.same_layout[s] for s in u.src)
-            )
         for u in reversed(nodes):  # consumers first
             users = consumers.get(u, [])
             self.feeds_index[u] = bool(users) and all(
@@ -72,6 +70,23 @@ class CostModel:
     def read_loads(self, s: UOp, realized: set[UOp]) -> int:
         return 1 if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in realized else self.loads[s]
 
+    def loads_across_rows(self, x: UOp, req, scope: set[UOp]) -> int:
+        """The buffer loads of x inlined at req that move across rows as the innermost loop in scope advances: each
+        buffer reached through x's view ops, read at the index the request becomes there (the walk stops at
+        reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes, counting the rest as contiguous)."""
+        inner = max(scope, key=lambda r: r.arg[0])
+        stack, seen, strided = [(x, req)], set[tuple[UOp, Any]](), 0
+        while stack and len(seen) < MAX_LAYOUT_WALK:
+            u, ureq = stack.pop()
+            if (u, ureq) in seen:
+                continue
+            seen.add((u, ureq))
+            if view_base(u) is not None or (u is not x and u in self.realized):
+                strided += moves_across_rows(ureq[0], inner)
+            elif u.op is not Ops.REDUCE_AXIS:
+                stack.extend((s, sreq) for s, sreq, _ in self.src_requests(u, ureq))
+        return strided
+
     @staticmethod
     def static(x: UOp) -> bool:
         return all(isinstance(s, int) for s in x.tensor_shape)
@@ -83,24 +98,17 @@ class CostModel:
             return False
         keep = (self.work[x] + STORE) * prod(x.tensor_shape) + KERNEL
         inline = 0
-        for (idx, _), scope in reqs.items():
+        for (idx, _valid), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
             if any(t is None for t in trips):
                 return False  # a symbolic loop: no estimate
             strided = reads_across_rows(idx, scope)
-            extra = (STRIDED_LOAD - LOAD) * self.loads[x] if strided and self.same_layout[x] else 0
+            extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, _valid), scope) if strided else 0
             inline += (self.work[x] + extra) * prod(trips)
             keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
             if inline > keep:
                 return True
         return False
-
-
-def uniform(u: UOp) -> bool:
-    """A constant broadcast by view ops: read at no cost in any layout."""
-    while u.op in GroupOp.Movement:
-        u = u.src[0]
-    return u.op is Ops.CONST
 
 
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
@@ -109,6 +117,13 @@ def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
     used = {r for i in idx for r in i.ranges}
     inner = max((r.arg[0] for r in used), default=-1)
     return [r for r in scope if r in used or r.arg[0] < inner]
+
+
+def moves_across_rows(idx: tuple[UOp, ...], inner: UOp) -> bool:
+    """Whether the loop `inner` moves a read at idx by more than one element: it appears in an outer dimension's
+    index (a read that does not use it at all stays on one element: a broadcast)."""
+    moving = [i for i in idx if i.op is not Ops.CONST]
+    return bool(moving) and any(inner in i.ranges for i in moving[:-1])
 
 
 def reads_across_rows(idx: tuple[UOp, ...], scope: set[UOp]) -> bool:

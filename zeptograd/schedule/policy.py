@@ -36,7 +36,7 @@ class MaterializationPolicy:
         self.rf.realize |= nofuse_realize(nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
         self.rf.realize |= self.long_chains()
         self.rf.realize |= self.contractions_with_costly_epilogue()
-        self.cost = CostModel(nodes, self.rf.realize)
+        self.cost = CostModel(nodes, self.rf.realize, self.rf.src_requests)
         return self.rf.realize
 
     def must_realize(self, x: UOp, reqs: Requests) -> bool:
