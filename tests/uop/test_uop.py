@@ -33,7 +33,7 @@ def test_interning_equal_uops_are_the_same_object():
     assert x + y is x + y
     assert UOp(Ops.ADD, dtypes.int, (x, y)) is x + y
     assert (x * 2 + y) // 4 is (x * 2 + y) // 4
-    assert UOp(Ops.NOOP, dtypes.void, (), ("a", 1)) is UOp(Ops.NOOP, dtypes.void, (), ("a", 1))
+    assert UOp(Ops.GROUP, dtypes.void, (), ("a", 1)) is UOp(Ops.GROUP, dtypes.void, (), ("a", 1))
 
 
 @pytest.mark.slow
@@ -82,7 +82,7 @@ def test_interning_nan_constant():
 
 def test_unhashable_arg_is_rejected():
     with pytest.raises(TypeError):
-        UOp(Ops.NOOP, dtypes.void, (), [1, 2])
+        UOp(Ops.GROUP, dtypes.void, (), [1, 2])
 
 
 # ----------------------------------------------------------------------------- immutability
@@ -400,12 +400,12 @@ def test_graph_rewrite_reaches_fixed_point():
 
     # a counter that counts down to 0, one step per rewrite
     count = PatternMatcher(
-        [(UPat(Ops.NOOP, name="n"), lambda n: UOp(Ops.NOOP, dtypes.void, (), n.arg - 1) if n.arg > 0 else None)]
+        [(UPat(Ops.GROUP, name="n"), lambda n: UOp(Ops.GROUP, dtypes.void, (), n.arg - 1) if n.arg > 0 else None)]
     )
-    start = UOp(Ops.NOOP, dtypes.void, (), 50)
-    assert graph_rewrite(start, count) is UOp(Ops.NOOP, dtypes.void, (), 0)
-    sink = UOp(Ops.SINK, dtypes.void, (start, UOp(Ops.NOOP, dtypes.void, (), 3)))
-    zero = UOp(Ops.NOOP, dtypes.void, (), 0)
+    start = UOp(Ops.GROUP, dtypes.void, (), 50)
+    assert graph_rewrite(start, count) is UOp(Ops.GROUP, dtypes.void, (), 0)
+    sink = UOp(Ops.SINK, dtypes.void, (start, UOp(Ops.GROUP, dtypes.void, (), 3)))
+    zero = UOp(Ops.GROUP, dtypes.void, (), 0)
     assert graph_rewrite(sink, count) is UOp(Ops.SINK, dtypes.void, (zero, zero))
     assert graph_rewrite(sink, count, bottom_up=True) is UOp(Ops.SINK, dtypes.void, (zero, zero))
 

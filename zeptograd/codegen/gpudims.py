@@ -126,7 +126,7 @@ def add_gpudims(sink: UOp, renderer: Renderer) -> UOp:
     main = set(sink.src[0].toposort()) if sink.op is Ops.SINK and len(sink.src) > 1 else set(nodes)
     ranges = sorted((u for u in nodes if u.op is Ops.RANGE and u in main), key=lambda r: r.arg[0])
     const_ranges = [r for r in ranges if const_trip_count(r) is not None]
-    outputs = [r for r in const_ranges if r.arg[1] in (AxisType.LOOP, AxisType.GLOBAL)]
+    outputs = [r for r in const_ranges if r.arg[1] is AxisType.LOOP]
     local = [r for r in const_ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]
     if len(local) != len([r for r in ranges if r.arg[1] in (AxisType.LOCAL, AxisType.GROUP)]):
         raise OptError("LOCAL/GROUP need an axis of constant size")

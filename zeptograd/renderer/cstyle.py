@@ -124,7 +124,7 @@ cfamily_rules: list[tuple[UPat, Callable]] = [
     # INDEX(p, 0) -> p ; INDEX(p, i) -> (p+i)
     (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.const(None, 0)), allow_any_len=True), lambda ctx, p: ctx[p]),
     (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i")), allow_any_len=True), lambda ctx, p, i: f"({ctx[p]}+{ctx[i]})"),
-    (UPat((Ops.GROUP, Ops.NOOP)), lambda: ""),
+    (UPat(Ops.GROUP), lambda: ""),
     (UPat(Ops.CONST, name="x"), lambda ctx, x: ctx.ren.render_const(x.arg, x.dtype)),
     (UPat(Ops.DEFINE_GLOBAL, name="x"), _define_global),
     (UPat(Ops.DEFINE_VAR, name="x"), _define_var),

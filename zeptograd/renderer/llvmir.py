@@ -346,7 +346,7 @@ class _Function:
                     self.label(f"{blk}_exit")
             elif op is Ops.AFTER:
                 r[u] = r[src[0]]
-            elif op in (Ops.GROUP, Ops.NOOP, Ops.SINK):
+            elif op in (Ops.GROUP, Ops.SINK):
                 pass
             elif op is Ops.INDEX:
                 base = src[0].dtype.base  # type: ignore[attr-defined]

@@ -213,7 +213,7 @@ class PythonProgram(Program):
                 for k, rp in enumerate(rngs):
                     self.end_of[rp] = (i, k)
                 self.kind[i] = 2
-            elif op in (Ops.GROUP, Ops.NOOP, Ops.SINK):
+            elif op in (Ops.GROUP, Ops.SINK):
                 self.kind[i] = 5
             elif op is Ops.LOAD:
                 self.kind[i], self.fns[i] = 3, (src[0], dt.count, dt)

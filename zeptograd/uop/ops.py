@@ -47,7 +47,6 @@ class Ops(Enum):
     GEP = auto()  # arg=(lane, ...): lanes of a vector
     SPECIAL = auto()  # arg=name: a thread id
     GROUP = auto()  # src=statements (stores) that belong together, e.g. the lanes of an expanded store
-    NOOP = auto()
     DEFINE_LOCAL = auto()  # arg=name; dtype base.ptr(size, local=True): GPU shared memory of a work-group
     BARRIER = auto()  # src=stores it waits for: a GPU work-group barrier
     # alu
@@ -122,8 +121,6 @@ class AxisType(Enum):
     REDUCE = auto()  # an axis a reduce consumes
     UPCAST = auto()  # an output axis turned into vector lanes
     UNROLL = auto()  # a reduce axis turned into vector lanes
-    THREAD = auto()  # split across CPU cores
-    GLOBAL = auto()
     LOCAL = auto()
     GROUP = auto()
 

@@ -124,7 +124,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
-        if (opt.op is OptOps.UPCAST) != (kind in (AxisType.LOOP, AxisType.THREAD, AxisType.GLOBAL)):
+        if (opt.op is OptOps.UPCAST) != (kind is AxisType.LOOP):
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
     if opt.op is OptOps.THREAD:
         if kind is not AxisType.LOOP:
@@ -163,7 +163,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         new = core * _div(n, opt.arg) + (UOp.range(_div(n, opt.arg), r.arg[0], AxisType.LOOP) if n != opt.arg else 0)
     elif opt.op in (OptOps.LOCAL, OptOps.GROUP):
         # RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP): neighbouring threads take neighbouring elements
-        if not (kind in (AxisType.LOOP, AxisType.GLOBAL) if opt.op is OptOps.LOCAL else kind is AxisType.REDUCE):
+        if not (kind is AxisType.LOOP if opt.op is OptOps.LOCAL else kind is AxisType.REDUCE):
             raise OptError(f"{opt}: LOCAL splits output loops, GROUP reduce loops; axis {opt.axis} is {kind.name}")
         inner = UOp.range(opt.arg, next_id, AxisType.LOCAL if opt.op is OptOps.LOCAL else AxisType.GROUP)
         new = inner if opt.arg == n else UOp.range(_div(n, opt.arg), r.arg[0], kind) * opt.arg + inner
