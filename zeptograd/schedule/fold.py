@@ -33,25 +33,25 @@ def uniform_const(u: UOp) -> UOp | None:
 
 def _fold_alu(x: UOp) -> UOp | None:
     """# alu(const, const, ...) -> const, at the node's shape"""
-    consts = [uniform_const(s) for s in x.src]
-    if any(c is None or isinstance(c.arg, UOp) for c in consts):
-        return None  # symbolic constants stay: their value is known only when the kernel runs
-    device = consts[0].src[0].arg  # type: ignore[union-attr]
-    return const_broadcast(exec_alu(x.op, x.dtype, [c.arg for c in consts]), x.dtype, device, x.shape)  # type: ignore
+    consts = [c for s in x.src if (c := uniform_const(s)) is not None and not isinstance(c.arg, UOp)]
+    if len(consts) != len(x.src):
+        return None  # a source that is not a constant, or a symbolic one (its value is known only when the kernel runs)
+    device = consts[0].src[0].arg
+    return const_broadcast(exec_alu(x.op, x.dtype, [c.arg for c in consts]), x.dtype, device, x.tensor_shape)
 
 
 def _fold_reduce(x: UOp) -> UOp | None:
     """# sum(const) -> const*N ; max(const) -> const ; a reduce over an axis of size 0 -> its identity (no kernel,
     no loop of 0 iterations whose index arithmetic would divide by the 0)"""
     op, axes = x.arg
-    if any(x.src[0].shape[a] == 0 for a in axes if isinstance(x.src[0].shape[a], int)):
+    if any(x.src[0].tensor_shape[a] == 0 for a in axes if isinstance(x.src[0].tensor_shape[a], int)):
         device = tensor_device(x)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
-        return const_broadcast(identity, x.dtype, device, x.shape)
+        return const_broadcast(identity, x.dtype, device, x.tensor_shape)
     c = uniform_const(x.src[0])
     if c is None or isinstance(c.arg, UOp):
         return None
-    n = prod(x.src[0].shape[a] for a in axes)
+    n = prod(x.src[0].tensor_shape[a] for a in axes)
     if isinstance(n, UOp):
         return None  # a reduce over a symbolic axis: its length is known only when the kernel runs
     if op is Ops.ADD:
@@ -60,13 +60,13 @@ def _fold_reduce(x: UOp) -> UOp | None:
         value = c.arg if n else dtypes.min(x.dtype)
     else:
         return None
-    return const_broadcast(value, x.dtype, c.src[0].arg, x.shape)
+    return const_broadcast(value, x.dtype, c.src[0].arg, x.tensor_shape)
 
 
 def _fold_copy(x: UOp) -> UOp | None:
     """# copy(const, device) -> const on that device: a constant has no memory to move"""
     c = uniform_const(x.src[0])
-    return None if c is None else const_broadcast(c.arg, c.dtype, x.src[1].arg, x.shape)
+    return None if c is None else const_broadcast(c.arg, c.dtype, x.src[1].arg, x.tensor_shape)
 
 
 def _canonical_const(x: UOp) -> UOp | None:
@@ -74,7 +74,7 @@ def _canonical_const(x: UOp) -> UOp | None:
     c = uniform_const(x)
     if c is None:
         return None
-    return const_broadcast(c.arg, c.dtype, c.src[0].arg, x.shape)
+    return const_broadcast(c.arg, c.dtype, c.src[0].arg, x.tensor_shape)
 
 
 tensor_fold = PatternMatcher(

@@ -46,20 +46,21 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     for x in rf.nodes:  # every realized node gets a buffer; buffer views of inputs stay as they are
         if x.op is Ops.ASSIGN:  # writes into its target's existing buffer
             old = buffer_under(x.src[0])
+            assert old is not None, "an ASSIGN's target is a view of a buffer (Tensor.assign makes it so)"
             bufs[x] = buffers[old]
             # the target's new contents get a new BUFFER UOp over the same memory: graphs realized from the old
             # contents (the `realized` map is keyed by graph) never answer for the new ones
             new = new_buffer_uop(rf.device[x], old.arg[1], old.dtype, buffers[old])
             becomes[x] = x.src[0].substitute({old: new})
         elif x in rf.realize:
-            buf_uop = new_buffer_uop(rf.device[x], max_size(x.shape), x.dtype)
+            buf_uop = new_buffer_uop(rf.device[x], max_size(x.tensor_shape), x.dtype)
             bufs[x] = buffers[buf_uop]
-            becomes[x] = reshape_uop(buf_uop, x.shape)
+            becomes[x] = reshape_uop(buf_uop, x.tensor_shape)
         elif x.op is Ops.BUFFER:
             bufs[x] = buffers[x]
     items = []
     for x in order_assigns(rf.nodes, [x for x in rf.nodes if x in rf.realize]):
-        if prod(x.shape) == 0 or (x in groups and x is not groups[x][-1]):
+        if prod(x.tensor_shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
         if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
             items.append(ScheduleItem(*copy_item(x, bufs), rf.device[x]))
@@ -82,12 +83,12 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
     read = {s for u in rf.nodes if u.op is not Ops.SINK for s in u.src}
     by_key: dict[tuple, list[UOp]] = {}
     for x in rf.nodes:
-        if x in outputs and x not in read and x.op not in (Ops.ASSIGN, Ops.COPY) and prod(x.shape) > 0:
+        if x in outputs and x not in read and x.op not in (Ops.ASSIGN, Ops.COPY) and prod(x.tensor_shape) > 0:
             by_key.setdefault((x.shape, rf.device[x]), []).append(x)
     groups: dict[UOp, list[UOp]] = {}
     for members in by_key.values():
         if len(members) > 1:
-            shared = rf.fresh_ranges(members[0].shape, AxisType.LOOP)
+            shared = rf.fresh_ranges(members[0].tensor_shape, AxisType.LOOP)
             for m in members:
                 groups[m], rf.group_ranges[m] = members, shared
     return groups
@@ -113,7 +114,7 @@ def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
             for k in kernels:
                 if k is not a and target in reads[k] and a not in below[k]:
                     after[a].add(k)  # k reads the old contents: it runs first
-    order, done, pending = [], set(), list(kernels)
+    order, done, pending = [], set[UOp](), list(kernels)
     while pending:
         ready = next((k for k in pending if after[k] <= done), None)
         if ready is None:

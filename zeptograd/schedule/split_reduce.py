@@ -16,18 +16,18 @@ SPLIT_THRESHOLD = 32768  # input elements per output element before a reduce is 
 
 def split_once(x: UOp) -> UOp | None:
     src, (op, axes) = x.src[0], x.arg
-    if prod(x.shape) == 0 or prod(src.shape) // prod(x.shape) < SPLIT_THRESHOLD:
+    if prod(x.tensor_shape) == 0 or prod(src.tensor_shape) // prod(x.tensor_shape) < SPLIT_THRESHOLD:
         return None
     for ax in axes:
-        d = next((d for d in range(256, 7, -1) if src.shape[ax] % d == 0), None)
-        if d is None or src.shape[ax] // d < 256:
+        d = next((d for d in range(256, 7, -1) if src.tensor_shape[ax] % d == 0), None)
+        if d is None or src.tensor_shape[ax] // d < 256:
             continue
-        shape = src.shape[:ax] + (d, src.shape[ax] // d) + src.shape[ax + 1 :]
+        shape = src.tensor_shape[:ax] + (d, src.tensor_shape[ax] // d) + src.tensor_shape[ax + 1 :]
         inner_axes = tuple(a + (a >= ax) for a in axes if a != ax) + (ax + 1,)
         split = UOp(Ops.RESHAPE, src.dtype, (src,), shape)
         first = UOp(Ops.REDUCE_AXIS, x.dtype, (split,), (op, tuple(sorted(inner_axes))))
         second = UOp(Ops.REDUCE_AXIS, x.dtype, (UOp(Ops.CONTIGUOUS, x.dtype, (first,)),), (op, (ax,)))
-        return UOp(Ops.RESHAPE, x.dtype, (second,), x.shape)
+        return UOp(Ops.RESHAPE, x.dtype, (second,), x.tensor_shape)
     return None
 
 
