@@ -136,8 +136,7 @@ class Optimizer:
                     f"parameter {i} (shape {p.shape}) has no gradient: call loss.backward() before "
                     f"step(), and pass the optimizer only tensors the loss depends on"
                 )
-        # every grad is a Tensor (checked above); tensor/tensor.py leaves Tensor.grad unannotated, inferred as None
-        return self.schedule_step_with_grads([p.grad for p in self.params])  # type: ignore[misc]
+        return self.schedule_step_with_grads([p.grad for p in self.params if p.grad is not None])  # all (checked above)
 
     def schedule_step_with_grads(self, grads: list[Tensor]) -> list[Tensor]:
         if len(grads) != len(self.params):

@@ -66,7 +66,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     ):
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
-        self.requires_grad, self.grad, self.device = requires_grad, None, device
+        self.grad: Tensor | None = None
+        self.requires_grad, self.device = requires_grad, device
         if isinstance(data, UOp):
             if data.shape is None and is_sint(data):  # Tensor(Variable(...).bind(n)): a 0-d tensor of its value
                 data = const_broadcast(sint_arg(data, "Tensor"), dt or dtypes.int32, device, ())
@@ -211,7 +212,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self.numpy().reshape(()).item()
 
     def data(self) -> memoryview:
-        return memoryview(self.numpy())
+        return self.numpy().data  # the array's own memoryview
 
     def detach(self) -> Tensor:
         return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), device=self.device, requires_grad=False)
