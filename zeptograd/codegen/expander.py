@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import split_sum, symbolic
@@ -81,9 +81,10 @@ class Expander:
         self.ast = ast
         nodes = list(ast.toposort())
         expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
-        itemsize = max((u.dtype.base.itemsize for u in nodes if u.op is Ops.DEFINE_GLOBAL), default=4)
+        globals_ = [u.dtype for u in nodes if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType)]
+        itemsize = max((dt.base.itemsize for dt in globals_), default=4)
         self.v = choose_vector_range(ast, expanded, max(1, max_vec_bytes // itemsize))
-        self.width = trip_count(self.v) if self.v is not None else 1
+        self.width = range_lanes(self.v) if self.v is not None else 1
         self.unrolled = [r for r in expanded if r is not self.v]
         self.deps: dict[UOp, frozenset[UOp]] = {}
         for u in nodes:
@@ -98,7 +99,7 @@ class Expander:
         return tuple(r for r in self.unrolled if r in deps)
 
     def keys(self, axes: tuple[UOp, ...]):
-        return itertools.product(*[range(trip_count(r)) for r in axes])
+        return itertools.product(*[range(range_lanes(r)) for r in axes])
 
     def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], vec: bool) -> UOp:
         e = self.exp[u]
@@ -140,12 +141,12 @@ class Expander:
         A gate that differs across the lanes (a pad's border inside the vector) becomes a vector of bools: a masked
         access; one that holds for every lane of this copy (the value ranges decide) is dropped."""
         idx = self.substitute(index.src[1], axes, key)
-        if not is_contiguous(idx, self.v):
+        if self.v is None or not is_contiguous(idx, self.v):
             return None
         valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
         if valid is not None and valid.op is Ops.CONST and valid.arg is True:
             valid = None
-        elif valid is not None and self.v in valid.toposort():  # type: ignore[operator]
+        elif valid is not None and self.v in valid.toposort():
             valid = self.vectorize_expr(valid)
         base = self.substitute(idx, (), (), lane=0)
         return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
@@ -172,7 +173,7 @@ class Expander:
 def expand_range(ctx: Expander, r: UOp) -> Expanded | None:
     """# unrolled RANGE(n) -> copies 0, 1, ..., n-1; the vector RANGE(w) -> VECTORIZE(0, 1, ..., w-1)"""
     if r in ctx.unrolled:
-        return Expanded((r,), {(i,): UOp.const(dtypes.index, i) for i in range(trip_count(r))}, False)
+        return Expanded((r,), {(i,): UOp.const(dtypes.index, i) for i in range(range_lanes(r))}, False)
     if r is ctx.v:
         lanes = tuple(UOp.const(dtypes.index, i) for i in range(ctx.width))
         return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(ctx.width), lanes)}, True)
@@ -287,6 +288,14 @@ pm_expand = PatternMatcher(
         (UPat(name="u"), expand_elementwise),
     ]
 )
+
+
+def range_lanes(r: UOp) -> int:
+    """An UPCAST/UNROLL range's size: always a constant (the optimizer splits a symbolic one into a constant part
+    and a tail loop)."""
+    n = trip_count(r)
+    assert isinstance(n, int), f"an expanded range has a constant size, got {n}"
+    return n
 
 
 def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:
