@@ -46,7 +46,7 @@ class CostModel:
             for s in u.src:
                 consumers.setdefault(s, []).append(u)
         for u in nodes:
-            read = [(self.read_cost(s, realized), self.read_loads(s, realized)) for s in u.src]
+            read = [(self.read_cost(s), self.read_loads(s)) for s in u.src]
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
             if u.op in GroupOp.Transcendental:
                 own = TRANSCENDENTAL
@@ -64,11 +64,11 @@ class CostModel:
             )  # compared with an arange (`arange == idx`), directly or through its own arithmetic
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
-    def read_cost(self, s: UOp, realized: set[UOp]) -> int:
-        return LOAD if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in realized else self.work[s]
+    def read_cost(self, s: UOp) -> int:
+        return LOAD if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in self.realized else self.work[s]
 
-    def read_loads(self, s: UOp, realized: set[UOp]) -> int:
-        return 1 if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in realized else self.loads[s]
+    def read_loads(self, s: UOp) -> int:
+        return 1 if s.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or s in self.realized else self.loads[s]
 
     def loads_across_rows(self, x: UOp, req, scope: set[UOp]) -> int:
         """The buffer loads of x inlined at req that move across rows as the innermost loop in scope advances: each
@@ -98,12 +98,12 @@ class CostModel:
             return False
         keep = (self.work[x] + STORE) * prod(x.tensor_shape) + KERNEL
         inline = 0
-        for (idx, _valid), scope in reqs.items():
+        for (idx, valid), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
             if any(t is None for t in trips):
                 return False  # a symbolic loop: no estimate
             strided = reads_across_rows(idx, scope)
-            extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, _valid), scope) if strided else 0
+            extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, valid), scope) if strided else 0
             inline += (self.work[x] + extra) * prod(trips)
             keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
             if inline > keep:
@@ -120,17 +120,12 @@ def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
 
 
 def moves_across_rows(idx: tuple[UOp, ...], inner: UOp) -> bool:
-    """Whether the loop `inner` moves a read at idx by more than one element: it appears in an outer dimension's
-    index (a read that does not use it at all stays on one element: a broadcast)."""
-    moving = [i for i in idx if i.op is not Ops.CONST]
-    return bool(moving) and any(inner in i.ranges for i in moving[:-1])
+    """Whether the loop `inner` moves a read at idx across rows: it appears in an outer dimension's index and not in
+    the last one's (a read that does not use it stays on one element: a broadcast)."""
+    moving = [i for i in idx if i.op is not Ops.CONST]  # a size-1 or broadcast dimension is read at 0
+    return len(moving) >= 2 and inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
 
 
 def reads_across_rows(idx: tuple[UOp, ...], scope: set[UOp]) -> bool:
-    """Whether a read at idx moves across rows as the innermost loop in scope advances (a transposed read): that
-    loop appears in an outer dimension's index and not in the last one's."""
-    moving = [i for i in idx if i.op is not Ops.CONST]  # a size-1 or broadcast dimension is read at 0
-    if not scope or len(moving) < 2:
-        return False
-    inner = max(scope, key=lambda r: r.arg[0])
-    return inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
+    """Whether a read at idx moves across rows as the innermost loop in scope advances (a transposed read)."""
+    return bool(scope) and moves_across_rows(idx, max(scope, key=lambda r: r.arg[0]))
