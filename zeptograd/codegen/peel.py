@@ -35,22 +35,11 @@ from zeptograd.codegen.opt.tail import bound_ranges
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
-from zeptograd.uop.symbolic import build_sum, split_sum, symbolic
+from zeptograd.uop.symbolic import and_terms, build_sum, split_sum, symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 
 MAX_PEELS = 2  # ranges peeled per loop nest (each one adds two border copies of the nest)
 MAX_LANES = 32  # a nest expanded to more lanes (a register tile) is not copied: compile time, for little gain
-
-
-def _and_terms(g: UOp) -> list[UOp]:
-    out, stack = [], [g]
-    while stack:
-        x = stack.pop()
-        if x.op is Ops.AND and x.dtype == dtypes.bool:
-            stack.extend(x.src)
-        else:
-            out.append(x)
-    return out
 
 
 def _linear(x: UOp, r: UOp) -> tuple[int, UOp] | None:
@@ -94,11 +83,7 @@ def window_gates(nest: UOp, r: UOp) -> list[UOp]:
             u for u in red.src[0].toposort() if u.op is Ops.LOAD and any(x in u.src[0].toposort() for x in red.src[1:])
         ]
         terms = [
-            [
-                t
-                for t in _and_terms(u.src[0].src[2])
-                if r in t.toposort() and any(x in t.toposort() for x in red.src[1:])
-            ]
+            [t for t in and_terms(u.src[0].src[2]) if r in t.toposort() and any(x in t.toposort() for x in red.src[1:])]
             if len(u.src[0].src) > 2
             else []
             for u in moving

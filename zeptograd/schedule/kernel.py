@@ -13,6 +13,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.indexing import Rangeify, Request, flat_index, pad_validity
 from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.symbolic import and_terms
 from zeptograd.uop.upat import graph_substitute
 
 
@@ -108,20 +109,8 @@ def renumber_ranges(ast: UOp) -> UOp:
     return graph_substitute(ast, {k: v for k, v in mapping.items() if k is not v})
 
 
-def and_terms(u: UOp) -> set[UOp]:
-    """The conjuncts of a bool expression: (a & b) & c -> {a, b, c}."""
-    out, stack = set(), [u]
-    while stack:
-        x = stack.pop()
-        if x.op is Ops.AND and x.dtype == dtypes.bool:
-            stack.extend(x.src)
-        else:
-            out.add(x)
-    return out
-
-
 def gated_by(x: UOp, valid: UOp) -> bool:
     """x is a load whose gate already implies valid (a PAD of a buffer: the load reads 0 outside, no WHERE needed)."""
     if x.op is not Ops.LOAD or len(x.src[0].src) < 3:
         return False
-    return and_terms(valid) <= and_terms(x.src[0].src[2])
+    return set(and_terms(valid)) <= set(and_terms(x.src[0].src[2]))

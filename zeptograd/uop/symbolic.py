@@ -25,6 +25,18 @@ def is_intlike(u: UOp) -> bool:
 # ***** sums as (term, coefficient) lists *****
 
 
+def and_terms(u: UOp) -> list[UOp]:
+    """The conjuncts of a bool expression: (a & b) & c -> [a, b, c] (a gate's conditions)."""
+    out, stack = [], [u]
+    while stack:
+        x = stack.pop()
+        if x.op is Ops.AND and x.dtype == dtypes.bool:
+            stack.extend(x.src)
+        else:
+            out.append(x)
+    return out
+
+
 def split_sum(x: UOp) -> tuple[list[tuple[UOp, int]], int]:
     """x == sum(base*coef for base, coef in terms) + const, for an integer x (walked without recursion)."""
     terms: dict[UOp, int] = {}
