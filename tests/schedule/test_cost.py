@@ -123,3 +123,12 @@ def test_a_prologue_read_across_rows_by_a_conv_is_stored():
     assert len(kernels(t)) == 2
     y = xn * gn[None, :, None, None] + bn[None, :, None, None]
     np.testing.assert_allclose(t.numpy(), np.einsum("nchw,oc->nohw", y, wn[:, :, 0, 0]), rtol=1e-4, atol=1e-3)
+
+
+def test_a_matmul_reducing_its_outer_axis_keeps_its_product_inline():
+    """x.T @ g (a weight gradient: the reduce runs over the batch, the operands' outer axis): the loads move across
+    rows with the reduce loop, but the optimizer orders a reduce's loops around its loads, so only output loops
+    count for the transposed-read penalty (it stored the 256x512x784 product: 400 MB, mlp_step 4x slower)."""
+    (x, xn), (g, gn) = realized(256, 784), realized(256, 512)
+    assert len(kernels(x.T @ g)) == 1
+    np.testing.assert_allclose((x.T @ g).numpy(), xn.T @ gn, rtol=1e-4, atol=1e-3)

@@ -17,7 +17,7 @@ from typing import Any
 
 from zeptograd.buffers import view_base
 from zeptograd.helpers import prod
-from zeptograd.uop.ops import GroupOp, Ops, UOp, const_trip_count
+from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, const_trip_count
 
 ALU = 1  # one arithmetic op (vectorized: a fraction of a cycle per element)
 TRANSCENDENTAL = 4  # exp2/log2/sin/sqrt/reciprocal: a polynomial or a long-latency instruction
@@ -74,7 +74,9 @@ class CostModel:
         """The buffer loads of x inlined at req that move across rows as the innermost loop in scope advances: each
         buffer reached through x's view ops, read at the index the request becomes there (the walk stops at
         reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes, counting the rest as contiguous)."""
-        inner = max(scope, key=lambda r: r.arg[0])
+        inner = innermost_output_loop(scope)
+        if inner is None:
+            return 0
         stack, seen, strided = [(x, req)], set[tuple[UOp, Any]](), 0
         while stack and len(seen) < MAX_LAYOUT_WALK:
             u, ureq = stack.pop()
@@ -126,6 +128,13 @@ def moves_across_rows(idx: tuple[UOp, ...], inner: UOp) -> bool:
     return len(moving) >= 2 and inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
 
 
+def innermost_output_loop(scope: set[UOp]) -> UOp | None:
+    """The output loop the stores walk with stride 1. Reduce loops are left out: the optimizer orders and tiles a
+    reduce's loops around its loads (a matmul's operands are read across rows at no such cost)."""
+    return max((r for r in scope if r.arg[1] is AxisType.LOOP), key=lambda r: r.arg[0], default=None)
+
+
 def reads_across_rows(idx: tuple[UOp, ...], scope: set[UOp]) -> bool:
-    """Whether a read at idx moves across rows as the innermost loop in scope advances (a transposed read)."""
-    return bool(scope) and moves_across_rows(idx, max(scope, key=lambda r: r.arg[0]))
+    """Whether a read at idx moves across rows as the innermost output loop in scope advances (a transposed read)."""
+    inner = innermost_output_loop(scope)
+    return inner is not None and moves_across_rows(idx, inner)
