@@ -5,8 +5,10 @@
 3. `schedule/policy.py: MaterializationPolicy.realized_up_front` — what is materialized before the walk.
 4. `schedule/indexing.py: Rangeify.assign_ranges` — index propagation, consumers first, with the policy's
    `must_realize` deciding the nodes whose consumers need them at several places.
-5. `schedule/kernel.py: lower_kernel` — each materialized node (or group of outputs) becomes a kernel.
-6. `order_assigns` (here) orders the kernels; `schedule/memory.py: plan_memory` lets dead intermediates lend
+5. `schedule/bufferize.py: bufferize` — the rangeified graph: each materialized node becomes BUFFERIZE(value,
+   *ranges), read through INDEX; `bufferize_folds` (rewrite rules) remove and shrink what needs no memory.
+6. `schedule/kernel.py: split_kernel` — each remaining BUFFERIZE (or group of outputs) becomes a kernel.
+7. `order_assigns` (here) orders the kernels; `schedule/memory.py: plan_memory` lets dead intermediates lend
    their memory.
 """
 
@@ -16,10 +18,11 @@ from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
+from zeptograd.schedule.bufferize import bufferize, bufferize_folds, stored_size
 from zeptograd.schedule.copy import copy_item
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.indexing import Rangeify
-from zeptograd.schedule.kernel import ScheduleItem, lower_kernel
+from zeptograd.schedule.kernel import ScheduleItem, split_kernel
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.policy import MaterializationPolicy
 from zeptograd.schedule.split_reduce import split_reduces
@@ -41,9 +44,16 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     groups = group_outputs(rf, outputs)
     policy = MaterializationPolicy(rf)
     rf.assign_ranges(policy.realized_up_front(outputs), policy.must_realize)
+    keep = outputs | {x for x in rf.realize if x.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
+    keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
+    graph = bufferize(rf, keep)
+    stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
+    if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
+        graph = graph_rewrite(graph, bufferize_folds)
+        stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
     bufs: dict[UOp, Buffer] = {}
     becomes: dict[UOp, UOp] = {}
-    for x in rf.nodes:  # every realized node gets a buffer; buffer views of inputs stay as they are
+    for x in rf.nodes:  # every stored node gets a buffer; buffer views of inputs stay as they are
         if x.op is Ops.ASSIGN:  # writes into its target's existing buffer
             old = buffer_under(x.src[0])
             assert old is not None, "an ASSIGN's target is a view of a buffer (Tensor.assign makes it so)"
@@ -52,23 +62,27 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             # contents (the `realized` map is keyed by graph) never answer for the new ones
             new = new_buffer_uop(rf.device[x], old.arg[1], old.dtype, buffers[old])
             becomes[x] = x.src[0].substitute({old: new})
-        elif x in rf.realize:
+        elif x in stored or x.op is Ops.COPY and x in rf.realize:
             buf_uop = new_buffer_uop(rf.device[x], max_size(x.tensor_shape), x.dtype)
+            if x in stored and stored_size(stored[x]) != buf_uop.arg[1]:  # an axis it does not vary along dropped
+                buf_uop = new_buffer_uop(rf.device[x], stored_size(stored[x]), x.dtype)
+            else:
+                becomes[x] = reshape_uop(buf_uop, x.tensor_shape)
             bufs[x] = buffers[buf_uop]
-            becomes[x] = reshape_uop(buf_uop, x.tensor_shape)
         elif x.op is Ops.BUFFER:
             bufs[x] = buffers[x]
     items = []
-    for x in order_assigns(rf.nodes, [x for x in rf.nodes if x in rf.realize]):
+    kernels = [x for x in rf.nodes if x in stored or x.op is Ops.COPY and x in rf.realize]
+    for x in order_assigns(rf.nodes, kernels):
         if prod(x.tensor_shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
         if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
             items.append(ScheduleItem(*copy_item(x, bufs), rf.device[x]))
             continue
         members = groups.get(x, [x])
-        ast, kbufs = lower_kernel(rf, members, bufs)
+        ast, kbufs = split_kernel(rf, [stored[m] for m in members], bufs)
         items.append(ScheduleItem(ast, kbufs, rf.device[x], outputs=list(range(len(members)))))
-    intermediates = {bufs[x] for x in rf.realize if x not in outputs and x.op is not Ops.ASSIGN}
+    intermediates = {bufs[x] for x in kernels if x not in outputs and x.op is not Ops.ASSIGN}
     shared = plan_memory(items, intermediates)  # dead intermediates lend their memory to later ones
     reused = set(shared) | set(shared.values())
     becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}

@@ -1,0 +1,192 @@
+"""Kernel boundaries in the IR: the rangeified graph of BUFFERIZE nodes, its foldings, and the cut into kernels.
+
+After index propagation (`schedule/indexing.py`) every materialized tensor node x becomes
+`BUFFERIZE(value, *ranges)`: its value written in terms of the loop ranges it is stored at (one per dimension; a
+dimension of size 1 is the constant 0). A read of x elsewhere is `INDEX(BUFFERIZE_x, *index[, valid])`, one index
+per range, with the validity of a padded read; a read of an input buffer (or of a COPY's result) is
+`INDEX(node, flat index[, valid])`. The graph is the whole schedule: kernels are what the cut (`split_kernels`)
+makes of the BUFFERIZEs that remain after `bufferize_folds`, so a folding that removes a BUFFERIZE removes a kernel
+and its buffer, and a folding that shrinks one shrinks the buffer.
+
+A BUFFERIZE marked `keep` is visible outside the kernel graph (an output, an ASSIGN, a CONTIGUOUS the user asked
+for): the foldings never remove or reshape it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zeptograd.dtype import dtypes
+from zeptograd.helpers import prod
+from zeptograd.schedule.fold import uniform_const
+from zeptograd.schedule.indexing import Rangeify, Request, flat_index, pad_validity
+from zeptograd.uop.ops import GroupOp, Ops, UOp, trip_count
+from zeptograd.uop.symbolic import and_terms
+from zeptograd.uop.upat import PatternMatcher, UPat
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A BUFFERIZE's arg: the tensor node it materializes and whether it is visible outside the kernel graph."""
+
+    node: UOp
+    keep: bool
+
+
+def bufferize(rf: Rangeify, keep: set[UOp]) -> UOp:
+    """SINK of the kept BUFFERIZEs; the others are reached through the INDEX reads of their consumers."""
+    made: dict[UOp, UOp] = {}
+    for x in rf.nodes:  # producers first: every BUFFERIZE a value reads is built before it
+        if x in rf.realize and x.op is not Ops.COPY:
+            rngs = rf.kernel_ranges[x]
+            made[x] = UOp(Ops.BUFFERIZE, x.dtype, (lower_value(rf, x, made), *rngs), Stored(x, x in keep))
+    return UOp(Ops.SINK, dtypes.void, tuple(b for b in made.values() if b.arg.keep))
+
+
+def lower_value(rf: Rangeify, root: UOp, made: dict[UOp, UOp]) -> UOp:
+    """root's value at its kernel ranges: the tensor ops between it and the materialized nodes it reads, lowered."""
+    start: Request = (rf.kernel_ranges[root], None)
+    memo: dict[tuple[UOp, Request], UOp] = {}
+    stack: list[tuple[UOp, Request, bool]] = [(root, start, False)]
+    while stack:
+        x, req, srcs_done = stack.pop()
+        if (x, req) in memo:
+            continue
+        if (leaf := lower_leaf(rf, x, req, made)) is not None:
+            memo[(x, req)] = leaf
+            continue
+        subs = rf.src_requests(x, req)
+        if not srcs_done:
+            stack.append((x, req, True))
+            stack.extend((s, sreq, False) for s, sreq, _ in subs if (s, sreq) not in memo)
+            continue
+        memo[(x, req)] = lower_node(rf, x, req, [memo[(s, sreq)] for s, sreq, _ in subs])
+    return memo[(root, start)]
+
+
+def lower_leaf(rf: Rangeify, x: UOp, req: Request, made: dict[UOp, UOp]) -> UOp | None:
+    idx, valid = req
+    if (c := uniform_const(x)) is not None:  # a symbolic constant (a Variable's value) is its cast expression
+        return c.arg.cast(x.dtype) if isinstance(c.arg, UOp) else UOp.const(x.dtype, c.arg)
+    if x in made:
+        return UOp(Ops.INDEX, x.dtype, (made[x], *idx) + ((valid,) if valid is not None else ()))
+    if x.op is Ops.BUFFER or x.op is Ops.COPY:  # memory the schedule does not compute in a kernel
+        return UOp(Ops.INDEX, x.dtype, (x, flat_index(idx, x.tensor_shape)) + ((valid,) if valid is not None else ()))
+    if x.op is Ops.IOTA:
+        return idx[0].cast(x.dtype)
+    return None
+
+
+def lower_node(rf: Rangeify, x: UOp, req: Request, srcs: list[UOp]) -> UOp:
+    if x.op in GroupOp.Movement:
+        if x.op is Ops.PAD and (valid := pad_validity(x, req[0])) is not None and not gated_by(srcs[0], valid):
+            return valid.where(srcs[0], UOp.const(x.dtype, 0))
+        return srcs[0]
+    if x.op is Ops.REDUCE_AXIS:
+        ranges = tuple(r for r in rf.red_ranges[(x, req)] if r.op is Ops.RANGE)
+        return UOp(Ops.REDUCE, x.dtype, (srcs[0], *ranges), x.arg[0]) if ranges else srcs[0]
+    if x.op in (Ops.CONTIGUOUS, Ops.DETACH, Ops.ASSIGN):
+        return srcs[0]
+    if x.op in GroupOp.Elementwise:
+        return UOp(x.op, x.dtype, tuple(srcs))
+    raise NotImplementedError(f"rangeify can't lower {x.op} yet")
+
+
+def gated_by(x: UOp, valid: UOp) -> bool:
+    """x is a read whose validity already implies valid (a PAD of a buffer: it reads 0 outside, no WHERE needed)."""
+    if x.op is not Ops.INDEX or (parts := index_parts(x))[2] is None:
+        return False
+    return set(and_terms(valid)) <= set(and_terms(parts[2]))
+
+
+# --- the rangeified graph's vocabulary ---
+def index_parts(ix: UOp) -> tuple[UOp, tuple[UOp, ...], UOp | None]:
+    """(what it reads, the index per dimension, validity or None) of an INDEX in the rangeified graph."""
+    target = ix.src[0]
+    n = len(target.src) - 1 if target.op is Ops.BUFFERIZE else 1
+    return target, ix.src[1 : 1 + n], ix.src[1 + n] if len(ix.src) > 1 + n else None
+
+
+def stored_shape(b: UOp) -> tuple:
+    """The shape a BUFFERIZE's buffer holds: the trip count of each range (1 where the range is the constant 0)."""
+    return tuple(trip_count(r) if r.op is Ops.RANGE else 1 for r in b.src[1:])
+
+
+def kernel_value_nodes(value: UOp) -> dict[UOp, None]:
+    """The nodes of one kernel's value: not through the BUFFERIZEs it reads (those are other kernels)."""
+    return value.toposort(gate=lambda u: u.op is not Ops.BUFFERIZE)
+
+
+# --- foldings: each removes or shrinks a materialization without changing a value ---
+def fold_const_bufferize(b: UOp) -> UOp | None:
+    """# BUFFERIZE(CONST, *r) -> CONST: a constant needs no memory"""
+    return b.src[0] if not b.arg.keep else None
+
+
+def fold_read_at_own_ranges(ix: UOp, b: UOp) -> UOp | None:
+    """# INDEX(BUFFERIZE(x, *r), *r) -> x: read at the loops it is stored at, so inside them: the value itself (a read
+    at no loop at all says nothing about where its reader runs)"""
+    _, idx, valid = index_parts(ix)
+    return b.src[0] if valid is None and idx == b.src[1:] and any(r.op is Ops.RANGE for r in idx) else None
+
+
+def fold_copy_of_buffer(ix: UOp, b: UOp, inner: UOp) -> UOp | None:
+    """# INDEX(BUFFERIZE(INDEX(BUFFERIZE(x, *s), *r), *r), *i) -> INDEX(BUFFERIZE(x, *s), *i): a second buffer that
+    holds a copy of a first one of the same shape is read from the first"""
+    if b.arg.keep or index_parts(b.src[0])[1:] != (b.src[1:], None) or stored_shape(inner) != stored_shape(b):
+        return None
+    return ix.replace(src=(inner, *ix.src[1:]))
+
+
+def drop_dead_axes(b: UOp) -> UOp | None:
+    """# BUFFERIZE(x, ..., r_d, ...) where x does not vary along r_d -> BUFFERIZE(x, ..., 0, ...): stored once, not
+    once per iteration of a loop it does not depend on"""
+    if b.arg.keep:
+        return None
+    used = {u for u in kernel_value_nodes(b.src[0]) if u.op is Ops.RANGE}
+    dead = [r for r in b.src[1:] if r.op is Ops.RANGE and r not in used]
+    if not dead:
+        return None
+    zero = UOp.const(dtypes.index, 0)
+    return b.replace(src=(b.src[0], *(zero if r in dead else r for r in b.src[1:])))
+
+
+def read_dead_axis_at_zero(ix: UOp, b: UOp) -> UOp | None:
+    """# INDEX(BUFFERIZE(x, ..., 0@d, ...), ..., i_d, ...) -> INDEX(..., 0@d, ...): a dimension of size 1 reads 0"""
+    target, idx, valid = index_parts(ix)
+    new = tuple(i if r.op is Ops.RANGE else r for i, r in zip(idx, b.src[1:]))
+    return None if new == idx else ix.replace(src=(target, *new) + ((valid,) if valid is not None else ()))
+
+
+bufferize_folds = PatternMatcher(
+    [
+        (UPat(Ops.BUFFERIZE, name="b", src=(UPat(Ops.CONST),), allow_any_len=True), fold_const_bufferize),
+        # INDEX(CONST, ...) -> CONST: every element of a constant is the constant
+        (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="c"),), allow_any_len=True), lambda c: c),
+        (UPat(Ops.INDEX, name="ix", src=(UPat(Ops.BUFFERIZE, name="b"),), allow_any_len=True), fold_read_at_own_ranges),
+        (
+            UPat(
+                Ops.INDEX,
+                name="ix",
+                src=(
+                    UPat(
+                        Ops.BUFFERIZE,
+                        name="b",
+                        src=(UPat(Ops.INDEX, src=(UPat(Ops.BUFFERIZE, name="inner"),), allow_any_len=True),),
+                        allow_any_len=True,
+                    ),
+                ),
+                allow_any_len=True,
+            ),
+            fold_copy_of_buffer,
+        ),
+        (UPat(Ops.BUFFERIZE, name="b"), drop_dead_axes),
+        (UPat(Ops.INDEX, name="ix", src=(UPat(Ops.BUFFERIZE, name="b"),), allow_any_len=True), read_dead_axis_at_zero),
+    ]
+)
+
+
+def stored_size(b: UOp) -> int:
+    """Elements of a BUFFERIZE's buffer (for a symbolic size, at its largest)."""
+    n = prod(stored_shape(b))
+    return n.vmax if isinstance(n, UOp) else n
