@@ -98,6 +98,7 @@ def test_schedule_cache_keys_on_fuse():
     assert schedule_cache.Stats.hits >= before + 3  # the second of each, and the last: templates were used
 
 
+@pytest.mark.slow  # a fresh interpreter imports zeptograd: about a second
 def test_fuse_from_the_environment():
     code = (
         "import numpy as np; from zeptograd import Tensor; "

@@ -215,17 +215,21 @@ def test_compiled_bindings_equal_the_reference_in_order(seed, monkeypatch):
     rng = random.Random(seed)
     nodes = list(dict.fromkeys(u for _ in range(12) for u in random_uop(rng, 4).toposort()))
     n_matched = 0
+    tried: list[dict] = []
     for _ in range(80):
         pat = random_upat(rng, 3, "abc")
+        # the rule sees the bindings in that order: each call records one, the last one is taken. One matcher per
+        # pattern for every node: compiled (an op's rules compiled at its first rewrite, then kept), and interpreted
+        # (an op's first rewrites)
+        matchers = {n: PatternMatcher([(pat, lambda **kw: tried.append(kw))]) for n in (1, 10**9)}
         for u in nodes:
             want = reference_match(pat, u, {})
             assert pat.match(u, {}) == want, (pat, u)
             n_matched += bool(want)
-            # the rule sees the bindings in that order: each call records one, the last one is taken
-            for compile_after in (1, 10**9):  # compiled, and interpreted (an op's first rewrites)
+            for compile_after, pm in matchers.items():
                 monkeypatch.setattr(upat, "COMPILE_AFTER", compile_after)
-                tried = []
-                assert PatternMatcher([(pat, lambda **kw: tried.append(kw))]).rewrite(u) is None
+                tried.clear()
+                assert pm.rewrite(u) is None
                 assert tried == want, (pat, u, compile_after)
     assert n_matched > 50  # the random patterns do match often enough to compare orders
 

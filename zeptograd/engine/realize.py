@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -130,7 +130,7 @@ def note_built(u: UOp) -> None:
 @dataclass
 class CompiledKernel:
     name: str
-    program: object
+    program: Callable[..., None]  # a device's Program, or a copy item's CopyProgram: (*handles, vals=...)
     n_ops: int  # estimated operations per run, for GFLOPS
     src: str
     vars: tuple[str, ...] = ()  # the Variables it takes as int arguments after the buffers, by name
@@ -161,19 +161,19 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
         from zeptograd.engine.search import beam_search
 
         opts = beam_search(device, ast, bufs, BEAM.value)
-    uops, opts = full_rewrite(ast, dev.renderer, opts)  # type: ignore[arg-type]
+    uops, opts = full_rewrite(ast, dev.renderer, opts)
     if DEBUG >= 3:
         print(f"{kernel_name(ast)}: {opts}")
     if DEBUG >= 6:
         for i, u in enumerate(uops):
             print(f"{i:4d} {u.op.name:<14} {str(u.dtype):<20} {[uops.index(s) for s in u.src]} {u.arg!r}")
     name = kernel_name(ast)
-    spec = dev.renderer.render(name, uops)  # type: ignore[attr-defined]
+    spec = dev.renderer.render(name, uops)
     if spec.vars and not dev.renderer.has_local and spec.cores > 1:
         spec = replace(spec, work=symbolic_work(ast))  # small values run on one core (device.run_on_cores)
     if DEBUG >= 4:
         print(spec.src)
-    ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)  # type: ignore[attr-defined]
+    ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)
     _kernel_cache[key] = ck
     return ck
 
@@ -197,7 +197,7 @@ _COUNTED_OPS = {
 
 def estimate_ops(ast: UOp) -> int:
     """Float ALU ops executed per run: each counts once per iteration of the loops it depends on."""
-    iters: dict[UOp, int] = {}  # the product of the sizes of the ranges a node depends on
+    iters: dict[frozenset[UOp], int] = {}  # the product of the sizes of the ranges a node depends on
     ranges: dict[UOp, frozenset[UOp]] = {}
     total = 0
     for u in ast.toposort():
@@ -231,9 +231,9 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
                     f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
                     f"values (var_vals), got {var_vals}"
                 )
-            kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))  # type: ignore
+            kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))
         else:
-            kernel.program(*[b.ptr for b in item.bufs])  # type: ignore[operator]
+            kernel.program(*[b.ptr for b in item.bufs])
         dt = time.perf_counter() - t0
         GlobalCounters.kernel_count += 1
         GlobalCounters.time_sum_s += dt
@@ -307,7 +307,9 @@ def _realize_tensors(tensors: list[Tensor]):
     _run_schedule(items, var_vals)
     for old in becomes:
         if old.op is Ops.ASSIGN:
-            forget_written(buffer_under(old.src[0]))
+            target = buffer_under(old.src[0])
+            assert target is not None, "an ASSIGN's target is a view of a buffer"
+            forget_written(target)
     noted = {}  # node -> value remembered in the first loop, not noted twice
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
@@ -23,6 +23,9 @@ from zeptograd.helpers import ContextVar
 from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, _arg_key
 from zeptograd.uop.upat import graph_substitute
+
+if TYPE_CHECKING:
+    from zeptograd.schedule.kernel import ScheduleItem
 
 SCHEDULE_CACHE = ContextVar("SCHEDULE_CACHE", 1)
 MAX_ENTRIES = 4096  # oldest dropped first: graphs with ever-new constants must not grow it without bound
@@ -32,7 +35,7 @@ Slot = tuple[int, int]  # (0, i): the graph's i-th input Buffer; (1, j): the j-t
 
 @dataclasses.dataclass
 class Template:
-    items: list[tuple[Any, list[Slot]]]  # (ScheduleItem with bufs=[], a slot per buffer)
+    items: list[tuple[ScheduleItem, list[Slot]]]  # (ScheduleItem with bufs=[], a slot per buffer)
     new_bufs: list[tuple[str, int, Any]]  # (device, size, dtype) of each new Buffer
     becomes: dict[int, UOp]  # position of a node in the graph's Walk -> its value, over placeholders
 
@@ -77,8 +80,8 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
     index: dict[int, int] = {}
     n_assign = 0
     symbolic, look_for_symbols = False, variable.in_use  # until a Variable is bound, there is none to find
-    held = buffers.data  # the WeakKeyDictionary's own dict: a lookup without a Python-level call
-    fast_realized = realized.data if isinstance(realized, weakref.WeakKeyDictionary) else None
+    held = _own_dict(buffers)  # a lookup without a Python-level call
+    fast_realized = _own_dict(realized) if isinstance(realized, weakref.WeakKeyDictionary) else None
     stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
     while stack:
         u, expanded = stack.pop()
@@ -117,12 +120,21 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _own_dict(d: weakref.WeakKeyDictionary[K, V]) -> dict[weakref.ref[K], V]:
+    """The WeakKeyDictionary's own dict of weak references (CPython's `data` attribute, used as walk's fast path)."""
+    return d.data  # type: ignore[attr-defined]  # an implementation attribute typeshed does not declare
+
+
 def _knobs() -> tuple:
     """The value of every knob (knobs are only ever added to ContextVar._cache, so the values name them)."""
     return tuple([v.value for v in ContextVar._cache.values()])
 
 
-def _make_template(items: list, becomes: dict[UOp, UOp], w: Walk) -> Template | None:
+def _make_template(items: list[ScheduleItem], becomes: dict[UOp, UOp], w: Walk) -> Template | None:
     in_index = {id(b): i for i, b in enumerate(w.in_bufs)}
     new_index: dict[int, int] = {}
     new_bufs: list[tuple[str, int, Any]] = []
@@ -164,7 +176,7 @@ def _make_template(items: list, becomes: dict[UOp, UOp], w: Walk) -> Template | 
     return Template(titems, new_bufs, tbecomes)
 
 
-def _copy_item(item: Any, bufs: list[Buffer]) -> Any:
+def _copy_item(item: ScheduleItem, bufs: list[Buffer]) -> ScheduleItem:
     if hasattr(item, "__dict__"):  # cheaper than dataclasses.replace, which runs __init__ again
         new = object.__new__(type(item))
         new.__dict__.update(item.__dict__)
@@ -173,7 +185,7 @@ def _copy_item(item: Any, bufs: list[Buffer]) -> Any:
     return dataclasses.replace(item, bufs=bufs)
 
 
-def _instantiate(t: Template, w: Walk):
+def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     new = [Buffer(dev, size, dtype) for dev, size, dtype in t.new_bufs]
     in_bufs, in_uops = w.in_bufs, w.in_uops
     items = [_copy_item(item, [in_bufs[i] if kind == 0 else new[i] for kind, i in slots]) for item, slots in t.items]
@@ -193,13 +205,17 @@ def _instantiate(t: Template, w: Walk):
         if value.op is Ops.BUFFER:
             becomes[node] = real(value)
         elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
-            becomes[node] = reshape_uop(real(value.src[0]), value.shape)
+            becomes[node] = reshape_uop(real(value.src[0]), value.tensor_shape)
         else:
             becomes[node] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
     return items, becomes
 
 
-def cached_schedule(outs: list[UOp], create_schedule: Callable, w: Walk | None = None) -> tuple[list, dict[UOp, UOp]]:
+def cached_schedule(
+    outs: list[UOp],
+    create_schedule: Callable[[list[UOp]], tuple[list[ScheduleItem], dict[UOp, UOp]]],
+    w: Walk | None = None,
+) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule(outs), from the template of an equal-structure graph when one was scheduled before. `w`: the
     walk of outs, where the caller made it already."""
     if not SCHEDULE_CACHE:

@@ -7,7 +7,7 @@ before the same shared ones, on the same loop."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from zeptograd.dtype import DType, PtrDType, dtypes
 from zeptograd.renderer import ProgramSpec, Renderer, loop_var, reject_bf16_cast, wrapping_dtype
@@ -55,10 +55,14 @@ class Stmts(str):
     """A value rule's output that is already whole statements declaring the value (emitted as written)."""
 
 
-class RenderContext:
-    """One kernel's rendering state, the `ctx` of the rules: the names already rendered and the kernel's parameters."""
+R = TypeVar("R", bound="CFamilyRenderer")
 
-    def __init__(self, ren: CFamilyRenderer, uops: list[UOp]):
+
+class RenderContext(Generic[R]):
+    """One kernel's rendering state, the `ctx` of the rules: the names already rendered and the kernel's parameters.
+    Generic in the renderer, so that a dialect's rules are checked against that dialect's hooks."""
+
+    def __init__(self, ren: R, uops: list[UOp]):
         self.ren = ren
         self.r: dict[UOp, str] = {}  # each UOp's C expression or variable name
         self.counts: dict[str, int] = {}
@@ -87,25 +91,28 @@ _NAMED = {
 }
 
 
-def _define_reg(ctx: RenderContext, x: UOp) -> str:
-    acc, base = ctx[x], ctx.ren.render_dtype(x.dtype.base)  # type: ignore[attr-defined]
-    if x.dtype.size == 1:  # type: ignore[attr-defined]  # a plain variable, so the compiler keeps it in a register
+def _define_reg(ctx: RenderContext[CFamilyRenderer], x: UOp) -> str:
+    dt = x.dtype
+    assert isinstance(dt, PtrDType), "a DEFINE_REG is a pointer to its registers"
+    acc, base = ctx[x], ctx.ren.render_dtype(dt.base)
+    if dt.size == 1:  # a plain variable, so the compiler keeps it in a register
         ctx.r[x] = f"(&{acc})"
         return f"{base} {acc};"
-    return f"{base} {acc}[{x.dtype.size}];"  # type: ignore[attr-defined]
+    return f"{base} {acc}[{dt.size}];"
 
 
-def _define_global(ctx: RenderContext, x: UOp) -> str:
-    ctx.args.append((x.arg, ctx.ren.param(x.dtype, ctx[x])))  # type: ignore[arg-type]
+def _define_global(ctx: RenderContext[CFamilyRenderer], x: UOp) -> str:
+    assert isinstance(x.dtype, PtrDType), "a DEFINE_GLOBAL is a pointer"
+    ctx.args.append((x.arg, ctx.ren.param(x.dtype, ctx[x])))
     return ""
 
 
-def _define_var(ctx: RenderContext, x: UOp) -> str:
+def _define_var(ctx: RenderContext[CFamilyRenderer], x: UOp) -> str:
     ctx.var_names.append(x.arg[0])
     return ""
 
 
-def _gated(ctx: RenderContext, idx: UOp, load: str, dt: DType) -> str:
+def _gated(ctx: RenderContext[CFamilyRenderer], idx: UOp, load: str, dt: DType) -> str:
     """A gated load: an index outside the valid region reads 0."""
     return f"({ctx[idx.src[2]]}?{load}:{ctx.ren.render_const(0, dt)})" if len(idx.src) > 2 else load
 
@@ -164,7 +171,9 @@ class CFamilyRenderer(Renderer):
     empty). END's lines each close one level."""
 
     string_rewrite: PatternMatcher
+    code_for_op: dict[Ops, Callable[..., str]]  # an ALU op's C from its dtype and its sources' strings
 
+    # the hooks the shared rules call; each dialect implements them
     def render_dtype(self, dt: DType) -> str:
         raise NotImplementedError
 
@@ -174,7 +183,19 @@ class CFamilyRenderer(Renderer):
     def render_const(self, x, dt: DType) -> str:
         raise NotImplementedError
 
-    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+    def render_cast(self, to: DType, frm: DType, x: str) -> str:
+        raise NotImplementedError
+
+    def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
+        raise NotImplementedError
+
+    def render_vectorize(self, lanes: list[str], dt: DType) -> str:
+        raise NotImplementedError
+
+    def render_gep(self, x: str, dt: DType, lane: int) -> str:
+        raise NotImplementedError
+
+    def render_kernel(self, name: str, ctx: RenderContext[Any], body: list[str], uops: list[UOp]) -> ProgramSpec:
         raise NotImplementedError
 
     def render(self, name: str, uops: list[UOp]) -> ProgramSpec:
@@ -210,8 +231,8 @@ class CFamilyRenderer(Renderer):
 # ***** the C dialect (gcc): its rules, before the shared ones *****
 
 
-def _c_alu(ctx: RenderContext, x: UOp) -> str | None:
-    code = ctx.ren.code_for_op.get(x.op)  # type: ignore[attr-defined]
+def _c_alu(ctx: RenderContext[CStyleRenderer], x: UOp) -> str | None:
+    code = ctx.ren.code_for_op.get(x.op)
     if code is None:
         return None
     srcs = [ctx[s] for s in x.src]
@@ -223,7 +244,7 @@ def _c_alu(ctx: RenderContext, x: UOp) -> str | None:
     return f"(({ctx.ren.render_dtype(x.dtype)}){code(ut, *wide, *srcs[len(wide) :])})"
 
 
-def _c_vector_load(ctx: RenderContext, x: UOp, idx: UOp) -> Stmts:
+def _c_vector_load(ctx: RenderContext[CStyleRenderer], x: UOp, idx: UOp) -> Stmts:
     """A vector from a scalar pointer: copied (the pointer need not be aligned), gated by an if."""
     copy = f"__builtin_memcpy(&{ctx[x]}, {ctx[idx]}, {x.dtype.itemsize});"
     return Stmts(
@@ -232,23 +253,23 @@ def _c_vector_load(ctx: RenderContext, x: UOp, idx: UOp) -> Stmts:
     )
 
 
-def _c_vector_store(ctx: RenderContext, idx: UOp, v: UOp) -> str:
+def _c_vector_store(ctx: RenderContext[CStyleRenderer], idx: UOp, v: UOp) -> str:
     t = ctx.ren.render_dtype(v.dtype)
     store = f"{{ {t} t_ = {ctx[v]}; __builtin_memcpy({ctx[idx]}, &t_, {v.dtype.itemsize}); }}"
     return f"if ({ctx[idx.src[2]]}) {store}" if len(idx.src) > 2 else store
 
 
-def _c_special(ctx: RenderContext, x: UOp) -> str:
+def _c_special(ctx: RenderContext[CStyleRenderer], x: UOp) -> str:
     ctx.special.append(x)  # a core id: a parameter of the kernel
     return ""
 
 
-def _c_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> Stmts:
+def _c_bitcast(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp) -> Stmts:
     to, frm, name = C_TYPES[x.dtype], C_TYPES[a.dtype], ctx[x]
     return Stmts(f"{to} {name}; {{ {frm} t_ = {ctx[a]}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}")
 
 
-def _c_vector_max(ctx: RenderContext, x: UOp, a: UOp, b: UOp) -> Stmts:
+def _c_vector_max(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp, b: UOp) -> Stmts:
     """max of two vectors lane by lane with the scalar rule (a where a > b or a is NaN, else b: NaN wins). A vector
     compare gives a mask of all-ones lanes, an int vector of the lanes' size; C (unlike C++) has no vector `?:`, so
     the lanes are picked with & and | on the bits (a cast between vector types of one size keeps the bits)."""
@@ -326,7 +347,7 @@ class CStyleRenderer(CFamilyRenderer):
 
     def render_dtype(self, dt: DType) -> str:
         if isinstance(dt, PtrDType):
-            return f"{self.render_dtype(dt.base)}*"  # type: ignore[arg-type]
+            return f"{self.render_dtype(dt.base)}*"
         if dt.count > 1:
             return f"zg_{C_TYPES[dt.scalar].replace(' ', '_')}x{dt.count}"
         return C_TYPES[dt]
@@ -388,7 +409,9 @@ class CStyleRenderer(CFamilyRenderer):
     def param(self, dt: PtrDType, name: str) -> str:
         return f"{self.render_dtype(dt)} restrict {name}"
 
-    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+    def render_kernel(
+        self, name: str, ctx: RenderContext[CStyleRenderer], body: list[str], uops: list[UOp]
+    ) -> ProgramSpec:
         params = (
             [a for _, a in sorted(ctx.args)]
             + [f"int var_{v}" for v in ctx.var_names]

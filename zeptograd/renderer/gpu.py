@@ -74,24 +74,24 @@ def gpu_code_for_op(float_suffix: str) -> dict[Ops, Callable[..., str]]:
     }
 
 
-def _gpu_alu(ctx: RenderContext, x: UOp) -> str:
-    code, srcs = ctx.ren.code_for_op[x.op], [ctx[s] for s in x.src]  # type: ignore[attr-defined]
+def _gpu_alu(ctx: RenderContext[GPURenderer], x: UOp) -> str:
+    code, srcs = ctx.ren.code_for_op[x.op], [ctx[s] for s in x.src]
     if (wrap := wrapping_dtype(x)) is not None:  # computed in unsigned so that it wraps, reinterpreted back
         n = 1 if x.op is Ops.SHL else len(srcs)  # a shift's count stays as it is
-        wide = [ctx.ren.reinterpret(a, s.dtype, wrap) for a, s in zip(srcs[:n], x.src)] + srcs[n:]  # type: ignore
-        return ctx.ren.reinterpret(code(wrap, *wide), wrap, x.dtype)  # type: ignore[attr-defined]
-    return ctx.ren.half_round(x.dtype, code(x.dtype, *srcs))  # type: ignore[attr-defined]
+        wide = [ctx.ren.reinterpret(a, s.dtype, wrap) for a, s in zip(srcs[:n], x.src)] + srcs[n:]
+        return ctx.ren.reinterpret(code(wrap, *wide), wrap, x.dtype)
+    return ctx.ren.half_round(x.dtype, code(x.dtype, *srcs))
 
 
-def _gpu_special(ctx: RenderContext, x: UOp) -> str:
+def _gpu_special(ctx: RenderContext[GPURenderer], x: UOp) -> str:
     if x.arg[:4] not in ("gidx", "lidx"):
         raise NotImplementedError(f"{ctx.ren.device} has no thread index {x.arg!r}")
     ctx.special.append(x)
-    return f"int {x.arg} = {ctx.ren.special(x.arg, ctx.has_local)};"  # type: ignore[attr-defined]
+    return f"int {x.arg} = {ctx.ren.special(x.arg, ctx.has_local)};"
 
 
-def _gpu_store(ctx: RenderContext, idx: UOp, v: UOp) -> str:
-    stores = ctx.ren.render_store(v.dtype, idx.src[0], ctx[idx], ctx[v])  # type: ignore[attr-defined]
+def _gpu_store(ctx: RenderContext[GPURenderer], idx: UOp, v: UOp) -> str:
+    stores = ctx.ren.render_store(v.dtype, idx.src[0], ctx[idx], ctx[v])
     if len(idx.src) > 2:  # gated: only inside the valid region
         stores = [f"if ({ctx[idx.src[2]]}) {{ {' '.join(stores)} }}"]
     return "\n".join(stores)
@@ -261,7 +261,9 @@ class GPURenderer(CFamilyRenderer):
     def prelude_for(self, uops: list[UOp]) -> str:
         return self.prelude
 
-    def render_kernel(self, name: str, ctx: RenderContext, body: list[str], uops: list[UOp]) -> ProgramSpec:
+    def render_kernel(
+        self, name: str, ctx: RenderContext[GPURenderer], body: list[str], uops: list[UOp]
+    ) -> ProgramSpec:
         sizes = {s.arg: s.src[0].arg for s in ctx.special}
         params = [a for _, a in sorted(ctx.args)] + [f"int var_{v}" for v in ctx.var_names]
         gsize = tuple(sizes.get(f"gidx{i}", 1) for i in range(3))
@@ -282,7 +284,7 @@ class GPURenderer(CFamilyRenderer):
             + "\n".join(body)
             + "\n}\n"
         )
-        return ProgramSpec(name, code, len(ctx.args), tuple(ctx.var_names), global_size=gsize, local_size=lsize)  # type: ignore
+        return ProgramSpec(name, code, len(ctx.args), tuple(ctx.var_names), global_size=gsize, local_size=lsize)
 
 
 # ***** OpenCL C *****
@@ -293,15 +295,15 @@ float zg_rh(float x) { return zg_h2f(zg_f2h(x)); }
 """
 
 
-def _cl_where_select(ctx: RenderContext, x: UOp, c: UOp, a: UOp, b: UOp) -> str:
+def _cl_where_select(ctx: RenderContext[OpenCLRenderer], x: UOp, c: UOp, a: UOp, b: UOp) -> str:
     """A float `c ? a : b` through the select builtin: PoCL compiles `x > 0 ? -0.0f : x` to -0.0 at x = +0.0"""
     mask = "long" if x.dtype == dtypes.float64 else "int"
-    return ctx.ren.half_round(x.dtype, f"select({ctx[b]},{ctx[a]},({mask})({ctx[c]}))")  # type: ignore[attr-defined]
+    return ctx.ren.half_round(x.dtype, f"select({ctx[b]},{ctx[a]},({mask})({ctx[c]}))")
 
 
-def _cl_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> str:
+def _cl_bitcast(ctx: RenderContext[OpenCLRenderer], x: UOp, a: UOp) -> str:
     v = f"zg_f2h({ctx[a]})" if a.dtype == dtypes.float16 else ctx[a]
-    return f"zg_h2f(as_ushort({v}))" if x.dtype == dtypes.float16 else f"as_{ctx.ren.types[x.dtype]}({v})"  # type: ignore
+    return f"zg_h2f(as_ushort({v}))" if x.dtype == dtypes.float16 else f"as_{ctx.ren.types[x.dtype]}({v})"
 
 
 # OpenCL's own rules, before the GPU ones
@@ -331,8 +333,9 @@ class OpenCLRenderer(GPURenderer):
 
     device = "CL"
     simd_bytes = 64  # float16: PoCL maps wide vectors onto AVX-512
-    global_max = (2**31 - 1, 2**31 - 1, 2**31 - 1)
-    local_max = (256, 256, 256)
+    # typed as the base declares them: __init__ replaces them with the limits the device reports
+    global_max: tuple[int, ...] = (2**31 - 1, 2**31 - 1, 2**31 - 1)
+    local_max: tuple[int, ...] = (256, 256, 256)
     local_threads_max = 256
     types = {
         dtypes.bool: "bool",
@@ -370,10 +373,7 @@ class OpenCLRenderer(GPURenderer):
             self.local_threads_max = local_threads_max
 
     def prelude_for(self, uops: list[UOp]) -> str:
-        fp64 = any(
-            (u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar == dtypes.float64  # type: ignore
-            for u in uops
-        )
+        fp64 = any((u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype).scalar == dtypes.float64 for u in uops)
         return ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n" if fp64 else "") + CL_PRELUDE
 
     def struct_decl(self, name: str, scalar: str, n: int) -> str:
@@ -446,10 +446,10 @@ __device__ __forceinline__ float zg_rh(float x) { return zg_h2f(zg_f2h(x)); }
 """
 
 
-def _cuda_bitcast(ctx: RenderContext, x: UOp, a: UOp) -> str:
+def _cuda_bitcast(ctx: RenderContext[CUDARenderer], x: UOp, a: UOp) -> str:
     """BITCAST(v) -> its bytes copied (half values are floats: through their 16 bits)"""
-    src_t = "unsigned short" if a.dtype == dtypes.float16 else ctx.ren.types[a.dtype]  # type: ignore[attr-defined]
-    dst_t = "unsigned short" if x.dtype == dtypes.float16 else ctx.ren.types[x.dtype]  # type: ignore[attr-defined]
+    src_t = "unsigned short" if a.dtype == dtypes.float16 else ctx.ren.types[a.dtype]
+    dst_t = "unsigned short" if x.dtype == dtypes.float16 else ctx.ren.types[x.dtype]
     val = f"zg_f2h({ctx[a]})" if a.dtype == dtypes.float16 else ctx[a]
     ret = f"[&]{{ {src_t} s_ = {val}; {dst_t} d_; memcpy(&d_, &s_, sizeof(d_)); return d_; }}()"
     return f"zg_h2f({ret})" if x.dtype == dtypes.float16 else ret

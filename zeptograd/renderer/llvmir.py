@@ -85,6 +85,11 @@ def _suffix(dt: DType) -> str:
     return f"v{dt.count}{s}" if dt.count > 1 else s
 
 
+def _masked_intrinsic(kind: str, dt: DType) -> str:
+    """llvm.masked.load or .store of a vector of dt in memory (bools are bytes there)."""
+    return f"llvm.masked.{kind}.{_suffix(dtypes.uint8.vec(dt.count) if dt.scalar == dtypes.bool else dt)}.p0"
+
+
 class LLVMRenderer(Renderer):
     device = "CPU"
     has_threads = True
@@ -181,17 +186,19 @@ class _Function:
         m = self.to_mem(val, dt)
         self.emit(f"store {ltype(dt, True)} {m}, ptr {ptr}, align {dt.scalar.itemsize}")
 
-    def masked(self, kind: str, ptr: str, dt: DType, mask: str, val: str | None = None) -> str | None:
-        mt, mk = ltype(dt, True), ltype(dtypes.bool.vec(dt.count))
-        fn = f"llvm.masked.{kind}.{_suffix(dtypes.uint8.vec(dt.count) if dt.scalar == dtypes.bool else dt)}.p0"
-        if kind == "load":
-            self.decls.add(f"declare {mt} @{fn}(ptr, {mk}, {mt})")
-            v = self.instr(f"call {mt} @{fn}(ptr align {dt.scalar.itemsize} {ptr}, {mk} {mask}, {mt} zeroinitializer)")
-            return self.from_mem(v, dt)
-        m = self.to_mem(val, dt)  # type: ignore[arg-type]
+    def masked_load(self, ptr: str, dt: DType, mask: str) -> str:
+        """A vector load of the lanes where mask is true (0 in the others): llvm.masked.load."""
+        mt, mk, fn = ltype(dt, True), ltype(dtypes.bool.vec(dt.count)), _masked_intrinsic("load", dt)
+        self.decls.add(f"declare {mt} @{fn}(ptr, {mk}, {mt})")
+        v = self.instr(f"call {mt} @{fn}(ptr align {dt.scalar.itemsize} {ptr}, {mk} {mask}, {mt} zeroinitializer)")
+        return self.from_mem(v, dt)
+
+    def masked_store(self, ptr: str, dt: DType, mask: str, val: str):
+        """A vector store of the lanes where mask is true: llvm.masked.store."""
+        mt, mk, fn = ltype(dt, True), ltype(dtypes.bool.vec(dt.count)), _masked_intrinsic("store", dt)
+        m = self.to_mem(val, dt)
         self.decls.add(f"declare void @{fn}({mt}, ptr, {mk})")
         self.emit(f"call void @{fn}({mt} {m}, ptr align {dt.scalar.itemsize} {ptr}, {mk} {mask})")
-        return None
 
     def gated(self, valid: str) -> tuple[str, str, str]:
         """Branch on valid: returns (the block before, the guarded block, the join block); emits up to the guard."""
@@ -322,26 +329,26 @@ class _Function:
                     mask = ", ".join(f"i32 {i}" for i in u.arg)
                     r[u] = self.instr(f"shufflevector {vt} {r[src[0]]}, {vt} poison, <{len(u.arg)} x i32> <{mask}>")
             elif op is Ops.DEFINE_REG:
-                base = dt.base  # type: ignore[attr-defined]
+                assert isinstance(dt, PtrDType), "a DEFINE_REG is a pointer to its registers"
                 r[u] = self.tmp("acc")
-                self.allocas.append(f"{r[u]} = alloca {ltype(base, True)}, i32 {dt.size}, align 64")  # type: ignore
+                self.allocas.append(f"{r[u]} = alloca {ltype(dt.base, True)}, i32 {dt.size}, align 64")
             elif op is Ops.RANGE:
                 k = self.n = self.n + 1
-                idx, blk, before = f"%ridx{k}", f"loop{k}", self.block
-                loops[u] = (idx, blk)
-                r[u] = idx
+                counter, blk, before = f"%ridx{k}", f"loop{k}", self.block
+                loops[u] = (counter, blk)
+                r[u] = counter
                 self.emit(f"br label %{blk}")
                 self.label(blk)
-                self.emit(f"{idx} = phi {ltype(dt)} [ 0, %{before} ], [ {idx}_next, %{blk}_latch ]")
-                cond = self.instr(f"icmp slt {ltype(dt)} {idx}, {r[src[0]]}")
+                self.emit(f"{counter} = phi {ltype(dt)} [ 0, %{before} ], [ {counter}_next, %{blk}_latch ]")
+                cond = self.instr(f"icmp slt {ltype(dt)} {counter}, {r[src[0]]}")
                 self.emit(f"br i1 {cond}, label %{blk}_body, label %{blk}_exit")
                 self.label(f"{blk}_body")
             elif op is Ops.END:
                 for rng in reversed([s for s in src[1:] if s.op is Ops.RANGE]):
-                    idx, blk = loops[rng]
+                    counter, blk = loops[rng]
                     self.emit(f"br label %{blk}_latch")
                     self.label(f"{blk}_latch")
-                    self.emit(f"{idx}_next = add nuw nsw {ltype(rng.dtype)} {idx}, 1")
+                    self.emit(f"{counter}_next = add nuw nsw {ltype(rng.dtype)} {counter}, 1")
                     self.emit(f"br label %{blk}")
                     self.label(f"{blk}_exit")
             elif op is Ops.AFTER:
@@ -349,19 +356,20 @@ class _Function:
             elif op in (Ops.GROUP, Ops.SINK):
                 pass
             elif op is Ops.INDEX:
-                base = src[0].dtype.base  # type: ignore[attr-defined]
+                ptr_dt = src[0].dtype
+                assert isinstance(ptr_dt, PtrDType), "an INDEX indexes a pointer"
                 if src[1].op is Ops.CONST and src[1].arg == 0:
                     r[u] = r[src[0]]
                 else:
                     inb = "" if len(src) > 2 else "inbounds "  # a gated index may point outside the buffer
-                    i = f"{ltype(src[1].dtype)} {r[src[1]]}"  # i32, or i64 for index math past 2**31
-                    r[u] = self.instr(f"getelementptr {inb}{ltype(base, True)}, ptr {r[src[0]]}, {i}")
+                    offset = f"{ltype(src[1].dtype)} {r[src[1]]}"  # i32, or i64 for index math past 2**31
+                    r[u] = self.instr(f"getelementptr {inb}{ltype(ptr_dt.base, True)}, ptr {r[src[0]]}, {offset}")
             elif op is Ops.LOAD:
                 idx = src[0]
                 if len(idx.src) > 2:  # gated: 0 where the index is not valid
                     valid = idx.src[2]
                     if valid.dtype.count > 1:
-                        r[u] = self.masked("load", r[idx], dt, r[valid])  # type: ignore[assignment]
+                        r[u] = self.masked_load(r[idx], dt, r[valid])
                         continue
                     before, inside, join = self.gated(r[valid])
                     v = self.load(r[idx], dt)
@@ -376,7 +384,7 @@ class _Function:
                 if len(idx.src) > 2:
                     valid = idx.src[2]
                     if valid.dtype.count > 1:
-                        self.masked("store", r[idx], val.dtype, r[valid], r[val])
+                        self.masked_store(r[idx], val.dtype, r[valid], r[val])
                         continue
                     _, _, join = self.gated(r[valid])
                     self.store(r[idx], r[val], val.dtype)

@@ -135,7 +135,9 @@ class IndexMixin:
 
     def _basic_plan(self: Tensor, items: list) -> tuple[list[_DimSel], tuple[int, ...]]:
         """One _DimSel per input dim (tensor indices keep their dim whole), and the shape after basic indexing."""
-        sels, out_shape, dim = [], [], 0
+        sels: list[_DimSel] = []
+        out_shape: list = []  # typed as Tensor.shape is (tuple[int, ...]), a symbolic slice's dim holds its UOp size
+        dim = 0
         for it in items:
             if it is None:
                 out_shape.append(1)
@@ -286,6 +288,7 @@ class IndexMixin:
             idx = (idx < 0).where(idx + sizes[k], idx)._broadcast_to(bshape)
             hot = idx.reshape(*bshape, *[1] * len(sizes))._one_hot_along(sizes[k], len(bshape) + k)
             mask = hot if mask is None else mask & hot
+        assert mask is not None, "called with at least one tensor index"
         out = x._select_sum(mask, tuple(range(-len(sizes), 0)))
         at = dims[0] if dims == list(range(dims[0], dims[0] + len(dims))) else 0
         nr, nb = len(rest), len(bshape)
@@ -301,6 +304,7 @@ class IndexMixin:
         v = v if isinstance(v, T) else T(v, device=self.device, dtype=self.dtype)
         items = self._index_items(indices)
         sels, out_shape = self._basic_plan(items)
+        mask: Tensor | None
         if not any(isinstance(i, T) for i in items):
             v = v.cast(self.dtype)._broadcast_to(out_shape)
             if not all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) or any(
@@ -519,7 +523,7 @@ def check_one_hot_bounds(labels: Tensor, num_classes: int) -> None:
 
 
 def _check_values(
-    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int], int], Exception]
+    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int] | np.ndarray, int], Exception]
 ) -> bool:
     """Raise error(offending values, size) if an element of idx other than `ignore` is outside [-size, size) (wrap)
     or [0, size); offending values in order (eager) or the max or min out of range (a TinyJit capture or replay).
@@ -560,7 +564,7 @@ def _index_values(idx: Tensor) -> np.ndarray:
             return np.array([c.arg])
         while u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.FLIP):
             u = u.src[0]
-        if u.op is Ops.BUFFER and all(isinstance(s, int) for s in u.shape) and u in buffers:
+        if u.op is Ops.BUFFER and all(isinstance(s, int) for s in u.tensor_shape) and u in buffers:
             buf = buffers[u]
             if buf.is_allocated:  # holds its values (a buffer that is only planned has none yet)
                 return buf.numpy()
@@ -568,7 +572,7 @@ def _index_values(idx: Tensor) -> np.ndarray:
 
 
 def _capture_bounds_check(
-    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int], int], Exception]
+    idx: Tensor, size, wrap: bool, ignore: int | None, error: Callable[[Sequence[int] | np.ndarray, int], Exception]
 ):
     from zeptograd.buffers import buffers, view_base
     from zeptograd.engine.realize import current_capture

@@ -61,6 +61,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         def __exit__(self, *exc):
             Tensor._grad_off -= 1
 
+    # the same context under other names (torch's inference_mode); declared here so that the type checker sees them
+    inference_mode = no_grad
+    test = no_grad
+
     def __init__(
         self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None
     ):
@@ -679,10 +683,6 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
-
-
-Tensor.inference_mode = Tensor.no_grad  # type: ignore[attr-defined]
-Tensor.test = Tensor.no_grad  # type: ignore[attr-defined]
 
 
 # ***** symbolic shapes (uop/variable.py) *****
