@@ -34,8 +34,18 @@ def input_read(i: UOp) -> UOp:
     return UOp(Ops.INDEX, dtypes.float, (UOp(Ops.DEFINE_GLOBAL, dtypes.float.ptr(64), (), 9), i))
 
 
-def fold(sink_src: UOp) -> UOp:
-    return graph_rewrite(UOp(Ops.SINK, dtypes.void, (sink_src,)), bufferize_folds).src[0]
+class Policy:
+    """The policy the foldings ask whether a BUFFERIZE is cheaper inlined: here, a fixed answer."""
+
+    def __init__(self, inline: bool = False):
+        self.inline = inline
+
+    def cheaper_inlined(self, b: UOp) -> bool:
+        return self.inline and not b.arg.keep
+
+
+def fold(sink_src: UOp, inline: bool = False) -> UOp:
+    return graph_rewrite(UOp(Ops.SINK, dtypes.void, (sink_src,)), bufferize_folds, ctx=Policy(inline)).src[0]
 
 
 def test_bufferize_of_const_folds_to_the_const():
@@ -122,3 +132,33 @@ def test_dead_axis_shrinks_an_intermediate_buffer():
     want = np.pad(np.exp(np.broadcast_to(a_np, (64, 64))), 1)
     want = sum(want[i : i + 64, j : j + 64] for i in range(3) for j in range(3))
     np.testing.assert_allclose(t.numpy(), want, rtol=1e-5)
+
+
+def test_read_of_a_bufferize_cheaper_inlined_is_its_value_at_the_read():
+    r, s = rngs(6, 6), rngs(4, 4, start=2)
+    x = input_read(r[0] * 6 + r[1]) * 2.0
+    stored = buf(x, r, keep=False, name=1)
+    valid = s[0] < 3
+    out = buf(UOp(Ops.INDEX, dtypes.float, (stored, s[0] + 1, s[1] + 2, valid)), s, keep=True, name=2)
+    # INDEX(BUFFERIZE(x, r0, r1), s0+1, s1+2, valid) -> valid ? x[r0 := s0+1, r1 := s1+2] : 0, x's reads gated
+    read = x.src[0]
+    gated = UOp(Ops.INDEX, dtypes.float, (read.src[0], read.src[1].substitute({r[0]: s[0] + 1, r[1]: s[1] + 2}), valid))
+    inlined = gated * 2.0
+    assert fold(out, inline=True) is buf(valid.where(inlined, UOp.const(dtypes.float, 0.0)), s, True, 2)
+    assert fold(out, inline=False) is out
+
+
+def test_stencil_of_an_elementwise_prologue_is_one_kernel():
+    """A 3x3 box sum of a*2+1 reads the prologue at 9 index sets: the walk stores it (MAX_REQUESTS), and the cost
+    model inlines it again (two ops per read cost less than a store, 9 loads and a kernel): one kernel."""
+    a_np = rng.standard_normal((64, 64)).astype(np.float32)
+    p = (Tensor(a_np) * 2 + 1).pad(((1, 1), (1, 1)))
+    t = sum(p[i : i + 64, j : j + 64] for i in range(3) for j in range(3))
+    (item,) = t.schedule()
+    loads = [u for u in item.ast.toposort() if u.op is Ops.LOAD]
+    gated = [ld for ld in loads if len(ld.src[0].src) == 3]
+    assert len(loads) == 9 and len(gated) == 8  # every read but the centre's can leave the buffer: gated by the pad
+    want = np.pad(a_np * 2 + 1, 1)
+    np.testing.assert_allclose(
+        t.numpy(), sum(want[i : i + 64, j : j + 64] for i in range(3) for j in range(3)), rtol=1e-5, atol=1e-5
+    )

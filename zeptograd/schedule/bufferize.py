@@ -22,7 +22,7 @@ from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.indexing import Rangeify, Request, flat_index, pad_validity
 from zeptograd.uop.ops import GroupOp, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import and_terms
-from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_substitute
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,27 @@ def read_dead_axis_at_zero(ix: UOp, b: UOp) -> UOp | None:
     return None if new == idx else ix.replace(src=(target, *new) + ((valid,) if valid is not None else ()))
 
 
+def inline_read(ctx, ix: UOp, b: UOp) -> UOp | None:
+    """# INDEX(BUFFERIZE(x, *r), *i[, valid]) -> valid ? x[r := i] : 0 where the policy (ctx) finds x cheaper
+    evaluated at each read than stored; x's own reads are gated by valid too (outside it their index may leave
+    the buffer)"""
+    if not ctx.cheaper_inlined(b):
+        return None
+    _, idx, valid = index_parts(ix)
+    mapping = {r: i for r, i in zip(b.src[1:], idx) if r.op is Ops.RANGE}
+    if valid is not None:
+        for u in kernel_value_nodes(b.src[0]):
+            if u.op is Ops.INDEX:  # an input read (the policy inlines nothing that reads another BUFFERIZE)
+                target, (i,), v = index_parts(u)
+                gate = valid if v is None else v.substitute(mapping) & valid
+                mapping[u] = UOp(Ops.INDEX, u.dtype, (target, i.substitute(mapping), gate))
+    value = graph_substitute(b.src[0], mapping)
+    return value if valid is None else valid.where(value, UOp.const(value.dtype, 0))
+
+
 bufferize_folds = PatternMatcher(
     [
+        (UPat(Ops.INDEX, name="ix", src=(UPat(Ops.BUFFERIZE, name="b"),), allow_any_len=True), inline_read),
         (UPat(Ops.BUFFERIZE, name="b", src=(UPat(Ops.CONST),), allow_any_len=True), fold_const_bufferize),
         # INDEX(CONST, ...) -> CONST: every element of a constant is the constant
         (UPat(Ops.INDEX, src=(UPat(Ops.CONST, name="c"),), allow_any_len=True), lambda c: c),

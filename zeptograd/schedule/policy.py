@@ -11,6 +11,7 @@ every read costs more than a buffer (the cost model, `schedule/cost.py`), a padd
 from __future__ import annotations
 
 from zeptograd.helpers import prod
+from zeptograd.schedule.bufferize import kernel_value_nodes
 from zeptograd.schedule.copy import copy_realizes
 from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
@@ -21,6 +22,7 @@ MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materi
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 MAX_INDEX_NODES = 48  # an index expression grown past this many UOps (a chain of views that do not fold) is cut
+MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied at each read: keep those copies small
 MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
 MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 
@@ -28,6 +30,7 @@ MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transce
 class MaterializationPolicy:
     def __init__(self, rf: Rangeify):
         self.rf = rf
+        self.many_reads: set[UOp] = set()  # materialized only to bound the index walk (MAX_REQUESTS)
 
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
@@ -41,6 +44,7 @@ class MaterializationPolicy:
 
     def must_realize(self, x: UOp, reqs: Requests) -> bool:
         if len(reqs) > MAX_REQUESTS and x.op not in GroupOp.Movement:
+            self.many_reads.add(x)  # the walk stops here; `cheaper_inlined` may inline it again after the walk
             return True  # needed at many different places: compute it once (a view: its source is)
         if x.op is Ops.RESHAPE and any(index_size(i) > MAX_INDEX_NODES for req in reqs for i in req[0]):
             return True  # the views above composed divmods that do not fold: a copy here keeps indexing linear
@@ -56,6 +60,21 @@ class MaterializationPolicy:
             if window and not self.plain_read(x, window[0]):
                 return True  # a window over computed values or read through divmods: a padded copy, computed once
         return False
+
+    def cheaper_inlined(self, b: UOp) -> bool:
+        """Whether BUFFERIZE b, materialized only because the walk met it at more than MAX_REQUESTS index sets, is
+        cheaper evaluated at each read (the cost model over those reads). Only a value computed from input buffers
+        alone, with no reduce: substituting it at each read copies a small graph and reads nothing it would have to
+        walk again (a stencil of an elementwise prologue: one kernel, not a stored prologue and a stencil)."""
+        x = b.arg.node
+        if b.arg.keep or x not in self.many_reads:
+            return False
+        value = kernel_value_nodes(b.src[0])
+        if len(value) > MAX_INLINED_VALUE_NODES or any(
+            u.op is Ops.REDUCE or (u.op is Ops.INDEX and u.src[0].op is Ops.BUFFERIZE) for u in value
+        ):
+            return False
+        return not self.cost.inline_is_costlier(x, self.rf.reqs[x])
 
     def plain_read(self, x: UOp, req: Request) -> bool:
         """Whether x read at req is a buffer read through view ops whose index and validity do not divide: one load.

@@ -49,7 +49,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     graph = bufferize(rf, keep)
     stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
     if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
-        graph = graph_rewrite(graph, bufferize_folds)
+        graph = graph_rewrite(graph, bufferize_folds, ctx=policy)
         stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
     bufs: dict[UOp, Buffer] = {}
     becomes: dict[UOp, UOp] = {}
