@@ -355,7 +355,10 @@ _BACKENDS = {
 
 
 _COMPILERS = {"CPU": ("LLVM", "C")}  # the kinds whose compiler a name can choose (plain CPU is LLVM or CPU_LLVM=0's C)
-_INDEXED = ("CL", "CUDA")  # the kinds with several devices today; the others have only index 0
+# the kinds with several devices; the others have only index 0. CPU:1, CPU:2, ... are more devices on the same cores
+# (each its own allocator and queue, one compiler): kernels run one at a time in a process, so each uses every
+# THREADS core while it runs
+_INDEXED = ("CPU", "CL", "CUDA")
 DEVICE_GRAMMAR = "KIND[:INDEX][:COMPILER]"
 
 
@@ -367,7 +370,7 @@ class _Device:
     def canonicalize(self, device: str | None) -> str:
         """A device name in its one spelling. The grammar is KIND[:INDEX][:COMPILER]: an integer field is a device
         index (index 0 is the kind itself: `CPU:0` is `CPU`, `CL:0` is `CL`), a name selects the compiler (`CPU:C`,
-        `CPU:LLVM`, `CPU:0:C`). CL and CUDA number their devices; CPU, PYTHON and NULL have only index 0 for now."""
+        `CPU:LLVM`, `CPU:0:C`). CPU, CL and CUDA number their devices; PYTHON and NULL have only index 0."""
         if device is None:
             return self.DEFAULT
         if type(device) is str and (known := self._spellings.get(device)) is not None:

@@ -77,11 +77,21 @@ def test_device_index_zero_is_the_same_device():
     assert Tensor([1.0, 2.0], device="CPU:0:C").sum().item() == 3.0
 
 
+def test_several_cpu_devices_in_one_process():
+    """CPU:1, CPU:2:C: more devices on the same cores, each its own memory; values move between them by COPY and
+    gradients flow back through it."""
+    assert Device["CPU:1"] is not Device["CPU"] and Device["CPU:1:C"] is not Device["CPU:C"]
+    x = Tensor([1.0, 2.0, 3.0], device="CPU:1", requires_grad=True)
+    y = (x * 2).to("CPU:2:C") + 1
+    assert y.device == "CPU:2:C" and y.tolist() == [3.0, 5.0, 7.0]
+    (y.to("CPU") * 3).sum().backward()
+    assert x.grad is not None and x.grad.device == "CPU:1" and x.grad.tolist() == [6.0, 6.0, 6.0]
+
+
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("CPU:1", r"device 'CPU:1': CPU has only device index 0 \(KIND\[:INDEX\]\[:COMPILER\]"),
-        ("PYTHON:2", r"PYTHON has only device index 0"),
+        ("PYTHON:2", r"device 'PYTHON:2': PYTHON has only device index 0 \(KIND\[:INDEX\]\[:COMPILER\]"),
         ("CPU:C:LLVM", r"'CPU:C:LLVM' doesn't follow KIND\[:INDEX\]\[:COMPILER\]"),
         ("CPU:LLVM:0", r"'CPU:LLVM:0' doesn't follow"),  # the index comes before the compiler
         ("PYTHON:C", r"PYTHON has no compiler choice"),

@@ -144,8 +144,8 @@ def test_errors_at_the_call():
         t.to("FOO")
     with pytest.raises(ArgumentTypeError, match="got int"):
         t.to(3)  # type: ignore[arg-type]
-    with pytest.raises(ArgumentError, match="'CPU:1'"):
-        t.to("CPU:1")
+    with pytest.raises(ArgumentError, match="'PYTHON:1'"):
+        t.to("PYTHON:1")
     with pytest.raises(ArgumentError, match="different devices: PYTHON and CPU"):
         t.to("PYTHON") + t  # a copy does not make mixing devices legal
 

@@ -128,10 +128,15 @@ class CPUDevice(CompiledDevice):
 
 
 def open_device(name: str) -> CompiledDevice:
-    """CPU and CPU:LLVM: LLVM IR compiled in-process (CPU_LLVM=0 makes plain CPU the C backend); CPU:C: C and cc."""
-    if name not in ("CPU", "CPU:C", "CPU:LLVM"):
-        raise ArgumentError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C")
-    if name == "CPU:LLVM" or (name == "CPU" and os.getenv("CPU_LLVM", "1") != "0"):
+    """CPU and CPU:LLVM: LLVM IR compiled in-process (CPU_LLVM=0 makes plain CPU the C backend); CPU:C: C and cc.
+    CPU:1, CPU:1:C, ...: more devices of the same kinds (their own memory and queue)."""
+    kind, *fields = name.split(":")
+    if fields and fields[0].isdigit():
+        fields.pop(0)
+    compiler = fields[0] if fields else ""
+    if kind != "CPU" or len(fields) > 1 or compiler not in ("", "C", "LLVM"):
+        raise ArgumentError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C, CPU:N[:C|:LLVM]")
+    if compiler == "LLVM" or (compiler == "" and os.getenv("CPU_LLVM", "1") != "0"):
         from zeptograd.runtime.ops_llvm import LLVMDevice  # imports llvmlite only now
 
         return LLVMDevice(name)
