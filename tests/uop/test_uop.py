@@ -522,3 +522,30 @@ def test_track_match_stats():
     # and off again after the block
     graph_rewrite((x + 0) * y + 5, pm)
     assert get(k_drop)[:2] == d1[:2]
+
+
+def test_equal_uops_built_by_threads_at_once_are_one_object():
+    """Interning is atomic: threads building the same new UOps at the same time all get the same objects (a lost
+    race would leave two objects for one node, and every `is` comparison of the IR would miss)."""
+    import sys
+    import threading
+
+    n, threads = 20000, 4
+    results: list[list] = [[] for _ in range(threads)]
+    barrier = threading.Barrier(threads)
+
+    def build(t: int):
+        barrier.wait()
+        results[t] = [UOp(Ops.CONST, dtypes.int, (), 987_000_000 + i) for i in range(n)]
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows in most runs without the lock
+    try:
+        workers = [threading.Thread(target=build, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert all(results[t][i] is results[0][i] for t in range(1, threads) for i in range(n))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from enum import Enum, auto
 from typing import Any, Callable
@@ -221,6 +222,7 @@ class MathMixin:
 # ***** UOp *****
 
 _uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_uop_cache_lock = threading.Lock()
 
 
 def _arg_key(arg: Any) -> Any:
@@ -239,8 +241,10 @@ class UOpMeta(type):
             raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if ret is not None:
             return ret
-        ret = super().__call__(op, dtype, src, arg)
-        _uop_cache[key] = ret
+        with _uop_cache_lock:  # two threads building the same new UOp must get one object: `is` is equality
+            if (ret := _uop_cache.get(key)) is None:
+                ret = super().__call__(op, dtype, src, arg)
+                _uop_cache[key] = ret
         return ret
 
 
