@@ -44,7 +44,7 @@ WAIT_S = 60  # generous for a loaded 2-core CI machine; the 5,000-node graph pri
 def driver():
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,900"):
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=DRIVER))
@@ -96,7 +96,10 @@ def kernel_rows(d) -> list[str]:
 
 def click_kernel(d, name: str, nth: int = 0):
     d.find_elements(By.CSS_SELECTOR, f'#list tr.kernel-row[data-name="{name}"]')[nth].click()
-    WebDriverWait(d, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#graph g.node"))
+    # counted in the page: find_elements would ship a reference to each of thousands of nodes
+    WebDriverWait(d, WAIT_S, poll_frequency=0.05).until(
+        lambda d: d.execute_script("return document.querySelectorAll('#graph g.node').length > 0")
+    )
 
 
 def graph_ops(d) -> set[str]:

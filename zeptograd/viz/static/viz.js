@@ -133,7 +133,7 @@ function drawGraph(nodes, sink, opts) {
   const fit = fitTransform(L, size);
   svgEl.classList.toggle("far", fit.k < FAR);  // before the nodes go in: hidden labels cost no text layout
   const svg = d3.select(svgEl);
-  svg.selectAll("*").remove();
+  svgEl.replaceChildren();  // at once: d3's selectAll("*").remove() takes each of thousands of nodes out one by one
   const root = svg.append("g").attr("id", "graph-root").attr("transform", fit);
   root.node().innerHTML = parts.join("");
   zoom = d3.zoom().extent([[0, 0], size]).scaleExtent([0.005, 4]).on("zoom", (e) => {
