@@ -25,7 +25,6 @@ from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitut
 from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, pretty
 from zeptograd.uop.upat import graph_substitute
-from zeptograd.viz import record as viz_record
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -162,8 +161,10 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
         from zeptograd.engine.search import beam_search
 
         opts = beam_search(device, ast, bufs, BEAM.value)
-    if VIZ.value:
-        viz_record.kernel_begin(device, ast)  # its rewrites are recorded until kernel_end
+    if VIZ.value:  # its rewrites are recorded until kernel_end (zeptograd/viz/record.py, imported only with VIZ)
+        from zeptograd.viz import record as viz_record
+
+        viz_record.kernel_begin(device, ast)
     uops, opts = full_rewrite(ast, dev.renderer, opts)  # type: ignore[arg-type]
     if DEBUG >= 3:
         print(f"{kernel_name(ast)}: {opts}")
@@ -178,6 +179,8 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
         print(spec.src)
     ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)  # type: ignore[attr-defined]
     if VIZ.value:
+        from zeptograd.viz import record as viz_record
+
         viz_record.kernel_end(name, spec.src, opts, ck.n_ops)
     _kernel_cache[key] = ck
     return ck
@@ -246,6 +249,8 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
         mem = sum(b.nbytes for b in item.bufs)
         GlobalCounters.global_mem += mem
         if VIZ.value:
+            from zeptograd.viz import record as viz_record
+
             viz_record.kernel_ran(item.device, item.ast, kernel.name, dt, mem)
         if DEBUG.value >= 2:
             print(
@@ -266,7 +271,11 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
     outs = uops if w is not None else substitute_realized(uops, realized)
     var_vals: dict[str, int] = {}
     symbolic = w.symbolic if w is not None else variable.in_use and variable.has_symbols(outs)
-    schedule = create_schedule if not VIZ.value else viz_record.recorded_schedule(create_schedule)
+    schedule = create_schedule
+    if VIZ.value:  # records the schedule (zeptograd/viz/record.py)
+        from zeptograd.viz import record as viz_record
+
+        schedule = viz_record.recorded_schedule(create_schedule)
     if symbolic:  # schedule the unbound graph: one schedule for all values
         unbound, var_vals, done = variable.strip_binds(outs)
         items, ubecomes = cached_schedule(unbound, schedule)

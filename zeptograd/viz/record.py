@@ -22,14 +22,12 @@ import inspect
 import linecache
 import os
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
 
 from zeptograd.helpers import Context, getenv
 from zeptograd.uop.ops import Ops, UOp
-from zeptograd.viz.trace import NodeTable, new_trace, write_trace
 
 MAX_RUNS = 100_000  # timeline entries kept; a long training loop keeps its first runs (totals stay exact)
 
@@ -38,6 +36,9 @@ class GraphRecord:
     """A kernel or a schedule being recorded: its node table and steps, open in one thread."""
 
     def __init__(self, entry: dict, first: UOp, first_name: str):
+        # viz/trace.py (and json) when recording starts, not at import: the rewrite engine imports this file
+        from zeptograd.viz.trace import NodeTable
+
         self.entry, self.table, self.thread = entry, NodeTable(), threading.get_ident()
         self.inside = False  # a tracked rewrite runs: rewrites its rules start are fragments, not steps
         entry["nodes"], entry["steps"] = self.table.nodes, []
@@ -117,6 +118,8 @@ class Recorder:
     """Everything recorded in this process (one trace)."""
 
     def __init__(self):
+        from zeptograd.viz.trace import new_trace
+
         self.trace = new_trace(list(sys.argv))
         self.trace["rules"] = {}
         self.t0 = time.perf_counter()
@@ -271,6 +274,10 @@ def recording() -> Iterator[Recorder]:
 def _write_at_exit() -> None:
     if recorder is None:
         return
+    import tempfile
+
+    from zeptograd.viz.trace import write_trace
+
     path = getenv("VIZ_FILE", "") or os.path.join(tempfile.mkdtemp(prefix="zeptograd-viz-"), "trace.json")
     trace = recorder.trace
     write_trace(trace, path)
