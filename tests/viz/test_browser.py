@@ -191,7 +191,7 @@ def big_graph_trace(loads: int = 1000) -> dict:
     tr = trace.new_trace(["big"])
     step = {"name": "input", "where": "", "before": None, "after": root, "rules": []}
     tr["kernels"].append({"id": 0, "name": "E_big", "kind": "kernel", "device": "CPU", "src": "", "opts": []})
-    tr["kernels"][0] |= {"n_ops": 0, "nodes": table.nodes, "steps": [step], "runs": 0, "time_s": 0.0}
+    tr["kernels"][0] |= {"n_ops": 0, "nodes": table.nodes, "steps": [step], "runs": 0, "time_s": 0.0, "bytes": 0}
     tr["rules"] = {}
     return tr
 
@@ -232,7 +232,7 @@ def test_train_digits_trace(driver, serve, tmp_path):
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"python -m zeptograd.viz {path}" in proc.stdout  # not a terminal: nothing served, the script ended
+    assert f"python -m zeptograd.viz {path}" in proc.stderr  # not a terminal: nothing served, the script ended
     with open(path) as f:
         tr = trace.check_trace(json.load(f))
     open_page(driver, serve(tr))

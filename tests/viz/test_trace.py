@@ -175,8 +175,9 @@ def test_viz_off_records_nothing_and_on_changes_no_result(tmp_path):
     assert on_lines[1:3] == ["imported True", "recorder True 1"]  # the Recorder; no kernel or rewrite left open
     assert off_lines[0] == on_lines[0]  # the same numbers, bit for bit
     # stdout is a pipe here: the trace is written and the command to see it printed, nothing is served
-    assert f"python -m zeptograd.viz {tmp_path / 'trace.json'}" in on.stdout
-    assert "zeptograd.viz" not in off.stdout and "serving" not in on.stdout
+    assert f"python -m zeptograd.viz {tmp_path / 'trace.json'}" in on.stderr  # stderr: stdout stays the program's
+    assert "zeptograd.viz" not in off.stderr + off.stdout and "serving" not in on.stderr + on.stdout
+    assert len(on.stdout.splitlines()) == 3
     assert [k["name"] for k in trace.read_trace(str(tmp_path / "trace.json"))["kernels"]] == [
         "r_5_12",
         "r_5_12",

@@ -6,5 +6,5 @@ show it in a local web page.
 - `viz/server.py` — serves the page and a trace on 127.0.0.1; `python -m zeptograd.viz FILE` (viz/__main__.py).
 - `viz/static/` — the page (index.html, viz.js, viz.css) and the vendored libraries (static/vendor/, VERSIONS.txt).
 
-Kept light: the rewrite engine imports `viz.record` at startup, which imports nothing heavier than uop/ops.py.
+The hooks import this package only with VIZ on: a process without it neither imports nor compiles any of it.
 """

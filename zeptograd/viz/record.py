@@ -122,14 +122,14 @@ class Recorder:
 
         self.trace = new_trace(list(sys.argv))
         self.trace["rules"] = {}
-        self.t0 = time.perf_counter()
+        self.t0, self.pid = time.perf_counter(), os.getpid()  # a forked child inherits this: it writes nothing
         self.open: GraphRecord | None = None
         self.kernel_ids: dict[tuple[str, UOp], int] = {}  # (device, kernel graph) -> its kernel's id
         self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
 
     def _kernel_entry(self, key: tuple[str, UOp], name: str, kind: str) -> dict:
         entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
-        entry |= {"src": "", "opts": [], "n_ops": 0, "nodes": [], "steps": [], "runs": 0, "time_s": 0.0}
+        entry |= {"src": "", "opts": [], "n_ops": 0, "nodes": [], "steps": [], "runs": 0, "time_s": 0.0, "bytes": 0}
         self.trace["kernels"].append(entry)
         self.kernel_ids[key] = entry["id"]
         for waiting in self.waiting.pop(key, ()):
@@ -154,6 +154,7 @@ class Recorder:
         )
         entry["runs"] += 1
         entry["time_s"] += seconds
+        entry["bytes"] += nbytes
         if len(runs := self.trace["runs"]) < MAX_RUNS:
             start = time.perf_counter() - self.t0 - seconds
             runs.append([entry["id"], round(start, 7), round(seconds, 9), nbytes])
@@ -272,7 +273,7 @@ def recording() -> Iterator[Recorder]:
 
 
 def _write_at_exit() -> None:
-    if recorder is None:
+    if recorder is None or recorder.pid != os.getpid():
         return
     import tempfile
 
@@ -281,11 +282,13 @@ def _write_at_exit() -> None:
     path = getenv("VIZ_FILE", "") or os.path.join(tempfile.mkdtemp(prefix="zeptograd-viz-"), "trace.json")
     trace = recorder.trace
     write_trace(trace, path)
-    print(f"VIZ: {len(trace['kernels'])} kernels, {len(trace['schedules'])} schedules written to {path}")
+    # on stderr: a program's stdout may be its data (piped on), which VIZ must not change
+    counts = f"{len(trace['kernels'])} kernels, {len(trace['schedules'])} schedules"
+    print(f"VIZ: {counts} written to {path}", file=sys.stderr)
     if sys.stdout.isatty():
         from zeptograd.viz.server import serve
 
         with contextlib.suppress(KeyboardInterrupt):
             serve(path)
     else:  # not a terminal (a pipe, CI): never wait for a Ctrl-C nobody will press
-        print(f"VIZ: to see it: python -m zeptograd.viz {path}")
+        print(f"VIZ: to see it: python -m zeptograd.viz {path}", file=sys.stderr)

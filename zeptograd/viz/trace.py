@@ -4,9 +4,10 @@ Top level: `format`, `version`, `program` (argv), `kernels`, `schedules`, `runs`
 - A graph is a node table `nodes` (each `[op, dtype, arg, [source ids], shape]`, ids are table positions, sources
   before users) shared by every step of one kernel or schedule: a step names its graphs by their sink's id, and
   the nodes a rewrite kept are stored once.
-- kernel: `id name device src opts n_ops nodes steps runs time_s`; a step: `name` (the pass: the function that called
-  graph_rewrite and its matcher), `before`/`after` sink ids, `rules` ([rule, matches, ms], most first), `made`
-  ({node id: rule} for each node a rule returned). `runs`/`time_s`: how often it ran, in all.
+- kernel: `id name kind device src opts n_ops nodes steps runs time_s bytes` (kind: kernel or copy); a step: `name`
+  (the pass: the function that called graph_rewrite and its matcher), `where`, `before`/`after` sink ids, `rules`
+  ([rule, matches, ms], most first), `made` ({node id: rule} for each node a rule returned). `runs`, `time_s`,
+  `bytes`: how often it ran, and the seconds and the bytes of its buffers summed over those runs.
 - schedule: `id nodes sink steps realized`; `realized` is [{node, kernel (kernel id or null), why}]: the node's value
   was stored by that kernel. The page draws each kernel's fused group: the nodes below a realized node down to the
   next realized ones.

@@ -199,8 +199,9 @@ function showKernel(k, step) {
   const steps = k.steps;
   $("#title").textContent = k.name || "(not compiled)";
   const gflops = k.time_s ? (k.n_ops * k.runs / k.time_s * 1e-9).toFixed(2) : "-";
+  const gbs = k.time_s ? (k.bytes / k.time_s * 1e-9).toFixed(2) : "-";
   $("#facts").textContent = `${k.device} \u00b7 ${k.kind} \u00b7 ${k.runs} runs \u00b7 ${fmtTime(k.time_s)} \u00b7 ` +
-    `${gflops} GFLOPS \u00b7 opts: ${k.opts.length ? k.opts.join(", ") : "none"}`;
+    `${gflops} GFLOPS \u00b7 ${gbs} GB/s \u00b7 opts: ${k.opts.length ? k.opts.join(", ") : "none"}`;
   const code = $("#source code");
   code.textContent = k.src || "(no source: a copy, or compiled before VIZ was on)";
   code.className = k.src.startsWith("; ") || k.src.includes("define ") ? "language-llvm" : "language-c";
