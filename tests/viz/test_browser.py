@@ -129,7 +129,8 @@ def test_kernel_shows_its_graph_and_source(driver, softmax_url):
     )
     assert "STORE" in labels
     source = driver.find_element(By.CSS_SELECTOR, "#source code")
-    assert "E_9_31" in source.text and source.find_elements(By.CSS_SELECTOR, "span")  # highlighted
+    assert "E_9_31" in source.text
+    WebDriverWait(driver, WAIT_S).until(lambda d: source.find_elements(By.CSS_SELECTOR, "span.hljs-keyword"))
     assert "E_9_31" in driver.find_element(By.ID, "title").text
     driver.save_screenshot(os.path.join(ARTIFACTS, "kernel.png"))
     assert console_errors(driver) == []

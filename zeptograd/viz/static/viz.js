@@ -206,7 +206,8 @@ function showKernel(k, step) {
   code.textContent = k.src || "(no source: a copy, or compiled before VIZ was on)";
   code.className = k.src.startsWith("; ") || k.src.includes("define ") ? "language-llvm" : "language-c";
   delete code.dataset.highlighted;
-  if (k.src) hljs.highlightElement(code);
+  // highlighted after the graph is drawn: highlight.js takes a second over a large kernel's 25 KB of LLVM IR
+  if (k.src) setTimeout(() => { if (code.textContent === k.src) hljs.highlightElement(code); }, 0);
   setSteps(steps, step === undefined ? steps.length - 1 : step);
   markSelected();
 }
