@@ -197,3 +197,40 @@ def test_cli_usage_and_bad_file(tmp_path):
         [sys.executable, "-m", "zeptograd.viz", str(tmp_path / "none.json")], capture_output=True, text=True, env=env
     )
     assert missing.returncode == 1 and "none.json" in missing.stderr
+
+
+@pytest.mark.slow  # a process
+def test_on_a_terminal_the_trace_is_served_until_ctrl_c(tmp_path):
+    """stdout a terminal (a pty here): after the program the page is served on 127.0.0.1 at VIZ_PORT or the next
+    free port, and Ctrl-C (SIGINT) ends the process cleanly."""
+    import pty
+    import re
+    import select
+    import signal
+    import time
+
+    main_fd, child_fd = pty.openpty()
+    env = dict(os.environ, VIZ="1", VIZ_FILE=str(tmp_path / "trace.json"), VIZ_PORT="0", PYTHONPATH=ROOT)
+    code = (
+        "import numpy as np; "
+        "from zeptograd import Tensor; print((Tensor(np.ones((3, 37), np.float32)) * 2).sum().item())"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=child_fd, stderr=subprocess.PIPE, env=env)
+    os.close(child_fd)
+    out, url, deadline = b"", None, time.monotonic() + 120
+    try:
+        while url is None and time.monotonic() < deadline:
+            if select.select([main_fd], [], [], 1)[0]:
+                out += os.read(main_fd, 4096)
+                if m := re.search(rb"serving .* at (http://127\.0\.0\.1:\d+/)", out):
+                    url = m.group(1).decode()
+        assert url is not None, out
+        assert b"222" in out  # the program ran first
+        served = json.loads(urllib.request.urlopen(url + "trace.json").read())
+        assert served == trace.read_trace(str(tmp_path / "trace.json")) and len(served["kernels"]) == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(main_fd)
