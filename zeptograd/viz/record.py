@@ -18,16 +18,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import inspect
 import linecache
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
 
 from zeptograd.helpers import Context, getenv
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.viz.trace import NodeTable, new_trace, write_trace
 
 MAX_RUNS = 100_000  # timeline entries kept; a long training loop keeps its first runs (totals stay exact)
 
@@ -36,9 +39,6 @@ class GraphRecord:
     """A kernel or a schedule being recorded: its node table and steps, open in one thread."""
 
     def __init__(self, entry: dict, first: UOp, first_name: str):
-        # viz/trace.py (and json) when recording starts, not at import: the rewrite engine imports this file
-        from zeptograd.viz.trace import NodeTable
-
         self.entry, self.table, self.thread = entry, NodeTable(), threading.get_ident()
         self.inside = False  # a tracked rewrite runs: rewrites its rules start are fragments, not steps
         entry["nodes"], entry["steps"] = self.table.nodes, []
@@ -48,9 +48,9 @@ class GraphRecord:
     def add_step(self, name: str, where: str, before: UOp, after: UOp, tracked: _TrackedMatcher) -> None:
         table, steps = self.table, self.entry["steps"]
         b = table.add(before)
-        if b != self.last:  # a pass that is not a graph_rewrite (expand, linearize's prework) changed the graph
-            steps.append({"name": "(changed outside graph_rewrite)", "where": "", "before": self.last, "after": b})
-            steps[-1]["rules"] = []
+        if b != self.last:  # a pass that is not a graph_rewrite (the expander, accumulators) changed the graph
+            name_gap = "(changed outside graph_rewrite)"
+            steps.append({"name": name_gap, "where": "", "before": self.last, "after": b, "rules": []})
         a = table.add(after)
         rules = sorted(tracked.counts.items(), key=lambda kv: -kv[1][0])
         step = {"name": name, "where": where, "before": b, "after": a}
@@ -67,7 +67,6 @@ class _TrackedMatcher:
         self.pm, self.rule_source = pm, rules
         self.counts: dict[str, list] = {}  # rule -> [matches, seconds of its tries]
         self.made: dict[UOp, str] = {}  # node a rule returned -> that rule
-        self.names: dict[tuple[int, int], str] = {}
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
         from zeptograd.uop.upat import _compile_rules
@@ -80,9 +79,10 @@ class _TrackedMatcher:
             t0 = time.perf_counter()
             ret = fn(u, ctx)
             dt = time.perf_counter() - t0
-            if (name := self.names.get(key)) is None:
-                name = self.names[key] = self._name(entry[1])
-            count = self.counts.setdefault(name, [0, 0.0])
+            name, source = _rule_name(entry[1])
+            if (count := self.counts.get(name)) is None:
+                count = self.counts[name] = [0, 0.0]
+                self.rule_source.setdefault(name, source)
             count[1] += dt
             if ret is not None:
                 count[0] += 1
@@ -90,17 +90,18 @@ class _TrackedMatcher:
                 return ret
         return None
 
-    def _name(self, fn: Callable) -> str:
-        """file:line and the function's name (a lambda has none); its source line is kept for the page."""
-        try:
-            path = inspect.getsourcefile(fn) or "?"
-            line = inspect.getsourcelines(fn)[1]
-        except (OSError, TypeError):
-            return getattr(fn, "__name__", repr(fn))
-        fname = getattr(fn, "__name__", "<lambda>")
-        name = f"{os.path.basename(path)}:{line}" + ("" if fname == "<lambda>" else f" {fname}")
-        self.rule_source.setdefault(name, linecache.getline(path, line).strip()[:200])
-        return name
+
+@functools.cache
+def _rule_name(fn: Callable) -> tuple[str, str]:
+    """(file:line and the function's name (a lambda has none), the rule's source line) — inspect reads the file once"""
+    try:
+        path = inspect.getsourcefile(fn) or "?"
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return getattr(fn, "__name__", repr(fn)), ""
+    fname = getattr(fn, "__name__", "<lambda>")
+    name = f"{os.path.basename(path)}:{line}" + ("" if fname == "<lambda>" else f" {fname}")
+    return name, linecache.getline(path, line).strip()[:200]
 
 
 def _pass_name(pm: Any) -> tuple[str, str]:
@@ -118,8 +119,6 @@ class Recorder:
     """Everything recorded in this process (one trace)."""
 
     def __init__(self):
-        from zeptograd.viz.trace import new_trace
-
         self.trace = new_trace(list(sys.argv))
         self.trace["rules"] = {}
         self.t0, self.pid = time.perf_counter(), os.getpid()  # a forked child inherits this: it writes nothing
@@ -275,10 +274,6 @@ def recording() -> Iterator[Recorder]:
 def _write_at_exit() -> None:
     if recorder is None or recorder.pid != os.getpid():
         return
-    import tempfile
-
-    from zeptograd.viz.trace import write_trace
-
     path = getenv("VIZ_FILE", "") or os.path.join(tempfile.mkdtemp(prefix="zeptograd-viz-"), "trace.json")
     trace = recorder.trace
     write_trace(trace, path)
