@@ -280,7 +280,8 @@ function selectStep(i) {
   const rules = st.rules.map((r) => `<div title="${esc(S.trace.rules[r[0]] || "")}">${esc(r[0])} \u00d7${r[1]}` +
     ` <span style="color:#57606a">${r[2]} ms</span></div>`);
   $("#rules").innerHTML = rules.length ? `<b>rules that fired</b>${rules.join("")}` : "";
-  location.hash = v.kind === "kernel" ? `kernel=${v.k.id}&step=${i}` : `schedule=${v.s.id}&step=${i}`;
+  // a link to this view (no history entry per step)
+  history.replaceState(null, "", "#" + (v.kind === "kernel" ? `kernel=${v.k.id}&step=${i}` : `schedule=${v.s.id}&step=${i}`));
 }
 
 function markSelected() {
