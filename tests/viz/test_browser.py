@@ -240,6 +240,15 @@ def test_train_digits_trace(driver, serve, tmp_path):
     names = kernel_rows(driver)
     assert EXPECTED_DIGITS_KERNELS <= set(names), names
     driver.save_screenshot(os.path.join(ARTIFACTS, "train_digits.png"))
+    # the training step's replays under TinyJit: one entry, no graph (nothing compiled), its kernels listed
+    replays = [n for n in names if n.startswith("TinyJit replay: ")]
+    assert replays, names
+    driver.find_element(By.CSS_SELECTOR, f'#list tr.kernel-row[data-name="{replays[0]}"]').click()
+    assert "no graph" in driver.find_element(By.ID, "step-label").text
+    assert "runs these captured kernels" in driver.find_element(By.CSS_SELECTOR, "#source code").text
+    driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="timeline"]').click()
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline rect.run")) == len(tr["runs"])
+    driver.save_screenshot(os.path.join(ARTIFACTS, "train_digits_timeline.png"))
     assert console_errors(driver) == []
 
 

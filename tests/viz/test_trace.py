@@ -103,6 +103,24 @@ def test_a_kernel_is_recorded_once():
     assert len(rec.trace["schedules"]) == 1  # the schedule cache answers the other two
 
 
+def test_tinyjit_replays_are_timeline_entries_not_new_kernels():
+    from zeptograd import TinyJit
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        return (x * 3 + 1).sum(-1)
+
+    with record.recording() as rec:
+        outs = [step(Tensor(np.full((2, 41), i, np.float32))).numpy() for i in range(5)]
+    for i, out in enumerate(outs):
+        np.testing.assert_allclose(out, np.full(2, (3 * i + 1) * 41, np.float32))
+    kernels = [k for k in rec.trace["kernels"] if k["kind"] == "kernel" and k["name"] == "r_2_41"]
+    assert len(kernels) == 1 and kernels[0]["runs"] == 2  # compiled once; the plain call and the capture ran it
+    (jit,) = [k for k in rec.trace["kernels"] if k["kind"] == "jit"]
+    assert jit["runs"] == 3 and jit["name"] == "TinyJit replay: 1 kernel" and "r_2_41" in jit["src"]
+    assert [r[0] for r in rec.trace["runs"]].count(jit["id"]) == 3
+
+
 def test_trace_round_trip_and_version_check(saved, tmp_path):
     tr, saved_path = saved
     back = trace.read_trace(saved_path)

@@ -1,4 +1,4 @@
-"""The recorder behind VIZ=1. The core calls in at four places, each behind `if VIZ.value`:
+"""The recorder behind VIZ=1. The core calls in at five places, each behind `if VIZ.value`:
 
 - `uop/upat.py: graph_rewrite` -> `rewrite`: while a kernel compiles or a schedule is made (in that thread), a
   rewrite of a whole graph (a SINK) runs with its rules tried one at a time, counted and timed, and the graphs
@@ -8,6 +8,7 @@
 - `engine/realize.py: get_kernel` -> `kernel_begin` / `kernel_end` around codegen, only when a kernel is compiled
   (a cache hit compiles nothing, so each distinct kernel is recorded once; TinyJit replays compile nothing either).
 - `engine/realize.py: _run_schedule` -> `kernel_ran`: the timeline.
+- `engine/jit.py: TinyJit.__call__` -> `jit_replay`: a replay (its kernels called directly) as one timeline entry.
 
 With VIZ off none of these run and no Recorder exists. At exit the trace is written (`VIZ_FILE`, default a new
 temporary directory) and, when stdout is a terminal, served until Ctrl-C; otherwise the command that serves it is
@@ -123,10 +124,11 @@ class Recorder:
         self.trace["rules"] = {}
         self.t0, self.pid = time.perf_counter(), os.getpid()  # a forked child inherits this: it writes nothing
         self.open: GraphRecord | None = None
-        self.kernel_ids: dict[tuple[str, UOp], int] = {}  # (device, kernel graph) -> its kernel's id
+        # (device, kernel graph) -> its kernel's id; ("TinyJit", kernel names) -> a replay's entry
+        self.kernel_ids: dict[tuple[str, Any], int] = {}
         self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
 
-    def _kernel_entry(self, key: tuple[str, UOp], name: str, kind: str) -> dict:
+    def _kernel_entry(self, key: tuple[str, Any], name: str, kind: str) -> dict:
         entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
         entry |= {"src": "", "opts": [], "n_ops": 0, "nodes": [], "steps": [], "runs": 0, "time_s": 0.0, "bytes": 0}
         self.trace["kernels"].append(entry)
@@ -151,12 +153,30 @@ class Recorder:
             if kid is not None
             else self._kernel_entry((device, ast), name, "copy" if ast.op is Ops.COPY else "kernel")
         )
+        self._ran(entry, seconds, nbytes)
+
+    def _ran(self, entry: dict, seconds: float, nbytes: int) -> None:
         entry["runs"] += 1
         entry["time_s"] += seconds
         entry["bytes"] += nbytes
         if len(runs := self.trace["runs"]) < MAX_RUNS:
             start = time.perf_counter() - self.t0 - seconds
             runs.append([entry["id"], round(start, 7), round(seconds, 9), nbytes])
+
+    def jit_replay(self, captured: Any, replay: Callable) -> Any:
+        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): one timeline entry."""
+        t0 = time.perf_counter()
+        ret = replay()
+        seconds = time.perf_counter() - t0
+        key = ("TinyJit", tuple(captured.names))  # an entry per captured kernel list
+        kid = self.kernel_ids.get(key)
+        entry = self.trace["kernels"][kid] if kid is not None else None
+        if entry is None:
+            n = len(captured.names)
+            entry = self._kernel_entry(key, f"TinyJit replay: {n} kernel{'s' if n != 1 else ''}", "jit")
+            entry["src"] = "\n".join(captured.names)
+        self._ran(entry, seconds, captured.mem)
+        return ret
 
     def schedule(self, create_schedule: Callable, outs: list) -> tuple[list, dict]:
         from zeptograd.dtype import dtypes
@@ -241,6 +261,10 @@ def _get() -> Recorder:
 def rewrite(sink: UOp, pm: Any, ctx: Any, bottom_up: bool) -> UOp | None:
     """graph_rewrite's result when this rewrite is recorded, None to let graph_rewrite run it as usual."""
     return _get().rewrite(sink, pm, ctx, bottom_up)
+
+
+def jit_replay(captured: Any, replay: Callable) -> Any:
+    return _get().jit_replay(captured, replay)
 
 
 def recorded_schedule(create_schedule: Callable) -> Callable:

@@ -204,6 +204,7 @@ function showKernel(k, step) {
     `${gflops} GFLOPS \u00b7 ${gbs} GB/s \u00b7 opts: ${k.opts.length ? k.opts.join(", ") : "none"}`;
   const code = $("#source code");
   code.textContent = k.src || "(no source: a copy, or compiled before VIZ was on)";
+  if (k.kind === "jit") code.textContent = "a TinyJit replay runs these captured kernels, in order:\n" + k.src;
   code.className = k.src.startsWith("; ") || k.src.includes("define ") ? "language-llvm" : "language-c";
   delete code.dataset.highlighted;
   // highlighted after the graph is drawn: highlight.js takes a second over a large kernel's 25 KB of LLVM IR
@@ -246,6 +247,15 @@ function groupsOf(s) {  // kernel label -> the nodes below each realized node do
 }
 
 function setSteps(steps, current) {
+  if (!steps.length) {  // a copy or a TinyJit replay: no graph, nothing was compiled
+    $("#steps").innerHTML = "";
+    $("#step-slider").max = 0;
+    $("#step-label").textContent = "no graph: nothing was compiled";
+    $("#rules").innerHTML = "";
+    $("#graph").replaceChildren();
+    S.drawn = null;
+    return;
+  }
   const ol = $("#steps");
   ol.innerHTML = steps.map((st, i) => {
     const same = st.before !== null && st.before === st.after;
@@ -348,7 +358,7 @@ function showTimeline() {
     .append("title").text((r) => `${kernels[r[0]].name}: ${fmtTime(r[2])}, ${r[3]} bytes, ` +
       `${r[2] ? (r[3] / r[2] * 1e-9).toFixed(2) : "-"} GB/s`);
   el.innerHTML = `<div>${runs.length} runs in ${fmtTime(end)} (kernels ${kernels.filter((k) => k.kind === "kernel").length},` +
-    ` copies ${kernels.filter((k) => k.kind === "copy").length})</div>`;
+    ` copies ${kernels.filter((k) => k.kind === "copy").length}, TinyJit replays as one bar each)</div>`;
   el.appendChild(svg.node());
 }
 
@@ -365,12 +375,12 @@ async function main() {
   $("#program").textContent = S.trace.program.join(" ");
   for (const b of document.querySelectorAll("#tabs button")) b.onclick = () => setTab(b.dataset.tab);
   $("#step-slider").oninput = (e) => selectStep(+e.target.value);
-  $("#hide-consts").onchange = (e) => { S.hideConsts = e.target.checked; if (S.view) selectStep(S.step); };
+  $("#hide-consts").onchange = (e) => { S.hideConsts = e.target.checked; if (S.view && S.drawn) selectStep(S.step); };
   $("#search").oninput = applySearch;
   $("#graph").addEventListener("mousemove", showTip);
   $("#graph").addEventListener("mouseleave", () => { $("#tip").style.display = "none"; });
   document.addEventListener("keydown", (e) => {  // arrow keys step through the rewrites
-    if (!S.view || e.target.tagName === "INPUT") return;
+    if (!S.view || e.target.tagName === "INPUT" || !S.drawn) return;
     const n = (S.view.kind === "kernel" ? S.view.k : S.view.s).steps.length;
     if (e.key === "ArrowRight" || e.key === "ArrowDown") selectStep(Math.min(n - 1, S.step + 1));
     if (e.key === "ArrowLeft" || e.key === "ArrowUp") selectStep(Math.max(0, S.step - 1));
