@@ -50,8 +50,8 @@ class GraphRecord:
         table, steps = self.table, self.entry["steps"]
         b = table.add(before)
         if b != self.last:  # a pass that is not a graph_rewrite (the expander, accumulators) changed the graph
-            name_gap = "(changed outside graph_rewrite)"
-            steps.append({"name": name_gap, "where": "", "before": self.last, "after": b, "rules": []})
+            name_gap, between = "(changed outside graph_rewrite)", f"between {steps[-1]['name']} and {name}"
+            steps.append({"name": name_gap, "where": between, "before": self.last, "after": b, "rules": []})
         a = table.add(after)
         rules = sorted(tracked.counts.items(), key=lambda kv: -kv[1][0])
         step = {"name": name, "where": where, "before": b, "after": a}
