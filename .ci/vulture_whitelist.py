@@ -20,6 +20,7 @@ _.find_class, _.persistent_load, _.backward_hooks  # pickle.Unpickler hooks, tor
 _._print_match_stats  # registered with atexit
 _.cl_device, _.data_layout  # pyopencl device kept alive; llvmlite module
 _.__getattr__  # the package's lazy attributes (PEP 562: the interpreter calls it)
+_.do_GET, _.log_message  # http.server's request handler hooks (zeptograd/viz/server.py)
 
 # read by tests and bench, and knobs reserved for work in progress
 _.uncacheable  # schedule cache statistics

@@ -27,6 +27,7 @@ SLOW_MODULES = {
     "test_symbolic_property",
     "test_bench",
     "test_startup",
+    "test_browser",  # tests/viz: a headless Chromium
 }
 
 

@@ -82,6 +82,7 @@ NOOPT = ContextVar("NOOPT", 0)
 SPLIT_REDUCEOP = ContextVar("SPLIT_REDUCEOP", 1)
 TRACK_MATCH_STATS = ContextVar("TRACK_MATCH_STATS", 0)
 SPEC = ContextVar("SPEC", 0)
+VIZ = ContextVar("VIZ", 0)  # record schedules, rewrites and kernels; a web page shows them (zeptograd/viz/)
 DEVECTORIZE = ContextVar("DEVECTORIZE", 1)  # 2: split every vector ALU op into lanes (codegen/devectorizer.py)
 BEAM = ContextVar("BEAM", 0)  # search the optimizer actions with a beam this wide (engine/search.py)
 BEAM_BUDGET = ContextVar("BEAM_BUDGET", 60)  # seconds of search per kernel

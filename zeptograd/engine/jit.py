@@ -64,7 +64,7 @@ from typing import Any, Callable
 from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
-from zeptograd.helpers import DEBUG, ArgumentTypeError
+from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
@@ -435,6 +435,10 @@ class TinyJit:
                 return ret
             self.cnt += 1
             with _realize.engine_lock:  # its kernels run as one realize
+                if VIZ.value:  # the replay is one entry of VIZ's timeline (zeptograd/viz/record.py)
+                    from zeptograd.viz import record
+
+                    return record.jit_replay(self.captured, lambda: self._replay(tensors, others))
                 return self._replay(tensors, others)
 
     # --- call 1, and any call while another TinyJit captures in this thread ---

@@ -18,7 +18,7 @@ from zeptograd.device import Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine import schedule_cache
 from zeptograd.engine.schedule_cache import cached_schedule
-from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, ArgumentError, prod
+from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, VIZ, ArgumentError, prod
 from zeptograd.schedule.copy import CopyProgram, copy_name
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
@@ -161,6 +161,10 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
         from zeptograd.engine.search import beam_search
 
         opts = beam_search(device, ast, bufs, BEAM.value)
+    if VIZ.value:  # its rewrites are recorded until kernel_end (zeptograd/viz/record.py, imported only with VIZ)
+        from zeptograd.viz import record as viz_record
+
+        viz_record.kernel_begin(device, ast)
     uops, opts = full_rewrite(ast, dev.renderer, opts)
     if DEBUG >= 3:
         print(f"{kernel_name(ast)}: {opts}")
@@ -174,6 +178,10 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if DEBUG >= 4:
         print(spec.src)
     ck = CompiledKernel(name, dev.build(spec), estimate_ops(ast), spec.src, spec.vars)
+    if VIZ.value:
+        from zeptograd.viz import record as viz_record
+
+        viz_record.kernel_end(name, spec.src, opts, ck.n_ops)
     _kernel_cache[key] = ck
     return ck
 
@@ -240,6 +248,10 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
         GlobalCounters.global_ops += kernel.n_ops
         mem = sum(b.nbytes for b in item.bufs)
         GlobalCounters.global_mem += mem
+        if VIZ.value:
+            from zeptograd.viz import record as viz_record
+
+            viz_record.kernel_ran(item.device, item.ast, kernel.name, dt, mem)
         if DEBUG.value >= 2:
             print(
                 f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
@@ -259,13 +271,18 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
     outs = uops if w is not None else substitute_realized(uops, realized)
     var_vals: dict[str, int] = {}
     symbolic = w.symbolic if w is not None else variable.in_use and variable.has_symbols(outs)
+    schedule = create_schedule
+    if VIZ.value:  # records the schedule (zeptograd/viz/record.py)
+        from zeptograd.viz import record as viz_record
+
+        schedule = viz_record.recorded_schedule(create_schedule)
     if symbolic:  # schedule the unbound graph: one schedule for all values
         unbound, var_vals, done = variable.strip_binds(outs)
-        items, ubecomes = cached_schedule(unbound, create_schedule)
+        items, ubecomes = cached_schedule(unbound, schedule)
         back = {v: k for k, v in done.items()}
         becomes = {back[k]: variable.rebind(v, var_vals) for k, v in ubecomes.items() if k in back}
     else:
-        items, becomes = cached_schedule(outs, create_schedule, w)  # create_schedule, or an equal graph's template
+        items, becomes = cached_schedule(outs, schedule, w)  # create_schedule, or an equal graph's template
     if DEBUG.value >= 1:
         n, ms = len(items), (time.perf_counter() - t0) * 1e3
         print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")

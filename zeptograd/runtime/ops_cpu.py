@@ -133,10 +133,10 @@ def open_device(name: str) -> CompiledDevice:
     kind, *fields = name.split(":")
     if fields and fields[0].isdigit():
         fields.pop(0)
-    compiler = fields[0] if fields else ""
-    if kind != "CPU" or len(fields) > 1 or compiler not in ("", "C", "LLVM"):
+    choice = fields[0] if fields else ""  # the compiler the name asks for
+    if kind != "CPU" or len(fields) > 1 or choice not in ("", "C", "LLVM"):
         raise ArgumentError(f"unknown CPU backend {name!r}; available: CPU (LLVM), CPU:LLVM, CPU:C, CPU:N[:C|:LLVM]")
-    if compiler == "LLVM" or (compiler == "" and os.getenv("CPU_LLVM", "1") != "0"):
+    if choice == "LLVM" or (choice == "" and os.getenv("CPU_LLVM", "1") != "0"):
         from zeptograd.runtime.ops_llvm import LLVMDevice  # imports llvmlite only now
 
         return LLVMDevice(name)

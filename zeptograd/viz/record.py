@@ -1,0 +1,313 @@
+"""The recorder behind VIZ=1. The core calls in at five places, each behind `if VIZ.value`:
+
+- `uop/upat.py: graph_rewrite` -> `rewrite`: while a kernel compiles or a schedule is made (in that thread), a
+  rewrite of a whole graph (a SINK) runs with its rules tried one at a time, counted and timed, and the graphs
+  before and after it are kept. Rewrites of fragments (a rule's own small rewrite) run as usual.
+- `engine/realize.py: _schedule` wraps `create_schedule` in `recorded_schedule`: the tensor graph, its rewrites,
+  and the realized nodes with the kernel that stores each.
+- `engine/realize.py: get_kernel` -> `kernel_begin` / `kernel_end` around codegen, only when a kernel is compiled
+  (a cache hit compiles nothing, so each distinct kernel is recorded once; TinyJit replays compile nothing either).
+- `engine/realize.py: _run_schedule` -> `kernel_ran`: the timeline.
+- `engine/jit.py: TinyJit.__call__` -> `jit_replay`: a replay (its kernels called directly) as one timeline entry.
+
+With VIZ off none of these run and no Recorder exists. At exit the trace is written (`VIZ_FILE`, default a new
+temporary directory) and, when stdout is a terminal, served until Ctrl-C; otherwise the command that serves it is
+printed, so VIZ=1 never holds a script or a CI job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import inspect
+import linecache
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+from zeptograd.helpers import Context, getenv
+from zeptograd.uop.ops import Ops, UOp
+from zeptograd.viz.trace import NodeTable, new_trace, write_trace
+
+MAX_RUNS = 100_000  # timeline entries kept; a long training loop keeps its first runs (totals stay exact)
+
+
+class GraphRecord:
+    """A kernel or a schedule being recorded: its node table and steps, open in one thread."""
+
+    def __init__(self, entry: dict, first: UOp, first_name: str):
+        self.entry, self.table, self.thread = entry, NodeTable(), threading.get_ident()
+        self.inside = False  # a tracked rewrite runs: rewrites its rules start are fragments, not steps
+        entry["nodes"], entry["steps"] = self.table.nodes, []
+        self.last = self.table.add(first)
+        entry["steps"].append({"name": first_name, "where": "", "before": None, "after": self.last, "rules": []})
+
+    def add_step(self, name: str, where: str, before: UOp, after: UOp, tracked: _TrackedMatcher) -> None:
+        table, steps = self.table, self.entry["steps"]
+        b = table.add(before)
+        if b != self.last:  # a pass that is not a graph_rewrite (the expander, accumulators) changed the graph
+            name_gap, between = "(changed outside graph_rewrite)", f"between {steps[-1]['name']} and {name}"
+            steps.append({"name": name_gap, "where": between, "before": self.last, "after": b, "rules": []})
+        a = table.add(after)
+        rules = sorted(tracked.counts.items(), key=lambda kv: -kv[1][0])
+        step = {"name": name, "where": where, "before": b, "after": a}
+        step["rules"] = [[rule, n, round(secs * 1e3, 3)] for rule, (n, secs) in rules if n]
+        step["made"] = {str(table.ids[u]): rule for u, rule in tracked.made.items() if u in table.ids}
+        steps.append(step)
+        self.last = a
+
+
+class _TrackedMatcher:
+    """A PatternMatcher whose rules are tried one at a time, each match counted and timed and its result noted."""
+
+    def __init__(self, pm: Any, rules: dict[str, str]):
+        self.pm, self.rule_source = pm, rules
+        self.counts: dict[str, list] = {}  # rule -> [matches, seconds of its tries]
+        self.made: dict[UOp, str] = {}  # node a rule returned -> that rule
+
+    def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
+        from zeptograd.uop.upat import _compile_rules
+
+        pm = self.pm
+        for entry in pm.pdict.get(u.op, ()):
+            key = (id(entry[0]), id(entry[1]))
+            if (fn := pm._by_rule.get(key)) is None:
+                fn = pm._by_rule[key] = _compile_rules([entry])
+            t0 = time.perf_counter()
+            ret = fn(u, ctx)
+            dt = time.perf_counter() - t0
+            name, source = _rule_name(entry[1])
+            if (count := self.counts.get(name)) is None:
+                count = self.counts[name] = [0, 0.0]
+                self.rule_source.setdefault(name, source)
+            count[1] += dt
+            if ret is not None:
+                count[0] += 1
+                self.made[ret] = name
+                return ret
+        return None
+
+
+@functools.cache
+def _rule_name(fn: Callable) -> tuple[str, str]:
+    """(file:line and the function's name (a lambda has none), the rule's source line) — inspect reads the file once"""
+    try:
+        path = inspect.getsourcefile(fn) or "?"
+        line = inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return getattr(fn, "__name__", repr(fn)), ""
+    fname = getattr(fn, "__name__", "<lambda>")
+    name = f"{os.path.basename(path)}:{line}" + ("" if fname == "<lambda>" else f" {fname}")
+    return name, linecache.getline(path, line).strip()[:200]
+
+
+def _pass_name(pm: Any) -> tuple[str, str]:
+    """(the function that called graph_rewrite: the matcher's name where a module or the caller names it, file:line)"""
+    frame = sys._getframe(4)  # graph_rewrite's caller: _pass_name <- Recorder.rewrite <- rewrite <- graph_rewrite <- it
+    code = frame.f_code
+    pm_name = next((k for k, v in frame.f_globals.items() if v is pm), None)
+    pm_name = pm_name or next((k for k, v in frame.f_locals.items() if v is pm), None) or "a matcher"
+    path = code.co_filename
+    where = path[path.rfind("zeptograd/") + len("zeptograd/") :] if "zeptograd/" in path else os.path.basename(path)
+    return f"{code.co_name}: {pm_name}", f"{where}:{frame.f_lineno}"
+
+
+class Recorder:
+    """Everything recorded in this process (one trace)."""
+
+    def __init__(self):
+        self.trace = new_trace(list(sys.argv))
+        self.trace["rules"] = {}
+        self.t0, self.pid = time.perf_counter(), os.getpid()  # a forked child inherits this: it writes nothing
+        self.open: GraphRecord | None = None
+        # (device, kernel graph) -> its kernel's id; ("TinyJit", kernel names) -> a replay's entry
+        self.kernel_ids: dict[tuple[str, Any], int] = {}
+        self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
+
+    def _kernel_entry(self, key: tuple[str, Any], name: str, kind: str) -> dict:
+        entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
+        entry |= {"src": "", "opts": [], "n_ops": 0, "nodes": [], "steps": [], "runs": 0, "time_s": 0.0, "bytes": 0}
+        self.trace["kernels"].append(entry)
+        self.kernel_ids[key] = entry["id"]
+        for waiting in self.waiting.pop(key, ()):
+            waiting["kernel"] = entry["id"]
+        return entry
+
+    def kernel_begin(self, device: str, ast: UOp) -> None:
+        entry = self._kernel_entry((device, ast), "", "kernel")
+        self.open = GraphRecord(entry, ast, "input: the scheduler's kernel graph")
+
+    def kernel_end(self, name: str, src: str, opts: list, n_ops: int) -> None:
+        if self.open is not None:
+            self.open.entry |= {"name": name, "src": src, "opts": [str(o) for o in opts], "n_ops": n_ops}
+        self.open = None
+
+    def kernel_ran(self, device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:
+        kid = self.kernel_ids.get((device, ast))
+        entry = (
+            self.trace["kernels"][kid]
+            if kid is not None
+            else self._kernel_entry((device, ast), name, "copy" if ast.op is Ops.COPY else "kernel")
+        )
+        self._ran(entry, seconds, nbytes)
+
+    def _ran(self, entry: dict, seconds: float, nbytes: int) -> None:
+        entry["runs"] += 1
+        entry["time_s"] += seconds
+        entry["bytes"] += nbytes
+        if len(runs := self.trace["runs"]) < MAX_RUNS:
+            start = time.perf_counter() - self.t0 - seconds
+            runs.append([entry["id"], round(start, 7), round(seconds, 9), nbytes])
+
+    def jit_replay(self, captured: Any, replay: Callable) -> Any:
+        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): one timeline entry."""
+        t0 = time.perf_counter()
+        ret = replay()
+        seconds = time.perf_counter() - t0
+        key = ("TinyJit", tuple(captured.names))  # an entry per captured kernel list
+        kid = self.kernel_ids.get(key)
+        entry = self.trace["kernels"][kid] if kid is not None else None
+        if entry is None:
+            n = len(captured.names)
+            entry = self._kernel_entry(key, f"TinyJit replay: {n} kernel{'s' if n != 1 else ''}", "jit")
+            entry["src"] = "\n".join(captured.names)
+        self._ran(entry, seconds, captured.mem)
+        return ret
+
+    def schedule(self, create_schedule: Callable, outs: list) -> tuple[list, dict]:
+        from zeptograd.dtype import dtypes
+
+        entry: dict = {"id": len(self.trace["schedules"])}
+        self.trace["schedules"].append(entry)
+        sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
+        g = self.open = GraphRecord(entry, sink, "input: the tensor graph")
+        entry["sink"] = g.last
+        try:
+            items, becomes = create_schedule(outs)
+        finally:
+            self.open = None
+        if not items:  # nothing to compute (outputs that are buffers or constants already): not worth a view
+            self.trace["schedules"].pop()
+            return items, becomes
+        entry["realized"] = self._realized(g, outs, items, becomes)
+        return items, becomes
+
+    def _realized(self, g: GraphRecord, outs: list, items: list, becomes: dict) -> list[dict]:
+        """Each realized node of the tensor graph, the kernel that stores it and why it was stored."""
+        from zeptograd.buffers import buffer_under, buffers
+
+        writer: dict[int, tuple[str, UOp]] = {}  # id(Buffer) -> (device, kernel graph) of the item storing it
+        for item in items:
+            for i in getattr(item, "outputs", [0]):
+                writer.setdefault(id(item.bufs[i]), (item.device, item.ast))
+        # the outputs, and what each rewrite of the schedule's graph (tensor_fold) made of them
+        out_set, realized = set(outs), []
+        for u, i in g.table.ids.items():
+            if u.op is Ops.SINK and any(st["after"] == i for st in g.entry["steps"]):
+                out_set.update(u.src)
+        for node, value in becomes.items():
+            if (nid := g.table.ids.get(node)) is None or node.op is Ops.BUFFER:
+                continue  # a node the scheduler's own passes made, or an input
+            buf = buffer_under(value)
+            key = writer.get(id(buffers[buf])) if buf is not None and buf in buffers else None
+            why = (
+                "an output"
+                if node in out_set
+                else {Ops.CONTIGUOUS: "contiguous()", Ops.ASSIGN: "an assign", Ops.COPY: "a copy"}.get(
+                    node.op, "the scheduler: read at other loops, or the cost model"
+                )
+            )
+            rec = {"node": nid, "kernel": self.kernel_ids.get(key) if key else None, "why": why}
+            if key is not None and rec["kernel"] is None:
+                self.waiting.setdefault(key, []).append(rec)
+            realized.append(rec)
+        return realized
+
+    def rewrite(self, sink: UOp, pm: Any, ctx: Any, bottom_up: bool) -> UOp | None:
+        g = self.open
+        if g is None or g.inside or sink.op is not Ops.SINK or g.thread != threading.get_ident():
+            return None
+        from zeptograd.uop.upat import graph_rewrite
+
+        name, where = _pass_name(pm)
+        tracked = _TrackedMatcher(pm, self.trace["rules"])
+        g.inside = True
+        try:
+            out = graph_rewrite(sink, tracked, ctx, bottom_up)  # type: ignore[arg-type]
+        finally:
+            g.inside = False
+        g.add_step(name, where, sink, out, tracked)
+        return out
+
+
+recorder: Recorder | None = None  # created by the first hook that runs with VIZ on
+
+
+def _get() -> Recorder:
+    global recorder
+    if recorder is None:
+        recorder = Recorder()
+        atexit.register(_write_at_exit)
+    return recorder
+
+
+# ***** the hooks (called only with VIZ on) *****
+
+
+def rewrite(sink: UOp, pm: Any, ctx: Any, bottom_up: bool) -> UOp | None:
+    """graph_rewrite's result when this rewrite is recorded, None to let graph_rewrite run it as usual."""
+    return _get().rewrite(sink, pm, ctx, bottom_up)
+
+
+def jit_replay(captured: Any, replay: Callable) -> Any:
+    return _get().jit_replay(captured, replay)
+
+
+def recorded_schedule(create_schedule: Callable) -> Callable:
+    return lambda outs: _get().schedule(create_schedule, outs)
+
+
+def kernel_begin(device: str, ast: UOp) -> None:
+    _get().kernel_begin(device, ast)
+
+
+def kernel_end(name: str, src: str, opts: list, n_ops: int) -> None:
+    _get().kernel_end(name, src, opts, n_ops)
+
+
+def kernel_ran(device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:
+    _get().kernel_ran(device, ast, name, seconds, nbytes)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Recorder]:
+    """VIZ on for a block, into a fresh Recorder that is not written at exit (tests, notebooks: `rec.trace`)."""
+    global recorder
+    old, recorder = recorder, Recorder()
+    try:
+        with Context(VIZ=1):
+            yield recorder
+    finally:
+        recorder = old
+
+
+def _write_at_exit() -> None:
+    if recorder is None or recorder.pid != os.getpid():
+        return
+    path = getenv("VIZ_FILE", "") or os.path.join(tempfile.mkdtemp(prefix="zeptograd-viz-"), "trace.json")
+    trace = recorder.trace
+    write_trace(trace, path)
+    # on stderr: a program's stdout may be its data (piped on), which VIZ must not change
+    counts = f"{len(trace['kernels'])} kernels, {len(trace['schedules'])} schedules"
+    print(f"VIZ: {counts} written to {path}", file=sys.stderr)
+    if sys.stdout.isatty():
+        from zeptograd.viz.server import serve
+
+        with contextlib.suppress(KeyboardInterrupt):
+            serve(path)
+    else:  # not a terminal (a pipe, CI): never wait for a Ctrl-C nobody will press
+        print(f"VIZ: to see it: python -m zeptograd.viz {path}", file=sys.stderr)
