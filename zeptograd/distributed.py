@@ -33,6 +33,7 @@ The MPI library is whatever mpi4py loads; the `distributed` extra installs MPICH
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class _State:
     MPI: Any = None
     timeout: float | None = DEFAULT_TIMEOUT_S
     waiting: tuple[str, float] | None = None  # (the collective, when it started): what the watchdog looks at
+    mine, every = np.zeros(1, np.int64), np.zeros(0, np.int64)  # the agreement check's buffers, kept
 
 
 _state = _State()
@@ -190,12 +192,14 @@ def _agree(name: str, desc: str) -> None:
     """Check that every rank makes the same call (name and desc: shapes, dtypes, op, root) before data moves: one
     allgather of a hash, and on a mismatch one more of the descriptions, so every rank raises the same error."""
     comm = _comm()
-    mine = np.array([zlib.crc32(f"{name} {desc}".encode())], np.int64)
-    every = np.empty(comm.Get_size(), np.int64)
+    key = zlib.crc32(f"{name} {desc}".encode())
+    if len(_state.every) != comm.Get_size():
+        _state.every = np.empty(comm.Get_size(), np.int64)
+    _state.mine[0] = key
     with _Waiting(f"{name} (the agreement check)"):
-        comm.Allgather(mine, every)
+        comm.Allgather(_state.mine, _state.every)
     stats.checks += 1
-    if (every != mine[0]).any():
+    if any(k != key for k in _state.every.tolist()):
         with _Waiting(f"{name} (the agreement check)"):
             descs = comm.allgather(f"{name} {desc}")
         stats.checks += 1
@@ -222,10 +226,12 @@ def _check_tensor(name: str, t: Any) -> Tensor:
 def _host_view(t: Tensor) -> np.ndarray | None:
     """The flat memory of t's buffer as a numpy array (no copy), where t is realized to a whole buffer in host memory;
     else None. Realizes t."""
-    from zeptograd.engine.realize import realized_value
+    base = view_base(t.uop)  # a buffer already (a leaf, a realized tensor): nothing to run, nor to look up
+    if base is None:
+        from zeptograd.engine.realize import realized_value
 
-    t.realize()
-    base = view_base(realized_value(t.uop))
+        t.realize()
+        base = view_base(realized_value(t.uop))
     if base is None or (buf := buffers.get(base)) is None:
         return None
     allocator, mem = buf._memory()
@@ -243,7 +249,7 @@ def _flat_values(t: Tensor) -> np.ndarray:
 def _new_tensor(shape: tuple[int, ...], dtype: DType, device: str) -> tuple[Tensor, np.ndarray, Callable[[], None]]:
     """(a Tensor on a new buffer, a numpy array to write its elements into, a function to call once they are
     written): on a host device the array is the buffer's memory, elsewhere a host array copied in by the function."""
-    u = new_buffer_uop(device, int(np.prod(shape, dtype=np.int64)), dtype)
+    u = new_buffer_uop(device, math.prod(shape), dtype)
     buf = buffers[u]
     allocator, mem = buf._memory()
     if isinstance(allocator, HostAllocator):
@@ -266,16 +272,19 @@ def _mpi_op(op: str, dtype: DType):
 # ***** collectives *****
 
 
-def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
-    """The elementwise sum, mean or max of t over every rank, on every rank (a new tensor of t's shape and dtype)."""
+def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
+    """The elementwise sum, mean or max of t over every rank, on every rank (a new tensor of t's shape and dtype).
+    check=False skips the agreement check (one round trip between the ranks), for a loop whose calls are known to
+    match: mismatched calls are then MPI's undefined behaviour (an MPI error, a hang until the timeout, or garbage)."""
     t = _check_tensor("all_reduce", t)
     if op not in _OPS:
         raise ArgumentError(f"all_reduce: op must be one of {', '.join(map(repr, _OPS))}, got {op!r}")
     if op == "mean" and not dtypes.is_float(t.dtype):
         raise ArgumentTypeError(f"all_reduce: op 'mean' of a {t.dtype.name} tensor: cast it to a float dtype first")
-    _agree("all_reduce", f"(op {op!r}) of {_describe(t)}")
+    if check:
+        _agree("all_reduce", f"(op {op!r}) of {_describe(t)}")
     if t.dtype == dtypes.bfloat16:  # MPI has no bfloat16: reduce the (exact) float32 values
-        return all_reduce(t.cast(dtypes.float32), op).cast(dtypes.bfloat16)
+        return all_reduce(t.cast(dtypes.float32), op, check=False).cast(dtypes.bfloat16)
     send = _flat_values(t)
     out, recv, done = _new_tensor(t.shape, t.dtype, t.device)
     with _Waiting("all_reduce"):
@@ -288,14 +297,16 @@ def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
     return out
 
 
-def broadcast(t: Tensor, root: int = 0) -> Tensor:
-    """Rank `root`'s t on every rank (a new tensor; every rank passes a tensor of the same shape and dtype)."""
+def broadcast(t: Tensor, root: int = 0, check: bool = True) -> Tensor:
+    """Rank `root`'s t on every rank (a new tensor; every rank passes a tensor of the same shape and dtype). check:
+    as all_reduce's."""
     t = _check_tensor("broadcast", t)
     if not isinstance(root, int) or not 0 <= root < world_size():
         raise ArgumentError(f"broadcast: root must be a rank in [0, {world_size()}), got {root!r}")
-    _agree("broadcast", f"(root {root}) of {_describe(t)}")
+    if check:
+        _agree("broadcast", f"(root {root}) of {_describe(t)}")
     if t.dtype == dtypes.bfloat16:
-        return broadcast(t.cast(dtypes.float32), root).cast(dtypes.bfloat16)
+        return broadcast(t.cast(dtypes.float32), root, check=False).cast(dtypes.bfloat16)
     out, recv, done = _new_tensor(t.shape, t.dtype, t.device)
     if rank() == root:
         recv[:] = _flat_values(t)
@@ -307,12 +318,13 @@ def broadcast(t: Tensor, root: int = 0) -> Tensor:
     return out
 
 
-def all_gather(t: Tensor) -> Tensor:
-    """Every rank's t stacked: shape (world_size(), *t.shape), rank r's tensor at index r."""
+def all_gather(t: Tensor, check: bool = True) -> Tensor:
+    """Every rank's t stacked: shape (world_size(), *t.shape), rank r's tensor at index r. check: as all_reduce's."""
     t = _check_tensor("all_gather", t)
-    _agree("all_gather", f"of {_describe(t)}")
+    if check:
+        _agree("all_gather", f"of {_describe(t)}")
     if t.dtype == dtypes.bfloat16:
-        return all_gather(t.cast(dtypes.float32)).cast(dtypes.bfloat16)
+        return all_gather(t.cast(dtypes.float32), check=False).cast(dtypes.bfloat16)
     send = _flat_values(t)
     out, recv, done = _new_tensor((world_size(), *t.shape), t.dtype, t.device)
     with _Waiting("all_gather"):

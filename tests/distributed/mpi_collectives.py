@@ -7,7 +7,9 @@ from zeptograd import Tensor, dtypes
 from zeptograd import distributed as dist
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 
+assert not dist.is_initialized()
 dist.init(timeout=60)
+assert dist.is_initialized()
 r, n = dist.rank(), dist.world_size()
 
 

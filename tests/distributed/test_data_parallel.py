@@ -50,3 +50,15 @@ def test_data_parallel_matches_half_batch_normalization(run_ranks, tmp_path):
                 np.testing.assert_allclose(ranks[0][f"{mode}.{k}"], want[k], rtol=1e-4, atol=1e-5, err_msg=mode + k)
         np.testing.assert_allclose(ranks[0][f"{mode}.losses"], want_losses, rtol=1e-5)
     assert BUCKET_BYTES == 25 * 1024 * 1024  # torch DDP's bucket_cap_mb
+
+
+def test_train_digits_example_distributed(run_ranks):
+    """The README's command in its short form: both ranks end with the same parameters and accuracy."""
+    pytest.importorskip("sklearn")
+    job = run_ranks("../../examples/train_digits.py", "--distributed", "--short", "--steps", "6", timeout=300)
+    assert job.returncode == 0, job.describe()
+    lines = job.stdout.splitlines()
+    for what in ("parameters sha256", "test accuracy: "):
+        found = sorted(line.split(": ", 1)[1].split("; ")[-1] for line in lines if what in line)
+        assert len(found) == 2 and found[0] == found[1], job.describe()
+    assert sum("loss fell" in line for line in lines) == 2, job.describe()
