@@ -95,7 +95,7 @@ def init(timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
     """Join the MPI job this process was started in (`mpiexec -n N python ...`; a plain `python ...` is a job of
     one). timeout: seconds one collective may wait for the other ranks before the whole job is aborted (None: wait
     forever). Calling init again only changes the timeout."""
-    if timeout is not None and not timeout > 0:
+    if timeout is not None and (not isinstance(timeout, (int, float)) or not timeout > 0):
         raise ArgumentError(f"init: timeout must be a positive number of seconds or None, got {timeout!r}")
     _state.timeout = timeout
     if _state.comm is not None:
@@ -461,7 +461,7 @@ class DataParallel:
             k = n_out[0]
             grads = [Tensor(g, device=p.device, dtype=o.dtype) for g, p, o in zip(means[k:], opt.params, outs[k:])]
             up(*grads)
-            return tuple(Tensor(m, dtype=o.dtype) for m, o in zip(means[:k], outs[:k]))
+            return tuple(Tensor(m, device=o.device, dtype=o.dtype) for m, o in zip(means[:k], outs[:k]))
 
         return step
 

@@ -13,7 +13,7 @@ from zeptograd import distributed as dist
 how = sys.argv[1]
 dist.init(timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60)
 dist.barrier()
-print(f"rank {dist.rank()} started", flush=True)
+print(f"rank {dist.rank()} started at {time.time()}", flush=True)  # the test's clock starts here, after start-up
 if dist.rank() == 1:
     time.sleep(0.5)  # rank 0 is waiting in all_reduce by now
     if how == "raise":
