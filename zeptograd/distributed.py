@@ -13,7 +13,7 @@ do not carry gradients): `all_reduce(t, op)` with op "sum", "mean" or "max", `br
 the input's buffer and writes the result's buffer directly: no copy beside MPI's own. Other devices (CL) go through
 a host copy each way. Every rank must make the same calls in the same order, as MPI requires; before moving data
 each collective checks that the ranks agree on the call, the shape and the dtype (one small allgather), and
-raises an ArgumentError on every rank naming what each rank passed.
+raises an ArgumentError on every rank naming what each rank passed (check=False skips this round trip).
 
 Faults never hang a job: init() installs a sys.excepthook that prints the exception and aborts every rank
 (MPI_Abort; mpiexec then ends the others), a rank that dies is noticed by mpiexec, which ends the others, and a
@@ -26,7 +26,8 @@ torch's default), so a step sends ceil(bytes / bucket_bytes) messages per dtype,
 BatchNorm normalizes each rank's part of the batch on its own (DDP's semantics, no synchronized BatchNorm); the
 running statistics of rank 0 are given to every rank by `sync_buffers()`. `train_step(loss_fn)` builds the step;
 with TinyJit the collective stays outside the jitted functions: forward and backward are one jitted function,
-the optimizer update another, and the all-reduce between them is a plain MPI call on their buffers.
+the optimizer update another, and between them the outputs are copied into one flat host array per dtype,
+all-reduced in place (a plain MPI call) and given to the update as new tensors.
 
 The MPI library is whatever mpi4py loads; the `distributed` extra installs MPICH's wheel (see docs/distributed.md).
 """
@@ -368,6 +369,7 @@ class DataParallel:
             raise ArgumentError(f"DataParallel: bucket_bytes must be an int >= 8, got {bucket_bytes!r}")
         self.opt, self.bucket_bytes = optimizer, bucket_bytes
         self.world = world_size()
+        self.jits: tuple = ()
         self._broadcast_into(self.opt.params + self.opt.buffers, root, "DataParallel (the parameters and buffers)")
 
     def sync_buffers(self, root: int = 0) -> None:
@@ -403,9 +405,10 @@ class DataParallel:
         """The mean over every rank of each tensor, as numpy arrays of their shapes: per dtype one flat buffer, sent
         in messages of at most bucket_bytes."""
         out: list[np.ndarray] = [np.empty(0)] * len(tensors)
-        for dtype, idx in _by_dtype(tensors).items():
-            if not dtypes.is_float(dtype):
-                raise ArgumentTypeError(f"DataParallel averages float tensors, got a {dtype.name} one")
+        groups = _by_dtype(tensors)
+        if bad := [dtype.name for dtype in groups if not dtypes.is_float(dtype)]:  # before anything is sent
+            raise ArgumentTypeError(f"DataParallel averages float tensors (gradients, metrics), got {', '.join(bad)}")
+        for dtype, idx in groups.items():
             group = [tensors[i] for i in idx]
             wire = dtypes.float32 if dtype == dtypes.bfloat16 else dtype
             flat = np.empty(sum(t.numel() for t in group), to_numpy_dtype(wire))
@@ -454,6 +457,7 @@ class DataParallel:
 
         fb = TinyJit(forward_backward) if jit else forward_backward
         up = TinyJit(update) if jit else update
+        self.jits = (fb, up) if jit else ()  # the latest train_step's TinyJits (their call counts, their captures)
 
         def step(*args, **kwargs) -> tuple[Tensor, ...]:
             outs = fb(*args, **kwargs)

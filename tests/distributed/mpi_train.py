@@ -28,6 +28,8 @@ with Tensor.train():
             loss, acc = step(Tensor(x[r * part : (r + 1) * part]), Tensor(y[r * part : (r + 1) * part]))
             per_step.append(dist.stats.messages - before)
             losses.append(loss.item())
+        if mode == "jit":  # both jits replayed their captured kernels from the third step on
+            assert [(j.cnt, j.captured is not None) for j in ddp.jits] == [(len(losses), True)] * 2, ddp.jits
         saved[f"{mode}.messages"] = np.array(per_step)
         saved[f"{mode}.losses"] = np.array(losses, np.float32)
         ddp.sync_buffers()

@@ -15,19 +15,18 @@ from .dp_model import BATCH, batches, loss_and_accuracy, make, state
 pytestmark = pytest.mark.slow
 
 
-def reference() -> tuple[dict[str, np.ndarray], list[float]]:
+def reference(split: bool = True) -> tuple[dict[str, np.ndarray], list[float]]:
     """One process, rank 0's initial weights; each step's loss is the mean of the two halves' losses, each half
-    through the model on its own (its own BatchNorm statistics)."""
+    through the model on its own (its own BatchNorm statistics). split=False: the whole batch at once."""
     net, opt = make(seed=0)
     losses = []
     with Tensor.train():
         for x, y in batches():
             opt.zero_grad()
-            halves = [
-                loss_and_accuracy(net, Tensor(x[a : a + BATCH // 2]), Tensor(y[a : a + BATCH // 2]))[0]
-                for a in (0, BATCH // 2)
-            ]
-            loss = (halves[0] + halves[1]) / 2
+            parts = (0, BATCH // 2) if split else (0,)
+            size = BATCH // len(parts)
+            halves = [loss_and_accuracy(net, Tensor(x[a : a + size]), Tensor(y[a : a + size]))[0] for a in parts]
+            loss = sum(halves[1:], halves[0]) / len(halves)
             loss.backward()
             opt.step(loss)
             losses.append(loss.item())
@@ -49,6 +48,9 @@ def test_data_parallel_matches_half_batch_normalization(run_ranks, tmp_path):
             if not k.startswith("bn.running") and "num_batches" not in k:  # the running statistics are rank 0's
                 np.testing.assert_allclose(ranks[0][f"{mode}.{k}"], want[k], rtol=1e-4, atol=1e-5, err_msg=mode + k)
         np.testing.assert_allclose(ranks[0][f"{mode}.losses"], want_losses, rtol=1e-5)
+    # the comparison tells the semantics apart: BatchNorm over the whole batch ends elsewhere
+    whole, _ = reference(split=False)
+    assert not np.allclose(whole["l2.weight"], want["l2.weight"], rtol=1e-3, atol=1e-4)
     assert BUCKET_BYTES == 25 * 1024 * 1024  # torch DDP's bucket_cap_mb
 
 
