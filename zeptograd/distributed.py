@@ -35,9 +35,11 @@ The MPI library is whatever mpi4py loads; the `distributed` extra installs MPICH
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import zlib
@@ -174,8 +176,10 @@ class _Waiting:
 
 def mpiexec(n: int) -> list[str] | None:
     """The command line that starts n ranks on this host (append the program), or None where there is no mpiexec:
-    MPICH's as it is; Open MPI's with the flags to run as root and with more ranks than cores."""
-    exe = shutil.which("mpiexec")
+    MPICH's as it is; Open MPI's with the flags to run as root and with more ranks than cores. The mpiexec installed
+    beside this Python (the `mpich` wheel's) comes first, then the one on PATH."""
+    beside = os.path.join(sysconfig.get_path("scripts"), "mpiexec")
+    exe = beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
     if exe is None:
         return None
     try:
