@@ -3,6 +3,7 @@
     python bench/distributed.py                 # both, a table on stdout (about a minute)
     python bench/distributed.py --quick         # tiny sizes and few steps: checks that it runs
     python bench/distributed.py --json out.json
+    python bench/distributed.py --accuracy 3    # train_digits' accuracy, 2 ranks vs one process, seeds 0..2
 
 1. all_reduce of float32 tensors of 1 to 64 MiB between 2 ranks on this host: `distributed.all_reduce(t)` on a
    realized CPU tensor (its agreement check, the result's new buffer, the Tensor around it) against mpi4py's
@@ -13,6 +14,9 @@
 2. Training throughput of examples/train_digits.py's ConvNet (batches of 64, Adam, TinyJit): 2 ranks x THREADS=1
    (DataParallel, 32 images each) against 1 process x THREADS=2. Samples per second over the median step, after
    the warm-up steps that compile and capture.
+
+3. (--accuracy N) examples/train_digits.py's test accuracy for seeds 0..N-1: `mpiexec -n 2 ... --distributed`,
+   the same computation in one process (BatchNorm over each half of every batch), and the example as it is.
 
 Each part runs in its own job (mpiexec for the ranks, a plain process for one); the machine may be shared, so
 medians are reported. Nothing here asserts a time.
@@ -135,6 +139,79 @@ def worker_train(steps: int, warmup: int, distributed: bool) -> dict:
     return {"rank": rank, "world": world, "step_s": step_s, "samples_per_s": bs / step_s}
 
 
+def worker_halves(seed: int, steps: int = 200, bs: int = 64) -> dict:
+    """examples/train_digits.py's run in one process with BatchNorm over each half of every batch on its own (the
+    computation `--distributed` does with 2 ranks): the loss is the mean of the halves' losses, and the running
+    statistics move with the first half only (rank 0's, which --distributed gives every rank before evaluating)."""
+    from train_digits import ConvNet, accuracy, load_data
+
+    from zeptograd import Tensor, TinyJit, nn
+    from zeptograd.nn.state import get_parameters
+
+    Tensor.manual_seed(seed)
+    x_train, y_train, x_test, y_test = load_data(seed)
+    model = ConvNet()
+    opt = nn.optim.Adam(get_parameters(model), lr=3e-3)
+    norms = [layer for layer in model.layers if isinstance(layer, nn.BatchNorm)]
+
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        losses = []
+        for half, momentum in ((slice(0, bs // 2), 0.1), (slice(bs // 2, bs), 0.0)):
+            for bn in norms:
+                bn.momentum = momentum  # 0: the second half leaves the running statistics as they are
+            losses.append(model(x[half]).sparse_categorical_crossentropy(y[half]))
+        loss = (losses[0] + losses[1]) / 2
+        loss.backward()
+        opt.step(loss.detach())
+        return loss.detach()
+
+    step = TinyJit(train_step)
+    rng = np.random.default_rng(seed)
+    with Tensor.train():
+        for _ in range(steps):
+            idx = rng.integers(0, len(x_train), bs)
+            step(Tensor(x_train[idx]), Tensor(y_train[idx]))
+    return {"rank": 0, "accuracy": accuracy(model, x_test, y_test)}
+
+
+def _accuracy_of(out: str) -> float:
+    found = {line.rsplit(" ", 1)[1] for line in out.splitlines() if "test accuracy: " in line}
+    assert len(found) == 1, out  # every rank prints the same
+    return float(found.pop().rstrip("%")) / 100
+
+
+def accuracies(launch: list[str], me: list[str], env: dict, seeds: list[int]) -> list[dict]:
+    """examples/train_digits.py's test accuracy for each seed: 2 ranks --distributed, one process with BatchNorm over
+    each half-batch (the same computation), and one process as it is (BatchNorm over the whole batch)."""
+    example = [sys.executable, os.path.join(ROOT, "examples", "train_digits.py")]
+    rows = []
+    for seed in seeds:
+        dist_out = subprocess.run(
+            [*launch, *example, "--distributed", "--seed", str(seed)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            cwd=ROOT,
+            env={**env, "THREADS": "1"},
+            check=True,
+        ).stdout
+        (halves,) = _run([*me, "--worker", "halves", "--seed", str(seed)], env, 1800)
+        single_out = subprocess.run(
+            [*example, "--seed", str(seed)], capture_output=True, text=True, timeout=1800, cwd=ROOT, env=env, check=True
+        ).stdout
+        rows.append(
+            {
+                "seed": seed,
+                "2 ranks --distributed": _accuracy_of(dist_out),
+                "1 process, BatchNorm per half-batch": halves["accuracy"],
+                "1 process (the example)": _accuracy_of(single_out),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def _run(cmd: list[str], env: dict, timeout: float) -> list[dict]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     if proc.returncode != 0:
@@ -146,13 +223,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few steps: checks that it runs")
     ap.add_argument("--json", help="also write the results here")
-    ap.add_argument("--worker", choices=["allreduce", "train", "train-ddp"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--accuracy",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: train_digits' test accuracy for seeds 0..N-1, 2 ranks against one process (minutes per seed)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["allreduce", "train", "train-ddp", "halves"], help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sizes = [0.25, 1] if args.quick else [1, 4, 16, 64]
     reps, steps, warmup = (5, 3, 3) if args.quick else (41, 30, 4)
     if args.worker:
         if args.worker == "allreduce":
             result = worker_allreduce(sizes, reps)
+        elif args.worker == "halves":
+            result = worker_halves(args.seed)
         else:
             result = worker_train(steps, warmup, args.worker == "train-ddp")
         if result["rank"] == 0:  # one line from one rank: the ranks share stdout
@@ -166,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit('no mpiexec: pip install -e ".[distributed]"')
     me = [sys.executable, os.path.abspath(__file__)] + (["--quick"] if args.quick else [])
     env = {**os.environ, "PYTHONPATH": ROOT}
+    if args.accuracy:
+        rows = accuracies(launch, me, env, list(range(args.accuracy)))
+        print(f"{'seed':>4} " + " ".join(f"{k:>36}" for k in rows[0] if k != "seed"))
+        for row in rows:
+            print(f"{row['seed']:>4} " + " ".join(f"{v * 100:>35.1f}%" for k, v in row.items() if k != "seed"))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+        return 0
     report: dict = {"cpus": os.cpu_count(), "load_before": os.getloadavg()[0]}
     (allreduce,) = _run([*launch, *me, "--worker", "allreduce"], {**env, "THREADS": "1"}, 600)
     report["allreduce"] = allreduce["allreduce"]
