@@ -1,0 +1,42 @@
+"""The model, data and loss shared by the data-parallel worker (mpi_train.py) and its single-process reference
+(test_data_parallel.py): a small MLP with BatchNorm, trained with Adam on fixed random batches."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zeptograd import Tensor, nn
+from zeptograd.nn.state import get_parameters
+
+STEPS, BATCH, FEATURES, CLASSES = 5, 8, 6, 3
+
+
+class Net:
+    def __init__(self):
+        self.l1, self.bn, self.l2 = nn.Linear(FEATURES, 8, bias=False), nn.BatchNorm(8), nn.Linear(8, CLASSES)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l2(self.bn(self.l1(x)).relu())
+
+
+def make(seed: int) -> tuple[Net, nn.optim.Optimizer]:
+    Tensor.manual_seed(seed)
+    net = Net()
+    return net, nn.optim.Adam(get_parameters(net), lr=0.05)
+
+
+def batches() -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [
+        (rng.standard_normal((BATCH, FEATURES)).astype(np.float32), rng.integers(0, CLASSES, BATCH).astype(np.int32))
+        for _ in range(STEPS)
+    ]
+
+
+def loss_and_accuracy(net: Net, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    out = net(x)
+    return out.sparse_categorical_crossentropy(y), (out.argmax(axis=1) == y).mean()
+
+
+def state(net: Net) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in nn.state.get_state_dict(net).items()}

@@ -1,0 +1,66 @@
+"""DataParallel over 2 ranks (mpi_train.py) against one process that normalizes each half of every batch on its own
+(torch DDP's BatchNorm semantics): the same parameters, identical on both ranks, eager and under TinyJit, with the
+gradients sent in the expected number of messages."""
+
+import math
+
+import numpy as np
+import pytest
+
+from zeptograd import Tensor
+from zeptograd.distributed import BUCKET_BYTES
+
+from .dp_model import BATCH, batches, loss_and_accuracy, make, state
+
+pytestmark = pytest.mark.slow
+
+
+def reference(split: bool = True) -> tuple[dict[str, np.ndarray], list[float]]:
+    """One process, rank 0's initial weights; each step's loss is the mean of the two halves' losses, each half
+    through the model on its own (its own BatchNorm statistics). split=False: the whole batch at once."""
+    net, opt = make(seed=0)
+    losses = []
+    with Tensor.train():
+        for x, y in batches():
+            opt.zero_grad()
+            parts = (0, BATCH // 2) if split else (0,)
+            size = BATCH // len(parts)
+            halves = [loss_and_accuracy(net, Tensor(x[a : a + size]), Tensor(y[a : a + size]))[0] for a in parts]
+            loss = sum(halves[1:], halves[0]) / len(halves)
+            loss.backward()
+            opt.step(loss)
+            losses.append(loss.item())
+    return state(net), losses
+
+
+def test_data_parallel_matches_half_batch_normalization(run_ranks, tmp_path):
+    job = run_ranks("mpi_train.py", str(tmp_path), timeout=240)
+    assert job.returncode == 0, job.describe()
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    want, want_losses = reference()
+    n_values = sum(v.size for k, v in want.items() if not k.startswith("bn.running") and "num_batches" not in k)
+    assert n_values == 91
+    for mode in ("eager", "jit"):
+        # 91 gradients and 2 metrics of float32 in 64-byte buckets, every step (the jit's capture and replays too)
+        assert ranks[0][f"{mode}.messages"].tolist() == [math.ceil((91 + 2) * 4 / 64)] * 5
+        for k in want:
+            np.testing.assert_array_equal(ranks[0][f"{mode}.{k}"], ranks[1][f"{mode}.{k}"], err_msg=f"{mode} {k}")
+            if not k.startswith("bn.running") and "num_batches" not in k:  # the running statistics are rank 0's
+                np.testing.assert_allclose(ranks[0][f"{mode}.{k}"], want[k], rtol=1e-4, atol=1e-5, err_msg=mode + k)
+        np.testing.assert_allclose(ranks[0][f"{mode}.losses"], want_losses, rtol=1e-5)
+    # the comparison tells the semantics apart: BatchNorm over the whole batch ends elsewhere
+    whole, _ = reference(split=False)
+    assert not np.allclose(whole["l2.weight"], want["l2.weight"], rtol=1e-3, atol=1e-4)
+    assert BUCKET_BYTES == 25 * 1024 * 1024  # torch DDP's bucket_cap_mb
+
+
+def test_train_digits_example_distributed(run_ranks):
+    """The README's command in its short form: both ranks end with the same parameters and accuracy."""
+    pytest.importorskip("sklearn")
+    job = run_ranks("../../examples/train_digits.py", "--distributed", "--short", "--steps", "6", timeout=300)
+    assert job.returncode == 0, job.describe()
+    lines = job.stdout.splitlines()
+    for what in ("parameters sha256", "test accuracy: "):
+        found = sorted(line.split(": ", 1)[1].split("; ")[-1] for line in lines if what in line)
+        assert len(found) == 2 and found[0] == found[1], job.describe()
+    assert sum("loss fell" in line for line in lines) == 2, job.describe()
