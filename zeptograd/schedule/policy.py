@@ -31,6 +31,7 @@ class MaterializationPolicy:
     def __init__(self, rf: Rangeify):
         self.rf = rf
         self.many_reads: set[UOp] = set()  # materialized only to bound the index walk (MAX_REQUESTS)
+        self.inlined: dict[UOp, bool] = {}  # cheaper_inlined's answer per BUFFERIZE (asked at each of its reads)
 
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
@@ -69,12 +70,14 @@ class MaterializationPolicy:
         x = b.arg.node
         if b.arg.keep or x not in self.many_reads:
             return False
-        value = kernel_value_nodes(b.src[0])
-        if len(value) > MAX_INLINED_VALUE_NODES or any(
-            u.op is Ops.REDUCE or (u.op is Ops.INDEX and u.src[0].op is Ops.BUFFERIZE) for u in value
-        ):
-            return False
-        return not self.cost.inline_is_costlier(x, self.rf.reqs[x])
+        if b not in self.inlined:
+            value = kernel_value_nodes(b.src[0])
+            self.inlined[b] = (
+                len(value) <= MAX_INLINED_VALUE_NODES
+                and not any(u.op is Ops.REDUCE or (u.op is Ops.INDEX and u.src[0].op is Ops.BUFFERIZE) for u in value)
+                and not self.cost.inline_is_costlier(x, self.rf.reqs[x])
+            )
+        return self.inlined[b]
 
     def plain_read(self, x: UOp, req: Request) -> bool:
         """Whether x read at req is a buffer read through view ops whose index and validity do not divide: one load.
