@@ -66,3 +66,23 @@ def test_linear_spec_refuses_a_use_before_its_definition():
     check_linear([a, b, add])  # fine
     with Context(SPEC=1), pytest.raises(SpecError, match=r"UOp 1 \(ADD\) uses \['CONST'\] before"):
         check_linear([a, add, b])
+
+
+def _bufferize(value: UOp, *ranges: UOp) -> UOp:
+    from zeptograd.schedule.bufferize import Stored
+
+    return UOp(Ops.BUFFERIZE, value.dtype, (value, *ranges), Stored(value, True))
+
+
+def test_rangeified_graph_reads_a_bufferize_with_one_index_per_range():
+    from zeptograd.uop.spec import spec_rangeified
+
+    r0, r1 = UOp.range(4, 0), UOp.range(8, 1)
+    b = _bufferize(const(1.0) + const(2.0), r0, r1)
+    check(UOp(Ops.INDEX, dtypes.float32, (b, r0, r1)).sink(), spec_rangeified, "test")  # valid
+    with pytest.raises(SpecError, match="INDEX of a BUFFERIZE of 2 ranges by 1 sources"):
+        check(UOp(Ops.INDEX, dtypes.float32, (b, r0)).sink(), spec_rangeified, "test")
+    with pytest.raises(SpecError, match="gated by dtypes.int, not bool"):
+        check(UOp(Ops.INDEX, dtypes.float32, (b, r0, r1, r0)).sink(), spec_rangeified, "test")
+    with pytest.raises(SpecError, match="BUFFERIZE stored at \\['ADD'\\]"):
+        check(_bufferize(const(1.0), r0 + 1).sink(), spec_rangeified, "test")

@@ -27,7 +27,7 @@ from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.policy import MaterializationPolicy
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, Ops, UOp
-from zeptograd.uop.spec import check_tensor_graph
+from zeptograd.uop.spec import check_rangeified, check_tensor_graph
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
 
 __all__ = ["ScheduleItem", "create_schedule", "substitute_realized"]
@@ -47,9 +47,11 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     keep = outputs | {x for x in rf.realize if x.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
     keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
     graph = bufferize(rf, keep)
+    check_rangeified(graph, "bufferize")
     stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
     if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
         graph = graph_rewrite(graph, bufferize_folds, ctx=policy)
+        check_rangeified(graph, "bufferize_folds")
         stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
     bufs: dict[UOp, Buffer] = {}
     becomes: dict[UOp, UOp] = {}

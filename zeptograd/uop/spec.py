@@ -8,6 +8,9 @@ what is wrong, or None when the node is fine; a node no rule matches is fine. Th
   by movement ops), comparisons give bools, WHERE chooses by a bool, a COPY is (value, DEVICE) of the value's dtype;
 - a kernel graph, from the scheduler's output through every codegen pass until linearize: no tensor-level op is
   left, memory is reached through INDEX of a pointer, loops are RANGEs of an integer count, ALU dtypes agree;
+- the rangeified graph (the scheduler's BUFFERIZE IR): a BUFFERIZE is stored at RANGEs (or the constant 0 for a
+  dimension of size 1), a read of it gives one index per range and an optional bool validity, no tensor-level view
+  or reduce op is left;
 - the linear program: every UOp comes after its sources.
 """
 
@@ -111,6 +114,35 @@ spec_tensor = PatternMatcher(
     ]
 )
 
+
+def _bufferize(u: UOp) -> str | None:
+    bad = [r.op.name for r in u.src[1:] if r.op is not Ops.RANGE and not (r.op is Ops.CONST and r.arg == 0)]
+    return f"BUFFERIZE stored at {bad}, not RANGEs (or 0 for a dimension of size 1)" if bad else None
+
+
+def _bufferize_read(u: UOp) -> str | None:
+    n = len(u.src[0].src) - 1
+    if len(u.src) - 1 not in (n, n + 1):
+        return f"INDEX of a BUFFERIZE of {n} ranges by {len(u.src) - 1} sources (one per range, then a validity)"
+    if len(u.src) == n + 2 and u.src[-1].dtype != dtypes.bool:
+        return f"INDEX of a BUFFERIZE gated by {u.src[-1].dtype}, not bool"
+    return None
+
+
+spec_rangeified = PatternMatcher(
+    [
+        # the index walk lowered every view and reduce: what is left is values, reads and stores at ranges
+        (
+            UPat(GroupOp.Movement | {Ops.REDUCE_AXIS, Ops.CONTIGUOUS, Ops.DETACH}, name="u"),
+            lambda u: f"{u.op.name} is a tensor-graph op, left in the rangeified graph",
+        ),
+        (UPat(Ops.BUFFERIZE, name="u"), _bufferize),
+        (UPat(Ops.INDEX, name="u", src=(UPat(Ops.BUFFERIZE),), allow_any_len=True), _bufferize_read),
+        (UPat(GroupOp.Comparison, name="u"), _comparison),
+        (UPat(Ops.WHERE, name="u"), _where),
+    ]
+)
+
 spec_kernel = PatternMatcher(
     [
         # the scheduler turns every tensor-level op into index arithmetic, loads and stores
@@ -140,6 +172,11 @@ def check(sink: UOp, spec: PatternMatcher, stage: str) -> None:
 def check_tensor_graph(sink: UOp) -> None:
     if SPEC:
         check(sink, spec_tensor, "building the tensor graph")
+
+
+def check_rangeified(sink: UOp, stage: str) -> None:
+    if SPEC:
+        check(sink, spec_rangeified, stage)
 
 
 def check_kernel(sink: UOp, stage: str) -> None:
