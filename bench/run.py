@@ -330,6 +330,27 @@ def case_conv2d(q):
     )
 
 
+def _np_conv2d_stride2(x, w):
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))[:, :, ::2, ::2]  # N,C,H/2,W/2,3,3
+    return np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+
+
+def case_conv2d_stride2(q):
+    bs, c, co, hw = (2, 8, 16, 8) if q else (8, 64, 128, 56)
+    x, w = _np((bs, c, hw, hw), 1), _np((co, c, 3, 3), 2) * 0.1
+    t = _torch()
+    tx, tw = (t.from_numpy(x), t.from_numpy(w)) if t else (None, None)
+    zx, zw = _zg(x), _zg(w)
+    peers = _peers(lambda: _np_conv2d_stride2(x, w), lambda: t.nn.functional.conv2d(tx, tw, padding=1, stride=2))
+    return Spec(
+        {"zeptograd": lambda: zx.conv2d(zw, padding=1, stride=2).realize(), **peers},
+        "flops",
+        flops=2 * bs * co * (hw // 2) ** 2 * c * 9,
+        note=f"({bs},{c},{hw},{hw})x({co},{c},3,3) stride 2 pad 1",
+    )
+
+
 def _mlp_data(bs, q):
     d_in, d_h, d_out = (32, 16, 10) if q else (784, 512, 10)
     rng = np.random.default_rng(0)
@@ -495,6 +516,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "matmul_1024": _case_matmul(1024),
     "matmul_2048": _case_matmul(2048),
     "conv2d": case_conv2d,
+    "conv2d_stride2": case_conv2d_stride2,
     "mlp_step": _case_mlp_step(jit=False),
     "mlp_step_jit": _case_mlp_step(jit=True),
     "first_call": case_first_call,

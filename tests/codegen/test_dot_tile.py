@@ -142,8 +142,8 @@ def test_tile_columns_prefer_a_dividing_vector_when_a_tail_would_be_large():
 def test_strided_conv_gets_a_register_tile_over_gathered_input():
     """conv stride 2: no load is contiguous along ow (the input is read every other column) and the weights are
     contiguous only along kw=3. Before, 2 lanes of kw were chosen, refused, and the kernel ran scalar (237 ms on
-    (8,64,56,56)x(128,64,3,3)); now ow gets 4-lane vectors (4 divides 28) of gathered input feeding 8 output
-    channels: 17 ms."""
+    (8,64,56,56)x(128,64,3,3)); then ow got 4-lane vectors (4 divides 28) of gathered input feeding 8 output
+    channels: 17 ms; now 8 lanes and a 4-lane tail, each lane pair loaded contiguously (test_strided_conv.py)."""
     from zeptograd.codegen.simplify import simplify_ranges
 
     (x, xn), (w, wn) = data(1, 8, 16, 16), data(16, 8, 3, 3)

@@ -39,8 +39,13 @@ class Expanded:
 
 def is_contiguous(idx: UOp, r: UOp) -> bool:
     """idx == (something without r) + r: consecutive lanes of r read consecutive elements."""
+    return steps_by(idx, r, 1)
+
+
+def steps_by(idx: UOp, r: UOp, step: int) -> bool:
+    """idx == (something without r) + step*r"""
     terms, _ = split_sum(idx)
-    return (r, 1) in terms and all(r not in t.toposort() for t, _ in terms if t is not r)
+    return (r, step) in terms and all(r not in t.toposort() for t, _ in terms if t is not r)
 
 
 def access_counts(ast: UOp) -> dict[UOp, int]:
@@ -151,6 +156,38 @@ class Expander:
         base = self.substitute(idx, (), (), lane=0)
         return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
 
+    def stride2_load(self, index: UOp, axes, key, dtype) -> UOp | None:
+        """# VECTORIZE(LOAD(b + 2k) for k < w) -> VECTORIZE(A[0], A[2], ..., A[w-2], B[1], B[3], ..., B[w-1]),
+        A = LOAD<w>(b), B = LOAD<w>(b + w - 1): a gather whose lanes step by 2 (a stride-2 conv's or pool's input)
+        as two contiguous loads and a shuffle instead of w scalar loads. The two span [b, b + 2w - 2], between the
+        first and the last lane's elements; where lanes are gated, an element of A or B is read only where the lanes
+        that enclose it are valid (so it is in the buffer), the others are masked."""
+        if self.v is None or self.width < 4 or not steps_by(self.substitute(index.src[1], axes, key), self.v, 2):
+            return None
+        w, buf = self.width, index.src[0]
+        lanes = self.lane_indices(index, axes, key)
+        base = lanes[0].src[1]
+        valid = [i.src[2] if len(i.src) > 2 else UOp.const(dtypes.bool, True) for i in lanes]
+
+        def enclosing(offset: int) -> UOp:  # the element b + offset is in the buffer where this holds
+            lo, hi = valid[offset // 2], valid[(offset + 1) // 2]
+            return lo if lo is hi else graph_rewrite(lo & hi, symbolic)
+
+        def load(offset: int) -> UOp:
+            gates = [enclosing(offset + j) for j in range(w)]
+            i = graph_rewrite(base + offset, symbolic) if offset else base
+            if all(g.op is Ops.CONST and g.arg is True for g in gates):
+                src: tuple[UOp, ...] = (buf, i)
+            elif all(g is gates[0] for g in gates):  # one gate for every lane: a gated vector load
+                src = (buf, i, gates[0])
+            else:
+                src = (buf, i, UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(gates)))
+            return UOp(Ops.LOAD, dtype.vec(w), (UOp(Ops.INDEX, index.dtype, src),))
+
+        a, b = load(0), load(w - 1)
+        picks = [(a, 2 * k) for k in range(w // 2)] + [(b, 2 * k - w + 1) for k in range(w // 2, w)]
+        return UOp(Ops.VECTORIZE, dtype.vec(w), tuple(UOp(Ops.GEP, dtype, (v,), (j,)) for v, j in picks))
+
     def vectorize_expr(self, x: UOp) -> UOp:
         """x (free of unrolled ranges) over the lanes of the vector range: its ops on vectors, the rest broadcast."""
         done: dict[UOp, UOp] = {}
@@ -196,6 +233,8 @@ def expand_load(ctx: Expander, u: UOp) -> Expanded:
             vals[key] = UOp(Ops.LOAD, u.dtype, (ctx.scalar_index(index, axes, key),))
         elif (vidx := ctx.vector_index(index, axes, key)) is not None:
             vals[key] = UOp(Ops.LOAD, u.dtype.vec(ctx.width), (vidx,))
+        elif (pair := ctx.stride2_load(index, axes, key, u.dtype)) is not None:
+            vals[key] = pair
         else:  # a gather: one scalar load per lane
             lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in ctx.lane_indices(index, axes, key)]
             vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(ctx.width), tuple(lanes))
@@ -317,4 +356,9 @@ def _fold(xs: list[UOp], op: Ops) -> UOp:
 
 
 def expand(ast: UOp, max_vec_bytes: int = 64) -> UOp:
-    return Expander(ast, max_vec_bytes).expand()
+    """# SINK(nest, ...) -> SINK(*expanded nest, ...): each loop nest (a tail is one) takes its own vector range, so
+    a tail's 4 remaining columns of a 28-wide axis run as a 4-lane vector, not as 4 scalar copies"""
+    if ast.op is not Ops.SINK or len(ast.src) < 2:
+        return Expander(ast, max_vec_bytes).expand()
+    nests = [Expander(UOp(Ops.SINK, dtypes.void, (nest,), ast.arg), max_vec_bytes).expand() for nest in ast.src]
+    return UOp(Ops.SINK, dtypes.void, tuple(s for n in nests for s in n.src), ast.arg)

@@ -187,6 +187,15 @@ class MovementMixin:
             if d * (k - 1) + 1 > i:
                 raise ArgumentError(f"window {k_} with dilation {d_} is larger than the input's size {i_}")
         o_ = [ceildiv(i - d * (k - 1), s) for i, d, k, s in zip(i_, d_, k_, s_)]
+        if all(k <= s for k, s in zip(k_, s_)) and all(d == 1 for d in d_):
+            # windows that don't overlap (2x2 pooling with stride 2): rows of a reshape to (o, s), each cut to k. No
+            # repeat, whose gradient sums every window position over a repeated copy of the input
+            x = self.pad(tuple(noop + [(0, max(o * s - i, 0)) for o, s, i in zip(o_, s_, i_)]))
+            x = x.shrink(tuple(noop + [(0, o * s) for o, s in zip(o_, s_)]))
+            x = x.reshape(noop + flatten((o, s) for o, s in zip(o_, s_)))
+            x = x.shrink(tuple(noop + flatten(((0, o), (0, k)) for o, k in zip(o_, k_))))
+            n = len(noop)
+            return x.permute(*range(n), *[n + i * 2 for i in range(len(k_))], *[n + i * 2 + 1 for i in range(len(k_))])
         # repeat each dim enough that a window is a row of a reshape: window j starts at j*(i+d) in the repeated dim;
         # a row (i*f+d long) holds the o*s positions the stride walks, however far the stride exceeds the input
         f_ = [max(1 + int(o * s > i - d * (k - 1)), ceildiv(o * s - d, i)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]

@@ -144,14 +144,41 @@ class NNMixin:
                 f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
                 f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})"
             )
-        x = self.pad(resolve_pool_pads(padding, len(hw)))._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
-        rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
-        x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
-        x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
-        w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
-        out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, weight.dtype)
-        ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
-        ret = ret.reshape(bs, cout, *oyx)
+
+        def forward(x: Tensor, weight: Tensor) -> Tensor:
+            x = x.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
+            rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
+            x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
+            x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
+            w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
+            out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
+            ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
+            return ret.reshape(bs, cout, *oyx)
+
+        def grad(g: Tensor, out: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+            """d/dx: conv_transpose2d of the output's gradient (a conv with the flipped weight), where the gradient
+            of the sliding windows' movement ops would sum every window position over a repeated copy of the input
+            (the im2col space: 16x the input for a 3x3 window on 4x4); d/dweight: the primitives' gradient."""
+            from zeptograd.gradient import compute_gradient
+
+            strides, dils = make_tuple(stride, len(hw)), make_tuple(dilation, len(hw))
+            grouped = flat_to_grouped(pads)
+            out_pad = [
+                i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
+                for i, o, k, s, d, (pb, pa) in zip(x.shape[2:], out.shape[2:], hw, strides, dils, grouped)
+            ]
+            # the gradient stored first: windows over computed values would recompute them per window position
+            dx = _transposed_conv(g.contiguous(), weight, None, groups, stride, dilation, pads, out_pad, True)
+            dw = compute_gradient(forward(x.detach(), weight).uop, g, {weight.uop})[weight.uop]
+            return dx.cast(x.dtype), dw
+
+        pads = resolve_pool_pads(padding, len(hw))
+        ret = forward(self, weight)
+        if all(
+            pb <= d * (k - 1) and pa <= d * (k - 1)
+            for k, d, (pb, pa) in zip(hw, make_tuple(dilation, len(hw)), flat_to_grouped(pads))
+        ):
+            ret = with_gradient(ret, (self, weight), grad)  # a transposed conv's padding is (k-1)*d - pad >= 0
         return ret if bias is None else ret + bias.reshape(1, -1, *[1] * len(hw))
 
     def conv_transpose2d(
@@ -165,27 +192,12 @@ class NNMixin:
         output_padding=0,
     ) -> Tensor:
         """The gradient of conv2d as a conv2d: stride becomes zeros between inputs, the kernel flips."""
-        hw = weight.shape[2:]
         if self.ndim != weight.ndim or self.shape[1] != weight.shape[0]:
             raise ArgumentError(
                 f"conv_transpose2d: input of shape {self.shape} does not match weight of shape "
                 f"{weight.shape} (input channels must equal weight.shape[0])"
             )
-        w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1))
-        dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
-        grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
-        pads = [
-            p
-            for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
-            for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
-        ]
-        x, strides = self, make_tuple(stride, len(hw))
-        if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
-            x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
-            x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
-            x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
-            x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
-        return x.conv2d(w.flatten(end_dim=1), groups=groups, bias=bias, dilation=dilation, padding=pads)
+        return _transposed_conv(self, weight, bias, groups, stride, dilation, padding, output_padding)
 
     # ***** pooling *****
     def _ceil_pads(self: Tensor, pads: list[int], k_: tuple[int, ...], s_, d_) -> list[int]:
@@ -504,3 +516,27 @@ def _parse_einsum(formula: str, xs: list) -> tuple[list[str], str]:
             )
         )
     return inputs, rhs
+
+
+def _transposed_conv(
+    x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
+) -> Tensor:
+    """conv_transpose2d as a conv2d; weight_copy: the flipped weight stored first (conv2d's gradient), since its
+    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop."""
+    hw = weight.shape[2:]
+    w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
+    w = w.contiguous() if weight_copy else w
+    dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
+    grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
+    pads = [
+        p
+        for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
+        for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
+    ]
+    strides = make_tuple(stride, len(hw))
+    if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
+        x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
+        x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
+        x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
+        x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
+    return x.conv2d(w, groups=groups, bias=bias, dilation=dilation, padding=pads)

@@ -168,7 +168,25 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         # a register tile's columns (two vectors) leave over 1/8 of the axis to a tail, whose loop nest gets no
         # tile: a narrower vector that divides the axis (conv's ow=56: 7 x 8 lanes; 16 lanes tile only 32 of
         # the 56) is faster (conv 43 -> 15 ms); matmul 1000 (992 tiled with 16 lanes) keeps its 16
-        vec_amt = whole
+        n_cols = max_trip_count(vec_r)
+        # (at most 8 lanes: 8 rows x 16 lanes is 16 registers where LLVM splits 16 lanes in two on an AVX2 host, and
+        # spilled: conv (8,64,56,56)x(64,64,3,3) 1.12x slower than 8 rows x 8 lanes)
+        lanes = next((w for w in (8, 4) if whole < w <= vec_amt and (t := n_cols % w) >= 4 and t & (t - 1) == 0), None)
+        if lanes is not None and contiguous_count(vec_r) and not symbolic_size(vec_r):
+            # ... unless a wider vector leaves a tail that is a vector itself: the tile's rows first (a tail shares
+            # the expanded ranges it was split under), then one column of vectors and a tail nest, which the
+            # expander vectorizes on its own (conv stride 2's ow=28: 3 x 8 + 4 lanes, each x 8 output channels,
+            # instead of 7 x 4 lanes)
+            row = tile_rows[0]
+            rows = amount_with_tail(max_trip_count(row), (8, 6, 4, 2), divisors_first=True)
+            take(Opt(OptOps.UPCAST, axes.index(row), rows))
+            if (vi := index_of(plan.ast, vec_r)) is not None and take(Opt(OptOps.UPCAST, vi, lanes)):
+                row_i, vi = index_of(plan.ast, row), index_of(plan.ast, vec_r)
+                if row_i is not None and vi is not None and row_i < vi:  # columns outside rows, as below
+                    take(Opt(OptOps.SWAP, row_i, vi))
+            vec_amt = 1  # taken
+        else:
+            vec_amt = whole
     if contiguous_count(vec_r) and vec_amt > 1:
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)

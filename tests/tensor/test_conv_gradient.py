@@ -1,0 +1,88 @@
+"""conv2d's input gradient is a transposed conv (its own gradient rule), and pooling windows that don't overlap are a
+reshape: before, both went through the gradient of `_pool`'s repeat, which sums every window position over a
+repeated copy of the input (the im2col space, 16x to 25x the input on the digits convnet: its training step ran
+kernels of 64x16x24x24x32 and 64x16x40x40 iterations for 8x8 images). Values against torch, and the work of the
+kernels the gradients schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zeptograd import Tensor
+from zeptograd.helpers import prod
+from zeptograd.uop.ops import Ops
+
+rng = np.random.default_rng(0)
+
+
+def iterations(item) -> int:
+    """A kernel's loop iterations: the product of its RANGE sizes."""
+    return prod(u.src[0].arg for u in item.ast.toposort() if u.op is Ops.RANGE and u.src[0].op is Ops.CONST)
+
+
+CONVS = [
+    ((2, 3, 8, 8), (4, 3, 3, 3), dict(padding=1)),
+    ((2, 4, 9, 11), (6, 2, 3, 3), dict(padding=1, groups=2, stride=2)),
+    ((1, 2, 13, 13), (3, 2, 3, 3), dict(padding=2, dilation=2)),
+    ((1, 2, 10, 12), (3, 2, 3, 2), dict(padding=(1, 0), stride=(2, 3))),
+    ((2, 2, 7), (3, 2, 3), dict(padding=1)),
+    ((1, 2, 6, 6), (2, 2, 5, 5), dict(padding=3)),
+    ((1, 2, 9, 9), (2, 2, 3, 3), dict(stride=3)),
+    ((1, 2, 6, 6), (2, 2, 3, 3), dict(padding=3)),  # a pad past the kernel's reach: the primitives' gradient
+]
+
+
+@pytest.mark.parametrize("xshape,wshape,kw", CONVS)
+def test_conv_gradients_match_torch(xshape, wshape, kw):
+    import torch
+
+    xn, wn = rng.standard_normal(xshape, dtype=np.float32), rng.standard_normal(wshape, dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    out = x.conv2d(w, **kw)
+    g = rng.standard_normal(out.shape, dtype=np.float32)
+    (out * Tensor(g)).sum().backward()
+    tx, tw = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    conv = torch.nn.functional.conv1d if len(xshape) == 3 else torch.nn.functional.conv2d
+    (conv(tx, tw, **kw) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_conv_input_gradient_works_on_the_input_not_on_windows():
+    """The input gradient of a 3x3 conv over 4x4 (the digits convnet's second conv): before, the windows' gradient
+    was scattered into a 64x16x24x24 copy (36x the input) and summed back; now a conv whose kernels write at most
+    the padded output gradient (it is stored, padded for the windows, then the flipped weight, then the conv)."""
+    x = Tensor(rng.standard_normal((64, 16, 4, 4), dtype=np.float32), requires_grad=True)
+    w = Tensor(rng.standard_normal((32, 16, 3, 3), dtype=np.float32), requires_grad=True)
+    g = Tensor(rng.standard_normal((64, 32, 4, 4), dtype=np.float32)).realize()
+    (x.conv2d(w, padding=1) * g).sum().backward()
+    items = x.grad.schedule()
+    assert max(item.bufs[0].size for item in items) <= 64 * 32 * 6 * 6
+    assert max(iterations(item) for item in items) <= 64 * 16 * 4 * 4 * 32 * 9
+
+
+@pytest.mark.parametrize("pool", ["max_pool2d", "avg_pool2d"])
+@pytest.mark.parametrize("shape,kw", [((2, 3, 8, 8), {}), ((2, 3, 9, 7), {}), ((1, 2, 10, 11), dict(stride=3))])
+def test_non_overlapping_pool_values_and_gradient(pool, shape, kw):
+    import torch
+
+    xn = rng.standard_normal(shape, dtype=np.float32)
+    x = Tensor(xn, requires_grad=True)
+    out = getattr(x, pool)(kernel_size=2, **kw)
+    g = rng.standard_normal(out.shape, dtype=np.float32)
+    (out * Tensor(g)).sum().backward()
+    tx = torch.tensor(xn, requires_grad=True)
+    tout = getattr(torch.nn.functional, pool)(tx, kernel_size=2, **kw)
+    (tout * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_non_overlapping_pool_gradient_works_on_the_input():
+    """max_pool2d(2) of (64,16,8,8): before, its gradient ran kernels over a 40x40 repeated copy per 8x8 image."""
+    x = Tensor(rng.standard_normal((64, 16, 8, 8), dtype=np.float32), requires_grad=True)
+    x.max_pool2d(2).sum().backward()
+    items = x.grad.schedule()
+    assert max(item.bufs[0].size for item in items) <= 64 * 16 * 8 * 8
+    assert max(iterations(item) for item in items) <= 64 * 16 * 8 * 8
