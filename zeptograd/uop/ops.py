@@ -241,10 +241,11 @@ class UOpMeta(type):
             raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if ret is not None:
             return ret
-        with _uop_cache_lock:  # two threads building the same new UOp must get one object: `is` is equality
-            if (ret := _uop_cache.get(key)) is None:
-                ret = super().__call__(op, dtype, src, arg)
-                _uop_cache[key] = ret
+        ret = super().__call__(op, dtype, src, arg)  # outside the lock: building a UOp may build others (its shape)
+        with _uop_cache_lock:  # two threads building the same new UOp must publish one object: `is` is equality
+            if (known := _uop_cache.get(key)) is not None:
+                return known
+            _uop_cache[key] = ret
         return ret
 
 
