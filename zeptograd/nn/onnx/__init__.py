@@ -84,19 +84,6 @@ def np_dtype(elem_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def dtype_of(elem_type: int) -> DType:
-    """The zeptograd dtype a value of this ONNX type is computed in."""
-    if elem_type in ONNX_DTYPES:
-        return ONNX_DTYPES[elem_type]
-    if elem_type in EMULATED:
-        return EMULATED[elem_type]
-    raise UnsupportedOpError(f"ONNX element type {TYPE_NAMES.get(elem_type, elem_type)} is not supported")
-
-
-def onnx_type_of(dt: DType) -> int:
-    return next(k for k, v in ONNX_DTYPES.items() if v == dt)
-
-
 def to_emulated(x: Tensor | np.ndarray, elem_type: int) -> np.ndarray:
     """A computed value rounded to an emulated type (numpy/ml_dtypes does the rounding: to nearest, ties even)."""
     arr = x.numpy() if isinstance(x, Tensor) else np.asarray(x)

@@ -100,21 +100,18 @@ op("Sub")(_binary(lambda a, b, n: a - b))
 op("Mul")(_binary(lambda a, b, n: a * b))
 
 
-@op("Div")
 def _div(r, node, a, b):
     if dtypes.is_int(a.dtype):
         return a.div(b, rounding_mode="trunc")
     return a / b
 
 
-@op("Pow")
 def _pow(r, node, a, b):
     if not is_float(a) and not is_float(b):
         return a.cast(dtypes.float64).pow(b.cast(dtypes.float64)).round().cast(a.dtype)
     return a.pow(b.cast(a.dtype) if is_float(a) else b).cast(a.dtype)
 
 
-@op("Mod")
 def _mod(r, node, a, b):
     if node.attr("fmod", 0):
         return a.fmod(b)
@@ -123,7 +120,6 @@ def _mod(r, node, a, b):
     return a.mod(b)
 
 
-@op("BitShift")
 def _bitshift(r, node, a, b):
     d = node.attr("direction", choices=("LEFT", "RIGHT"))
     b = b.cast(a.dtype)
@@ -140,19 +136,16 @@ for _name, _fn in {
     op(_name)(functools.partial(lambda fn, r, node, a, b: fn(a, b), _fn))
 
 
-@op("Equal")
 def _equal(r, node, a, b):
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):  # strings
         return Tensor(np.asarray(np.asarray(a) == np.asarray(b)))
     return a == b
 
 
-@op("Not")
 def _not(r, node, x):
     return x.logical_not()
 
 
-@op("BitwiseNot")
 def _bitwise_not(r, node, x):
     return x.bitwise_not()
 
@@ -169,7 +162,6 @@ op("Min")(_variadic(lambda a, b: a.minimum(b)))
 op("Sum")(_variadic(lambda a, b: a + b))
 
 
-@op("Mean")
 def _mean(r, node, *xs):
     return functools.reduce(lambda a, b: a + b, xs) / len(xs)
 
@@ -187,74 +179,61 @@ for _name, _fn in _UNARY.items():
     op(_name)(functools.partial(lambda fn, r, node, x: fn(x), _fn))
 
 
-@op("Softplus")
 def _softplus(r, node, x):
     return (x.maximum(0) + (-x.abs()).exp().add(1).log()).cast(x.dtype)
 
 
-@op("IsInf")
 def _isinf(r, node, x):
     neg, pos = node.attr("detect_negative", 1), node.attr("detect_positive", 1)
     return ((x == math.inf) & bool(pos)) | ((x == -math.inf) & bool(neg))
 
 
-@op("HardSigmoid")
 def _hardsigmoid(r, node, x):
     return (x * node.attr("alpha", 0.2) + node.attr("beta", 0.5)).clip(0, 1)
 
 
-@op("LeakyRelu")
 def _leaky(r, node, x):
     return x.leaky_relu(node.attr("alpha", 0.01))
 
 
-@op("Elu")
 def _elu(r, node, x):
     a = node.attr("alpha", 1.0)
     return (x > 0).where(x, (x.exp() - 1) * a)
 
 
-@op("Celu")
 def _celu(r, node, x):
     a = node.attr("alpha", 1.0)
     return x.maximum(0) + ((x / a).exp() - 1).mul(a).minimum(0)
 
 
-@op("Selu")
 def _selu(r, node, x):
     a, g = node.attr("alpha", 1.67326319217681884765625), node.attr("gamma", 1.05070102214813232421875)
     return (x > 0).where(x * g, (x.exp() * a - a) * g)
 
 
-@op("ThresholdedRelu")
 def _thresholded(r, node, x):
     return (x > node.attr("alpha", 1.0)).where(x, 0)
 
 
-@op("Gelu")
 def _gelu(r, node, x):
     if node.attr("approximate", "none", choices=("none", "tanh")) == "tanh":
         return x * 0.5 * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
     return x * 0.5 * (1 + (x / math.sqrt(2)).erf())
 
 
-@op("Swish")
 def _swish(r, node, x):
     return x * (x * node.attr("alpha", 1.0)).sigmoid()
 
 
-@op("Shrink")
 def _shrink(r, node, x):
     b, l_ = node.attr("bias", 0.0), node.attr("lambd", 0.5)
     return (x < -l_).where(x + b, (x > l_).where(x - b, 0)).cast(x.dtype)
 
 
-@op("PRelu")
 def _prelu(r, node, x, slope):
     return (x < 0).where(x * slope, x)
 
 
-@op("Clip")
 def _clip(r, node, x, lo=None, hi=None):
     if node.opset < 11:
         lo, hi = node.attr("min", None), node.attr("max", None)
@@ -265,12 +244,10 @@ def _clip(r, node, x, lo=None, hi=None):
     return x
 
 
-@op("Where")
 def _where(r, node, c, a, b):
     return c.where(a, b)
 
 
-@op("Identity")
 def _identity(r, node, x):
     return x
 
@@ -314,9 +291,7 @@ def _float_str(v, dt) -> str:
         return "NaN"
     if np.isinf(v):
         return "INF" if v > 0 else "-INF"
-    return (
-        str(v) if dt != np.float32 else np.format_float_positional(v, trim="-") if False else repr(float(np.float32(v)))
-    )
+    return str(np.float32(v)) if dt == np.float32 else str(v)
 
 
 def _to_e8m0(x: Tensor, node: Node) -> np.ndarray:
@@ -329,19 +304,17 @@ def _to_e8m0(x: Tensor, node: Node) -> np.ndarray:
         if mode == "up":
             e = np.where(frac > 1, e + 1, e)
         elif mode == "nearest":
-            e = np.where(frac > math.sqrt(2), e + 1, e) if False else np.where(frac >= 1.5, e + 1, e)
+            e = np.where(frac >= 1.5, e + 1, e)
         out = np.exp2(np.clip(e, -127, 127)).astype(np.float32)
         out = np.where(arr == 0, 2.0**-127, out)
         out = np.where(np.isnan(arr) | np.isinf(arr), np.nan, out)
     return out.astype(np_dtype(24))
 
 
-@op("Cast")
 def _cast(r, node, x):
     return cast_to(x, node.attr("to"), node, node.attr("saturate", 1))
 
 
-@op("CastLike")
 def _castlike(r, node, x, like):
     to = node.out_types[0].elem_type if node.out_types and node.out_types[0] else None
     if to is None:
@@ -352,19 +325,16 @@ def _castlike(r, node, x, like):
 # ***** shapes and movement *****
 
 
-@op("Shape")
 def _shape(r, node, x):
     shape = list(x.shape)
     start, end = node.attr("start", 0), node.attr("end", None)
     return const(shape[slice(start, end)], dtypes.int64)
 
 
-@op("Size")
 def _size(r, node, x):
     return const(int(np.prod(x.shape)), dtypes.int64)
 
 
-@op("Reshape")
 def _reshape(r, node, x, shape=None):
     shape = ints(shape) if node.opset >= 5 else list(node.attr("shape"))
     if not node.attr("allowzero", 0):
@@ -372,13 +342,11 @@ def _reshape(r, node, x, shape=None):
     return x.reshape(shape)
 
 
-@op("Flatten")
 def _flatten(r, node, x):
     a = axis_of(node.attr("axis", 1), x.ndim + 1, node) if x.ndim else 0
     return x.reshape(int(np.prod(x.shape[:a])), int(np.prod(x.shape[a:])))
 
 
-@op("Squeeze")
 def _squeeze(r, node, x, axes=None):
     axes = ints(axes) if node.opset >= 13 else node.attr("axes", [])
     if not axes:
@@ -387,7 +355,6 @@ def _squeeze(r, node, x, axes=None):
     return x.reshape([s for i, s in enumerate(x.shape) if i not in axes])
 
 
-@op("Unsqueeze")
 def _unsqueeze(r, node, x, axes=None):
     axes = ints(axes) if node.opset >= 13 else node.attr("axes")
     n = x.ndim + len(axes)
@@ -398,20 +365,17 @@ def _unsqueeze(r, node, x, axes=None):
     return x.reshape(shape)
 
 
-@op("Transpose")
 def _transpose(r, node, x):
     perm = node.attr("perm", list(range(x.ndim))[::-1])
     return x.permute(perm)
 
 
-@op("Concat")
 def _concat(r, node, *xs):
     a = axis_of(node.attr("axis"), xs[0].ndim, node)
     xs = [x for x in xs if x.shape[a] != 0] or xs[:1]
     return xs[0].cat(*xs[1:], dim=a) if len(xs) > 1 else xs[0]
 
 
-@op("Split")
 def _split(r, node, x, split=None):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     sizes = ints(split) if split is not None else node.attr("split", None) if node.opset < 13 else None
@@ -445,7 +409,6 @@ def _slice_tensor(x: Tensor, starts, ends, axes, steps, node: Node) -> Tensor:
     return x[tuple(sl)]
 
 
-@op("Slice")
 def _slice(r, node, x, starts=None, ends=None, axes=None, steps=None):
     if node.opset < 10:
         starts, ends = node.attr("starts"), node.attr("ends")
@@ -458,17 +421,14 @@ def _slice(r, node, x, starts=None, ends=None, axes=None, steps=None):
     return _slice_tensor(x, starts, ends, axes, steps, node)
 
 
-@op("Expand")
 def _expand(r, node, x, shape):
     return bexpand(x, broadcast_shape(x.shape, ints(shape)))
 
 
-@op("Tile")
 def _tile(r, node, x, repeats):
     return x.repeat(ints(repeats)) if x.ndim else x
 
 
-@op("Pad")
 def _pad(r, node, x, pads=None, value=None, axes=None):
     mode = node.attr("mode", "constant", choices=("constant", "reflect", "edge", "wrap"))
     if node.opset < 11:
@@ -487,7 +447,6 @@ def _pad(r, node, x, pads=None, value=None, axes=None):
     return x.pad(pairs, mode=zmode)
 
 
-@op("ConstantOfShape")
 def _constant_of_shape(r, node, shape):
     v = node.attr("value", np.zeros(1, np.float32))
     shape = ints(shape)
@@ -496,7 +455,6 @@ def _constant_of_shape(r, node, shape):
     return Tensor(np.full(shape, v.reshape(-1)[0], dtype=v.dtype))
 
 
-@op("Constant")
 def _constant(r, node):
     for k in ("value", "sparse_value"):
         if k in node.attrs:
@@ -518,7 +476,6 @@ def _constant(r, node):
     raise node.fail("has no value attribute")
 
 
-@op("Range")
 def _range(r, node, start, limit, delta):
     s, l_, d = scalar(start), scalar(limit), scalar(delta)
     n = max(int(math.ceil((l_ - s) / d)), 0)
@@ -530,7 +487,6 @@ def _norm_index(idx: Tensor, n: int) -> Tensor:
     return (idx < 0).where(idx + n, idx)
 
 
-@op("Gather")
 def _gather(r, node, x, idx):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     idx = _norm_index(idx, x.shape[a])
@@ -540,7 +496,6 @@ def _gather(r, node, x, idx):
     return flat.reshape(x.shape[:a] + idx.shape + x.shape[a + 1 :])
 
 
-@op("GatherElements")
 def _gather_elements(r, node, x, idx):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     return x.gather(a, _norm_index(idx, x.shape[a]))
@@ -561,7 +516,6 @@ def _nd_flat_index(shape, idx: Tensor, b: int) -> tuple[Tensor, int]:
     return lin, int(np.prod(shape[: b + k]))
 
 
-@op("GatherND")
 def _gather_nd(r, node, x, idx):
     b = node.attr("batch_dims", 0)
     k = idx.shape[-1]
@@ -572,7 +526,6 @@ def _gather_nd(r, node, x, idx):
     return out.reshape(*idx.shape[:-1], *rest)
 
 
-@op("ScatterND")
 def _scatter_nd(r, node, x, idx, upd):
     red = node.attr("reduction", "none", choices=("none", "add", "mul", "max", "min"))
     k = idx.shape[-1]
@@ -592,14 +545,12 @@ def _scatter_elems(x: Tensor, a: int, idx: Tensor, upd: Tensor, red: str) -> Ten
     return x.scatter_reduce(a, idx, upd, zred)
 
 
-@op("ScatterElements", "Scatter")
 def _scatter_elements(r, node, x, idx, upd):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     red = node.attr("reduction", "none", choices=("none", "add", "mul", "max", "min"))
     return _scatter_elems(x, a, _norm_index(idx, x.shape[a]), upd, red)
 
 
-@op("EyeLike")
 def _eyelike(r, node, x):
     k = node.attr("k", 0)
     dt = ONNX_DTYPES[node.attr("dtype")] if "dtype" in node.attrs else x.dtype
@@ -607,7 +558,6 @@ def _eyelike(r, node, x):
     return Tensor(np.eye(n, m, k, dtype=_np(dt)))
 
 
-@op("Trilu")
 def _trilu(r, node, x, k=None):
     k = scalar(k) if k is not None else 0
     n, m = x.shape[-2:]
@@ -617,7 +567,6 @@ def _trilu(r, node, x, k=None):
     return keep.where(x, const(0, x.dtype))
 
 
-@op("OneHot")
 def _onehot(r, node, idx, depth, values):
     d = int(scalar(depth))
     a = node.attr("axis", -1)
@@ -632,7 +581,6 @@ def _onehot(r, node, idx, depth, values):
     return hot.where(values[1], values[0])
 
 
-@op("DepthToSpace")
 def _depth_to_space(r, node, x):
     b_, mode = node.attr("blocksize"), node.attr("mode", "DCR", choices=("DCR", "CRD"))
     n, c, h, w = x.shape
@@ -643,7 +591,6 @@ def _depth_to_space(r, node, x):
     return y.reshape(n, c // b_**2, h * b_, w * b_)
 
 
-@op("SpaceToDepth")
 def _space_to_depth(r, node, x):
     b_ = node.attr("blocksize")
     n, c, h, w = x.shape
@@ -651,7 +598,6 @@ def _space_to_depth(r, node, x):
     return y.reshape(n, c * b_ * b_, h // b_, w // b_)
 
 
-@op("Compress")
 def _compress(r, node, x, cond):
     keep = [i for i, c in enumerate(cond.numpy().reshape(-1).tolist()) if c]
     a = node.attr("axis", None)
@@ -664,7 +610,6 @@ def _compress(r, node, x, cond):
     return x[(slice(None),) * a + (const(keep, dtypes.int64),)]
 
 
-@op("ReverseSequence")
 def _reverse_sequence(r, node, x, lens):
     ba, ta = node.attr("batch_axis", 1), node.attr("time_axis", 0)
     t = x.shape[ta]
@@ -679,7 +624,6 @@ def _reverse_sequence(r, node, x, lens):
     return x.gather(ta, src.expand(x.shape))
 
 
-@op("CumSum", "CumProd")
 def _cumsum(r, node, x, axis):
     a = axis_of(int(scalar(axis)), x.ndim, node)
     prod_ = node.op_type == "CumProd"
@@ -695,7 +639,6 @@ def _cumsum(r, node, x, axis):
     return y.cast(x.dtype)
 
 
-@op("TopK")
 def _topk(r, node, x, k):
     a = axis_of(node.attr("axis", -1), x.ndim, node)
     k = int(scalar(k)) if node.opset >= 10 else node.attr("k")
@@ -718,12 +661,10 @@ def _stable_topk(x: Tensor, k: int, a: int, largest: bool) -> tuple[Tensor, Tens
     return x.gather(a, idx), idx
 
 
-@op("NonZero")
 def _nonzero(r, node, x):
     return Tensor(np.stack(np.nonzero(x.numpy())).astype(np.int64).reshape(x.ndim, -1))
 
 
-@op("Einsum")
 def _einsum(r, node, *xs):
     return Tensor.einsum(node.attr("equation"), *xs)
 
@@ -793,7 +734,6 @@ op("ReduceLogSumExp")(_reducer(lambda x, ax, k, noop: x if noop else _empty_safe
     x, ax, k, -np.inf, lambda: x.cast(dtypes.float64).logsumexp(ax, keepdim=k).cast(x.dtype))))  # fmt: skip
 
 
-@op("ArgMax", "ArgMin")
 def _argmax(r, node, x):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     keep, last = bool(node.attr("keepdims", 1)), node.attr("select_last_index", 0)
@@ -834,12 +774,10 @@ op("Hardmax")(_softmax_like(_hardmax))
 # ***** linear algebra, convolution, pooling *****
 
 
-@op("MatMul")
 def _matmul(r, node, a, b):
     return a.matmul(b)
 
 
-@op("Gemm")
 def _gemm(r, node, a, b, c=None):
     if node.attr("transA", 0):
         a = a.transpose(0, 1) if a.ndim == 2 else a
@@ -875,7 +813,6 @@ def _torch_pads(pads: list[int]) -> list[int]:
     return [p for i in reversed(range(n)) for p in (pads[i], pads[i + n])]
 
 
-@op("Conv")
 def _conv(r, node, x, w, b=None):
     k = list(node.attr("kernel_shape", w.shape[2:]))
     n = len(k)
@@ -884,7 +821,6 @@ def _conv(r, node, x, w, b=None):
     return x.conv2d(w, b, groups=node.attr("group", 1), stride=strides, dilation=dil, padding=_torch_pads(pads))
 
 
-@op("ConvTranspose")
 def _conv_transpose(r, node, x, w, b=None):
     k = list(node.attr("kernel_shape", w.shape[2:]))
     n = len(k)
@@ -933,7 +869,6 @@ def _pool_args(node: Node, x: Tensor):
     return k, strides, dil, pads, bool(node.attr("ceil_mode", 0))
 
 
-@op("MaxPool")
 def _maxpool(r, node, x):
     k, s, d, pads, ceil = _pool_args(node, x)
     if node.attr("storage_order", 0):
@@ -947,13 +882,11 @@ def _maxpool(r, node, x):
     return x.max_pool2d(k, s, d, _torch_pads(pads), ceil)
 
 
-@op("AveragePool")
 def _avgpool(r, node, x):
     k, s, d, pads, ceil = _pool_args(node, x)
     return x.avg_pool2d(k, s, d, _torch_pads(pads), ceil, count_include_pad=bool(node.attr("count_include_pad", 0)))
 
 
-@op("LpPool")
 def _lppool(r, node, x):
     k, s, d, pads, ceil = _pool_args(node, x)
     p = node.attr("p", 2)
@@ -961,23 +894,19 @@ def _lppool(r, node, x):
     return summed.pow(1.0 / p)
 
 
-@op("GlobalAveragePool")
 def _gap(r, node, x):
     return x.mean(tuple(range(2, x.ndim)), keepdim=True)
 
 
-@op("GlobalMaxPool")
 def _gmp(r, node, x):
     return x.max(tuple(range(2, x.ndim)), keepdim=True)
 
 
-@op("GlobalLpPool")
 def _glp(r, node, x):
     p = node.attr("p", 2)
     return x.abs().pow(p).sum(tuple(range(2, x.ndim)), keepdim=True).pow(1.0 / p)
 
 
-@op("MaxUnpool")
 def _maxunpool(r, node, x, idx, out_shape=None):
     k = list(node.attr("kernel_shape"))
     n = len(k)
@@ -997,7 +926,6 @@ def _maxunpool(r, node, x, idx, out_shape=None):
 # ***** normalization *****
 
 
-@op("BatchNormalization")
 def _batchnorm(r, node, x, scale, bias, mean, var):
     eps = node.attr("epsilon", 1e-5)
     shp = (1, -1) + (1,) * (x.ndim - 2)
@@ -1011,14 +939,12 @@ def _batchnorm(r, node, x, scale, bias, mean, var):
     return y.cast(x.dtype)
 
 
-@op("InstanceNormalization")
 def _instancenorm(r, node, x, scale, bias):
     axes = tuple(range(2, x.ndim))
     shp = (1, -1) + (1,) * (x.ndim - 2)
     return x.layernorm(axes, node.attr("epsilon", 1e-5)) * scale.reshape(shp) + bias.reshape(shp)
 
 
-@op("LayerNormalization")
 def _layernorm(r, node, x, scale, bias=None):
     a = axis_of(node.attr("axis", -1), x.ndim, node)
     eps = node.attr("epsilon", 1e-5)
@@ -1033,7 +959,6 @@ def _layernorm(r, node, x, scale, bias=None):
     return y, mean, inv
 
 
-@op("RMSNormalization")
 def _rmsnorm(r, node, x, scale):
     a = axis_of(node.attr("axis", -1), x.ndim, node)
     eps = node.attr("epsilon", 1e-5)
@@ -1043,7 +968,6 @@ def _rmsnorm(r, node, x, scale):
     return y.cast(x.dtype) * scale
 
 
-@op("GroupNormalization")
 def _groupnorm(r, node, x, scale, bias):
     g, eps = node.attr("num_groups"), node.attr("epsilon", 1e-5)
     n, c = x.shape[:2]
@@ -1058,21 +982,18 @@ def _groupnorm(r, node, x, scale, bias):
     return y * scale.reshape(shp) + bias.reshape(shp)
 
 
-@op("LpNormalization")
 def _lpnorm(r, node, x):
     a, p = node.attr("axis", -1), node.attr("p", 2)
     norm = x.abs().sum(a, keepdim=True) if p == 1 else x.square().sum(a, keepdim=True).sqrt()
     return (norm == 0).where(0, x / norm).cast(x.dtype)
 
 
-@op("MeanVarianceNormalization")
 def _mvn(r, node, x):
     axes = tuple(node.attr("axes", [0, 2, 3]))
     mean = x.mean(axes, keepdim=True)
     return (x - mean) / ((x - mean).square().mean(axes, keepdim=True).sqrt() + 1e-9)
 
 
-@op("LRN")
 def _lrn(r, node, x):
     size = node.attr("size")
     alpha, beta, bias = node.attr("alpha", 1e-4), node.attr("beta", 0.75), node.attr("bias", 1.0)
@@ -1084,7 +1005,6 @@ def _lrn(r, node, x):
     return x / (summed.reshape(x.shape) * (alpha / size) + bias).pow(beta)
 
 
-@op("Dropout")
 def _dropout(r, node, x, ratio=None, training=None):
     if training is not None and bool(scalar(training)) and (ratio is None or scalar(ratio) != 0):
         raise node.fail("training-mode dropout with a non-zero ratio is random: not supported", unsupported=True)
@@ -1111,7 +1031,6 @@ _Q_RANGE = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767), 21: 
             26: (-2, 1), 6: (-(2**31), 2**31 - 1)}  # fmt: skip
 
 
-@op("QuantizeLinear")
 def _quantize(r, node, x, scale, zp=None):
     out_t = node.out_types[0].elem_type if node.out_types and node.out_types[0] else None
     if out_t is None:
@@ -1129,7 +1048,6 @@ def _quantize(r, node, x, scale, zp=None):
     return cast_to(xs, out_t, node, node.attr("saturate", 1))
 
 
-@op("DequantizeLinear")
 def _dequantize(r, node, x, scale, zp=None):
     xf = x.cast(dtypes.float32)
     if zp is not None:
@@ -1138,7 +1056,6 @@ def _dequantize(r, node, x, scale, zp=None):
     return y
 
 
-@op("DynamicQuantizeLinear")
 def _dyn_quant(r, node, x):
     lo, hi = x.min().minimum(0), x.max().maximum(0)
     scale = (hi - lo) / 255
@@ -1147,14 +1064,12 @@ def _dyn_quant(r, node, x):
     return y, scale, zp.cast(dtypes.uint8)
 
 
-@op("MatMulInteger")
 def _matmul_int(r, node, a, b, azp=None, bzp=None):
     a = a.cast(dtypes.int32) - (azp.cast(dtypes.int32) if azp is not None else 0)
     b = b.cast(dtypes.int32) - (bzp.cast(dtypes.int32) if bzp is not None else 0)
     return a.matmul(b)
 
 
-@op("ConvInteger")
 def _conv_int(r, node, x, w, xzp=None, wzp=None):
     x = x.cast(dtypes.int32) - (xzp.cast(dtypes.int32) if xzp is not None else 0)
     w = w.cast(dtypes.int32) - (
@@ -1167,7 +1082,6 @@ def _conv_int(r, node, x, w, xzp=None, wzp=None):
     return _conv(r, node, x, w).cast(dtypes.int32)
 
 
-@op("QLinearMatMul")
 def _qlinear_matmul(r, node, a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp):
     af = (a.cast(dtypes.float32) - a_zp.cast(dtypes.float32)) * a_s.cast(dtypes.float32)
     bshape = [1] * b.ndim
@@ -1179,7 +1093,6 @@ def _qlinear_matmul(r, node, a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp):
     return y.clip(lo, hi).cast(y_zp.dtype)
 
 
-@op("QLinearConv")
 def _qlinear_conv(r, node, x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, b=None):
     xf = (x.cast(dtypes.float32) - x_zp.cast(dtypes.float32)) * x_s.cast(dtypes.float32)
     wshape = (-1,) + (1,) * (w.ndim - 1)
@@ -1200,27 +1113,22 @@ def _qlinear_conv(r, node, x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, b=None):
 # ***** sequences, optionals, control flow *****
 
 
-@op("SequenceEmpty")
 def _seq_empty(r, node):
     return []
 
 
-@op("SequenceConstruct")
 def _seq_construct(r, node, *xs):
     return list(xs)
 
 
-@op("SequenceLength")
 def _seq_len(r, node, s):
     return const(len(s), dtypes.int64)
 
 
-@op("SequenceAt")
 def _seq_at(r, node, s, i):
     return s[int(scalar(i))]
 
 
-@op("SequenceInsert")
 def _seq_insert(r, node, s, x, pos=None):
     s = list(s)
     if pos is None:
@@ -1231,14 +1139,12 @@ def _seq_insert(r, node, s, x, pos=None):
     return s
 
 
-@op("SequenceErase")
 def _seq_erase(r, node, s, pos=None):
     s = list(s)
     s.pop(int(scalar(pos)) if pos is not None else -1)
     return s
 
 
-@op("ConcatFromSequence")
 def _concat_from_seq(r, node, s):
     a = node.attr("axis")
     if node.attr("new_axis", 0):
@@ -1246,7 +1152,6 @@ def _concat_from_seq(r, node, s):
     return s[0].cat(*s[1:], dim=a) if len(s) > 1 else s[0]
 
 
-@op("SplitToSequence")
 def _split_to_seq(r, node, x, split=None):
     a = axis_of(node.attr("axis", 0), x.ndim, node)
     keep = node.attr("keepdims", 1)
@@ -1264,17 +1169,14 @@ def _split_to_seq(r, node, x, split=None):
     return outs
 
 
-@op("Optional")
 def _optional(r, node, x=None):
     return x
 
 
-@op("OptionalHasElement")
 def _opt_has(r, node, x=None):
     return Tensor(np.bool_(x is not None))
 
 
-@op("OptionalGetElement")
 def _opt_get(r, node, x):
     if x is None:
         raise node.fail("the optional input is empty")
@@ -1290,14 +1192,12 @@ def _subgraph(r, proto):
     return cache[id(proto)][0]
 
 
-@op("If")
 def _if(r, node, cond):
     g = _subgraph(r, node.attr("then_branch") if bool(scalar(cond)) else node.attr("else_branch"))
     env = r.run_graph(g, dict(r._scope))
     return tuple(env[o] for o in g.outputs)
 
 
-@op("Loop")
 def _loop(r, node, m=None, cond=None, *carried):
     g = _subgraph(r, node.attr("body"))
     max_trip = int(scalar(m)) if m is not None else 2**62
@@ -1321,7 +1221,6 @@ def _loop(r, node, m=None, cond=None, *carried):
     return tuple(vals) + tuple(Tensor.stack(*s) if s else Tensor(np.zeros((0,), np.float32)) for s in scans)
 
 
-@op("Scan")
 def _scan(r, node, *args):
     g = _subgraph(r, node.attr("body"))
     n_scan_in = node.attr("num_scan_inputs")
@@ -1361,7 +1260,6 @@ def _scan(r, node, *args):
 # ***** attention *****
 
 
-@op("Attention")
 def _attention(r, node, q, k, v, mask=None, past_k=None, past_v=None, nonpad=None):
     qh, kvh = node.attr("q_num_heads", None), node.attr("kv_num_heads", None)
     rank3 = q.ndim == 3
@@ -1528,7 +1426,6 @@ def _resize_axis(x: Tensor, axis: int, scale: float, n_out: int, node: Node, roi
     return out if axis == x.ndim - 1 else out.transpose(axis, -1)
 
 
-@op("Resize", "Upsample")
 def _resize(r, node, x, roi=None, scales=None, sizes=None):
     if node.op_type == "Upsample":
         scales = roi if node.opset >= 9 else node.attr("scales")
@@ -1595,12 +1492,10 @@ def _nll(node: Node, logp: Tensor, target: Tensor, weight: Tensor | None) -> Ten
     return loss.sum() / w.sum()
 
 
-@op("NegativeLogLikelihoodLoss")
 def _nll_loss(r, node, x, target, weight=None):
     return _nll(node, x, target, weight)
 
 
-@op("SoftmaxCrossEntropyLoss")
 def _sce_loss(r, node, x, labels, weight=None):
     logp = x.log_softmax(1)
     loss = _nll(node, logp, labels, weight)
@@ -1668,8 +1563,7 @@ def _rnn_run(node, x, direction, ndir, step, init_states, per_dir_acts):
     return y, final
 
 
-@op("RNN")
-def _rnn(r, node, x, w, rw, b=None, seq_lens=None, h0=None):
+def _rnn(r, node, x, w, rw, b=None, _seq_lens=None, h0=None):
     x, direction, ndir, acts = _rnn_common(node, x, ["Tanh"])
     h = rw.shape[-1]
     bsz = x.shape[1]
@@ -1687,8 +1581,7 @@ def _rnn(r, node, x, w, rw, b=None, seq_lens=None, h0=None):
     return y, hn
 
 
-@op("GRU")
-def _gru(r, node, x, w, rw, b=None, seq_lens=None, h0=None):
+def _gru(r, node, x, w, rw, b=None, _seq_lens=None, h0=None):
     x, direction, ndir, acts = _rnn_common(node, x, ["Sigmoid", "Tanh"])
     h = rw.shape[-1]
     bsz = x.shape[1]
@@ -1718,8 +1611,7 @@ def _gru(r, node, x, w, rw, b=None, seq_lens=None, h0=None):
     return y, hn
 
 
-@op("LSTM")
-def _lstm(r, node, x, w, rw, b=None, seq_lens=None, h0=None, c0=None, p=None):
+def _lstm(r, node, x, w, rw, b=None, _seq_lens=None, h0=None, c0=None, p=None):
     x, direction, ndir, acts = _rnn_common(node, x, ["Sigmoid", "Tanh", "Tanh"])
     h = rw.shape[-1]
     bsz = x.shape[1]
@@ -1762,7 +1654,6 @@ def _lstm(r, node, x, w, rw, b=None, seq_lens=None, h0=None, c0=None, p=None):
 _TRAINING = "ai.onnx.preview.training"
 
 
-@op("Adagrad", domain=_TRAINING)
 def _adagrad(r, node, lr, t, *rest):
     n = len(rest) // 3
     decay, eps, norm = node.attr("decay_factor", 0.0), node.attr("epsilon", 0.0), node.attr("norm_coefficient", 0.0)
@@ -1776,7 +1667,6 @@ def _adagrad(r, node, lr, t, *rest):
     return tuple(xs + hs)
 
 
-@op("Momentum", domain=_TRAINING)
 def _momentum(r, node, lr, t, *rest):
     n = len(rest) // 3
     a, b, norm = node.attr("alpha"), node.attr("beta"), node.attr("norm_coefficient")
@@ -1791,7 +1681,6 @@ def _momentum(r, node, lr, t, *rest):
     return tuple(xs + vs)
 
 
-@op("Adam", domain=_TRAINING)
 def _adam(r, node, lr, t, *rest):
     n = len(rest) // 4
     a, b, eps = node.attr("alpha", 0.9), node.attr("beta", 0.999), node.attr("epsilon", 1e-6)
@@ -1832,7 +1721,6 @@ op("HammingWindow")(_window("hamming"))
 op("BlackmanWindow")(_window("blackman"))
 
 
-@op("CenterCropPad")
 def _center_crop_pad(r, node, x, shape):
     target = ints(shape)
     axes = [axis_of(a, x.ndim, node) for a in node.attr("axes", list(range(x.ndim)))]
@@ -1847,7 +1735,6 @@ def _center_crop_pad(r, node, x, shape):
     return x
 
 
-@op("Col2Im")
 def _col2im(r, node, x, image_shape, block_shape):
     img, blk = ints(image_shape), ints(block_shape)
     nd = len(img)
@@ -1870,7 +1757,6 @@ def _col2im(r, node, x, image_shape, block_shape):
     return y.shrink((None, None) + tuple((pads[d], pads[d] + img[d]) for d in range(nd)))
 
 
-@op("AffineGrid")
 def _affine_grid(r, node, theta, size):
     sz = ints(size)
     ac = node.attr("align_corners", 0)
@@ -1887,7 +1773,6 @@ def _affine_grid(r, node, theta, size):
     return out.reshape(n, *spatial, len(spatial))
 
 
-@op("BitCast")
 def _bitcast(r, node, x):
     to = node.attr("to")
     arr = x if isinstance(x, np.ndarray) else None
@@ -1912,13 +1797,11 @@ def _bitcast(r, node, x):
 # ***** newer transformer ops *****
 
 
-@op("SwiGLU")
 def _swiglu(r, node, a, b):
     alpha = node.attr("alpha", 1.0)
     return (a * (a * alpha).sigmoid().cast(a.dtype) * b).cast(a.dtype)
 
 
-@op("TensorScatter")
 def _tensor_scatter(r, node, cache, update, write_idx=None):
     a = axis_of(node.attr("axis", -2), cache.ndim, node)
     circular = node.attr("mode", "linear", choices=("linear", "circular")) == "circular"
@@ -1937,7 +1820,6 @@ def _tensor_scatter(r, node, cache, update, write_idx=None):
     return hit.where(src, cache)
 
 
-@op("RotaryEmbedding")
 def _rotary(r, node, x, cos, sin, pos_ids=None):
     shape = x.shape
     if x.ndim == 4:
@@ -1971,13 +1853,11 @@ def _strs(x) -> np.ndarray:
     return np.asarray(x, dtype=object)
 
 
-@op("StringConcat")
 def _string_concat(r, node, a, b):
     a, b = np.broadcast_arrays(_strs(a), _strs(b))
     return np.vectorize(lambda u, v: u + v, otypes=[object])(a, b) if a.size else a.astype(object)
 
 
-@op("RegexFullMatch")
 def _regex_full_match(r, node, x):
     import re
 
@@ -1985,7 +1865,6 @@ def _regex_full_match(r, node, x):
     return Tensor(np.vectorize(lambda s: pat.fullmatch(s) is not None, otypes=[np.bool_])(_strs(x)))
 
 
-@op("StringSplit")
 def _string_split(r, node, x):
     x = _strs(x)
     delim = node.attr("delimiter", None) or None
@@ -1996,7 +1875,6 @@ def _string_split(r, node, x):
     return out, Tensor(np.array([len(p) for p in parts], np.int64).reshape(x.shape))
 
 
-@op("StringNormalizer")
 def _string_normalizer(r, node, x):
     x = _strs(x)
     action = node.attr("case_change_action", "NONE", choices=("NONE", "LOWER", "UPPER"))
@@ -2009,7 +1887,6 @@ def _string_normalizer(r, node, x):
     return np.array(keep, dtype=object).reshape((1, -1) if x.ndim == 2 else (-1,))
 
 
-@op("LabelEncoder", domain="ai.onnx.ml")
 def _label_encoder(r, node, x):
     def attr_vals(prefix):
         for suffix in ("strings", "int64s", "floats"):
@@ -2037,12 +1914,10 @@ def _label_encoder(r, node, x):
     return out if out_t == STRING else value_to_tensor(out.astype(np_dtype(out_t)))
 
 
-@op("Binarizer", domain="ai.onnx.ml")
 def _binarizer(r, node, x):
     return (x > node.attr("threshold", 0.0)).cast(x.dtype)
 
 
-@op("ArrayFeatureExtractor", domain="ai.onnx.ml")
 def _array_feature_extractor(r, node, x, idx):
     return x[..., idx.reshape(-1).cast(dtypes.int64)]
 
@@ -2050,7 +1925,6 @@ def _array_feature_extractor(r, node, x, idx):
 # ***** data-dependent shapes, read back to the host *****
 
 
-@op("Unique")
 def _unique(r, node, x):
     arr = x.numpy()
     a = node.attr("axis", None)
@@ -2072,7 +1946,6 @@ def _unique(r, node, x):
             Tensor(counts.astype(np.int64)))  # fmt: skip
 
 
-@op("NonMaxSuppression")
 def _nms(r, node, boxes, scores, max_out=None, iou_th=None, score_th=None):
     b, s = boxes.numpy().astype(np.float64), scores.numpy().astype(np.float64)
     mo = int(scalar(max_out)) if max_out is not None and max_out.numel() else 0
@@ -2110,8 +1983,137 @@ def _nms(r, node, boxes, scores, max_out=None, iou_th=None, score_th=None):
     return Tensor(np.array(out, np.int64).reshape(-1, 3))
 
 
-@op("Det")
 def _det(r, node, x):
     """A host op: numpy's LU determinant of the realized input."""
     arr = x.numpy()
     return value_to_tensor(np.linalg.det(arr.astype(np.float64)).astype(arr.dtype))
+
+
+# ***** the registry: (domain, op type) -> implementation *****
+
+op("Div")(_div)
+op("Pow")(_pow)
+op("Mod")(_mod)
+op("BitShift")(_bitshift)
+op("Equal")(_equal)
+op("Not")(_not)
+op("BitwiseNot")(_bitwise_not)
+op("Mean")(_mean)
+op("Softplus")(_softplus)
+op("IsInf")(_isinf)
+op("HardSigmoid")(_hardsigmoid)
+op("LeakyRelu")(_leaky)
+op("Elu")(_elu)
+op("Celu")(_celu)
+op("Selu")(_selu)
+op("ThresholdedRelu")(_thresholded)
+op("Gelu")(_gelu)
+op("Swish")(_swish)
+op("Shrink")(_shrink)
+op("PRelu")(_prelu)
+op("Clip")(_clip)
+op("Where")(_where)
+op("Identity")(_identity)
+op("Cast")(_cast)
+op("CastLike")(_castlike)
+op("Shape")(_shape)
+op("Size")(_size)
+op("Reshape")(_reshape)
+op("Flatten")(_flatten)
+op("Squeeze")(_squeeze)
+op("Unsqueeze")(_unsqueeze)
+op("Transpose")(_transpose)
+op("Concat")(_concat)
+op("Split")(_split)
+op("Slice")(_slice)
+op("Expand")(_expand)
+op("Tile")(_tile)
+op("Pad")(_pad)
+op("ConstantOfShape")(_constant_of_shape)
+op("Constant")(_constant)
+op("Range")(_range)
+op("Gather")(_gather)
+op("GatherElements")(_gather_elements)
+op("GatherND")(_gather_nd)
+op("ScatterND")(_scatter_nd)
+op("ScatterElements", "Scatter")(_scatter_elements)
+op("EyeLike")(_eyelike)
+op("Trilu")(_trilu)
+op("OneHot")(_onehot)
+op("DepthToSpace")(_depth_to_space)
+op("SpaceToDepth")(_space_to_depth)
+op("Compress")(_compress)
+op("ReverseSequence")(_reverse_sequence)
+op("CumSum", "CumProd")(_cumsum)
+op("TopK")(_topk)
+op("NonZero")(_nonzero)
+op("Einsum")(_einsum)
+op("ArgMax", "ArgMin")(_argmax)
+op("MatMul")(_matmul)
+op("Gemm")(_gemm)
+op("Conv")(_conv)
+op("ConvTranspose")(_conv_transpose)
+op("MaxPool")(_maxpool)
+op("AveragePool")(_avgpool)
+op("LpPool")(_lppool)
+op("GlobalAveragePool")(_gap)
+op("GlobalMaxPool")(_gmp)
+op("GlobalLpPool")(_glp)
+op("MaxUnpool")(_maxunpool)
+op("BatchNormalization")(_batchnorm)
+op("InstanceNormalization")(_instancenorm)
+op("LayerNormalization")(_layernorm)
+op("RMSNormalization")(_rmsnorm)
+op("GroupNormalization")(_groupnorm)
+op("LpNormalization")(_lpnorm)
+op("MeanVarianceNormalization")(_mvn)
+op("LRN")(_lrn)
+op("Dropout")(_dropout)
+op("QuantizeLinear")(_quantize)
+op("DequantizeLinear")(_dequantize)
+op("DynamicQuantizeLinear")(_dyn_quant)
+op("MatMulInteger")(_matmul_int)
+op("ConvInteger")(_conv_int)
+op("QLinearMatMul")(_qlinear_matmul)
+op("QLinearConv")(_qlinear_conv)
+op("SequenceEmpty")(_seq_empty)
+op("SequenceConstruct")(_seq_construct)
+op("SequenceLength")(_seq_len)
+op("SequenceAt")(_seq_at)
+op("SequenceInsert")(_seq_insert)
+op("SequenceErase")(_seq_erase)
+op("ConcatFromSequence")(_concat_from_seq)
+op("SplitToSequence")(_split_to_seq)
+op("Optional")(_optional)
+op("OptionalHasElement")(_opt_has)
+op("OptionalGetElement")(_opt_get)
+op("If")(_if)
+op("Loop")(_loop)
+op("Scan")(_scan)
+op("Attention")(_attention)
+op("Resize", "Upsample")(_resize)
+op("NegativeLogLikelihoodLoss")(_nll_loss)
+op("SoftmaxCrossEntropyLoss")(_sce_loss)
+op("RNN")(_rnn)
+op("GRU")(_gru)
+op("LSTM")(_lstm)
+op("Adagrad", domain=_TRAINING)(_adagrad)
+op("Momentum", domain=_TRAINING)(_momentum)
+op("Adam", domain=_TRAINING)(_adam)
+op("CenterCropPad")(_center_crop_pad)
+op("Col2Im")(_col2im)
+op("AffineGrid")(_affine_grid)
+op("BitCast")(_bitcast)
+op("SwiGLU")(_swiglu)
+op("TensorScatter")(_tensor_scatter)
+op("RotaryEmbedding")(_rotary)
+op("StringConcat")(_string_concat)
+op("RegexFullMatch")(_regex_full_match)
+op("StringSplit")(_string_split)
+op("StringNormalizer")(_string_normalizer)
+op("LabelEncoder", domain="ai.onnx.ml")(_label_encoder)
+op("Binarizer", domain="ai.onnx.ml")(_binarizer)
+op("ArrayFeatureExtractor", domain="ai.onnx.ml")(_array_feature_extractor)
+op("Unique")(_unique)
+op("NonMaxSuppression")(_nms)
+op("Det")(_det)
