@@ -312,7 +312,8 @@ class OnnxRunner:
             if name in inputs:
                 env[name] = self._check_input(name, inputs[name])
             elif name not in env:
-                raise ArgumentError(f"missing model input {name!r} (the model needs {list(self.inputs)}, got {list(inputs)})")
+                need = list(self.inputs)
+                raise ArgumentError(f"missing model input {name!r} (the model needs {need}, got {list(inputs)})")
         env = self.run_graph(self.graph, env, debug=debug)
         return {name: env[name] for name in self.graph.outputs}
 
