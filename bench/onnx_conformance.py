@@ -61,6 +61,10 @@ def assert_similar(ref, out, rtol: float, atol: float) -> None:
         for r, o in zip(ref, out):
             assert_similar(r, o, rtol, atol)
         return
+    if type(ref).__name__ == "TensorProto":
+        from onnx import numpy_helper
+
+        ref = numpy_helper.to_array(ref)
     if ref is None:
         if out is not None:
             raise AssertionError("expected an empty optional")

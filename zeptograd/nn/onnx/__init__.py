@@ -112,7 +112,7 @@ def value_to_tensor(v: Any, device: str | None = None) -> Any:
                 else np.float32
             )
             arr = arr.astype(wide)
-        return Tensor(np.ascontiguousarray(arr), device=device)
+        return Tensor(arr if arr.flags.c_contiguous else arr.copy(), device=device)
     return v
 
 
@@ -319,7 +319,7 @@ class OnnxRunner:
 
     def _check_input(self, name: str, v: Any) -> Any:
         t = self.graph.input_types[name]
-        if t.kind == "sequence":
+        if t.kind == "sequence" or isinstance(v, list):  # a sequence, or an optional one
             return [self._as_value(x, t.elem_type) for x in v]
         if v is None:
             if t.kind != "optional":
@@ -336,6 +336,10 @@ class OnnxRunner:
         return val
 
     def _as_value(self, v: Any, elem_type: int | None) -> Any:
+        if type(v).__name__ == "TensorProto":
+            from onnx import numpy_helper
+
+            v = numpy_helper.to_array(v)
         if elem_type in EMULATED:
             arr = v.numpy() if isinstance(v, Tensor) else np.asarray(v)
             return arr if arr.dtype == np_dtype(elem_type) else to_emulated(arr, elem_type)

@@ -343,7 +343,8 @@ def _reshape(r, node, x, shape=None):
 
 
 def _flatten(r, node, x):
-    a = axis_of(node.attr("axis", 1), x.ndim + 1, node) if x.ndim else 0
+    a = node.attr("axis", 1)
+    a = a + x.ndim if a < 0 else a
     return x.reshape(int(np.prod(x.shape[:a])), int(np.prod(x.shape[a:])))
 
 
@@ -594,7 +595,8 @@ def _depth_to_space(r, node, x):
 def _space_to_depth(r, node, x):
     b_ = node.attr("blocksize")
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b_, b_, w // b_, b_).permute(0, 3, 5, 1, 2, 4)
+    perm = (0, 3, 5, 1, 2, 4) if node.attr("mode", "DCR", choices=("DCR", "CRD")) == "DCR" else (0, 1, 3, 5, 2, 4)
+    y = x.reshape(n, c, h // b_, b_, w // b_, b_).permute(*perm)
     return y.reshape(n, c * b_ * b_, h // b_, w // b_)
 
 
@@ -837,28 +839,21 @@ def _conv_transpose(r, node, x, w, b=None):
         for i, kk, s, d, op_, o in zip(x.shape[2:], k, strides, dil, out_pad, out_shape):
             total = s * (i - 1) + op_ + ((kk - 1) * d + 1) - o
             if auto == "SAME_UPPER" or (auto != "SAME_LOWER" and "output_shape" in node.attrs):
-                begin.append(total // 2)
-                end.append(total - total // 2)
+                begin.append(int(total / 2))
+                end.append(total - int(total / 2))
             else:
-                begin.append(total - total // 2)
-                end.append(total // 2)
+                begin.append(total - int(total / 2))
+                end.append(int(total / 2))
         pads = begin + end
     elif auto == "VALID":
         pads = [0] * 2 * n
     else:
         pads = list(node.attr("pads", [0] * 2 * n))
-    # negative end padding (an output_shape larger than the natural one) becomes extra output padding
-    extra = [max(-p, 0) for p in pads[n:]]
-    pads = pads[:n] + [max(p, 0) for p in pads[n:]]
-    begin, end = pads[:n], pads[n:]
-    y = x.conv_transpose2d(w, b, groups=node.attr("group", 1), stride=strides, dilation=dil,
-                           padding=_torch_pads([0] * n + [0] * n), output_padding=out_pad)  # fmt: skip
-    # crop (begin, end) per spatial dim (output_padding already added at the end)
-    sl = [None, None] + [(bb, y.shape[2 + i] - ee) for i, (bb, ee) in enumerate(zip(begin, end))]
-    y = y.shrink(tuple(sl))
-    if any(extra):
-        y = y.pad([None, None] + [(0, e) for e in extra])
-    return y
+    y = x.conv_transpose2d(w, None, groups=node.attr("group", 1), stride=strides, dilation=dil,
+                           output_padding=out_pad)  # fmt: skip
+    # ONNX pads crop the full output; a negative pad (an output_shape beyond the natural size) adds zeros
+    y = y.pad([None, None] + [(-pads[i], -pads[i + n]) for i in range(n)])
+    return y if b is None else y + b.reshape(1, -1, *[1] * n)
 
 
 def _pool_args(node: Node, x: Tensor):
@@ -912,15 +907,21 @@ def _maxunpool(r, node, x, idx, out_shape=None):
     n = len(k)
     s = list(node.attr("strides", [1] * n))
     pads = list(node.attr("pads", [0] * 2 * n))
-    if out_shape is not None:
-        shape = ints(out_shape)
-    else:
-        shape = list(x.shape[:2]) + [
-            (i - 1) * st - pads[j] - pads[j + n] + kk for j, (i, st, kk) in enumerate(zip(x.shape[2:], s, k))
-        ]
-    total = int(np.prod(shape))
-    flat = Tensor.zeros(total, dtype=x.dtype)
-    return flat.scatter(0, idx.reshape(-1).cast(dtypes.int64), x.reshape(-1)).reshape(shape)
+    natural = list(x.shape[:2]) + [
+        (i - 1) * st - pads[j] - pads[j + n] + kk for j, (i, st, kk) in enumerate(zip(x.shape[2:], s, k))
+    ]
+    shape = ints(out_shape) if out_shape is not None else natural
+    idx = idx.reshape(-1).cast(dtypes.int64)
+    if shape != natural:  # the indices address the natural output: move each to its coordinates in `shape`
+        flat, rem = idx * 0, idx
+        for d in range(len(shape)):
+            stride_nat = int(np.prod(natural[d + 1 :]))
+            coord = rem // stride_nat
+            rem = rem - coord * stride_nat
+            flat = flat + coord * int(np.prod(shape[d + 1 :]))
+        idx = flat
+    flat_out = Tensor.zeros(int(np.prod(shape)), dtype=x.dtype)
+    return flat_out.scatter(0, idx, x.reshape(-1)).reshape(shape)
 
 
 # ***** normalization *****
