@@ -117,13 +117,22 @@ def _mod(r, node, a, b):
         return a.fmod(b)
     if dtypes.is_int(a.dtype):
         return a.mod(b)
-    return a.mod(b)
+    # numpy's float mod: the sign of the divisor, x mod ±inf is x or ±inf, a zero result takes the divisor's sign
+    r_ = (b.isinf() & a.isfinite()).where(a, a - b * (a / b).trunc())
+    r_ = ((r_ != 0) & ((r_ < 0) != (b < 0))).where(r_ + b, r_)
+    return (r_ == 0).where(const(0, a.dtype).copysign(b), r_)
 
 
 def _bitshift(r, node, a, b):
     d = node.attr("direction", choices=("LEFT", "RIGHT"))
-    b = b.cast(a.dtype)
-    return a.lshift(b) if d == "LEFT" else a.rshift(b)
+    bits = 8 * a.dtype.itemsize
+    bb = b.cast(a.dtype)
+    out_of_range = (bb < 0) | (bb >= bits) if not dtypes.is_unsigned(a.dtype) else bb >= bits
+    safe = out_of_range.where(0, bb)
+    if d == "LEFT":
+        return out_of_range.where(0, a.lshift(safe))
+    overflow = (a < 0).where(-1, 0).cast(a.dtype) if not dtypes.is_unsigned(a.dtype) else const(0, a.dtype)
+    return out_of_range.where(overflow, a.rshift(safe))
 
 
 for _name, _fn in {
