@@ -2127,3 +2127,86 @@ op("ArrayFeatureExtractor", domain="ai.onnx.ml")(_array_feature_extractor)
 op("Unique")(_unique)
 op("NonMaxSuppression")(_nms)
 op("Det")(_det)
+
+
+def _reflect(v: Tensor, lo: float, hi: float) -> Tensor:
+    """Fold coordinates outside [lo, hi] back in, as a mirror (ONNX GridSample's reflection padding)."""
+    rng = hi - lo
+    below, above = lo - v, v - hi
+    nb, na = (below / rng).trunc(), (above / rng).trunc()
+    rb, ra = below - nb * rng, above - na * rng
+    from_below = (nb.mod(2) == 0).where(lo + rb, hi - rb)
+    from_above = (na.mod(2) == 0).where(hi - ra, lo + ra)
+    return (v < lo).where(from_below, (v > hi).where(from_above, v))
+
+
+def _cubic_weights(t: Tensor, a: float = -0.75) -> list[Tensor]:
+    def near(x):
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _grid_sample(r, node, x, grid):
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(node.attr("mode", "linear"), node.attr("mode", "linear"))
+    if mode not in ("linear", "nearest", "cubic"):
+        raise node.fail(f"attribute mode={mode!r} is not supported", unsupported=True)
+    pad = node.attr("padding_mode", "zeros", choices=("zeros", "border", "reflection"))
+    ac = bool(node.attr("align_corners", 0))
+    nd, dims = x.ndim - 2, x.shape[2:]
+    n, c = x.shape[:2]
+    out_sp = grid.shape[1:-1]
+    g = grid.cast(dtypes.float32).reshape(n, -1, nd)
+    taps_per_dim = []
+    for i, d in enumerate(dims):
+        v = g[:, :, nd - 1 - i]
+        v = (v + 1) / 2 * (d - 1) if ac else ((v + 1) * d - 1) / 2
+        if mode == "nearest":
+            v = v.round()
+        lo, hi = (0.0, d - 1.0) if ac else (-0.5, d - 0.5)
+        if pad == "border":
+            v = v.clip(0, d - 1)
+        elif pad == "reflection":
+            v = _reflect(v, lo, hi)
+        if mode == "nearest":
+            taps = [(v.trunc(), None)]
+        else:
+            x0 = v.floor()
+            t = v - x0
+            if mode == "linear":
+                taps = [(x0, 1 - t), (x0 + 1, t)]
+            else:
+                taps = list(zip([x0 - 1, x0, x0 + 1, x0 + 2], _cubic_weights(t)))
+        fixed = []
+        for idx, w in taps:
+            if pad == "zeros":
+                valid = (idx >= 0) & (idx <= d - 1)
+                w = valid.cast(dtypes.float32) if w is None else valid.where(w, 0)
+            elif pad == "border":
+                idx = idx.clip(0, d - 1)
+            else:
+                idx = _reflect(idx, lo, hi).trunc().clip(0, d - 1)
+            fixed.append((idx.clip(0, d - 1).cast(dtypes.int64), w))
+        taps_per_dim.append(fixed)
+    xf = x.cast(dtypes.float32).reshape(n, c, -1)
+    p = g.shape[1]
+    acc = None
+    for combo in np.ndindex(*[len(t) for t in taps_per_dim]):
+        flat, weight = None, None
+        for i, k in enumerate(combo):
+            idx, w = taps_per_dim[i][k]
+            term = idx * int(np.prod(dims[i + 1 :]))
+            flat = term if flat is None else flat + term
+            if w is not None:
+                weight = w if weight is None else weight * w
+        val = xf.gather(2, flat.reshape(n, 1, p).expand(n, c, p))
+        if weight is not None:
+            val = val * weight.reshape(n, 1, p)
+        acc = val if acc is None else acc + val
+    return acc.reshape(n, c, *out_sp).cast(x.dtype)
+
+
+op("GridSample")(_grid_sample)
