@@ -2210,3 +2210,56 @@ def _grid_sample(r, node, x, grid):
 
 
 op("GridSample")(_grid_sample)
+
+
+def _causal_conv_with_state(r, node, x, w, b=None, past=None):
+    act = node.attr("activation", "none", choices=("none", "silu", "swish"))
+    bsz, ch, _ = x.shape
+    k = w.shape[2]
+    if past is None:
+        past = Tensor.zeros(bsz, ch, k - 1, dtype=x.dtype)
+    padded = past.cat(x, dim=2) if k > 1 else x
+    y = padded.conv2d(w, b, groups=ch).cast(x.dtype)
+    if act != "none":
+        yf = y.cast(dtypes.float32)
+        y = (yf * yf.sigmoid()).cast(x.dtype)
+    return y, padded[:, :, padded.shape[2] - (k - 1) :]
+
+
+op("CausalConvWithState")(_causal_conv_with_state)
+
+
+def _linear_attention(r, node, q, k, v, past=None, decay=None, beta=None):
+    rule = node.attr("update_rule", "gated_delta", choices=("linear", "gated", "delta", "gated_delta"))
+    hq, hkv = node.attr("q_num_heads"), node.attr("kv_num_heads")
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    b, t, _ = q.shape
+    dk, dv = q.shape[-1] // hq, v.shape[-1] // hkv
+    f32 = dtypes.float32
+
+    def heads(x, h):
+        return x.reshape(b, t, h, -1).permute(0, 2, 1, 3).cast(f32)
+
+    q4, k4, v4 = heads(q, hq), heads(k, hkv), heads(v, hkv)
+    if gating:
+        decay4 = heads(decay, hkv)  # (b, hkv, t, 1 or dk)
+    if delta:
+        beta4 = beta.reshape(b, t, beta.shape[-1], 1).permute(0, 2, 1, 3).cast(f32)
+    state = past.cast(f32) if past is not None else Tensor.zeros(b, hkv, dk, dv, dtype=f32)
+    scale = node.attr("scale", 0.0) or 1.0 / math.sqrt(dk)
+    outs = []
+    for i in range(t):
+        k_t, v_t = k4[:, :, i, :], v4[:, :, i, :]
+        if gating:
+            state = state * decay4[:, :, i, :].exp().unsqueeze(-1)
+        if delta:
+            retrieved = (state * k_t.unsqueeze(-1)).sum(2)
+            v_t = beta4[:, :, i, :] * (v_t - retrieved)
+        state = state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+        read = state.repeat_interleave(hq // hkv, 1) if hq != hkv else state
+        outs.append((q4[:, :, i, :].unsqueeze(-1) * read).sum(2) * scale)
+    out = Tensor.stack(*outs, dim=2).permute(0, 2, 1, 3).reshape(b, t, hq * dv).cast(q.dtype)
+    return out, state.cast(past.dtype if past is not None else q.dtype)
+
+
+op("LinearAttention")(_linear_attention)
