@@ -162,3 +162,17 @@ def test_light_model(name):
     x = Runner.generate_dummy_data(inp, seed=0, name=name, random=False)
     out = list(OnnxRunner(model)({inp.name: x}).values())[0].numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_example_onnx_classify(capsys):
+    pytest.importorskip("torch")
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "onnx_classify.py")
+    spec = importlib.util.spec_from_file_location("onnx_classify", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.main(["--batch", "3", "--runs", "1"])
+    assert res["max_diff"] < 1e-4
+    assert "top-1 agrees: True" in capsys.readouterr().out
