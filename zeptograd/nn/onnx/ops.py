@@ -2263,3 +2263,65 @@ def _linear_attention(r, node, q, k, v, past=None, decay=None, beta=None):
 
 
 op("LinearAttention")(_linear_attention)
+
+
+def _sequence_map(r, node, seq, *extra):
+    g = _subgraph(r, node.attr("body"))
+    outs: list[list] = [[] for _ in g.outputs]
+    for i in range(len(seq)):
+        env = dict(r._scope)
+        env[g.inputs[0]] = seq[i]
+        for name, v in zip(g.inputs[1:], extra):
+            env[name] = v[i] if isinstance(v, list) else v
+        env = r.run_graph(g, env)
+        for lst, o in zip(outs, g.outputs):
+            lst.append(env[o])
+    return tuple(outs)
+
+
+def _dft(r, node, x, dft_length=None, axis=None):
+    """A DFT as a matmul with the (cos, sin) matrix of the transform; the last dim holds (real[, imaginary])."""
+    if node.opset < 20:
+        a = node.attr("axis", 1)
+    else:
+        a = int(scalar(axis)) if axis is not None and axis.numel() else -2
+    a = axis_of(a, x.ndim, node)
+    if a == x.ndim - 1:
+        raise node.fail("the transform axis can't be the last (real/imaginary) dim")
+    inverse, onesided = node.attr("inverse", 0), node.attr("onesided", 0)
+    n_in = x.shape[a]
+    xf = x.cast(dtypes.float64) if x.dtype == dtypes.float64 else x.cast(dtypes.float32)
+    if xf.shape[-1] == 1:
+        xf = xf.cat(xf.zeros_like(), dim=-1)
+    if inverse and onesided:  # a half spectrum: rebuild the full Hermitian one, the result is real
+        n = int(scalar(dft_length)) if dft_length is not None and dft_length.numel() else 2 * (n_in - 1)
+        src = [k if k < n_in else n - k for k in range(n)]
+        full = xf[(slice(None),) * a + (const(src, dtypes.int64),)]
+        conj = const([1.0 if k < n_in else -1.0 for k in range(n)], xf.dtype).reshape(
+            [n if i == a else 1 for i in range(x.ndim - 1)] + [1]
+        )
+        full = full * Tensor.stack(conj * 0 + 1, conj, dim=-1).reshape(conj.shape[:-1] + (2,))
+        y = _dft_matmul(full, a, n, n, True)
+        return y[..., :1].cast(x.dtype)
+    n = int(scalar(dft_length)) if dft_length is not None and dft_length.numel() else n_in
+    if n != n_in:  # pad or crop the signal to dft_length
+        xf = (
+            xf.pad([(0, n - n_in) if i == a else None for i in range(x.ndim)])
+            if n > n_in
+            else xf.shrink(tuple((0, n) if i == a else None for i in range(x.ndim)))
+        )
+    return _dft_matmul(xf, a, n, n // 2 + 1 if onesided else n, bool(inverse)).cast(x.dtype)
+
+
+def _dft_matmul(xf: Tensor, a: int, n: int, n_out: int, inverse: bool) -> Tensor:
+    k = np.arange(n_out)[:, None] * np.arange(n)[None, :]
+    ang = 2 * np.pi * k / n * (1 if inverse else -1)
+    cos, sin = const(np.cos(ang), xf.dtype), const(np.sin(ang), xf.dtype)
+    moved = xf.transpose(a, -2)  # (..., n, 2)
+    re, im = moved[..., 0], moved[..., 1]  # (..., n)
+    out = Tensor.stack(re.matmul(cos.T) - im.matmul(sin.T), re.matmul(sin.T) + im.matmul(cos.T), dim=-1)
+    return (out / n if inverse else out).transpose(a, -2)
+
+
+op("SequenceMap")(_sequence_map)
+op("DFT")(_dft)
