@@ -875,11 +875,15 @@ def _pool_args(node: Node, x: Tensor):
 
 def _maxpool(r, node, x):
     k, s, d, pads, ceil = _pool_args(node, x)
-    if node.attr("storage_order", 0):
-        raise node.fail("attribute storage_order=1 is not supported", unsupported=True)
+    col_major = bool(node.attr("storage_order", 0))
+    if col_major and len(k) != 2:
+        raise node.fail("attribute storage_order=1 is supported for 2-d pooling only", unsupported=True)
     if len(node.outputs) > 1 and node.outputs[1]:
         y, idx = x.max_pool2d(k, s, d, _torch_pads(pads), ceil, return_indices=True)
         # ONNX indices are flat over (N, C, *spatial); zeptograd's are within the spatial dims
+        if col_major:  # (h, w) counted as h + w * H
+            hh, ww = x.shape[2:]
+            idx = (idx // ww) + (idx % ww) * hh
         plane = int(np.prod(x.shape[2:]))
         nc = Tensor.arange(x.shape[0] * x.shape[1], dtype=dtypes.int64).reshape(x.shape[0], x.shape[1], *[1] * len(k))
         return y, idx + nc * plane
