@@ -2329,3 +2329,22 @@ def _dft_matmul(xf: Tensor, a: int, n: int, n_out: int, inverse: bool) -> Tensor
 
 op("SequenceMap")(_sequence_map)
 op("DFT")(_dft)
+
+
+def _stft(r, node, signal, frame_step, window=None, frame_length=None):
+    step = int(scalar(frame_step))
+    n = int(scalar(frame_length)) if frame_length is not None and frame_length.numel() else window.shape[0]
+    length = signal.shape[1]
+    frames = (length - n) // step + 1
+    idx = np.arange(frames)[:, None] * step + np.arange(n)[None, :]
+    xf = signal.cast(dtypes.float64) if signal.dtype == dtypes.float64 else signal.cast(dtypes.float32)
+    if xf.shape[-1] == 1:
+        xf = xf.cat(xf.zeros_like(), dim=-1)
+    framed = xf[:, const(idx.reshape(-1), dtypes.int64)].reshape(xf.shape[0], frames, n, 2)
+    if window is not None:
+        framed = framed * window.cast(xf.dtype).reshape(1, 1, n, 1)
+    onesided = node.attr("onesided", 1)
+    return _dft_matmul(framed, 2, n, n // 2 + 1 if onesided else n, False).cast(signal.dtype)
+
+
+op("STFT")(_stft)
