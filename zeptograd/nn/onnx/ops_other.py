@@ -227,13 +227,30 @@ def _loop(r, node, m=None, cond=None, *carried):
 def _scan(r, node, *args):
     g = _subgraph(r, node.attr("body"))
     n_scan_in = node.attr("num_scan_inputs")
+    if node.opset < 9:  # Scan-8: a sequence_lens input first, and every input has a batch axis first
+        seq_lens, args = args[0], args[1:]
+        n_state = len(args) - n_scan_in
+        dirs = node.attr("directions", [0] * n_scan_in)
+        if seq_lens is not None and set(ints(seq_lens)) != {args[n_state].shape[1]}:
+            raise node.fail("sequence_lens shorter than the sequence is not supported", unsupported=True)
+        per_batch = [
+            _scan_loop(r, node, g, [a[b] for a in args[:n_state]], [a[b] for a in args[n_state:]], [0] * n_scan_in,
+                       dirs, [0] * (len(g.outputs) - n_state), [0] * (len(g.outputs) - n_state))
+            for b in range(args[0].shape[0])
+        ]  # fmt: skip
+        return tuple(Tensor.stack(*vals, dim=0) for vals in zip(*per_batch))
     n_state = len(args) - n_scan_in
-    state, xs = list(args[:n_state]), list(args[n_state:])
-    in_axes = node.attr("scan_input_axes", [0] * n_scan_in)
-    in_dirs = node.attr("scan_input_directions", [0] * n_scan_in)
     n_scan_out = len(g.outputs) - n_state
-    out_axes = node.attr("scan_output_axes", [0] * n_scan_out)
-    out_dirs = node.attr("scan_output_directions", [0] * n_scan_out)
+    return _scan_loop(
+        r, node, g, list(args[:n_state]), list(args[n_state:]), node.attr("scan_input_axes", [0] * n_scan_in),
+        node.attr("scan_input_directions", [0] * n_scan_in), node.attr("scan_output_axes", [0] * n_scan_out),
+        node.attr("scan_output_directions", [0] * n_scan_out),
+    )  # fmt: skip
+
+
+def _scan_loop(r, node, g, state, xs, in_axes, in_dirs, out_axes, out_dirs):
+    n_state = len(state)
+    n_scan_out = len(g.outputs) - n_state
     in_axes = [axis_of(a, x.ndim, node) for a, x in zip(in_axes, xs)]
     steps = xs[0].shape[in_axes[0]] if xs else 0
     outs: list[list] = [[] for _ in range(n_scan_out)]
