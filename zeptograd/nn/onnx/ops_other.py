@@ -691,6 +691,25 @@ def _stft(r, node, signal, frame_step, window=None, frame_length=None):
     return _dft_matmul(framed, 2, n, n // 2 + 1 if onesided else n, False).cast(signal.dtype)
 
 
+def _mel_weight_matrix(r, node, num_mel_bins, dft_length, sample_rate, lower_hz, upper_hz):
+    """A constant of the scalar inputs (triangular filters on the mel scale), built on the host as the spec defines."""
+    n_mel, n_dft, rate = int(scalar(num_mel_bins)), int(scalar(dft_length)), scalar(sample_rate)
+    lo_mel = 2595 * np.log1p(scalar(lower_hz) / 700) / np.log(10)
+    hi_mel = 2595 * np.log1p(scalar(upper_hz) / 700) / np.log(10)
+    edges = np.arange(n_mel + 2) * ((hi_mel - lo_mel) / (n_mel + 2)) + lo_mel
+    edges = (((n_dft + 1) * (700 * np.expm1(edges / 2595 * np.log(10)))) // rate).astype(int)
+    out = np.zeros((n_dft // 2 + 1, n_mel))
+    for i in range(n_mel):
+        left, center, right = edges[i], edges[i + 1], edges[i + 2]
+        if center == left:
+            out[center, i] = 1
+        else:
+            out[left : center + 1, i] = (np.arange(left, center + 1) - left) / (center - left)
+        if right > center:
+            out[center:right, i] = (right - np.arange(center, right)) / (right - center)
+    return Tensor(out.astype(np_dtype(node.attr("output_datatype", 1))))
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("QuantizeLinear")(_quantize)
@@ -737,3 +756,4 @@ op("Det")(_det)
 op("SequenceMap")(_sequence_map)
 op("DFT")(_dft)
 op("STFT")(_stft)
+op("MelWeightMatrix")(_mel_weight_matrix)
