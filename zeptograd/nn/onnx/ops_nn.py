@@ -776,6 +776,63 @@ def _linear_attention(r, node, q, k, v, past=None, decay=None, beta=None):
     return out, state.cast(past.dtype if past is not None else q.dtype)
 
 
+def _roi_align(r, node, x, rois, batch_idx):
+    """Sample positions and bilinear weights from the (small) rois on the host; the gathers run on the device."""
+    mode = node.attr("mode", "avg", choices=("avg", "max"))
+    oh, ow = node.attr("output_height", 1), node.attr("output_width", 1)
+    ratio, scale = node.attr("sampling_ratio", 0), node.attr("spatial_scale", 1.0)
+    half = node.attr("coordinate_transformation_mode", "half_pixel", choices=("half_pixel", "output_half_pixel"))
+    off = 0.5 if half == "half_pixel" else 0.0
+    n, c, h, w = x.shape
+    boxes = rois.numpy().astype(np.float64)
+    n_roi = boxes.shape[0]
+    per_roi, grids = [], []
+    for x1, y1, x2, y2 in boxes * scale - off:
+        rw, rh = x2 - x1, y2 - y1
+        if off == 0.0:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        gh = ratio if ratio > 0 else int(np.ceil(rh / oh))
+        gw = ratio if ratio > 0 else int(np.ceil(rw / ow))
+        per_roi.append((x1, y1, rw / ow, rh / oh, gh, gw))
+        grids.append(gh * gw)
+    s_max = max(max(grids), 1)
+    pos = np.zeros((n_roi, oh, ow, s_max, 4), np.int64)
+    wts = np.zeros((n_roi, oh, ow, s_max, 4), np.float64)
+    valid = np.zeros((n_roi, oh, ow, s_max), bool)
+    for ri, (x1, y1, bw, bh, gh, gw) in enumerate(per_roi):
+        for ph, pw, iy, ix in np.ndindex(oh, ow, gh, gw):
+            si = iy * gw + ix
+            valid[ri, ph, pw, si] = True
+            yy = y1 + ph * bh + (iy + 0.5) * bh / gh
+            xx = x1 + pw * bw + (ix + 0.5) * bw / gw
+            if yy < -1.0 or yy > h or xx < -1.0 or xx > w:
+                continue
+            yy, xx = max(yy, 0.0), max(xx, 0.0)
+            yl, xl = int(yy), int(xx)
+            if yl >= h - 1:  # on the last row: both taps are that row
+                yl = yh = h - 1
+                yy = yl
+            else:
+                yh = yl + 1
+            if xl >= w - 1:
+                xl = xh = w - 1
+                xx = xl
+            else:
+                xh = xl + 1
+            ly, lx = yy - yl, xx - xl
+            pos[ri, ph, pw, si] = [yl * w + xl, yl * w + xh, yh * w + xl, yh * w + xh]
+            wts[ri, ph, pw, si] = [(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx]
+    xr = x.reshape(n, c, h * w)[batch_idx.cast(dtypes.int64)]  # (R, C, HW)
+    k = oh * ow * s_max * 4
+    vals = xr.gather(2, const(pos.reshape(n_roi, 1, k), dtypes.int64).expand(n_roi, c, k))
+    vals = (vals * const(wts.reshape(n_roi, 1, k), x.dtype)).reshape(n_roi, c, oh, ow, s_max, 4)
+    if mode == "avg":
+        count = const(np.maximum(np.array(grids), 1).reshape(n_roi, 1, 1, 1), x.dtype)
+        return vals.sum((-1, -2)) / count
+    best = vals.max(-1)
+    return const(valid.reshape(n_roi, 1, oh, ow, s_max), dtypes.bool).where(best, -math.inf).max(-1)
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("MatMul")(_matmul)
@@ -808,3 +865,4 @@ op("LSTM")(_lstm)
 op("GridSample")(_grid_sample)
 op("CausalConvWithState")(_causal_conv_with_state)
 op("LinearAttention")(_linear_attention)
+op("RoiAlign")(_roi_align)
