@@ -710,6 +710,40 @@ def _mel_weight_matrix(r, node, num_mel_bins, dft_length, sample_rate, lower_hz,
     return Tensor(out.astype(np_dtype(node.attr("output_datatype", 1))))
 
 
+def _tfidf_vectorizer(r, node, x):
+    """A host op: n-gram (with skips) counts of int or string tokens against the model's pool."""
+    mode = node.attr("mode", choices=("TF", "IDF", "TFIDF"))
+    lo, hi, max_skip = node.attr("min_gram_length"), node.attr("max_gram_length"), node.attr("max_skip_count")
+    starts, indexes = list(node.attr("ngram_counts")), list(node.attr("ngram_indexes"))
+    pool = list(node.attr("pool_int64s", None) or node.attr("pool_strings", []))
+    weights = list(node.attr("weights", [1.0] * len(indexes)))
+    table: dict[tuple, int] = {}  # n-gram -> output index
+    ordinal = 0
+    for k, start in enumerate(starts):
+        gram, end = k + 1, starts[k + 1] if k + 1 < len(starts) else len(pool)
+        for i in range(start, end, gram):
+            table[tuple(pool[i : i + gram])] = indexes[ordinal]
+            ordinal += 1
+    arr = x.numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=object)
+    rows = arr.reshape(1, -1) if arr.ndim == 1 else arr
+    width = max(indexes) + 1
+    counts = np.zeros((rows.shape[0], width), np.float32)
+    for b, row in enumerate(rows):
+        toks = [t.item() if hasattr(t, "item") else t for t in row]
+        for gram in range(lo, hi + 1):
+            for skip in range(max_skip + 1 if gram > 1 else 1):
+                step = skip + 1
+                for i in range(len(toks) - (gram - 1) * step):
+                    hit = table.get(tuple(toks[i + j * step] for j in range(gram)))
+                    if hit is not None:
+                        counts[b, hit] += 1
+    w = np.zeros(width, np.float32)
+    for ordinal_, idx in enumerate(indexes):
+        w[idx] = weights[ordinal_]
+    out = counts if mode == "TF" else (counts > 0) * w if mode == "IDF" else counts * w
+    return Tensor(out.reshape(-1) if arr.ndim == 1 else out)
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("QuantizeLinear")(_quantize)
@@ -757,3 +791,4 @@ op("SequenceMap")(_sequence_map)
 op("DFT")(_dft)
 op("STFT")(_stft)
 op("MelWeightMatrix")(_mel_weight_matrix)
+op("TfIdfVectorizer")(_tfidf_vectorizer)
