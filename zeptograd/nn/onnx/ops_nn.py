@@ -833,6 +833,45 @@ def _roi_align(r, node, x, rois, batch_idx):
     return const(valid.reshape(n_roi, 1, oh, ow, s_max), dtypes.bool).where(best, -math.inf).max(-1)
 
 
+def _deform_conv(r, node, x, w, offset, b=None, mask=None):
+    """Each kernel tap samples x bilinearly at its offset position (zeros outside), then a grouped matmul."""
+    if x.ndim != 4:
+        raise node.fail("only 2-d DeformConv is supported", unsupported=True)
+    n, ic, ih, iw = x.shape
+    oc, icg, kh, kw = w.shape
+    groups, og = node.attr("group", 1), node.attr("offset_group", 1)
+    sh, sw = node.attr("strides", [1, 1])
+    dh, dw = node.attr("dilations", [1, 1])
+    pads = node.attr("pads", [0, 0, 0, 0])
+    oh, ow = offset.shape[2:]
+    k = kh * kw
+    off = offset.cast(dtypes.float32).reshape(n, og, k, 2, oh, ow)
+    base_h = const(
+        ((np.arange(oh) * sh - pads[0])[None, :] + (np.arange(kh) * dh)[:, None]).repeat(kw, 0), dtypes.float32
+    )
+    base_w = const(((np.arange(ow) * sw - pads[1])[None, :] + np.tile(np.arange(kw) * dw, kh)[:, None]), dtypes.float32)
+    ph = off[:, :, :, 0] + base_h.reshape(1, 1, k, oh, 1)  # (n, og, k, oh, ow)
+    pw = off[:, :, :, 1] + base_w.reshape(1, 1, k, 1, ow)
+    h0, w0 = ph.floor(), pw.floor()
+    lh, lw = ph - h0, pw - w0
+    xg = x.cast(dtypes.float32).reshape(n, og, ic // og, ih * iw)
+    m = k * oh * ow
+    cols = None
+    for dy, dx, wt in ((0, 0, (1 - lh) * (1 - lw)), (0, 1, (1 - lh) * lw), (1, 0, lh * (1 - lw)), (1, 1, lh * lw)):
+        hh, ww = h0 + dy, w0 + dx
+        inside = (hh >= 0) & (hh <= ih - 1) & (ww >= 0) & (ww <= iw - 1)
+        flat = (hh.clip(0, ih - 1) * iw + ww.clip(0, iw - 1)).cast(dtypes.int64).reshape(n, og, 1, m)
+        val = xg.gather(3, flat.expand(n, og, ic // og, m)) * inside.where(wt, 0).reshape(n, og, 1, m)
+        cols = val if cols is None else cols + val
+    if mask is not None:
+        cols = cols * mask.cast(dtypes.float32).reshape(n, og, 1, m)
+    cols = cols.reshape(n, groups, icg * k, oh * ow)  # channels (og, ic/og) are the channels (groups, icg)
+    y = w.cast(dtypes.float32).reshape(1, groups, oc // groups, icg * k).matmul(cols).reshape(n, oc, oh, ow)
+    if b is not None:
+        y = y + b.cast(dtypes.float32).reshape(1, -1, 1, 1)
+    return y.cast(x.dtype)
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("MatMul")(_matmul)
@@ -866,3 +905,4 @@ op("GridSample")(_grid_sample)
 op("CausalConvWithState")(_causal_conv_with_state)
 op("LinearAttention")(_linear_attention)
 op("RoiAlign")(_roi_align)
+op("DeformConv")(_deform_conv)
