@@ -376,6 +376,10 @@ class OnnxRunner:
 
     def run_graph(self, graph: Graph, env: dict[str, Any], debug: bool = False) -> dict[str, Any]:
         """Evaluate graph's nodes in order over env (the outer scope for a subgraph) and return env."""
+        if graph is not self.graph:  # a subgraph's own initializers (the main graph's are in env already)
+            for name, v in graph.initializers.items():
+                if name not in graph.inputs:  # they shadow the outer scope's names
+                    env[name] = self._wrap_init(v)
         for node in graph.nodes:
             fn = self._ops[(node.domain, node.op_type)]
             args = [env[i] if i else None for i in node.inputs]

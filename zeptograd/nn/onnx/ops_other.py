@@ -744,6 +744,31 @@ def _tfidf_vectorizer(r, node, x):
     return Tensor(out.reshape(-1) if arr.ndim == 1 else out)
 
 
+def _flex_attention(r, node, q, k, v):
+    """ai.onnx.preview FlexAttention: attention whose scores and probabilities pass through optional subgraphs."""
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    scale = node.attr("scale", None)
+    s = const(math.sqrt(1 / math.sqrt(q.shape[3]) if scale is None else scale), dtypes.float32).cast(q.dtype)
+    sp = node.attr("softmax_precision", None)
+    cdt = ONNX_DTYPES[sp] if sp is not None else dtypes.float32 if q.dtype.itemsize < 4 else q.dtype
+    scores = (q * s).matmul((k * s).transpose(-1, -2)).cast(cdt)
+
+    def apply(name, t):
+        if name not in node.attrs:
+            return t
+        g = _subgraph(r, node.attrs[name])
+        env = dict(r._scope)
+        env[g.inputs[0]] = t
+        return r.run_graph(g, env)[g.outputs[0]].cast(cdt)
+
+    scores = apply("score_mod", scores)
+    e = (scores - scores.max(-1, keepdim=True)).exp()
+    probs = apply("prob_mod", e / e.sum(-1, keepdim=True))
+    return probs.matmul(v.cast(cdt)).cast(v.dtype)
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("QuantizeLinear")(_quantize)
@@ -792,3 +817,4 @@ op("DFT")(_dft)
 op("STFT")(_stft)
 op("MelWeightMatrix")(_mel_weight_matrix)
 op("TfIdfVectorizer")(_tfidf_vectorizer)
+op("FlexAttention", domain="ai.onnx.preview")(_flex_attention)
