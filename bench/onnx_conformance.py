@@ -101,7 +101,7 @@ class _Timeout(Exception):
     pass
 
 
-def _alarm(signum, frame):
+def _alarm(_signum, _frame):
     raise _Timeout()
 
 
