@@ -769,6 +769,51 @@ def _flex_attention(r, node, q, k, v):
     return probs.matmul(v.cast(cdt)).cast(v.dtype)
 
 
+def _tree_ensemble(r, node, x):
+    """ai.onnx.ml TreeEnsemble, a host op: each row walks each tree; leaves' weights aggregate per target."""
+    modes, splits, feats = node.attr("nodes_modes"), node.attr("nodes_splits"), node.attr("nodes_featureids")
+    true_ids, false_ids = node.attr("nodes_truenodeids"), node.attr("nodes_falsenodeids")
+    true_leaf, false_leaf = node.attr("nodes_trueleafs"), node.attr("nodes_falseleafs")
+    leaf_w, leaf_t = node.attr("leaf_weights"), node.attr("leaf_targetids")
+    missing_true = node.attr("nodes_missing_value_tracks_true", [0] * len(modes))
+    agg = node.attr("aggregate_function", 1)
+    if agg not in (0, 1, 2, 3):
+        raise node.fail(f"attribute aggregate_function={agg} is not supported", unsupported=True)
+    splits, leaf_w = np.asarray(splits, np.float64), np.asarray(leaf_w, np.float64)  # lists or tensor attributes
+    members_iter = iter(np.asarray(node.attr("membership_values", []), np.float64).tolist())
+    members: dict[int, set] = {}
+    stack = [(root, False) for root in reversed(node.attr("tree_roots"))]
+    while stack:  # the members of MEMBER nodes, in the order a depth-first walk (true branch first) meets them
+        i, leaf = stack.pop()
+        if leaf:
+            continue
+        if modes[i] == 6:
+            members[i] = set()
+            while (m := next(members_iter, math.nan)) and not math.isnan(m):
+                members[i].add(m)
+        stack += [(false_ids[i], bool(false_leaf[i])), (true_ids[i], bool(true_leaf[i]))]
+    cmp = [np.less_equal, np.less, np.greater_equal, np.greater, np.equal, np.not_equal]
+    arr = x.numpy().astype(np.float64)
+    n_targets = node.attr("n_targets")
+    init = {0: 0.0, 1: 0.0, 2: np.finfo(arr.dtype).max, 3: np.finfo(arr.dtype).min}[agg]
+    out = np.full((arr.shape[0], n_targets), init)
+    roots = node.attr("tree_roots")
+    for b, row in enumerate(arr):
+        for root in roots:
+            i, leaf = root, bool(true_leaf[root] and false_leaf[root] and true_ids[root] == false_ids[root])
+            while not leaf:
+                v = row[feats[i]]
+                hit = v in members[i] if modes[i] == 6 else bool(cmp[modes[i]](v, splits[i]))
+                hit = hit or bool(missing_true[i] and np.isnan(v))
+                i, leaf = (true_ids[i], bool(true_leaf[i])) if hit else (false_ids[i], bool(false_leaf[i]))
+            t, w = leaf_t[i], leaf_w[i]
+            if agg in (0, 1):
+                out[b, t] += w / len(roots) if agg == 0 else w
+            else:
+                out[b, t] = min(out[b, t], w) if agg == 2 else max(out[b, t], w)
+    return Tensor(out).cast(x.dtype)
+
+
 # ***** registered as (domain, op type) -> implementation *****
 
 op("QuantizeLinear")(_quantize)
@@ -818,3 +863,4 @@ op("STFT")(_stft)
 op("MelWeightMatrix")(_mel_weight_matrix)
 op("TfIdfVectorizer")(_tfidf_vectorizer)
 op("FlexAttention", domain="ai.onnx.preview")(_flex_attention)
+op("TreeEnsemble", domain="ai.onnx.ml")(_tree_ensemble)
