@@ -54,8 +54,6 @@ class ElementwiseMixin:
     def _operands(self: Tensor, x, reverse: bool = False) -> tuple[Tensor, Tensor]:
         """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
         if isinstance(x, type(self)):
-            if x.device != self.device:
-                raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
             x = x.item() if hasattr(x, "item") else x
@@ -79,6 +77,12 @@ class ElementwiseMixin:
         return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
 
     def _alu(self: Tensor, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        """The elementwise op of this tensor and `srcs`: every op of several tensors (binary, where, and those built
+        of them: matmul, cat, indexing, ...) comes here, so this is where tensors on different devices are refused
+        (as torch does: a kernel reads one device's memory)."""
+        for s in srcs:
+            if s.device != self.device:
+                raise ArgumentError(f"tensors on different devices: {self.device} and {s.device}")
         return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
 
     def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
@@ -229,7 +233,7 @@ class ElementwiseMixin:
             a, b = self._scalar(x, dt), self._scalar(y, dt)
         shape = broadcast_shape(self.shape, a.shape, b.shape)
         cond = self.cast(dtypes.bool)._broadcast_to(shape)
-        return cond._new(UOp(Ops.WHERE, a.dtype, (cond.uop, a._broadcast_to(shape).uop, b._broadcast_to(shape).uop)))
+        return cond._alu(Ops.WHERE, a._broadcast_to(shape), b._broadcast_to(shape), dtype=a.dtype)
 
     def lerp(self: Tensor, end: Tensor, weight) -> Tensor:
         return self + (end - self) * weight
