@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         out = model(x)
         loss = out.sparse_categorical_crossentropy(y)
         loss.backward()
-        loss, acc = loss.detach(), (out.detach().argmax(axis=1) == y).mean()
+        loss, acc = loss.detach(), (out.detach().argmax(axis=1) == y).float().mean()
         opt.step(loss, acc)  # one schedule: forward, backward, the update, the loss and the accuracy
         return loss, acc
 

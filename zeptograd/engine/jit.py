@@ -29,13 +29,16 @@ replay leaves them out; their outputs keep their values. A weight the function r
 is not seen by the replays.
 
 Threads: a capture records only the kernels of its own thread (realize._capturing is per thread). A TinyJit
-object takes one call at a time; a replay runs under realize.engine_lock like a realize. Outputs are shared by
-every call: a thread that calls a jit shared with others copies what it keeps before another thread calls it.
+object takes one call at a time; a replay runs under realize.engine_lock like a realize.
 
-Outputs (as tinygrad does): the returned tensors are realized; on replay they are fresh Tensor objects backed
-by the captured output buffers, not copies. Call N+1 overwrites the values returned by call N: copy a result
-(`.contiguous().realize()` or `.numpy()`) before the next call if you keep it. Passing a returned tensor back
-in (h = step(h, x)) is safe: an input that aliases a buffer the replay writes is copied first.
+Outputs keep their values, as an eager call's results do (tinygrad instead overwrites call N's outputs in call
+N+1): the returned tensors are realized; on replay they are fresh Tensor objects on the output buffers the replay
+wrote. A replay writes an output buffer the capture allocated again only once nothing refers to what the previous
+call returned there (no tensor, no lazy graph: a weak reference to its BUFFER uop tells); otherwise the replay is
+pointed at a new buffer of the same size (the allocator's free cache makes `out = step(x)` in a loop alternate
+between two). A buffer that existed before the capture (a weight the function assigns to) is state: every call
+updates it in place and what was returned on it shows the update, as a returned parameter does in torch. Passing a
+returned tensor back in (h = step(h, x)) is safe: an input that aliases a buffer the replay writes is copied first.
 
 Variables (uop/variable.py): an input whose shape holds a bound Variable, or a bound Variable passed as an
 argument, may take another value on each call: the capture is keyed by the unbound variable, and a replay passes
@@ -343,23 +346,60 @@ def _replayed(items: list, kernels: list, input_ids: set[int]) -> list[bool]:
 
 
 @dataclass
+class _FreshOutput:
+    """An output buffer the capture allocated and a replayed kernel writes. What a call returned on it keeps its
+    values: a replay writes `buf` again only once no BUFFER uop handed out on it is alive, else the spare (the buffer
+    of the call before, once nothing refers to it) or a new buffer. So `out = step(x)` in a loop alternates two."""
+
+    buf: Buffer  # what the next replay writes (unless what was handed out on it is still referred to)
+    slots: list[tuple[int, int]]  # (call index, argument position) of every use of the buffer in the replay
+    handed_out: list[weakref.ref]  # the BUFFER uops the last call returned on `buf`
+    spare: Buffer | None = None
+    spare_handed_out: list[weakref.ref] = field(default_factory=list)
+
+    def prepare(self, calls: list):
+        """Point the replay at another buffer if the last call's values on this one are still referred to."""
+        for ref in self.handed_out:  # (a loop: this runs on every replay)
+            if ref() is not None:
+                break
+        else:
+            return
+        if self.spare is not None and all(ref() is None for ref in self.spare_handed_out):
+            self.buf, self.spare = self.spare, self.buf
+            self.handed_out, self.spare_handed_out = self.spare_handed_out, self.handed_out
+        else:  # a spare still referred to stays with its readers
+            self.spare, self.spare_handed_out = self.buf, self.handed_out
+            self.buf = Buffer(self.buf.device, self.buf.size, self.buf.dtype)
+        ptr = self.buf.ptr
+        for ci, pos in self.slots:
+            calls[ci][1][pos] = ptr
+
+    def hand_out(self) -> UOp:
+        """A BUFFER uop on this call's values (one per call: the tensors returned on the buffer share it)."""
+        u = new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)
+        self.handed_out = [weakref.ref(u)]
+        return u
+
+
+@dataclass
 class CapturedJit:
     """The kernels of one capture, ready to replay."""
 
     calls: list[tuple[Callable, list[int], tuple[str, ...]]]  # (program, pointers, Variables); input slots patched
     input_slots: list[tuple[int, int, ArgKey]]  # (call index, argument position, the input that goes there)
     held: list[Buffer]  # intermediate and output buffers (and those the function reached), kept alive
-    written: set[int]  # ids of the buffers the kernels write
+    written: set[int]  # ids of the held buffers the kernels write
     signature: dict[ArgKey, tuple]  # input -> (shape with its Variables unbound, dtype, device)
     others: dict[ArgKey, Any]  # the non-Tensor arguments of the capture
-    outputs: list[tuple]  # ("const", uop, device) | ("in", key, shape, device) | ("buf", Buffer, shape, device),
-    # uops and shapes with their Variables unbound (bound to each replay's values)
+    outputs: list[tuple]  # ("const", uop, device) | ("in", key, shape, device) | ("buf", Buffer, shape, device)
+    # | ("fresh", index in fresh, shape, device), uops and shapes with their Variables unbound (bound on replay)
     ret: Any  # the capture's return value, for its structure
     names: list[str] = field(default_factory=list)
     n_ops: int = 0
     mem: int = 0
     checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i (-1: first)
     symbolic: bool = False  # whether the capture's inputs or arguments held Variables
+    fresh: list[_FreshOutput] = field(default_factory=list)  # the output buffers each call's values stay with
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -460,6 +500,7 @@ class TinyJit:
 
         in_bufs = _realized_inputs(tensors)
         rng_before = _rng_snapshot()
+        existing = list(buffers.values())  # state (weights) vs outputs allocated by the capture; held to keep ids
         items = _Capture(list(in_bufs.values()))
         _realize._capturing.append(items)
         try:
@@ -483,6 +524,7 @@ class TinyJit:
         slot_of = {id(b): k for k, b in in_bufs.items()}
         var_vals = _var_vals(tensors, others)
         calls, input_slots, held, written, names = [], [], {}, set(), []
+        uses: dict[int, list[tuple[int, int]]] = {}  # held buffer -> its (call, position) slots
         n_ops = mem = 0
         kernels = [_realize.get_kernel(item.device, item.ast) for item in items]
         replayed = _replayed(items, kernels, set(slot_of)) if self.prune else [True] * len(items)
@@ -501,6 +543,7 @@ class TinyJit:
                     ptrs.append(0)
                 else:
                     held[id(b)] = b
+                    uses.setdefault(id(b), []).append((ci, len(ptrs)))
                     ptrs.append(b.ptr)
             for o in getattr(item, "outputs", [0]):
                 if id(item.bufs[o]) not in slot_of:  # ids of held buffers only: they stay unique while held
@@ -515,7 +558,9 @@ class TinyJit:
             names.append(kernel.name)
             n_ops += kernel.n_ops
             mem += sum(b.nbytes for b in item.bufs)
-        out_specs = []
+        out_specs: list[tuple] = []
+        existing_ids = {id(b) for b in existing}
+        fresh: dict[int, _FreshOutput] = {}
         for t in outs:
             u = _value(t.uop)
             if uniform_const(u) is not None:
@@ -527,6 +572,13 @@ class TinyJit:
             b = buffers[base]
             if id(b) in slot_of:
                 out_specs.append(("in", slot_of[id(b)], unbound_shape(t.shape), t.device))
+            elif id(b) in fresh or (id(b) in written and id(b) not in existing_ids):  # values stay with the call
+                if id(b) not in fresh:
+                    fresh[id(b)] = _FreshOutput(b, uses[id(b)], [])
+                    held.pop(id(b))
+                    written.discard(id(b))
+                fresh[id(b)].handed_out.append(weakref.ref(base))
+                out_specs.append(("fresh", list(fresh).index(id(b)), unbound_shape(t.shape), t.device))
             else:
                 held[id(b)] = b
                 out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
@@ -547,6 +599,7 @@ class TinyJit:
             mem,
             checks,
             bool(var_vals),
+            list(fresh.values()),
         )
         if DEBUG >= 1:
             pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
@@ -560,25 +613,30 @@ class TinyJit:
         self._check(cap, tensors, others)
         var_vals = _var_vals(tensors, others) if cap.symbolic else {}  # (_check: no Variable now if none then)
         in_bufs = _realized_inputs(tensors)
+        for out in cap.fresh:
+            out.prepare(cap.calls)
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
-            if id(b) in cap.written:
+            if id(b) in cap.written or any(b is out.buf for out in cap.fresh):
                 in_bufs[k] = _copy_buffer(b)
         try:
             cap.replay(in_bufs, var_vals)
         finally:
             cap.drop_inputs()
+        from zeptograd.tensor import Tensor
+
         outs = []
+        handed = [out.hand_out() for out in cap.fresh]
         for spec in cap.outputs:
             if spec[0] == "const":
-                from zeptograd.tensor import Tensor
-
                 outs.append(Tensor(rebind(spec[1], var_vals), device=spec[2]))
             elif spec[0] == "in":  # the function returned an input: the caller's tensor, as an eager call would
                 outs.append(tensors[spec[1]])
             else:  # a fresh BUFFER uop each call: what was realized from the last call's output is not reused
-                outs.append(
-                    _buffer_tensor(spec[1], rebind_shape(spec[2], var_vals) if cap.symbolic else spec[2], spec[3])
-                )
+                shape = rebind_shape(spec[2], var_vals) if cap.symbolic else spec[2]
+                if spec[0] == "fresh":
+                    outs.append(Tensor(reshape_uop(handed[spec[1]], shape), device=spec[3]))
+                else:
+                    outs.append(_buffer_tensor(spec[1], shape, spec[3]))
         return _wrap(cap.ret, outs)
 
     @staticmethod

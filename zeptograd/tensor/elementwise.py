@@ -54,8 +54,6 @@ class ElementwiseMixin:
     def _operands(self: Tensor, x, reverse: bool = False) -> tuple[Tensor, Tensor]:
         """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
         if isinstance(x, type(self)):
-            if x.device != self.device:
-                raise ArgumentError(f"tensors on different devices: {self.device} and {x.device}")
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
             x = x.item() if hasattr(x, "item") else x
@@ -79,6 +77,12 @@ class ElementwiseMixin:
         return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
 
     def _alu(self: Tensor, op: Ops, *srcs: Tensor, dtype: DType | None = None) -> Tensor:
+        """The elementwise op of this tensor and `srcs`: every op of several tensors (binary, where, and those built
+        of them: matmul, cat, indexing, ...) comes here, so this is where tensors on different devices are refused
+        (as torch does: a kernel reads one device's memory)."""
+        for s in srcs:
+            if s.device != self.device:
+                raise ArgumentError(f"tensors on different devices: {self.device} and {s.device}")
         return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
 
     def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
@@ -229,7 +233,7 @@ class ElementwiseMixin:
             a, b = self._scalar(x, dt), self._scalar(y, dt)
         shape = broadcast_shape(self.shape, a.shape, b.shape)
         cond = self.cast(dtypes.bool)._broadcast_to(shape)
-        return cond._new(UOp(Ops.WHERE, a.dtype, (cond.uop, a._broadcast_to(shape).uop, b._broadcast_to(shape).uop)))
+        return cond._alu(Ops.WHERE, a._broadcast_to(shape), b._broadcast_to(shape), dtype=a.dtype)
 
     def lerp(self: Tensor, end: Tensor, weight) -> Tensor:
         return self + (end - self) * weight
@@ -237,7 +241,32 @@ class ElementwiseMixin:
     # ***** casts *****
     def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
         dt = to_dtype(dtype)
-        return self if dt == self.dtype else self._new(UOp(Ops.CAST, dt, (self.uop,)))
+        if dt == self.dtype:
+            return self
+        if dtypes.is_float(self.dtype) and dtypes.is_int(dt) and dt != dtypes.bool:
+            return self._float_to_int(dt)
+        return self._new(UOp(Ops.CAST, dt, (self.uop,)))
+
+    def _float_to_int(self: Tensor, dt: DType) -> Tensor:
+        """torch's float -> int conversion, defined for every value (x86's: nan and values out of range give
+        INT_MIN of int32 or int64; narrower types wrap from int32, uint32 from int64 (torch's and numpy's scalar
+        path; their vector path differs); uint64 converts x - 2**63 above 2**63 and sets the top bit, as gcc).
+        C and LLVM leave an out-of-range conversion undefined (LLVM: poison), so the kernel only converts values
+        in range, chosen by a select before the CAST."""
+        x = self if self.dtype.itemsize >= 4 else self.cast(dtypes.float32)  # (half: 2**31 is inf)
+
+        def convert(v: Tensor, to: DType) -> Tensor:
+            return v._new(UOp(Ops.CAST, to, (v.uop,)))
+
+        def to_signed(v: Tensor, bits: int) -> Tensor:  # to int32 or int64; nan and out of range: INT_MIN
+            lo = -(2.0 ** (bits - 1))
+            return convert(((v >= lo) & (v < -lo)).where(v, lo), dtypes.int64 if bits == 64 else dtypes.int32)
+
+        if dt == dtypes.uint64:  # above 2**63: convert x - 2**63 and set the top bit
+            top = 2.0**63
+            return convert((x >= top).where(to_signed(x - top, 64) ^ -(2**63), to_signed(x, 64)), dt)
+        wide = to_signed(x, 64 if dt.itemsize == 8 or dt == dtypes.uint32 else 32)
+        return wide if wide.dtype == dt else convert(wide, dt)
 
     def bitcast(self: Tensor, dtype: DTypeLike) -> Tensor:
         dt = to_dtype(dtype)
@@ -319,10 +348,24 @@ class ElementwiseMixin:
         return self._bitwise(Ops.XOR, x, reverse)
 
     def lshift(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
-        return self._bitwise(Ops.SHL, x, reverse)
+        return self._shift(Ops.SHL, x, reverse)
 
     def rshift(self: Tensor, x, reverse: builtins.bool = False) -> Tensor:
-        return self._bitwise(Ops.SHR, x, reverse)
+        return self._shift(Ops.SHR, x, reverse)
+
+    def _shift(self: Tensor, op: Ops, x, reverse: builtins.bool) -> Tensor:
+        """A shift by a count outside [0, bits) as torch defines it: `<<` gives 0, `>>` the sign fill (0 or -1).
+        The kernel never shifts by such a count (undefined in C and LLVM, taken modulo bits by OpenCL)."""
+        a, b = self._operands(x, reverse)
+        if a.dtype == dtypes.bool or dtypes.is_float(a.dtype):
+            return a._bitwise(op, b)
+        bits = a.dtype.itemsize * 8
+        signed_shr = op is Ops.SHR and not dtypes.is_unsigned(a.dtype)
+        fill = a._alu(Ops.SHR, a._scalar(bits - 1, a.dtype)._broadcast_to(a.shape)) if signed_shr else a * 0
+        if not reverse and isinstance(x, int) and not isinstance(x, builtins.bool):  # a constant count: no select
+            return a._alu(op, b) if 0 <= x < bits else fill
+        in_range = (b >= 0) & (b < bits)
+        return in_range.where(a._alu(op, in_range.where(b, 0)), fill)
 
     def bitwise_not(self: Tensor) -> Tensor:
         if dtypes.is_float(self.dtype):

@@ -6,7 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
-from zeptograd.helpers import ArgumentError
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import normalize_axis, prod
 from zeptograd.uop.ops import Ops, UOp
 
@@ -97,8 +97,23 @@ class ReduceMixin:
         ret = self.logical_not().any(axis, keepdim).logical_not()
         return ret.cast(dtypes.uint8) if self.dtype == dtypes.uint8 else ret
 
-    def mean(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
-        x = self._float()
+    def mean(self: Tensor, axis=None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
+        """The mean of a float tensor; an integer or bool one needs `dtype` (a float dtype it is cast to), as in
+        torch (tinygrad returns a float)."""
+        if dtype is not None:
+            dt = to_dtype(dtype)
+            if not dtypes.is_float(dt):
+                raise ArgumentTypeError(
+                    f"mean(): could not infer output dtype. Optional dtype must be either a floating point or "
+                    f"complex dtype. Got: {dt}"
+                )
+            return self.cast(dt).mean(axis, keepdim)
+        if not dtypes.is_float(self.dtype):
+            raise ArgumentTypeError(
+                f"mean(): could not infer output dtype. Input dtype must be either a floating point or complex "
+                f"dtype. Got: {self.dtype}; pass dtype=dtypes.float32 (or cast first)"
+            )
+        x = self
         n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
         out = x.sum(axis, keepdim, dtype=sum_acc_dtype(x.dtype))
         if isinstance(n, UOp):  # a symbolic count (a bound Variable): divided at run time
@@ -106,7 +121,8 @@ class ReduceMixin:
         return (out / n if n else out * float("nan")).cast(x.dtype)
 
     def var(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
-        x = self._float()
+        self._float_only("std and var")
+        x = self
         n = prod(self.shape[a] for a in self._axes(axis)) if self.ndim else 1
         sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
         return sq / (n - correction).maximum(0) if isinstance(n, UOp) else sq / max(0, n - correction)
@@ -114,10 +130,19 @@ class ReduceMixin:
     def std(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> Tensor:
         return self.var(axis, keepdim, correction).sqrt()
 
+    def _float_only(self: Tensor, what: str):
+        """torch's error for var/std of an integer or bool tensor."""
+        if not dtypes.is_float(self.dtype):
+            raise ArgumentTypeError(
+                f"{what} only support floating point and complex dtypes, got {self.dtype}; cast to a float dtype first"
+            )
+
     def var_mean(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+        self._float_only("var_mean")
         return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
 
     def std_mean(self: Tensor, axis=None, keepdim: bool = False, correction: int = 1) -> tuple[Tensor, Tensor]:
+        self._float_only("std_mean")
         return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
     def argmax(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:

@@ -260,7 +260,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.device != self.device:
-            raise ArgumentError(f"assign across devices: {x.device} into {self.device}")
+            raise ArgumentError(f"assign: tensors on different devices: {self.device} and {x.device}")
         if x.uop is self.uop:
             return self
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)

@@ -300,6 +300,7 @@ class OnnxRunner:
     def __init__(self, model: Any, device: str | None = None):
         self.model = onnx_load(model)
         self.device = device
+        self._scope: dict[str, Any] = {}  # the values a subgraph (If/Loop/Scan body) sees of its enclosing graph
         self.opsets = _opsets(self.model)
         self.graph = Graph(self.model.graph, self.opsets, _inferred_types(self.model))
         from .ops import OPS
@@ -387,7 +388,7 @@ class OnnxRunner:
                 if i and i not in env:
                     raise node.fail(f"input {i!r} is not produced by any earlier node or graph input")
             args = [_widen(a) for a in args]
-            outer, self._scope = getattr(self, "_scope", None), env  # a subgraph (If/Loop/Scan body) sees env
+            outer, self._scope = self._scope, env  # a subgraph (If/Loop/Scan body) sees env
             try:
                 out = fn(self, node, *args)
             except OnnxError:

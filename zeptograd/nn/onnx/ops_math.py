@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ def _mean(r, node, *xs):
     return functools.reduce(lambda a, b: a + b, xs) / len(xs)
 
 
-_UNARY = {
+_UNARY: dict[str, Callable[..., Any]] = {
     "Abs": Tensor.abs, "Neg": Tensor.neg, "Exp": Tensor.exp, "Log": Tensor.log, "Sqrt": Tensor.sqrt,
     "Reciprocal": Tensor.reciprocal, "Floor": Tensor.floor, "Ceil": Tensor.ceil, "Round": Tensor.round,
     "Sign": Tensor.sign, "Sin": Tensor.sin, "Cos": Tensor.cos, "Tan": Tensor.tan, "Asin": Tensor.asin,
