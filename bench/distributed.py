@@ -98,7 +98,7 @@ def worker_train(steps: int, warmup: int, distributed: bool) -> dict:
 
     def loss_and_accuracy(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = model(x)
-        return out.sparse_categorical_crossentropy(y), (out.detach().argmax(axis=1) == y).mean()
+        return out.sparse_categorical_crossentropy(y), (out.detach().argmax(axis=1) == y).float().mean()
 
     if distributed:
         from zeptograd import distributed as dist

@@ -154,7 +154,7 @@ def main_distributed(args: argparse.Namespace) -> int:
 
     def loss_and_accuracy(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         out = model(x)
-        return out.sparse_categorical_crossentropy(y), (out.detach().argmax(axis=1) == y).mean()
+        return out.sparse_categorical_crossentropy(y), (out.detach().argmax(axis=1) == y).float().mean()
 
     step = ddp.train_step(loss_and_accuracy, jit=args.jit)
     rng = np.random.default_rng(args.seed)  # the same batches on every rank; each takes its part

@@ -35,7 +35,7 @@ def batches() -> list[tuple[np.ndarray, np.ndarray]]:
 
 def loss_and_accuracy(net: Net, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     out = net(x)
-    return out.sparse_categorical_crossentropy(y), (out.argmax(axis=1) == y).mean()
+    return out.sparse_categorical_crossentropy(y), (out.argmax(axis=1) == y).float().mean()
 
 
 def state(net: Net) -> dict[str, np.ndarray]:
