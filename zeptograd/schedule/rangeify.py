@@ -65,12 +65,11 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             new = new_buffer_uop(rf.device[x], old.arg[1], old.dtype, buffers[old])
             becomes[x] = x.src[0].substitute({old: new})
         elif x in stored or x.op is Ops.COPY and x in rf.realize:
-            buf_uop = new_buffer_uop(rf.device[x], max_size(x.tensor_shape), x.dtype)
-            if x in stored and stored_size(stored[x]) != buf_uop.arg[1]:  # an axis it does not vary along dropped
-                buf_uop = new_buffer_uop(rf.device[x], stored_size(stored[x]), x.dtype)
-            else:
-                becomes[x] = reshape_uop(buf_uop, x.tensor_shape)
+            size = stored_size(stored[x]) if x in stored else max_size(x.tensor_shape)
+            buf_uop = new_buffer_uop(rf.device[x], size, x.dtype)
             bufs[x] = buffers[buf_uop]
+            if size == max_size(x.tensor_shape):  # else an axis it does not vary along was dropped: not a view of x
+                becomes[x] = reshape_uop(buf_uop, x.tensor_shape)
         elif x.op is Ops.BUFFER:
             bufs[x] = buffers[x]
     items = []
