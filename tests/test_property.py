@@ -38,7 +38,7 @@ PROFILE = dict(
     suppress_health_check=list(HealthCheck),
     database=None,
 )
-BACKENDS = [d for d in ("CPU", "CPU:C", "PYTHON", "CL") if unavailable(d) is None]
+BACKENDS = [d for d in ("CPU", "CPU:C", "PYTHON", "CL", "CUDA") if unavailable(d) is None]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,18 @@ def _cl_unavailable() -> str | None:
 
 CL_SKIP = _cl_unavailable()
 needs_cl = pytest.mark.skipif(CL_SKIP is not None, reason=CL_SKIP or "")
+
+
+@pytest.fixture(params=["CL", "CUDA"])
+def gpu(request) -> str:
+    """The value tests run on each GPU backend that opens here (PoCL's CL on CI; CUDA where there is an NVIDIA GPU)."""
+    try:
+        Device[request.param]
+    except Exception as e:
+        pytest.skip(f"{request.param} is not available: {e}")
+    return request.param
+
+
 rng = np.random.default_rng(0)
 
 
@@ -68,9 +80,9 @@ def run_with_opts(t: Tensor, opts: list[Opt]) -> tuple[np.ndarray, ProgramSpec]:
     return item.bufs[0].numpy(), spec
 
 
-def both(fn, *arrays: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """fn on CL and on the PYTHON reference."""
-    return tuple(fn(*[Tensor(a, device=d) for a in arrays]).numpy() for d in ("CL", "PYTHON"))  # type: ignore
+def both(fn, *arrays: np.ndarray, gpu: str = "CL") -> tuple[np.ndarray, np.ndarray]:
+    """fn on a GPU backend and on the PYTHON reference."""
+    return tuple(fn(*[Tensor(a, device=d) for a in arrays]).numpy() for d in (gpu, "PYTHON"))  # type: ignore
 
 
 def softmax(t: Tensor) -> Tensor:
@@ -82,49 +94,45 @@ def softmax(t: Tensor) -> Tensor:
 
 
 @pytest.mark.slow
-@needs_cl
-def test_elementwise_and_broadcast():
+def test_elementwise_and_broadcast(gpu):
     a, b = rng.uniform(-2, 2, (24, 40)).astype(np.float32), rng.uniform(0.5, 2, (40,)).astype(np.float32)
-    got, ref = both(lambda x, y: (x * y + 1).exp() / y - x.maximum(y), a, b)
+    got, ref = both(lambda x, y: (x * y + 1).exp() / y - x.maximum(y), a, b, gpu=gpu)
     want = np.exp(a * b + 1) / b - np.maximum(a, b)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
 
 
-@needs_cl
-def test_int_half_and_bool():
+def test_int_half_and_bool(gpu):
     i = rng.integers(-100, 100, (8, 16)).astype(np.int32)
     h = rng.uniform(-2, 2, (8, 16)).astype(np.float16)
-    got, ref = both(lambda x, y: ((x * 3 // 7) + (x > 0).int()).float() + (y * y).float(), i, h)
+    got, ref = both(lambda x, y: ((x * 3 // 7) + (x > 0).int()).float() + (y * y).float(), i, h, gpu=gpu)
     want = (i * 3 // 7 + (i > 0)).astype(np.float32) + (h * h).astype(np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-3)
     np.testing.assert_array_equal(got, ref)  # half math rounded after each op, as PYTHON does
 
 
-@needs_cl
 @pytest.mark.parametrize(
     "shape,axis", fast_first([((4096,), None), ((3, 1000), 1), ((64, 100), 0), ((2, 3, 4), (0, 2))], unpack=True)
 )
-def test_reductions(shape, axis):
+def test_reductions(shape, axis, gpu):
     a = rng.uniform(-1, 1, shape).astype(np.float32)
-    got, ref = both(lambda x: x.sum(axis=axis), a)
+    got, ref = both(lambda x: x.sum(axis=axis), a, gpu=gpu)
     np.testing.assert_allclose(got, a.sum(axis=axis), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
-    got, ref = both(lambda x: x.max(axis=axis), a)
+    got, ref = both(lambda x: x.max(axis=axis), a, gpu=gpu)
     np.testing.assert_array_equal(got, a.max(axis=axis))
     np.testing.assert_array_equal(got, ref)
 
 
 @pytest.mark.slow
-@needs_cl
-def test_softmax_and_matmul():
+def test_softmax_and_matmul(gpu):
     x = rng.uniform(-3, 3, (8, 50)).astype(np.float32)
-    got, ref = both(softmax, x)
+    got, ref = both(softmax, x, gpu=gpu)
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-7)
     a, b = rng.uniform(-1, 1, (16, 48)).astype(np.float32), rng.uniform(-1, 1, (48, 24)).astype(np.float32)
-    got, ref = both(lambda p, q: (p.reshape(16, 48, 1) * q.reshape(1, 48, 24)).sum(1), a, b)
+    got, ref = both(lambda p, q: (p.reshape(16, 48, 1) * q.reshape(1, 48, 24)).sum(1), a, b, gpu=gpu)
     np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
@@ -194,13 +202,12 @@ def test_group_reduce_inside_a_loop_is_refused():
         full_rewrite(item.ast, small, [Opt(OptOps.GROUP, 1, 16)])
 
 
-@needs_cl
-def test_zero_size_and_transfers():
-    got, _ = both(lambda x: x.sum(axis=1) + 1, np.zeros((3, 0), np.float32))
+def test_zero_size_and_transfers(gpu):
+    got, _ = both(lambda x: x.sum(axis=1) + 1, np.zeros((3, 0), np.float32), gpu=gpu)
     np.testing.assert_array_equal(got, np.ones(3, np.float32))
     a = rng.standard_normal((5, 7)).astype(np.float32)
-    np.testing.assert_array_equal(Tensor(a, device="CL").to("CPU").numpy(), a)
-    np.testing.assert_array_equal(Tensor(a).to("CL").numpy(), a)
+    np.testing.assert_array_equal(Tensor(a, device=gpu).to("CPU").numpy(), a)
+    np.testing.assert_array_equal(Tensor(a).to(gpu).numpy(), a)
 
 
 def test_local_and_group_need_the_right_axis_kind():
