@@ -150,9 +150,10 @@ def reference(name: str) -> np.ndarray:
     return run_case(name, REFERENCE)
 
 
-# devices whose compiler fuses a*b+c into one rounding where the kernel didn't ask for it (cc -ffp-contract=fast):
-# after a cancellation their result is off by an absolute ~1 ulp of the terms, not of the result
-FP_CONTRACTING = {"CPU:C"}
+# devices whose compiler fuses a*b+c into one rounding where the kernel didn't ask for it (cc -ffp-contract=fast,
+# NVRTC's default --fmad=true): after a cancellation their result is off by an absolute ~1 ulp of the terms, not of
+# the result
+FP_CONTRACTING = {"CPU:C", "CUDA"}
 
 
 def same(got: np.ndarray, ref: np.ndarray, what: str, atol: float = 0.0):

@@ -148,6 +148,14 @@ def test_elementwise_uses_global_and_local_dims():
     assert "get_group_id(0)" in spec.src and "get_local_id(1)" in spec.src and "__kernel void" in spec.src
 
 
+def test_one_output_axis_takes_up_to_256_threads():
+    """One output loop and no GROUP: the whole work-group goes on it (32-thread groups leave half a GPU idle)."""
+    (spec,) = specs(Tensor(np.zeros(4096, np.float32), device="CPU") + 1, OpenCLRenderer())
+    assert spec.local_size == (256, 1, 1) and spec.global_size == (16, 1, 1)
+    (spec,) = specs(Tensor(np.zeros(100, np.float32), device="CPU") + 1, OpenCLRenderer())
+    assert spec.local_size == (4, 1, 1)  # the largest divisor: no tail threads
+
+
 @needs_cl
 @pytest.mark.parametrize("shape,axis", [((4096,), None), ((3, 1024), 1)])
 def test_group_reduce_through_local_memory(shape, axis):
