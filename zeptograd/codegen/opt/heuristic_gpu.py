@@ -54,9 +54,8 @@ def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
     caps = (MAX_LOCAL,) if len(order) == 1 and threads == 1 else (32, 8)
     for r, cap in zip(order, caps):
         i = next(i for i, a in enumerate(kernel_axes(plan.ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
-        amt = largest_divisor(
-            max_trip_count(r), tuple(a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads)
-        )
+        fits = tuple(a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads)
+        amt = largest_divisor(max_trip_count(r), fits)
         if amt > 1 and take(Opt(OptOps.LOCAL, i, amt)):
             threads *= amt
     return plan.ast, plan.opts
