@@ -12,8 +12,15 @@ suite runs with SPEC=1."""
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 
 import pytest
+
+# PYTHONDONTWRITEBYTECODE=1 (set on these machines) made every run re-parse each module and rewrite the asserts of
+# every test module: half of the collection time. The suite caches its bytecode outside the tree instead.
+sys.dont_write_bytecode = False
+sys.pycache_prefix = sys.pycache_prefix or os.path.join(tempfile.gettempdir(), "zeptograd-pycache")
 
 # every stage's invariants are checked after each pass (uop/spec.py) in the whole suite; read when zeptograd's
 # knobs are first imported, which is after this file
