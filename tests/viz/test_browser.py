@@ -313,7 +313,10 @@ def test_beam_candidates_and_scheduler_decisions(driver, serve, tmp_path, monkey
     keep = driver.find_elements(By.CSS_SELECTOR, "#details tr.decision-row.keep")
     exp = [r for r in keep if " EXP2 " in r.text and "the cost model" in r.text]
     assert len(exp) == 1, [r.text for r in keep]
-    assert driver.find_elements(By.CSS_SELECTOR, "#details tr.decision-row.inline")
+    inline = driver.find_elements(By.CSS_SELECTOR, "#details tr.decision-row.inline")
+    assert inline and all(r.is_displayed() for r in inline)
+    driver.find_element(By.ID, "only-keeps").click()  # the keeps alone
+    assert not any(r.is_displayed() for r in inline) and all(r.is_displayed() for r in keep)
     exp[0].click()
     picked = driver.execute_script(
         "return [...document.querySelectorAll('#graph g.node.picked')].map(g => g.dataset.op)"

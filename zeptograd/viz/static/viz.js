@@ -261,7 +261,8 @@ function decisionTable(s) {  // the scheduler's keep-or-inline decisions, with t
   }).join("");
   const kept = s.decisions.filter((d) => d.keep).length;
   return `<div class="summary">${s.decisions.length} decisions of the scheduler (${kept} keep a buffer); the cost` +
-    ` model's estimates in its units (rough cycles) and bytes of memory traffic, inlined against kept:</div>` +
+    ` model's estimates in its units (rough cycles) and bytes of memory traffic, inlined against kept.` +
+    ` <label><input type="checkbox" id="only-keeps"> only the keeps</label></div>` +
     `<table class="decisions"><tr><th>node</th><th>decision</th><th>stage</th><th>rule</th><th>inline cost</th>` +
     `<th>keep cost</th><th>inline bytes</th><th>keep bytes</th></tr>${rows}</table>`;
 }
@@ -295,6 +296,8 @@ function showSchedule(s, step) {
   $("#source code").className = "";
   $("#details").innerHTML = decisionTable(s);
   for (const tr of document.querySelectorAll("#details tr.decision-row")) tr.onclick = () => pickNode(+tr.dataset.node);
+  const only = $("#only-keeps");  // most inlines are index arithmetic or cheap elementwise ops: the keeps stand out
+  if (only) only.onchange = () => $("#details table.decisions").classList.toggle("only-keeps", only.checked);
   setSteps(s.steps, step === undefined ? 0 : step);
   markSelected();
 }
