@@ -281,3 +281,46 @@ def test_minilm_trace(driver, serve, tmp_path):
     assert {"LOAD", "STORE", "RANGE"} <= graph_ops(driver)
     driver.save_screenshot(os.path.join(ARTIFACTS, "minilm.png"))
     assert console_errors(driver) == []
+
+
+def test_beam_candidates_and_scheduler_decisions(driver, serve, tmp_path, monkeypatch):
+    """With BEAM=2 the kernel shows a table of the candidates BEAM timed (the winner marked, the unoptimized and
+    the heuristic baselines named); a schedule shows the scheduler's decisions, and clicking one marks its node."""
+    from zeptograd import Context
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no earlier choice on disk: the search runs
+    rng = np.random.default_rng(5)
+    xn, wn = rng.standard_normal((20, 13)).astype(np.float32), rng.standard_normal((13, 40)).astype(np.float32)
+    x, w = Tensor(xn).realize(), Tensor(wn).realize()
+    with record.recording() as rec, Context(BEAM=2, BEAM_BUDGET=2):
+        np.testing.assert_allclose((x * 2 + 1).exp().matmul(w).numpy(), np.exp(xn * 2 + 1) @ wn, rtol=1e-4, atol=1e-3)
+    open_page(driver, serve(rec.trace))
+    (name,) = [k["name"] for k in rec.trace["kernels"] if k.get("beam") and k["name"].startswith("r_")]
+    click_kernel(driver, name)
+    summary = driver.find_element(By.CSS_SELECTOR, "#details .beam-summary").text
+    assert summary.startswith("BEAM=2: ") and "unoptimized" in summary and "chosen" in summary
+    rows = driver.find_elements(By.CSS_SELECTOR, "#details table.beam tr.beam-row")
+    (beam,) = [k["beam"] for k in rec.trace["kernels"] if k["name"] == name]
+    assert len(rows) == len(beam["candidates"])
+    won = driver.find_elements(By.CSS_SELECTOR, "#details tr.beam-row.won")
+    assert len(won) == 1 and "chosen" in won[0].text
+    notes = " ".join(r.text for r in rows)
+    assert "unoptimized" in notes and "heuristic" in notes
+    driver.save_screenshot(os.path.join(ARTIFACTS, "beam.png"))
+    driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="schedules"]').click()
+    driver.find_elements(By.CSS_SELECTOR, "#list tr.schedule-row")[-1].click()
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#details tr.decision-row"))
+    keep = driver.find_elements(By.CSS_SELECTOR, "#details tr.decision-row.keep")
+    exp = [r for r in keep if " EXP2 " in r.text and "the cost model" in r.text]
+    assert len(exp) == 1, [r.text for r in keep]
+    inline = driver.find_elements(By.CSS_SELECTOR, "#details tr.decision-row.inline")
+    assert inline and all(r.is_displayed() for r in inline)
+    driver.find_element(By.ID, "only-keeps").click()  # the keeps alone
+    assert not any(r.is_displayed() for r in inline) and all(r.is_displayed() for r in keep)
+    exp[0].click()
+    picked = driver.execute_script(
+        "return [...document.querySelectorAll('#graph g.node.picked')].map(g => g.dataset.op)"
+    )
+    assert picked == ["EXP2"]
+    driver.save_screenshot(os.path.join(ARTIFACTS, "decisions.png"))
+    assert console_errors(driver) == []

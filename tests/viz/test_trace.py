@@ -175,7 +175,7 @@ import numpy as np
 from zeptograd import Tensor
 x = np.linspace(-3, 3, 60, dtype=np.float32).reshape(5, 12)
 print(repr(Tensor(x).softmax(-1).numpy().tolist()))
-print("imported", "zeptograd.viz.record" in sys.modules)
+print("imported", any(m in sys.modules for m in ("zeptograd.viz.record", "zeptograd.viz.decisions")))
 from zeptograd.viz import record
 alive = [o for o in gc.get_objects() if isinstance(o, (record.Recorder, record.GraphRecord, record._TrackedMatcher))]
 print("recorder", record.recorder is not None, len(alive))
@@ -252,3 +252,113 @@ def test_on_a_terminal_the_trace_is_served_until_ctrl_c(tmp_path):
         if proc.poll() is None:
             proc.kill()
         os.close(main_fd)
+
+
+def schedule_decisions(tr: dict) -> list[tuple[dict, dict]]:
+    """(schedule, decision) for every decision recorded, in order."""
+    return [(s, d) for s in tr["schedules"] for d in s["decisions"]]
+
+
+def test_scheduler_decisions_carry_the_rule_and_the_cost_estimates(monkeypatch):
+    """`exp(x*g + 1) @ w`: the cost model keeps the prologue's exp (recomputed for each of w's 40 columns costs more
+    than a buffer) and inlines the multiply-adds; softmax's reduces are kept (read in loops they do not vary along).
+    Each recorded estimate agrees with the cost model's own answer, and the realized node says which rule kept it."""
+    from zeptograd.schedule.cost import CostModel
+
+    answers: dict = {}  # (node, its requests) -> inline_is_costlier's answer, as the scheduler got it
+    real = CostModel.inline_is_costlier
+
+    def spy(self, x, reqs):
+        answers[x] = real(self, x, reqs)
+        return answers[x]
+
+    monkeypatch.setattr(CostModel, "inline_is_costlier", spy)
+    rng = np.random.default_rng(2)
+    xn, gn, wn = (rng.standard_normal(s).astype(np.float32) for s in ((64, 47), (47,), (47, 40)))
+    with record.recording() as rec:
+        out = (Tensor(xn) * Tensor(gn) + 1).exp().matmul(Tensor(wn)).numpy()
+        Tensor(xn[:5, :13]).softmax(-1).numpy()
+    np.testing.assert_allclose(out, np.exp(xn * gn + 1) @ wn, rtol=1e-4, atol=1e-4)
+    found = schedule_decisions(rec.trace)
+    assert found and all(d["stage"] == "the walk" for _, d in found)
+    kept_exp = [(s, d) for s, d in found if d["keep"] and s["nodes"][d["node"]][0] == "EXP2"]
+    ((sched, exp),) = kept_exp
+    assert exp["rule"].startswith("the cost model: recomputed") and exp["cost"]["costlier"]
+    assert exp["cost"]["inline"] > exp["cost"]["keep"] > 0 and exp["cost"]["inline_bytes"] > 0
+    assert exp["cost"]["elements"] == 64 * 47 and sched["nodes"][exp["node"]][4] == "(64, 47)"
+    (why,) = [r["why"] for r in sched["realized"] if r["node"] == exp["node"]]
+    assert why == exp["rule"]
+    inlined = [d for _, d in found if not d["keep"]]
+    assert {sched["nodes"][d["node"]][0] for s, d in found if not d["keep"] and s is sched} >= {"MUL", "ADD"}
+    for d in inlined:
+        assert d["rule"].startswith("the cost model: ") and d["cost"]["costlier"] is False
+        assert "inline" not in d["cost"] or d["cost"]["inline"] <= d["cost"]["keep"]
+    # the recorded verdicts are the cost model's, node for node (op and shape), where it decided
+    asked = [(s["nodes"][d["node"]][0], s["nodes"][d["node"]][4], d["cost"]["costlier"]) for s, d in found]
+    asked = [a for a, (_, d) in zip(asked, found) if d["rule"].startswith("the cost model")]
+    assert sorted(asked) == sorted((x.op.name, trace.shape_text(x), ans) for x, ans in answers.items())
+    reduces = [d for s, d in found if s["nodes"][d["node"]][0] == "REDUCE_AXIS" and d["keep"]]
+    assert [d["rule"] for d in reduces] == ["a reduce read in a loop it does not vary along"] * 2  # max, sum of exp
+
+
+def test_scheduler_decisions_up_front_and_after_the_walk():
+    """FUSE=0 keeps every op up front; a 3x3 stencil stores its prologue at the walk (read at 9 index sets) and
+    the cost model inlines it again after the walk (one kernel), while an exp of a broadcast is kept after all."""
+    from zeptograd import Context
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((61, 61)).astype(np.float32)
+    col = rng.standard_normal((61, 1)).astype(np.float32)
+    with record.recording() as rec:
+        with Context(FUSE=0):
+            (Tensor(a[:7, :11]) * 2 + 1).sum().numpy()
+        p = (Tensor(a) * 2 + 1).pad(((1, 1), (1, 1)))
+        box = sum(p[i : i + 61, j : j + 61] for i in range(3) for j in range(3)).numpy()
+        q = Tensor(col).expand(61, 61).exp().pad(((1, 1), (1, 1)))
+        sum(q[i : i + 61, j : j + 61] for i in range(3) for j in range(3)).numpy()
+    want = np.pad(a * 2 + 1, 1)
+    np.testing.assert_allclose(box, sum(want[i : i + 61, j : j + 61] for i in range(3) for j in range(3)), rtol=1e-5)
+    nofuse, stencil, broadcast = rec.trace["schedules"]
+    up_front = [d for d in nofuse["decisions"] if d["stage"] == "up front"]
+    assert {nofuse["nodes"][d["node"]][0] for d in up_front} == {"MUL", "ADD"}
+    assert all(d["keep"] and d["rule"].startswith("FUSE=0") and "cost" not in d for d in up_front)
+    for sched, inline in ((stencil, True), (broadcast, False)):
+        walk = [d for d in sched["decisions"] if d["rule"].startswith("read at over MAX_REQUESTS")]
+        (after,) = [d for d in sched["decisions"] if d["stage"] == "after the walk"]
+        assert [d["node"] for d in walk] == [after["node"]] and walk[0]["keep"]
+        assert after["keep"] is not inline and after["cost"]["costlier"] is not inline
+        assert after["rule"].startswith("inlined again" if inline else "kept after all")
+        assert "its value: " in after["rule"] and after["cost"]["of"] == 9
+    assert len([k for k in rec.trace["kernels"] if k["name"] == "r_61_61"]) <= 1  # the stencil: one kernel
+
+
+@pytest.mark.slow  # BEAM times some dozens of candidates
+def test_beam_records_its_candidates_and_the_winner(monkeypatch, tmp_path):
+    from zeptograd import Context
+    from zeptograd.engine import realize
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    rng = np.random.default_rng(4)
+    an, bn = rng.standard_normal((24, 20)).astype(np.float32), rng.standard_normal((20, 16)).astype(np.float32)
+    a, b = Tensor(an).realize(), Tensor(bn).realize()
+    with record.recording() as rec, Context(BEAM=2, BEAM_BUDGET=3):
+        out = (a @ b).numpy()
+    np.testing.assert_allclose(out, an @ bn, rtol=1e-4, atol=1e-4)
+    (k,) = [k for k in rec.trace["kernels"] if k.get("beam")]
+    beam = k["beam"]
+    assert beam["width"] == 2 and beam["cached"] is False and beam["chosen"] == k["opts"]
+    cands = beam["candidates"]
+    assert [c[0] for c in cands[:2]] == [0, 0] and cands[0][1] == [] and cands[1][1] == beam["heuristic"]
+    assert beam["baseline_s"] == cands[0][2] > 0 and beam["heuristic_s"] == cands[1][2] > 0
+    assert max(c[0] for c in cands) >= 1 and len(cands) > 2  # a round of extensions was tried
+    timed = [c[2] for c in cands if c[2] is not None and not c[3]]
+    won = cands[beam["won"]]
+    assert won[1] == beam["chosen"] and won[2] == beam["best_s"] == min(timed)
+    assert all(c[3] in ("", "invalid", "wrong output", "over BEAM_BUDGET") for c in cands)
+    assert all((c[2] is None) == (c[3] in ("invalid", "over BEAM_BUDGET")) for c in cands)
+    # a second run reads the choice from the disk cache: recorded as such, nothing timed
+    monkeypatch.setattr(realize, "_kernel_cache", {})
+    with record.recording() as rec2, Context(BEAM=2):
+        (a @ b).numpy()
+    (k2,) = [k for k in rec2.trace["kernels"] if k.get("beam")]
+    assert k2["beam"]["cached"] is True and k2["beam"]["chosen"] == beam["chosen"] and k2["beam"]["candidates"] == []

@@ -4,7 +4,8 @@ Each round extends every kernel in the beam by one more action (UPCAST, UNROLL, 
 compiles the new candidates in a process pool, runs each on the kernel's real inputs (the output goes to a
 scratch buffer), drops any whose output differs from the unoptimized kernel's, and keeps the n fastest. The
 search stops when a round finds nothing faster or the per-kernel budget (BEAM_BUDGET seconds) is spent. The
-choice is cached on disk, keyed by the kernel graph and the device, so a second run pays nothing.
+choice is cached on disk, keyed by the kernel graph and the device, so a second run pays nothing. With VIZ=1 every
+candidate (its actions, round, time or why it was dropped) goes to the kernel's trace entry (viz/record.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from zeptograd.codegen import full_rewrite, kernel_name, optimize
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
 from zeptograd.device import Buffer, Device, Program
-from zeptograd.helpers import BEAM_BUDGET, THREADS, ArgumentError, cache_dir, prod
+from zeptograd.helpers import BEAM_BUDGET, THREADS, VIZ, ArgumentError, cache_dir, prod
 from zeptograd.renderer import ProgramSpec
 from zeptograd.runtime import diskcache
 from zeptograd.uop.ops import AxisType, Ops, UOp, pretty
@@ -125,6 +126,10 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
         raise ArgumentError(f"BEAM times kernels, and {device}'s times mean nothing (its beam_timing is False)")
     cached = _cached_choice(device, ast, width)
     if cached is not None:
+        if VIZ.value:  # the choice, and that nothing was timed (zeptograd/viz/record.py, imported only with VIZ)
+            from zeptograd.viz import record as viz_record
+
+            viz_record.beam_searched(device, ast, width, None, [], cached)
         return cached
     from tqdm import tqdm
 
@@ -139,6 +144,7 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
     reference = scratch[0].numpy()
     threads = THREADS.value if dev.renderer.has_threads else 1
     start = time.perf_counter()
+    tried: list[tuple] | None = [] if VIZ.value else None  # VIZ=1: (round, actions, seconds, why dropped) each
 
     def evaluate(cands: list[list[Opt]], bar) -> list[tuple[float, list[Opt]]]:
         specs = _get_pool().map(_render, [device] * len(cands), [ast] * len(cands), cands)
@@ -146,13 +152,18 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
         for opts, spec in zip(cands, specs):
             bar.update(1)
             if spec is None or time.perf_counter() - start > BEAM_BUDGET.value:
+                if tried is not None:
+                    tried.append((rounds, opts, None, "invalid" if spec is None else "over BEAM_BUDGET"))
                 continue
             t = _time(dev.build(spec), scratch, out_init)
             if np.allclose(scratch[0].numpy(), reference, rtol=1e-3, atol=1e-3, equal_nan=True):
                 out.append((t, opts))
+            if tried is not None:
+                tried.append((rounds, opts, t, "" if out and out[-1][1] is opts else "wrong output"))
         return out
 
     heuristic = optimize(ast, dev.renderer)[1]
+    rounds = 0  # round 0 times the unoptimized kernel and the heuristic's actions: the baselines
     with tqdm(desc=f"BEAM {kernel_name(ast)}", unit="kernel", leave=False) as bar:
         bar.total = 2
         beam = sorted(evaluate([[], heuristic], bar), key=lambda x: x[0])[:width]
@@ -171,6 +182,7 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
                         cands.append(opts + [a])
             if not cands:
                 break
+            rounds += 1
             bar.total += len(cands)
             new_beam = sorted(beam + evaluate(cands, bar), key=lambda x: x[0])[:width]
             if not beam or new_beam[0][0] >= beam[0][0] * 0.98:  # nothing faster this round
@@ -180,4 +192,8 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
     best = beam[0][1] if beam else []
     choice = json.dumps([[o.op.name, o.axis, o.arg] for o in best])
     diskcache.write_text("beam", _cache_name(device, ast, width), choice)
+    if tried is not None:
+        from zeptograd.viz import record as viz_record
+
+        viz_record.beam_searched(device, ast, width, tried, heuristic, best)
     return best

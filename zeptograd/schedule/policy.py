@@ -17,6 +17,7 @@ from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
 from zeptograd.schedule.nofuse import nofuse_realize
 from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.viz.hook import decided, decided_after_walk, decided_all  # VIZ=1 records each decision
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
@@ -36,31 +37,31 @@ class MaterializationPolicy:
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
         self.rf.realize |= outputs | {u for u in nodes if u.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
-        self.rf.realize |= copy_realizes(nodes)  # every COPY, and its source unless that is a whole buffer
-        self.rf.realize |= nofuse_realize(nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
-        self.rf.realize |= self.long_chains()
-        self.rf.realize |= self.contractions_with_costly_epilogue()
+        self.rf.realize |= decided_all(copy_realizes(nodes), "a copy, or a copy's source that is not a whole buffer")
+        self.rf.realize |= decided_all(nofuse_realize(nodes), "FUSE=0: every op its own kernel (no fusion)")
+        self.rf.realize |= decided_all(self.long_chains(), "cuts a chain at MAX_KERNEL_OPS ops or MAX_KERNEL_BUFS")
+        self.rf.realize |= decided_all(self.contractions_with_costly_epilogue(), "a contraction, epilogue apart")
         self.cost = CostModel(nodes, self.rf.realize, self.rf.src_requests)
         return self.rf.realize
 
     def must_realize(self, x: UOp, reqs: Requests) -> bool:
         if len(reqs) > MAX_REQUESTS and x.op not in GroupOp.Movement:
             self.many_reads.add(x)  # the walk stops here; `cheaper_inlined` may inline it again after the walk
-            return True  # needed at many different places: compute it once (a view: its source is)
+            return decided(self, x, reqs, True, "read at over MAX_REQUESTS index sets: computed once")
         if x.op is Ops.RESHAPE and any(index_size(i) > MAX_INDEX_NODES for req in reqs for i in req[0]):
-            return True  # the views above composed divmods that do not fold: a copy here keeps indexing linear
+            return decided(self, x, reqs, True, "views composed divmods that do not fold: a copy keeps indexing linear")
         if x.op is Ops.REDUCE_AXIS:
             for (idx, valid), scope in reqs.items():
                 used = {r for i in idx for r in i.ranges}
                 if scope - used:
-                    return True  # it does not vary along a loop its consumer runs: don't recompute it there
+                    return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along")
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
-            return True  # recomputed at every read costs more than a buffer (schedule/cost.py)
+            return decided(self, x, reqs, True, "the cost model: recomputed at every read costs more than a buffer")
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.tensor_shape) <= 4 * prod(x.src[0].tensor_shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
-                return True  # a window over computed values or read through divmods: a padded copy, computed once
-        return False
+                return decided(self, x, reqs, True, "a window over computed values or divmods: a padded copy")
+        return decided(self, x, reqs, False, "inlined: no rule keeps it")
 
     def cheaper_inlined(self, b: UOp) -> bool:
         """Whether BUFFERIZE b, materialized only because the walk met it at more than MAX_REQUESTS index sets, is
@@ -77,6 +78,7 @@ class MaterializationPolicy:
                 and not any(u.op is Ops.REDUCE or (u.op is Ops.INDEX and u.src[0].op is Ops.BUFFERIZE) for u in value)
                 and not self.cost.inline_is_costlier(x, self.rf.reqs[x])
             )
+            decided_after_walk(self, b, value, self.inlined[b])
         return self.inlined[b]
 
     def plain_read(self, x: UOp, req: Request) -> bool:

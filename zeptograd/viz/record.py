@@ -7,6 +7,10 @@
   and the realized nodes with the kernel that stores each.
 - `engine/realize.py: get_kernel` -> `kernel_begin` / `kernel_end` around codegen, only when a kernel is compiled
   (a cache hit compiles nothing, so each distinct kernel is recorded once; TinyJit replays compile nothing either).
+- `engine/search.py: beam_search` -> `beam_searched`: BEAM's candidates and times, attached to the kernel compiled
+  next from that graph.
+- `schedule/policy.py`, through `viz/hook.py` -> `schedule_decision`, `schedule_kept_all`, `schedule_inline_again`:
+  each keep-or-inline decision of the schedule being made, with its rule and the cost model's estimates.
 - `engine/realize.py: _run_schedule` -> `kernel_ran`: the timeline.
 - `engine/jit.py: TinyJit.__call__` -> `jit_replay`: a replay (its kernels called directly) as one timeline entry.
 
@@ -127,6 +131,7 @@ class Recorder:
         # (device, kernel graph) -> its kernel's id; ("TinyJit", kernel names) -> a replay's entry
         self.kernel_ids: dict[tuple[str, Any], int] = {}
         self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
+        self.beams: dict[tuple[str, UOp], dict] = {}  # BEAM's search of a kernel graph, until that kernel compiles
 
     def _kernel_entry(self, key: tuple[str, Any], name: str, kind: str) -> dict:
         entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
@@ -139,7 +144,27 @@ class Recorder:
 
     def kernel_begin(self, device: str, ast: UOp) -> None:
         entry = self._kernel_entry((device, ast), "", "kernel")
+        if (beam := self.beams.pop((device, ast), None)) is not None:
+            entry["beam"] = beam
         self.open = GraphRecord(entry, ast, "input: the scheduler's kernel graph")
+
+    def beam_searched(self, device: str, ast: UOp, width: int, tried: list | None, heuristic: list, chosen: list):
+        """BEAM's search (tried: (round, actions, seconds or None, why dropped) per candidate; None: the choice came
+        from the disk cache) for the kernel compiled next from this graph."""
+        text = [str(o) for o in chosen]
+        beam: dict[str, Any] = {"width": width, "cached": tried is None, "chosen": text, "candidates": [], "won": None}
+        beam |= {"heuristic": None, "baseline_s": None, "heuristic_s": None, "best_s": None}
+        if tried is not None:
+            cands = [[r, [str(o) for o in opts], None if t is None else round(t, 9), why] for r, opts, t, why in tried]
+            timed = [c for c in cands if c[2] is not None and not c[3]]
+            best = min((c for c in timed if c[1] == text), key=lambda c: c[2], default=None)
+            heur = [str(o) for o in heuristic]
+            base = next((c[2] for c in cands if c[0] == 0 and c[1] == [] and c[2] is not None), None)
+            beam |= {"candidates": cands, "won": cands.index(best) if best is not None else None, "heuristic": heur}
+            beam["baseline_s"] = base  # the unoptimized kernel
+            beam["heuristic_s"] = next((c[2] for c in cands if c[0] == 0 and c[1] == heur and c[2] is not None), None)
+            beam["best_s"] = best[2] if best is not None else None
+        self.beams[(device, ast)] = beam
 
     def kernel_end(self, name: str, src: str, opts: list, n_ops: int) -> None:
         if self.open is not None:
@@ -185,7 +210,7 @@ class Recorder:
         self.trace["schedules"].append(entry)
         sink = UOp(Ops.SINK, dtypes.void, tuple(outs))
         g = self.open = GraphRecord(entry, sink, "input: the tensor graph")
-        entry["sink"] = g.last
+        entry["sink"], entry["decisions"] = g.last, []
         try:
             items, becomes = create_schedule(outs)
         finally:
@@ -206,6 +231,7 @@ class Recorder:
                 writer.setdefault(id(item.bufs[i]), (item.device, item.ast))
         # the outputs, and what each rewrite of the schedule's graph (tensor_fold) made of them
         out_set, realized = set(outs), []
+        kept_by = {d["node"]: d["rule"] if d["keep"] else "" for d in g.entry["decisions"]}  # the last decision's
         for u, i in g.table.ids.items():
             if u.op is Ops.SINK and any(st["after"] == i for st in g.entry["steps"]):
                 out_set.update(u.src)
@@ -218,7 +244,7 @@ class Recorder:
                 "an output"
                 if node in out_set
                 else {Ops.CONTIGUOUS: "contiguous()", Ops.ASSIGN: "an assign", Ops.COPY: "a copy"}.get(
-                    node.op, "the scheduler: read at other loops, or the cost model"
+                    node.op, kept_by.get(nid) or "the scheduler"
                 )
             )
             rec = {"node": nid, "kernel": self.kernel_ids.get(key) if key else None, "why": why}
@@ -226,6 +252,43 @@ class Recorder:
                 self.waiting.setdefault(key, []).append(rec)
             realized.append(rec)
         return realized
+
+    def _schedule_open(self) -> GraphRecord | None:
+        """The schedule being recorded, when the caller is its thread."""
+        g = self.open
+        return g if g is not None and "decisions" in g.entry and g.thread == threading.get_ident() else None
+
+    def schedule_decision(self, policy: Any, x: UOp, reqs: dict, keep: bool, rule: str) -> None:
+        from zeptograd.uop.ops import GroupOp
+        from zeptograd.viz.decisions import estimate
+
+        if (g := self._schedule_open()) is None:
+            return
+        asked = x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS  # the nodes the cost model is asked about
+        if not keep and not asked:
+            return  # a view or a pad inlined: no rule was weighed
+        dec: dict[str, Any] = {"node": g.table.add(x), "keep": keep, "stage": "the walk", "rule": rule}
+        if asked:
+            dec["cost"] = estimate(policy.cost, x, reqs)
+            if not keep:
+                dec["rule"] = "the cost model: " + dec["cost"]["verdict"]
+        g.entry["decisions"].append(dec)
+
+    def schedule_kept_all(self, nodes: set, rule: str) -> None:
+        if (g := self._schedule_open()) is None:
+            return
+        ids = sorted(g.table.add(x) for x in nodes)
+        g.entry["decisions"] += [{"node": i, "keep": True, "stage": "up front", "rule": rule} for i in ids]
+
+    def schedule_inline_again(self, policy: Any, b: UOp, value: dict, inline: bool) -> None:
+        from zeptograd.viz.decisions import inline_again_facts
+
+        if (g := self._schedule_open()) is None:
+            return
+        facts, est = inline_again_facts(policy, b, value)
+        rule = ("inlined again at each read: " if inline else "kept after all: ") + facts + "; " + est["verdict"]
+        dec = {"node": g.table.add(b.arg.node), "keep": not inline, "stage": "after the walk", "rule": rule}
+        g.entry["decisions"].append(dec | {"cost": est})
 
     def rewrite(self, sink: UOp, pm: Any, ctx: Any, bottom_up: bool) -> UOp | None:
         g = self.open
@@ -281,6 +344,22 @@ def kernel_end(name: str, src: str, opts: list, n_ops: int) -> None:
 
 def kernel_ran(device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:
     _get().kernel_ran(device, ast, name, seconds, nbytes)
+
+
+def beam_searched(device: str, ast: UOp, width: int, tried: list | None, heuristic: list, chosen: list) -> None:
+    _get().beam_searched(device, ast, width, tried, heuristic, chosen)
+
+
+def schedule_decision(policy: Any, x: UOp, reqs: dict, keep: bool, rule: str) -> None:
+    _get().schedule_decision(policy, x, reqs, keep, rule)
+
+
+def schedule_kept_all(nodes: set, rule: str) -> None:
+    _get().schedule_kept_all(nodes, rule)
+
+
+def schedule_inline_again(policy: Any, b: UOp, value: dict, inline: bool) -> None:
+    _get().schedule_inline_again(policy, b, value, inline)
 
 
 @contextlib.contextmanager

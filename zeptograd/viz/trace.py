@@ -8,9 +8,12 @@ Top level: `format`, `version`, `program` (argv), `kernels`, `schedules`, `runs`
   (the pass: the function that called graph_rewrite and its matcher), `where`, `before`/`after` sink ids, `rules`
   ([rule, matches, ms], most first), `made` ({node id: rule} for each node a rule returned). `runs`, `time_s`,
   `bytes`: how often it ran, and the seconds and the bytes of its buffers summed over those runs.
-- schedule: `id nodes sink steps realized`; `realized` is [{node, kernel (kernel id or null), why}]: the node's value
-  was stored by that kernel. The page draws each kernel's fused group: the nodes below a realized node down to the
-  next realized ones.
+- schedule: `id nodes sink steps realized decisions`; `realized` is [{node, kernel (kernel id or null), why}]: the
+  node's value was stored by that kernel. The page draws each kernel's fused group: the nodes below a realized node
+  down to the next realized ones. `decisions`: the scheduler's, in order, [{node, keep, stage, rule, cost?}] (cost:
+  the cost model's estimate both ways, viz/decisions.py).
+- a kernel compiled after a BEAM search has `beam`: {width, cached, chosen, candidates ([round, [actions], seconds
+  or null, why dropped or ""]), won (index), heuristic, baseline_s, heuristic_s, best_s}.
 - `runs`: the program's timeline, `[kernel id, start s, seconds, bytes]` in order (the first MAX_RUNS).
 - `rules`: {rule: its source line}.
 """

@@ -19,6 +19,9 @@ for (const [fam, ops] of Object.entries(FAMILY)) for (const op of ops) familyOf[
 const S = { trace: null, view: null, step: 0, hideConsts: false, sort: { key: "time", desc: true } };
 const $ = (sel) => document.querySelector(sel);
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+const fmtNum = (n) => (n >= 1e9 ? (n / 1e9).toFixed(2) + "G" : n >= 1e6 ? (n / 1e6).toFixed(2) + "M" :
+  n >= 1e4 ? (n / 1e3).toFixed(1) + "k" : String(n));
+const fmtBytes = (n) => (n >= 1e6 ? (n / 1e6).toFixed(2) + " MB" : n >= 1e3 ? (n / 1e3).toFixed(1) + " kB" : n + " B");
 const fmtTime = (s) => (s >= 1 ? s.toFixed(2) + " s" : s >= 1e-3 ? (s * 1e3).toFixed(2) + " ms" : (s * 1e6).toFixed(1) + " us");
 
 // ***** graph: reachable nodes, layout, drawing *****
@@ -185,6 +188,9 @@ function showTip(e) {  // one tooltip for every node (a <title> per node doubles
   if (o.made && o.made[i]) lines.push("made by " + o.made[i] + (S.trace.rules[o.made[i]] ? ": " + S.trace.rules[o.made[i]] : ""));
   else if (o.changed && o.changed.has(i)) lines.push("new in this step (rebuilt over a changed source)");
   if (o.realized && o.realized.has(i)) lines.push("stored: " + o.realized.get(i));
+  if (o.decisions && o.decisions.has(i)) {
+    for (const d of o.decisions.get(i)) lines.push(`${d.keep ? "keep" : "inline"} (${d.stage}): ${d.rule}`);
+  }
   tip.textContent = lines.join("\n");
   tip.style.display = "block";
   tip.style.left = e.clientX + 12 + "px";
@@ -209,8 +215,72 @@ function showKernel(k, step) {
   delete code.dataset.highlighted;
   // highlighted after the graph is drawn: highlight.js takes a second over a large kernel's 25 KB of LLVM IR
   if (k.src) setTimeout(() => { if (code.textContent === k.src) hljs.highlightElement(code); }, 0);
+  $("#details").innerHTML = k.beam ? beamTable(k.beam) : "";
   setSteps(steps, step === undefined ? steps.length - 1 : step);
   markSelected();
+}
+
+function beamTable(b) {  // BEAM's candidates: actions, time, against the unoptimized kernel; the winner marked
+  const head = `BEAM=${b.width}: `;
+  if (b.cached) {
+    return `<div class="summary beam-summary">${head}the choice came from the disk cache (no candidate timed this run):` +
+      ` ${esc(b.chosen.join(", ") || "no actions")}</div>`;
+  }
+  const rounds = Math.max(0, ...b.candidates.map((c) => c[0]));
+  const vs = (t) => (t && b.baseline_s ? (b.baseline_s / t).toFixed(2) + "x" : "-");
+  const t = (s) => (s === null ? "-" : fmtTime(s));
+  const summary = `${head}${b.candidates.length} candidates in ${rounds + 1} rounds · unoptimized ${t(b.baseline_s)}` +
+    ` · heuristic ${t(b.heuristic_s)} · chosen ${t(b.best_s)} (${vs(b.best_s)} the unoptimized):` +
+    ` ${esc(b.chosen.join(", ") || "no actions")}`;
+  const order = b.candidates.map((c, i) => i).sort((i, j) => {
+    const a = b.candidates[i], c = b.candidates[j];
+    return a[0] - c[0] || (a[2] === null) - (c[2] === null) || (a[2] || 0) - (c[2] || 0);
+  });
+  const heur = JSON.stringify(b.heuristic);
+  const rows = order.map((i) => {
+    const [round, opts, secs, why] = b.candidates[i];
+    const base = round === 0 ? (opts.length === 0 ? "unoptimized" : JSON.stringify(opts) === heur ? "heuristic" : "") : "";
+    const note = [i === b.won ? "chosen" : "", base, why].filter((x) => x).join(", ");
+    const cls = i === b.won ? "beam-row won" : secs === null || why ? "beam-row dropped" : "beam-row";
+    return `<tr class="${cls}" data-i="${i}"><td class="num">${round}</td><td>${esc(opts.join(", ") || "(none)")}</td>` +
+      `<td class="num">${t(secs)}</td><td class="num">${why ? "-" : vs(secs)}</td><td>${esc(note)}</td></tr>`;
+  }).join("");
+  return `<div class="summary beam-summary">${summary}</div><table class="beam"><tr><th>round</th><th>actions</th>` +
+    `<th>time</th><th>speedup</th><th></th></tr>${rows}</table>`;
+}
+
+function decisionTable(s) {  // the scheduler's keep-or-inline decisions, with the cost model's estimates
+  if (!s.decisions || !s.decisions.length) return "";
+  const rows = s.decisions.map((d, i) => {
+    const n = s.nodes[d.node], c = d.cost || {};
+    const num = (v, f) => `<td class="num">${v === undefined ? "" : f(v)}</td>`;
+    return `<tr class="decision-row ${d.keep ? "keep" : "inline"}" data-node="${d.node}" data-i="${i}">` +
+      `<td>#${d.node} ${esc(n[0])} ${esc(n[4] || "")}</td><td class="decision">${d.keep ? "keep" : "inline"}</td>` +
+      `<td class="stage">${esc(d.stage)}</td><td>${esc(d.rule)}</td>${num(c.inline, fmtNum)}${num(c.keep, fmtNum)}` +
+      `${num(c.inline_bytes, fmtBytes)}${num(c.keep_bytes, fmtBytes)}</tr>`;
+  }).join("");
+  const kept = s.decisions.filter((d) => d.keep).length;
+  return `<div class="summary">${s.decisions.length} decisions of the scheduler (${kept} keep a buffer); the cost` +
+    ` model's estimates in its units (rough cycles) and bytes of memory traffic, inlined against kept.` +
+    ` <label><input type="checkbox" id="only-keeps"> only the keeps</label></div>` +
+    `<table class="decisions"><tr><th>node</th><th>decision</th><th>stage</th><th>rule</th><th>inline cost</th>` +
+    `<th>keep cost</th><th>inline bytes</th><th>keep bytes</th></tr>${rows}</table>`;
+}
+
+function pickNode(id) {  // a decision's node: marked in the graph and brought to the middle of the view
+  let g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+  const steps = S.view && S.view.kind === "schedule" ? S.view.s.steps : null;
+  if (!g && steps && S.step !== steps.length - 1) {  // decided on the graph after the scheduler's own rewrites
+    selectStep(steps.length - 1);
+    g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+  }
+  for (const p of document.querySelectorAll("#graph g.node.picked")) p.classList.remove("picked");
+  if (!g) return false;
+  g.classList.add("picked");
+  const m = /translate\(([-\d.]+),([-\d.]+)\)/.exec(g.getAttribute("transform"));
+  const box = g.querySelector("rect");
+  if (m && zoom) d3.select("#graph").call(zoom.translateTo, +m[1] + box.width.baseVal.value / 2, +m[2] + 15);
+  return true;
 }
 
 function showSchedule(s, step) {
@@ -224,6 +294,10 @@ function showSchedule(s, step) {
     return `${n[0]} ${n[4] || ""} -> ${r.kernel === null ? "(no kernel)" : kernels[r.kernel].name}: ${r.why}`;
   }).join("\n");
   $("#source code").className = "";
+  $("#details").innerHTML = decisionTable(s);
+  for (const tr of document.querySelectorAll("#details tr.decision-row")) tr.onclick = () => pickNode(+tr.dataset.node);
+  const only = $("#only-keeps");  // most inlines are index arithmetic or cheap elementwise ops: the keeps stand out
+  if (only) only.onchange = () => $("#details table.decisions").classList.toggle("only-keeps", only.checked);
   setSteps(s.steps, step === undefined ? 0 : step);
   markSelected();
 }
@@ -285,6 +359,8 @@ function selectStep(i) {
   if (v.kind === "schedule") {
     opts.realized = new Map(rec.realized.map((r) => [r.node, r.why]));
     opts.groups = groupsOf(rec);
+    opts.decisions = new Map();
+    for (const d of rec.decisions || []) opts.decisions.set(d.node, [...(opts.decisions.get(d.node) || []), d]);
   }
   drawGraph(rec.nodes, st.after, opts);
   const rules = st.rules.map((r) => `<div title="${esc(S.trace.rules[r[0]] || "")}">${esc(r[0])} \u00d7${r[1]}` +
