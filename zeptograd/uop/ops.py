@@ -443,7 +443,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     if op is Ops.MULTI:  # the logical shape: the parts joined along the sharded axis
         if arg is None:
             return src[0].shape
-        return _sints(tuple(sum(p.tensor_shape[arg] for p in src) if i == arg else s for i, s in enumerate(src[0].shape)))
+        joined = sum(p.tensor_shape[arg] for p in src)
+        return _sints(tuple(joined if i == arg else s for i, s in enumerate(src[0].shape)))
     return None
 
 
