@@ -63,6 +63,7 @@ def test_different_axes_reshard():
     close(Tensor(a).shard(D2, 0) + Tensor(b).shard(D2, 1), a + b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [None, 0, 1])
 @pytest.mark.parametrize("op", ["sum", "max", "min", "prod", "mean", "var", "argmax", "logsumexp", "softmax"])
 def test_reduces(axis, op):
@@ -79,6 +80,7 @@ def test_reduces(axis, op):
         close(ours, ref, 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xa,wa", [(None, 0), (1, 0), (0, None), (None, 1), (1, None)])
 def test_matmul(xa, wa):
     """(4,6) @ (6,5): x sharded on its rows or the contraction, w on the contraction or its columns (tensor
@@ -87,6 +89,7 @@ def test_matmul(xa, wa):
     close(Tensor(a).shard(D2, xa) @ Tensor(w).shard(D2, wa), a @ w, 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("axis", [0, 2])
 def test_movement(axis):
     a = rand(4, 2, 6)
@@ -123,6 +126,7 @@ def test_indexing():
     close(x.gather(1, Tensor(cols[:, None]).shard(D2, 0)), a[np.arange(6), cols][:, None])
 
 
+@pytest.mark.slow
 def test_conv_batch_sharded():
     a, w = rand(4, 3, 8, 8), rand(5, 3, 3, 3)
     x = Tensor(a).shard(D2, 0)
@@ -132,6 +136,7 @@ def test_conv_batch_sharded():
     close(out.max_pool2d(), torch.nn.functional.max_pool2d(ref, 2), 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("xa,wa", [(0, None), (None, 0), (None, 1), (1, 0)])
 def test_backward_matmul(xa, wa):
     a, w = rand(4, 6), rand(6, 5)
@@ -177,6 +182,7 @@ def test_assign_and_realize():
     close(x, a * 2 + 1)
 
 
+@pytest.mark.slow
 def test_state_dict_and_safe_save(tmp_path):
     from zeptograd import nn
 
@@ -192,8 +198,8 @@ def test_state_dict_and_safe_save(tmp_path):
     np.testing.assert_array_equal(back["bias"].numpy(), layer.bias.numpy())
 
 
-@pytest.mark.parametrize("devices", [("CPU", "CL"), ("CPU", "CPU:1:C")])
 @pytest.mark.slow
+@pytest.mark.parametrize("devices", [("CPU", "CL"), ("CPU", "CPU:1:C")])
 def test_other_device_kinds(devices):
     from zeptograd.device import Device
 
@@ -206,3 +212,93 @@ def test_other_device_kinds(devices):
     x = Tensor(a).shard(devices, 0)
     close((x @ Tensor(w).shard(devices)).sum(0), (a @ w).sum(0), 1e-4)
     close(Tensor(a).shard(devices, 1) @ Tensor(w).shard(devices, 0), a @ w, 1e-4)
+
+
+class _ConvNet:
+    def __init__(self):
+        from zeptograd import nn
+
+        self.c1 = nn.Conv2d(1, 4, 3, padding=1, bias=False)  # (a bias before BatchNorm has a zero gradient,
+        self.bn, self.l1 = nn.BatchNorm2d(4), nn.Linear(4 * 4 * 4, 10)  # which Adam would scale up from rounding noise)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l1(self.bn(self.c1(x)).relu().max_pool2d().flatten(1))
+
+
+def _train(devices: tuple[str, ...] | None, opt_name: str) -> dict[str, np.ndarray]:
+    """Three steps of a small convnet with BatchNorm on fixed digit-sized batches; with `devices` the batch is
+    sharded over them and the weights replicated (data parallel)."""
+    from zeptograd import nn
+
+    Tensor.manual_seed(3)
+    net = _ConvNet()
+    params = nn.state.get_parameters(net)
+    if devices is not None:
+        for p in nn.state.get_state_dict(net).values():
+            p.shard_(devices).realize()
+    opt = getattr(nn.optim, opt_name)(params, lr=0.05)
+    rng = np.random.default_rng(5)
+    with Tensor.train():
+        for _ in range(3):
+            xb = Tensor(rng.random((8, 1, 8, 8), dtype=np.float32))
+            yb = Tensor(rng.integers(0, 10, 8).astype(np.int32))
+            if devices is not None:
+                xb, yb = xb.shard(devices, 0), yb.shard(devices, 0)
+            opt.zero_grad()
+            loss = net(xb).sparse_categorical_crossentropy(yb)
+            loss.backward()
+            opt.step()
+    return {k: v.numpy() for k, v in nn.state.get_state_dict(net).items()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("opt_name", ["SGD", "Adam"])
+def test_data_parallel_training_equals_one_device(opt_name):
+    """Batch sharded over two devices, weights replicated, gradients all-reduced: the same parameters (and BatchNorm
+    statistics: its batch mean is an all-reduce, so it normalizes over the global batch) as on one device."""
+    one = _train(None, opt_name)
+    two = _train(D2, opt_name)
+    assert one.keys() == two.keys()
+    for k in one:
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_linear_training():
+    """A Linear's weight sharded along its output axis and another's along its input axis (tensor parallel), SGD:
+    the same parameters as on one device."""
+    from zeptograd import nn
+
+    def run(shard: bool) -> list[np.ndarray]:
+        Tensor.manual_seed(1)
+        l1, l2 = nn.Linear(6, 8), nn.Linear(8, 3)
+        if shard:
+            l1.weight.shard_(D2, 0).realize()
+            l1.bias.shard_(D2, 0).realize()
+            l2.weight.shard_(D2, 1).realize()
+            l2.bias.shard_(D2).realize()
+        opt = nn.optim.SGD([l1.weight, l1.bias, l2.weight, l2.bias], lr=0.1, momentum=0.9)
+        rng = np.random.default_rng(2)
+        with Tensor.train():
+            for _ in range(3):
+                x = Tensor(rng.standard_normal((5, 6)).astype(np.float32))
+                if shard:
+                    x = x.shard(D2)
+                opt.zero_grad()
+                l2(l1(x).relu()).square().mean().backward()
+                opt.step()
+        return [t.numpy() for t in (l1.weight, l1.bias, l2.weight, l2.bias)]
+
+    for a, b in zip(run(False), run(True)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_null_devices_schedule_only():
+    """NULL:0 and NULL:1 run nothing: the schedule of a matmul over the sharded contraction axis is the per-device
+    products, the all-reduce's 2 copies and 2 add kernels."""
+    nd = ("NULL", "NULL:1")
+    x = Tensor.empty(4, 6, device="NULL").shard(nd, 1).realize()
+    w = Tensor.empty(6, 5, device="NULL").shard(nd, 0).realize()
+    items = (x @ w).schedule()
+    assert [i.device for i in items if i.ast.op is Ops.COPY] == ["NULL", "NULL:1"]
+    assert [i.device for i in items if i.ast.op is not Ops.COPY] == ["NULL", "NULL:1", "NULL", "NULL:1"]

@@ -241,19 +241,19 @@ def _reshape_parts(u: UOp, m: UOp) -> UOp | None:
     old, new, axis = m.tensor_shape, tuple(u.arg), m.arg
     if any(not isinstance(s, int) for s in old + new):
         return None
-    outer = prod(old[:axis])
-    b = next((i for i in range(len(new) + 1) if prod(new[:i]) == outer), None)
-    if b is None or b == len(new):
-        return None
-    inner_old, inner_new = prod(old[axis + 1 :]), prod(new[b + 1 :])
-    bounds = bounds_of(m)
+    outer, inner_old, bounds = prod(old[:axis]), prod(old[axis + 1 :]), bounds_of(m)
     assert bounds is not None
-    if inner_new == 0 or any(s * inner_old % inner_new or e * inner_old % inner_new for s, e in bounds):
-        return None
-    parts = []
-    for p, (s, e) in zip(m.src, bounds):
-        parts.append(u.replace(src=(p,), arg=_with(new, b, (e - s) * inner_old // inner_new)))
-    return multi(parts, b)
+    for b in range(len(new)):  # several candidates where size-1 axes surround it: (4, 6) -> (4, 1, 6)
+        inner_new = prod(new[b + 1 :])
+        if prod(new[:b]) != outer or new[b] == 1 or inner_new == 0:
+            continue
+        if any(s * inner_old % inner_new or e * inner_old % inner_new for s, e in bounds):
+            continue
+        parts = [
+            u.replace(src=(p,), arg=_with(new, b, (e - s) * inner_old // inner_new)) for p, (s, e) in zip(m.src, bounds)
+        ]
+        return multi(parts, b)
+    return None
 
 
 def _through_one_device(u: UOp, srcs: list[UOp], devices: tuple[str, ...]) -> UOp:
