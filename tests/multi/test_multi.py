@@ -67,7 +67,7 @@ def test_different_axes_reshard():
 @pytest.mark.parametrize("axis", [None, 0, 1])
 @pytest.mark.parametrize("op", ["sum", "max", "min", "prod", "mean", "var", "argmax", "logsumexp", "softmax"])
 def test_reduces(axis, op):
-    a = rand(4, 6)
+    a = rand(5, 7)  # uneven on both axes: 3 + 2 rows, 4 + 3 columns
     ta = torch.tensor(a)
     x = Tensor(a).shard(D2, axis)
     for dim in (0, 1, None):
@@ -83,9 +83,9 @@ def test_reduces(axis, op):
 @pytest.mark.slow
 @pytest.mark.parametrize("xa,wa", [(None, 0), (1, 0), (0, None), (None, 1), (1, None)])
 def test_matmul(xa, wa):
-    """(4,6) @ (6,5): x sharded on its rows or the contraction, w on the contraction or its columns (tensor
-    parallel), or replicated."""
-    a, w = rand(4, 6), rand(6, 5)
+    """(5,7) @ (7,3): x sharded on its rows or the contraction, w on the contraction or its columns (tensor
+    parallel), or replicated; every split uneven."""
+    a, w = rand(5, 7), rand(7, 3)
     close(Tensor(a).shard(D2, xa) @ Tensor(w).shard(D2, wa), a @ w, 1e-4)
 
 
