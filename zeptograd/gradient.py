@@ -36,11 +36,10 @@ _custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] 
 def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
     """`out` (computed from `inputs`) with its gradient given by `rule(grad, out, *inputs)` instead of by the
     primitives it is built from. Each input must be in out's graph."""
-    if out.uop.op is Ops.MULTI:  # sharded (tensor/multi.py): the rule per device, where each input is sharded as
-        ins = [t.uop for t in inputs]  # out is, so that device i's output is the rule's function of its parts
-        if all(u.op is Ops.MULTI and u.arg == out.uop.arg and len(u.src) == len(out.uop.src) for u in ins):
+    if out.uop.op is Ops.MULTI:  # sharded (tensor/multi.py): the rule on each device where device i's output is
+        if multi.per_device_function(out.uop, [t.uop for t in inputs]):  # the function of its inputs' parts
             for i, part in enumerate(out.uop.src):
-                _custom_rules[part] = (tuple(u.src[i] for u in ins), rule)
+                _custom_rules[part] = (tuple(t.uop.src[i] for t in inputs), rule)
         return out  # otherwise the primitives' gradient
     _custom_rules[out.uop] = (tuple(t.uop for t in inputs), rule)
     return out

@@ -104,6 +104,15 @@ def _slice(u: UOp, axis: int, bound: tuple[int, int]) -> UOp:
     return UOp(Ops.SHRINK, u.dtype, (u,), tuple(bound if i == axis else (0, s) for i, s in enumerate(shape)))
 
 
+def _slice_replica(u: UOp, axis: int, bound: tuple[int, int]) -> UOp:
+    """A replica's slice for a sharded operand. A broadcast along the axis (a weight expanded over the batch) is
+    broadcast to the slice's size instead: shrink(expand(x)) = expand(x) smaller, so its gradient sums over this
+    device's rows only, not over a full-size gradient padded with zeros."""
+    if u.op is Ops.EXPAND and u.src[0].tensor_shape[axis] == 1:
+        return u.replace(arg=_with(u.arg, axis, bound[1] - bound[0]))
+    return _slice(u, axis, bound)
+
+
 def gather(m: UOp, device: str) -> UOp:
     """The whole value of MULTI m on `device`: its part there (replicated) or the parts copied there and concatenated
     along the sharded axis, in device order."""
@@ -138,7 +147,7 @@ def parts_as(m: UOp, axis: int | None, bounds: Bounds | None) -> list[UOp]:
         return [gather(m, d) for d in devices]
     assert bounds is not None
     if m.arg is None:
-        return [_slice(p, axis, b) for p, b in zip(m.src, bounds)]
+        return [_slice_replica(p, axis, b) for p, b in zip(m.src, bounds)]
     return [_slice(gather(m, d), axis, b) for d, b in zip(devices, bounds)]
 
 
@@ -323,6 +332,21 @@ def assign(t: Tensor, x) -> Tensor:
     new = [p.assign(Tensor(v, device=p.device)).uop for p, v in zip(parts(t), values)]
     t.uop = multi(new, t.uop.arg)
     return t
+
+
+def per_device_function(out: UOp, inputs: list[UOp]) -> bool:
+    """Whether each device's part of the sharded `out` is the same function of the inputs' parts on that device (so a
+    composite's own gradient rule applies part by part): out is split, and every input is split as out is or is a
+    replicated tensor of another shape than out's, used whole on every device (a conv's weight over a split batch).
+    A replicated input of out's shape was sliced to each device's rows, which the rule would not know."""
+    if out.arg is None:
+        return False
+    return all(
+        u.op is Ops.MULTI
+        and devices_of(u) == devices_of(out)
+        and ((u.arg == out.arg and bounds_of(u) == bounds_of(out)) or (u.arg is None and u.shape != out.shape))
+        for u in inputs
+    )
 
 
 def gradient_targets(u: UOp) -> tuple[UOp, ...]:
