@@ -134,6 +134,16 @@ def test_conv_batch_sharded():
     ref = torch.nn.functional.conv2d(torch.tensor(a), torch.tensor(w), padding=1)
     close(out, ref, 1e-4)
     close(out.max_pool2d(), torch.nn.functional.max_pool2d(ref, 2), 1e-4)
+    # backward: conv's own gradient rule on each device (the weight is used whole by each), the weight's summed
+    xt, wt = Tensor(a, requires_grad=True), Tensor(w, requires_grad=True)
+    xt.shard_(D2, 0)
+    wt.shard_(D2)
+    xt.conv2d(wt, padding=1).relu().sum().backward()
+    tx, tw = torch.tensor(a, requires_grad=True), torch.tensor(w, requires_grad=True)
+    torch.nn.functional.conv2d(tx, tw, padding=1).relu().sum().backward()
+    assert xt.grad is not None and wt.grad is not None
+    close(xt.grad, tx.grad, 1e-4)
+    close(wt.grad, tw.grad, 1e-3)
 
 
 @pytest.mark.slow
