@@ -7,6 +7,8 @@
     python examples/train_digits.py --short      # a few steps; exits non-zero unless the loss fell (CI)
     mpiexec -n 2 python examples/train_digits.py --distributed   # data parallel over 2 processes (MPI): each rank
                                                  # trains on its half of every batch (pip install -e ".[distributed]")
+    python examples/train_digits.py --shard CPU:0,CPU:1   # data parallel over 2 devices in this process: every
+                                                 # batch split between them, weights replicated (Tensor.shard)
 
 1797 images, 1437 to train and 360 to test (a fixed shuffle). The model: two 3x3 convolutions with BatchNorm, ReLU
 and 2x2 max pooling, then a linear layer (~7k parameters), trained with Adam on batches of 64.
@@ -61,10 +63,15 @@ class ConvNet:
         return x.sequential(self.layers)
 
 
-def accuracy(model: ConvNet, x: np.ndarray, y: np.ndarray) -> float:
+def accuracy(model: ConvNet, x: np.ndarray, y: np.ndarray, devices: tuple[str, ...] | None = None) -> float:
     with Tensor.train(False), Tensor.no_grad():
-        pred = model(Tensor(x)).argmax(axis=1).numpy()
+        pred = model(_batch(x, devices)).argmax(axis=1).numpy()
     return float((pred == y).mean())
+
+
+def _batch(x: np.ndarray, devices: tuple[str, ...] | None) -> Tensor:
+    """A batch as a Tensor, split along the batch axis over `devices` (--shard)."""
+    return Tensor(x) if devices is None else Tensor(x).shard(devices, axis=0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,16 +94,43 @@ def main(argv: list[str] | None = None) -> int:
         help="data parallel over the ranks of an MPI job (mpiexec -n N): each rank takes its 1/N of every batch, "
         "gradients averaged (zeptograd.distributed.DataParallel; BatchNorm normalizes each rank's part)",
     )
+    ap.add_argument(
+        "--shard",
+        default=None,
+        help="data parallel over devices of this process, e.g. CPU:0,CPU:1: every batch split between them, the "
+        "weights replicated, gradients all-reduced (Tensor.shard; BatchNorm normalizes the whole batch)",
+    )
     args = ap.parse_args(argv)
     if args.distributed:
         return main_distributed(args)
     steps = args.steps if args.steps is not None else (12 if args.short else 200)
+    model, losses, accs, train_s = train(args, steps)
+    devices = tuple(args.shard.split(",")) if args.shard else None
+    _, _, x_test, y_test = load_data(args.seed)
+    acc = accuracy(model, x_test, y_test, devices)
+    print(
+        f"{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
+        f"{np.mean(losses[-3:]):.3f}"
+    )
+    print(f"test accuracy: {acc * 100:.1f}%")
+    if args.short:
+        fell = np.mean(losses[-3:]) < np.mean(losses[:3])
+        print("loss fell" if fell else "loss did NOT fall")
+        return 0 if fell else 1
+    return 0
 
+
+def train(args: argparse.Namespace, steps: int) -> tuple[ConvNet, list[float], list[float], float]:
+    """(the trained model, the losses, the batch accuracies, the seconds): `steps` Adam steps on random batches."""
     from tqdm import tqdm
 
     Tensor.manual_seed(args.seed)
-    x_train, y_train, x_test, y_test = load_data(args.seed)
+    x_train, y_train, _, _ = load_data(args.seed)
     model = ConvNet()
+    devices = tuple(args.shard.split(",")) if args.shard else None
+    if devices is not None:  # every weight (and BatchNorm's statistics) replicated on each device
+        for t in nn.state.get_state_dict(model).values():
+            t.shard_(devices).realize()
     opt = nn.optim.Adam(get_parameters(model), lr=args.lr)
 
     def train_step(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
@@ -116,23 +150,12 @@ def main(argv: list[str] | None = None) -> int:
     with Tensor.train(), tqdm(range(steps), unit="step", disable=args.short and not sys.stdout.isatty()) as bar:
         for i in bar:
             idx = rng.integers(0, len(x_train), args.bs)
-            loss, acc = step(Tensor(x_train[idx]), Tensor(y_train[idx]))
+            loss, acc = step(_batch(x_train[idx], devices).realize(), _batch(y_train[idx], devices).realize())
             losses.append(loss.item())
             accs.append(acc.item())
             if i % 10 == 9 or i == steps - 1:
                 bar.set_postfix(loss=f"{np.mean(losses[-10:]):.3f}", acc=f"{np.mean(accs[-10:]):.1%}")
-    train_s = time.perf_counter() - t0
-    acc = accuracy(model, x_test, y_test)
-    print(
-        f"{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
-        f"{np.mean(losses[-3:]):.3f}"
-    )
-    print(f"test accuracy: {acc * 100:.1f}%")
-    if args.short:
-        fell = np.mean(losses[-3:]) < np.mean(losses[:3])
-        print("loss fell" if fell else "loss did NOT fall")
-        return 0 if fell else 1
-    return 0
+    return model, losses, accs, time.perf_counter() - t0
 
 
 def main_distributed(args: argparse.Namespace) -> int:

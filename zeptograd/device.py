@@ -357,8 +357,8 @@ _BACKENDS = {
 _COMPILERS = {"CPU": ("LLVM", "C")}  # the kinds whose compiler a name can choose (plain CPU is LLVM or CPU_LLVM=0's C)
 # the kinds with several devices; the others have only index 0. CPU:1, CPU:2, ... are more devices on the same cores
 # (each its own allocator and queue, one compiler): kernels run one at a time in a process, so each uses every
-# THREADS core while it runs
-_INDEXED = ("CPU", "CL", "CUDA")
+# THREADS core while it runs. NULL:1, NULL:2, ... schedule a sharded tensor's graphs without running them
+_INDEXED = ("CPU", "CL", "CUDA", "NULL")
 DEVICE_GRAMMAR = "KIND[:INDEX][:COMPILER]"
 
 
@@ -367,12 +367,17 @@ class _Device:
         self._opened: dict[str, CompiledDevice] = {}
         self._spellings: dict[str, str] = {}  # a valid name -> its one spelling (every Tensor() asks)
 
-    def canonicalize(self, device: str | None) -> str:
+    def canonicalize(self, device: str | tuple[str, ...] | list[str] | None) -> str:
         """A device name in its one spelling. The grammar is KIND[:INDEX][:COMPILER]: an integer field is a device
         index (index 0 is the kind itself: `CPU:0` is `CPU`, `CL:0` is `CL`), a name selects the compiler (`CPU:C`,
-        `CPU:LLVM`, `CPU:0:C`). CPU, CL and CUDA number their devices; PYTHON and NULL have only index 0."""
+        `CPU:LLVM`, `CPU:0:C`). CPU, CL, CUDA and NULL number their devices; PYTHON has only index 0."""
         if device is None:
             return self.DEFAULT
+        if isinstance(device, (tuple, list)):  # a sharded tensor's devices (tensor/multi.py) stay a tuple
+            names = tuple(self.canonicalize(d) for d in device)
+            if not names or len(set(names)) != len(names):
+                raise ArgumentError(f"a tuple of devices names each device once, got {tuple(device)}")
+            return names  # type: ignore[return-value]  # callers that take tuples pass them on to Tensor
         if type(device) is str and (known := self._spellings.get(device)) is not None:
             return known
         if not isinstance(device, str):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import argsort
 from zeptograd.schedule.copy import tensor_device
+from zeptograd.tensor import multi
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -35,6 +36,11 @@ _custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] 
 def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
     """`out` (computed from `inputs`) with its gradient given by `rule(grad, out, *inputs)` instead of by the
     primitives it is built from. Each input must be in out's graph."""
+    if out.uop.op is Ops.MULTI:  # sharded (tensor/multi.py): the rule on each device where device i's output is
+        if multi.per_device_function(out.uop, [t.uop for t in inputs]):  # the function of its inputs' parts
+            for i, part in enumerate(out.uop.src):
+                _custom_rules[part] = (tuple(t.uop.src[i] for t in inputs), rule)
+        return out  # otherwise the primitives' gradient
     _custom_rules[out.uop] = (tuple(t.uop for t in inputs), rule)
     return out
 
@@ -112,6 +118,8 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.ASSIGN), lambda ctx: (None, ctx)),
         # copy(x, device)' = the gradient copied back to x's device
         (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (ctx.to(tensor_device(ret.src[0])),)),
+        # a sharded tensor at the root of a backward: each part its slice of the gradient (tensor/multi.py)
+        (UPat(Ops.MULTI, name="ret"), lambda ctx, ret: multi.source_gradients(ctx, ret)),
     ]
 )
 
@@ -134,8 +142,12 @@ _NO_GRAD = {
 }
 
 
-def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UOp, Tensor]:
-    """d(root)/d(t) for each t in targets that root depends on differentiably (as lazy Tensors)."""
+def compute_gradient(
+    root: UOp, root_grad: Tensor, targets: set[UOp], stops: frozenset[UOp] = frozenset()
+) -> dict[UOp, Tensor]:
+    """d(root)/d(t) for each t in targets that root depends on differentiably (as lazy Tensors). A target in `stops`
+    passes nothing on to its sources: the parts of a sharded leaf are independent variables even where one is a copy
+    of another (tensor/multi.py)."""
     topo = list(root.toposort())
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:
@@ -144,7 +156,7 @@ def compute_gradient(root: UOp, root_grad: Tensor, targets: set[UOp]) -> dict[UO
     grads: dict[UOp, Tensor] = {root: root_grad}
     for u in reversed(topo):
         g = grads.get(u)
-        if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype):
+        if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype) or u in stops:
             continue
         if (custom := _custom_rules.get(u)) is not None:
             srcs, rule = custom

@@ -69,6 +69,7 @@ from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
+from zeptograd.tensor import multi
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
 
@@ -92,7 +93,10 @@ def _split_args(args: tuple, kwargs: dict) -> tuple[dict[ArgKey, Any], dict[ArgK
     others: dict[ArgKey, Any] = {}
     items = [(("arg", i), a) for i, a in enumerate(args)] + [(("kw", k), kwargs[k]) for k in sorted(kwargs)]
     for key, a in items:
-        if isinstance(a, Tensor):
+        if isinstance(a, Tensor) and a.uop.op is Ops.MULTI:  # sharded (tensor/multi.py): each device's part an input
+            for j, part in enumerate(multi.parts(a)):
+                tensors[(key[0], (key[1], j))] = part
+        elif isinstance(a, Tensor):
             tensors[key] = a
         else:
             if (held := _holds(a)) is not None:
@@ -165,6 +169,37 @@ def _same_value(a: Any, b: Any, top: bool = True) -> bool:
         return bool(np.array_equal(a, b))
     except Exception:
         return False
+
+
+def _flat_outputs(outs: list) -> tuple[list, list[tuple[int, int | None] | None]]:
+    """The outputs with each sharded one (tensor/multi.py) as its parts, and per output (its part count, its
+    axis) where it was sharded, else None: what `_regroup` puts together again on a replay."""
+    flat: list = []
+    groups: list[tuple[int, int | None] | None] = []
+    for t in outs:
+        if t.uop.op is Ops.MULTI:
+            parts = multi.parts(t)
+            flat.extend(parts)
+            groups.append((len(parts), t.uop.arg))
+        else:
+            flat.append(t)
+            groups.append(None)
+    return flat, groups
+
+
+def _regroup(flat: list, groups: list[tuple[int, int | None] | None]) -> list:
+    from zeptograd.tensor import Tensor
+
+    outs, i = [], 0
+    for g in groups:
+        if g is None:
+            outs.append(flat[i])
+            i += 1
+        else:
+            parts = flat[i : i + g[0]]
+            outs.append(Tensor(multi.multi([p.uop for p in parts], g[1]), device=tuple(p.device for p in parts)))
+            i += g[0]
+    return outs
 
 
 def _outputs(ret: Any) -> list:
@@ -400,6 +435,7 @@ class CapturedJit:
     checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i (-1: first)
     symbolic: bool = False  # whether the capture's inputs or arguments held Variables
     fresh: list[_FreshOutput] = field(default_factory=list)  # the output buffers each call's values stay with
+    out_groups: list = field(default_factory=list)  # per output: (parts, axis) if sharded, else None (_regroup)
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -508,6 +544,7 @@ class TinyJit:
             outs = _outputs(ret)
             if outs or tensors:  # an assign to an input is realized (and captured) too
                 Tensor.realize(*outs, *tensors.values())
+            outs, out_groups = _flat_outputs(outs)
         finally:
             _realize._capturing.pop()
         if _rng_snapshot() != rng_before:
@@ -600,6 +637,7 @@ class TinyJit:
             checks,
             bool(var_vals),
             list(fresh.values()),
+            out_groups,
         )
         if DEBUG >= 1:
             pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
@@ -637,7 +675,7 @@ class TinyJit:
                     outs.append(Tensor(reshape_uop(handed[spec[1]], shape), device=spec[3]))
                 else:
                     outs.append(_buffer_tensor(spec[1], shape, spec[3]))
-        return _wrap(cap.ret, outs)
+        return _wrap(cap.ret, _regroup(outs, cap.out_groups))
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):

@@ -27,7 +27,7 @@ import numpy as np
 
 from zeptograd.dtype import dtypes, least_upper_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError, getenv
-from zeptograd.tensor import Tensor
+from zeptograd.tensor import Tensor, multi
 from zeptograd.uop.ops import Ops
 
 from .state import _fresh_buffer_uop, _realize_leaves
@@ -45,6 +45,15 @@ def _is_buffer(t: Tensor) -> bool:
     """Whether t is a whole realized buffer (its contiguous() would be a copy kernel today)."""
     u = t.uop.src[0] if t.uop.op is Ops.RESHAPE else t.uop
     return u.op is Ops.BUFFER and u.arg[1] == t.numel()
+
+
+def _zeros_like_param(p: Tensor) -> Tensor:
+    """Zeros for an optimizer state of p from numpy (a fresh buffer), sharded as p is."""
+    if p.uop.op is Ops.MULTI:
+        devices = tuple(p.device)
+        zeros = Tensor(np.zeros(p.shape, np.float32), dtype=p.dtype, device=devices[0])
+        return zeros.shard(devices, p.uop.arg).realize()
+    return Tensor(np.zeros(p.shape, np.float32), dtype=p.dtype, device=p.device)
 
 
 def _dedup(xs: list[Tensor]) -> list[Tensor]:
@@ -72,6 +81,7 @@ class Optimizer:
         _realize_leaves(self.lr, *self.params, *self.buffers)
         fused = bool(FUSE_OPTIM) if fused is None else fused
         self.fused = fused and len(self.params) > 1 and len({(p.dtype, p.device) for p in self.params}) == 1
+        self.fused &= not any(p.uop.op is Ops.MULTI for p in self.params)  # sharded: each state sharded as its param
         self.offsets: list[tuple[int, int]] = []
         off = 0
         for p in self.params:
@@ -85,7 +95,7 @@ class Optimizer:
         if self.fused:
             p = self.params[0]
             return [Tensor(np.zeros(self.offsets[-1][1], np.float32), dtype=p.dtype, device=p.device)]
-        return [Tensor(np.zeros(p.shape, np.float32), dtype=p.dtype, device=p.device) for p in self.params]
+        return [_zeros_like_param(p) for p in self.params]
 
     def _part(self, x: Tensor | list[Tensor], i: int) -> Tensor:
         """Parameter i's part of a state (a list from _new_state) or of a flat tensor, in the parameter's shape."""
@@ -117,7 +127,15 @@ class Optimizer:
         from zeptograd.engine.realize import realized_or_none
 
         for p in self.params:
-            if p.uop.op is Ops.ASSIGN and (r := realized_or_none(p.uop)) is not None:
+            if p.uop.op is Ops.MULTI:  # sharded (tensor/multi.py): each device's part
+                parts = multi.parts(p)
+                if any(q.uop.op is Ops.ASSIGN and realized_or_none(q.uop) is not None for q in parts):
+                    for q in parts:
+                        q.uop = realized_or_none(q.uop) or q.uop
+                    p.uop = multi.multi([q.uop for q in parts], p.uop.arg)
+                    _fresh_buffer_uop(p)
+                    p.requires_grad_(True)
+            elif p.uop.op is Ops.ASSIGN and (r := realized_or_none(p.uop)) is not None:
                 p.uop = r
                 _fresh_buffer_uop(p)
                 p.requires_grad_(True)

@@ -29,7 +29,7 @@ import numpy as np
 from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop
 from zeptograd.dtype import DType, dtypes
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
-from zeptograd.tensor import Tensor
+from zeptograd.tensor import Tensor, multi
 from zeptograd.uop.ops import Ops
 
 __all__ = [
@@ -78,6 +78,12 @@ def _fresh_buffer_uop(t: Tensor) -> None:
     graph built again over the same BUFFER nodes (the same model on the same input tensor after an update) would get
     the remembered value from before the update while the old graph is alive. A new node per update makes each
     step's graph new; the schedule cache still matches them (it keys buffers by position)."""
+    if t.uop.op is Ops.MULTI:  # a sharded tensor: each device's part (tensor/multi.py)
+        parts = multi.parts(t)
+        for p in parts:
+            _fresh_buffer_uop(p)
+        t.uop = multi.multi([p.uop for p in parts], t.uop.arg)
+        return
     u = t.uop
     base = u.src[0] if u.op is Ops.RESHAPE else u
     if base.op is Ops.BUFFER and base.arg[1] == t.numel() and (buf := buffers.get(base)) is not None:

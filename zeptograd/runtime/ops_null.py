@@ -36,6 +36,7 @@ class NullDevice(CompiledDevice):
 
 
 def open_device(name: str) -> NullDevice:
-    if name != "NULL":
-        raise ArgumentError(f"unknown NULL backend {name!r}; available: NULL")
+    kind, *fields = name.split(":")
+    if kind != "NULL" or len(fields) > 1 or (fields and not fields[0].isdigit()):
+        raise ArgumentError(f"unknown NULL backend {name!r}; available: NULL, NULL:N")
     return NullDevice(name, NullRenderer(), NullCompiler(), HostAllocator())

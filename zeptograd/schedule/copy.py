@@ -20,7 +20,9 @@ from zeptograd.uop.ops import Ops, UOp
 
 def tensor_device(u: UOp) -> str:
     """The device a tensor-graph node is computed on: a COPY's target, else its first source's (leaves: their DEVICE);
-    O(depth of the first-source chain), no recursion."""
+    O(depth of the first-source chain), no recursion. A sharded tensor's MULTI: the tuple of its parts' devices."""
+    if u.op is Ops.MULTI:
+        return tuple(tensor_device(p) for p in u.src)  # type: ignore[return-value]  # several devices (tensor/multi.py)
     while u.op is not Ops.DEVICE:
         u = u.src[1] if u.op is Ops.COPY else u.src[0]
     return u.arg

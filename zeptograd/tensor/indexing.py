@@ -23,7 +23,7 @@ from zeptograd.dtype import dtypes
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import broadcast_shape, normalize_axis
 from zeptograd.uop import variable
-from zeptograd.uop.ops import GroupOp, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -531,7 +531,7 @@ def _check_values(
     from zeptograd.engine.realize import is_capturing
     from zeptograd.uop.variable import sint_value
 
-    if idx.device.split(":")[0] == "NULL":
+    if any(d.split(":")[0] == "NULL" for d in (idx.device if isinstance(idx.device, tuple) else (idx.device,))):
         return ignore is not None  # the NULL device runs nothing: its tensors hold no values to check
     if ignore is not None and not dtypes.min(idx.dtype) <= ignore <= dtypes.max(idx.dtype):
         ignore = None  # no element can equal it
@@ -589,11 +589,12 @@ def _capture_bounds_check(
         skip = idx == ignore
         inv, top = skip.where(dtypes.min(idx.dtype), inv), skip.where(dtypes.min(idx.dtype), top)
     stats = T.stack(inv._max()._inverse(), top._max()).realize()  # min > max: empty or all ignored
-    if (c := uniform_const(stats.uop)) is not None:  # a constant index: checked once, it cannot change
+    value = stats.uop.src[0] if stats.uop.op is Ops.MULTI else stats.uop  # sharded: all-reduced, read on one device
+    if (c := uniform_const(value)) is not None:  # a constant index: checked once, it cannot change
         read = lambda: (c.arg, c.arg)  # noqa: E731
     else:
-        base = view_base(stats.uop)
-        assert base is not None, f"realize left {stats.uop.op}, not a buffer"
+        base = view_base(value)
+        assert base is not None, f"realize left {value.op}, not a buffer"
         buf = buffers[base]
         read = lambda: tuple(buf.numpy()[:2].tolist())  # noqa: E731
     unbound = strip_sint(size)

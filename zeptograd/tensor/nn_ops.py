@@ -138,7 +138,7 @@ class NNMixin:
         dtype: DTypeLike | None = None,
     ) -> Tensor:
         """N-d convolution (1-d, 2-d, 3-d by the weight's rank): sliding windows times the weight, summed."""
-        (bs, cin_), (cout, cin), hw = self.shape[:2], weight.shape[:2], weight.shape[2:]
+        cin_, (cout, cin), hw = self.shape[1], weight.shape[:2], weight.shape[2:]
         if self.ndim != weight.ndim or groups * cin != cin_ or cout % groups:
             raise ArgumentError(
                 f"conv2d: input of shape {self.shape} does not match weight of shape {weight.shape} "
@@ -146,6 +146,7 @@ class NNMixin:
             )
 
         def forward(x: Tensor, weight: Tensor) -> Tensor:
+            bs = x.shape[0]  # x's: the gradient rule runs it on each device's part of a split batch (tensor/multi.py)
             x = x.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
             rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
             x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)

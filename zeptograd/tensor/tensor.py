@@ -16,6 +16,7 @@ from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
+from zeptograd.tensor import multi
 from zeptograd.tensor.elementwise import ElementwiseMixin
 from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
 from zeptograd.tensor.indexing import IndexMixin
@@ -66,8 +67,15 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     test = no_grad
 
     def __init__(
-        self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None
+        self,
+        data: Any,
+        device: str | tuple[str, ...] | None = None,
+        dtype: DTypeLike | None = None,
+        requires_grad: bool | None = None,
     ):
+        if isinstance(device, (tuple, list)):  # on several devices at once (tensor/multi.py)
+            self._init_multi(data, multi.canonical_devices(device), dtype, requires_grad)
+            return
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
@@ -117,15 +125,34 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if requires_grad:
             self.requires_grad_(True)
 
-    def _new(self, uop: UOp, device: str | None = None) -> Tensor:
+    def _init_multi(self, data: Any, devices: tuple[str, ...], dtype: DTypeLike | None, requires_grad: bool | None):
+        """A tensor on a tuple of devices: a graph built on sharded sources lowered to one graph per device, or data
+        made on the first device and replicated on the others."""
+        self.grad, self.requires_grad = None, requires_grad
+        # typed str: every creation function takes this tuple where it takes a device and passes it on to Tensor
+        self.device = devices  # type: ignore[assignment]  # a sharded tensor's device is its tuple, as tinygrad's
+        if isinstance(data, UOp):
+            self.uop = data if data.op is Ops.MULTI else multi.lower(data, devices)
+            return
+        one = Tensor(data, device=devices[0], dtype=dtype)
+        self.uop = multi.shard_uop(one.uop, devices, None)
+        if requires_grad:
+            self.requires_grad_(True)
+
+    def _new(
+        self, uop: UOp, device: str | tuple[str, ...] | None = None, inputs: tuple[UOp, ...] | None = None
+    ) -> Tensor:
         """The Tensor of a UOp built from this tensor's (and others') UOps, on this tensor's device unless `device`
-        says otherwise (a COPY): it requires grad if a source does."""
+        says otherwise (a COPY): it requires grad if a source does (or one of `inputs`, where it was built from
+        them through other nodes: a shard or gather)."""
         ret = Tensor(uop, device=device or self.device)
-        if any(s in _grad_uops for s in uop.src):
+        if any(s in _grad_uops for s in (uop.src if inputs is None else inputs)):
             if Tensor._grad_off:
-                ret.uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+                ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
+                if isinstance(ret.device, tuple):
+                    ret.uop = multi.lower(ret.uop, ret.device)
             else:
-                _grad_uops.add(uop)
+                _grad_uops.add(ret.uop)
                 ret.requires_grad = True
         return ret
 
@@ -179,7 +206,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def schedule(self, *lst: Tensor) -> list:
         from zeptograd.engine.realize import schedule_tensors
 
-        return schedule_tensors([self, *lst])
+        return schedule_tensors([p for t in (self, *lst) for p in (multi.parts(t) if t.uop.op is Ops.MULTI else [t])])
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
@@ -187,7 +214,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         tensors = [self, *lst]
         keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
-        realize_tensors(tensors)  # substitutes the realized buffer wherever the graph is used again
+        sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
+        realize_tensors([p for t in tensors for p in sharded.get(t, [t])])  # (substitutes the realized buffer
+        for t, ps in sharded.items():  # wherever the graph is used again)
+            t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
         for t, u in keep:
             t.uop = u
         return self
@@ -202,6 +232,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def numpy(self) -> np.ndarray:
         from zeptograd.engine.realize import tensor_to_numpy
 
+        if self.uop.op is Ops.MULTI:
+            return multi.numpy(self)
         return tensor_to_numpy(Tensor(self._realized_uop(), device=self.device))
 
     def tolist(self) -> Any:
@@ -231,9 +263,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """A copy with its own buffer."""
         return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self).to(device or self.device)
 
-    def to(self, device: str | None) -> Tensor:
+    def to(self, device: str | tuple[str, ...] | None) -> Tensor:
         """This tensor on `device`, lazily: a COPY node that the scheduler runs as a copy between the kernels (nothing
         moves at the call; gradients flow back through it). The same device: this tensor itself, as torch."""
+        if isinstance(device, (tuple, list)) or isinstance(self.device, tuple):  # to or from several devices
+            return self if device == self.device else multi.to(self, device)
         device = Device.canonicalize(device)
         if device == self.device:
             return self
@@ -243,8 +277,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             src = UOp(Ops.CONTIGUOUS, src.dtype, (src,))  # a kernel gathers it, so the copy moves exactly its bytes
         return self._new(UOp(Ops.COPY, self.dtype, (src, UOp(Ops.DEVICE, arg=device))), device)
 
-    def to_(self, device: str | None) -> Tensor:
+    def to_(self, device: str | tuple[str, ...] | None) -> Tensor:
         return self.replace(self.to(device))
+
+    def shard(self, devices: tuple[str, ...] | list[str], axis: int | None = None) -> Tensor:
+        """This tensor on several devices (tinygrad's shard): split along `axis` in slices as equal as they can be
+        (the first ones one element larger), or whole on each device (axis None: replicated). Ops on it run on each
+        device; `.to(device)` gathers it. See tensor/multi.py."""
+        return multi.shard(self, devices, axis)
+
+    def shard_(self, devices: tuple[str, ...] | list[str], axis: int | None = None) -> Tensor:
+        return self.replace(self.shard(devices, axis))
 
     def replace(self, x: Tensor) -> Tensor:
         if x.shape != self.shape:
@@ -257,6 +300,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
         from zeptograd.engine.realize import note_built, realized_value, with_realized_values
 
+        if self.uop.op is Ops.MULTI:
+            return multi.assign(self, x)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
         if x.device != self.device:
@@ -301,10 +346,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
         for t in targets:
-            if t.uop not in nodes:
+            if not any(u in nodes for u in multi.gradient_targets(t.uop)):
                 raise ArgumentError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
-        grads = compute_gradient(self.uop, root_grad, {t.uop for t in targets})
-        return [grads[t.uop] if t.uop in grads else t.zeros_like() for t in targets]
+        parts = {u for t in targets if t.uop.op is Ops.MULTI for u in t.uop.src}
+        grads = compute_gradient(
+            self.uop, root_grad, {u for t in targets for u in multi.gradient_targets(t.uop)}, frozenset(parts)
+        )
+        return [g if (g := _leaf_grad(t.uop, grads)) is not None else t.zeros_like() for t in targets]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Accumulate d(self)/d(leaf) into `.grad` of every tensor created with requires_grad=True in the graph."""
@@ -312,12 +360,19 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
-        leaves = [t for t in list(_grad_leaves.values()) if t.requires_grad and t.uop in nodes]
+        leaves = [
+            t
+            for t in list(_grad_leaves.values())
+            if t.requires_grad and any(u in nodes for u in multi.gradient_targets(t.uop))
+        ]
         if not leaves:
             raise RuntimeError("backward: no tensor in this graph requires grad (create one with requires_grad=True)")
-        grads = compute_gradient(self.uop, root_grad, {t.uop for t in leaves})
+        parts = {u for t in leaves if t.uop.op is Ops.MULTI for u in t.uop.src}
+        grads = compute_gradient(
+            self.uop, root_grad, {u for t in leaves for u in multi.gradient_targets(t.uop)}, frozenset(parts)
+        )
         for t in leaves:
-            if (g := grads.get(t.uop)) is not None:
+            if (g := _leaf_grad(t.uop, grads)) is not None:
                 t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -379,7 +434,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         *shape, dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None
     ) -> Tensor:
         shape = Tensor._shape_arg(shape, symbolic=True)  # a symbolic shape: a buffer of its largest size
-        dt, device = to_dtype(dtype or dtypes.default_float), Device.canonicalize(device)
+        dt = to_dtype(dtype or dtypes.default_float)
+        if isinstance(device, (tuple, list)):  # a buffer on each device
+            devices = multi.canonical_devices(device)
+            parts = [Tensor.empty(*shape, dtype=dt, device=d).uop for d in devices]
+            ret = Tensor(multi.multi(parts, None), device=devices)
+            return ret.requires_grad_(True) if requires_grad else ret
+        device = Device.canonicalize(device)
         n = prod(shape)
         ret = Tensor(reshape_uop(new_buffer_uop(device, n.vmax if isinstance(n, UOp) else n, dt), shape), device=device)
         return ret.requires_grad_(True) if requires_grad else ret
@@ -402,8 +463,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return Tensor.full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
 
     @staticmethod
-    def _iota(n: int, device: str | None) -> Tensor:
-        device = Device.canonicalize(device)
+    def _iota(n: int, device: str | tuple[str, ...] | None) -> Tensor:
+        device = multi.canonical_devices(device) if isinstance(device, (tuple, list)) else Device.canonicalize(device)
         dt = dtypes.int32 if n <= dtypes.max(dtypes.int32) + 1 else dtypes.int64  # 0..n-1 must not wrap
         return Tensor(UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=device),), n), device=device)
 
@@ -683,6 +744,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
+
+
+def _leaf_grad(u: UOp, grads: dict[UOp, Tensor]) -> Tensor | None:
+    """A leaf's gradient; a sharded leaf's is put together from its parts' (tensor/multi.py)."""
+    return multi.leaf_gradient(u, grads) if u.op is Ops.MULTI else grads.get(u)
 
 
 # ***** symbolic shapes (uop/variable.py) *****

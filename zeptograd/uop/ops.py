@@ -29,6 +29,7 @@ class Ops(Enum):
     DETACH = auto()  # stops gradients; otherwise the identity
     ASSIGN = auto()  # src=(target, value)
     COPY = auto()  # src=(value, DEVICE target): the value moved to another device (a copy item, not a kernel)
+    MULTI = auto()  # src=one part per device, arg=sharded axis or None (replicated): a sharded tensor (tensor/multi.py)
     # scheduling
     BUFFERIZE = auto()  # src=(value, *ranges): a value that may be materialized
     SINK = auto()  # groups outputs
@@ -439,6 +440,11 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
         return src[-1].shape if op is not Ops.WHERE else src[1].shape
     if op in (Ops.ASSIGN, Ops.COPY):
         return src[0].shape
+    if op is Ops.MULTI:  # the logical shape: the parts joined along the sharded axis
+        if arg is None:
+            return src[0].shape
+        joined = sum(p.tensor_shape[arg] for p in src)
+        return _sints(tuple(joined if i == arg else s for i, s in enumerate(src[0].shape)))
     return None
 
 
