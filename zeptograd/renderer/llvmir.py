@@ -94,7 +94,10 @@ class LLVMRenderer(Renderer):
     device = "CPU"
     has_threads = True
     alu_transcendentals = True  # llvm.exp2.v16f32 is 16 libm calls; the polynomials stay vectors (4.5x on softmax)
-    masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers
+    masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers (AVX: vmaskmov)
+
+    def __init__(self, simd_bytes: int = 64):
+        self.simd_bytes = simd_bytes  # the device passes its host's (runtime/ops_llvm.py); 64 renders for AVX-512
 
     def keeps_vector(self, x: UOp) -> bool:
         return True  # LLVM has every op on vectors; the backend splits what the CPU lacks
