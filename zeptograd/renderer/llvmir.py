@@ -456,7 +456,7 @@ class _Operands(NamedTuple):
 def _neg(f: _Function, o: _Operands) -> str:
     if _is_float(o.sdt):
         return f.instr(f"fneg {o.t} {o.a[0]}")
-    if o.sdt.scalar == dtypes.bool:  # not x
+    if dtypes.is_bool(o.sdt):  # not x
         return f.instr(f"xor {o.t} {o.a[0]}, {render_const(True, o.sdt)}")
     return f.instr(f"sub {o.t} {render_const(0, o.sdt)}, {o.a[0]}")
 
@@ -480,7 +480,7 @@ def _compare(f: _Function, o: _Operands) -> str:
 def _max(f: _Function, o: _Operands) -> str:
     if _is_float(o.sdt):  # NaN-propagating, as the PYTHON reference
         return f.intrinsic("maximum", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
-    if o.sdt.scalar == dtypes.bool:
+    if dtypes.is_bool(o.sdt):
         return f.instr(f"or {o.t} {o.a[0]}, {o.a[1]}")
     return f.intrinsic("smax" if _signed(o.sdt) else "umax", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
 
@@ -507,7 +507,7 @@ def _binary(f: _Function, o: _Operands) -> str:
     """one instruction: float arithmetic, bool arithmetic as logic, int ops (signed or unsigned where they differ)"""
     if _is_float(o.sdt):
         instr = _FLOAT_INSTR[o.op]
-    elif o.sdt.scalar == dtypes.bool and o.op in _BOOL_INSTR:
+    elif dtypes.is_bool(o.sdt) and o.op in _BOOL_INSTR:
         instr = _BOOL_INSTR[o.op]
     elif o.op in _SIGNED_INSTR:
         instr = _SIGNED_INSTR[o.op][0 if _signed(o.sdt) else 1]
