@@ -75,3 +75,15 @@ def test_cpu_backends_agree_on_the_width():
     except Exception as e:
         pytest.skip(f"CPU:C: {e}")
     assert c.renderer.simd_bytes == llvm.renderer.simd_bytes
+
+
+@pytest.mark.parametrize("simd_bytes, lanes, accumulators", [(64, 16, 4), (32, 8, 8), (16, 4, 8)])
+def test_a_reduce_keeps_its_adds_in_flight(simd_bytes, lanes, accumulators):
+    """a sum along its contiguous axis: vectors of the target's width, and 8 accumulators where they are narrower than
+    64 bytes (as many adds in flight as AVX-512's 4 x 16 lanes; AVX2's 4 x 8 lanes were latency-bound)"""
+    from zeptograd.codegen.opt import OptOps
+    from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+
+    (item,) = schedule_tensors([Tensor(np.ones((64, 4096), np.float32)).sum(axis=1)])
+    _, opts = hand_coded_optimizations(item.ast, simd_bytes, threads=1)
+    assert [(o.op, o.arg) for o in opts] == [(OptOps.UNROLL, lanes), (OptOps.UNROLL, accumulators)]
