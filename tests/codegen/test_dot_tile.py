@@ -95,18 +95,20 @@ def test_a_wide_weight_is_read_in_cache_blocks():
     np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
 
 
-def test_vector_lanes_follow_the_accesses_run_most_often():
+@pytest.mark.parametrize("simd_bytes", [32, 64])
+def test_vector_lanes_follow_the_accesses_run_most_often(simd_bytes):
     """x @ w.T with many columns: the store walks the 2 columns of a tile contiguously and its index spans
-    2560*1536 elements, but the loads inside the reduce run 384 times as often: their 16-wide reduce axis is the
-    vector (before, counting index ranges only, the store won and the kernel ran 2-lane FMAs)."""
-    from zeptograd.device import Device
+    2560*1536 elements, but the loads inside the reduce run 384 times as often: their reduce axis is the vector, as
+    wide as the target's registers (before, counting index ranges only, the store won and the kernel ran 2-lane
+    FMAs)."""
+    from zeptograd.renderer.llvmir import LLVMRenderer
 
     (x, _), (w, _) = data(2560, 384), data(1536, 384)
     (item,) = (x @ w.T).schedule()
-    renderer = Device["CPU"].renderer
+    renderer = LLVMRenderer(simd_bytes=simd_bytes)
     uops, _ = full_rewrite(item.ast, renderer)
     src = renderer.render(kernel_name(item.ast), uops).src
-    assert set(re.findall(r"llvm\.fma\.(v\d+f32)", src)) == {"v16f32"}  # before: v2f32
+    assert set(re.findall(r"llvm\.fma\.(v\d+f32)", src)) == {f"v{simd_bytes // 4}f32"}  # before: v2f32
 
 
 @pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])

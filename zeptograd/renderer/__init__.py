@@ -63,12 +63,21 @@ def wrapping_dtype(u: UOp) -> DType | None:
     return _UNSIGNED[max(dt.itemsize, 4)]
 
 
+def simd_bytes_for(features: set[str]) -> int:
+    """The widest vector (in bytes) a CPU with these features (LLVM's names: `avx512f`, `avx2`, `avx`, `sse2`, `neon`)
+    has registers for, which is how wide a CPU renderer's vectors are (`Renderer.simd_bytes`): AVX-512 64 bytes (16
+    floats), AVX 32 (8 floats), else 16 (4 floats: SSE, NEON). Wider vectors than the registers are legal in LLVM IR
+    and C, but each op is split in halves and a register tile of them spills (8 rows x 2 vectors of 16 lanes are 32
+    ymm registers where AVX2 has 16)."""
+    return 64 if "avx512f" in features else 32 if "avx" in features or "avx2" in features else 16
+
+
 class Renderer:
     """What codegen asks of a target, and `render`. A backend's renderer subclasses it, sets the fields where its
     target differs and implements `render`; tests/backend/test_conformance.py checks the fields' types."""
 
     device: str = "base"
-    simd_bytes: int = 64  # the widest vector the optimizer makes (AVX-512: 16 floats)
+    simd_bytes: int = 64  # the widest vector the optimizer makes (AVX-512: 16 floats); CPU backends: the host's
     has_threads: bool = True  # kernels may take a core_id and run on several cores (ProgramSpec.cores)
     # GPU work-group threads and local memory: codegen maps loops to thread ids (codegen/gpudims.py) within the
     # limits below, and the GPU heuristic (codegen/opt/heuristic_gpu.py) replaces the CPU one

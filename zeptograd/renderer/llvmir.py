@@ -4,16 +4,23 @@ Values are SSA registers; loops are basic blocks (a header with a phi for the co
 accumulators (DEFINE_REG) are allocas in the entry block, which the optimizer promotes to registers (SROA/mem2reg).
 Types: bool is i1 in registers and i8 in memory, float16 is `half`, bfloat16 is i16 (codegen/lower.py computes bf16
 math in float32 and converts with integer ops), vectors are `<n x T>`. Gated loads and stores branch around the access.
+
+Which instructions a UOp becomes is a rule table, as the C family's: `llvm_rules`, a PatternMatcher of `(UPat, fn)`
+rules whose ctx is the kernel's `_Function` (its SSA names, its current basic block, its parameters and declarations:
+an instruction's text depends on that state, so a rule emits its instructions and returns the value's name), and
+for the ALU ops `_ALU`, a table of op -> function of the coerced operands.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+from typing import Callable, NamedTuple
 
 from zeptograd.dtype import DType, PtrDType, dtypes
 from zeptograd.renderer import ProgramSpec, Renderer, reject_bf16_cast
 from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.upat import PatternMatcher, UPat
 
 _SCALAR = {
     dtypes.bool: "i1",
@@ -94,7 +101,10 @@ class LLVMRenderer(Renderer):
     device = "CPU"
     has_threads = True
     alu_transcendentals = True  # llvm.exp2.v16f32 is 16 libm calls; the polynomials stay vectors (4.5x on softmax)
-    masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers
+    masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers (AVX: vmaskmov)
+
+    def __init__(self, simd_bytes: int = 64):
+        self.simd_bytes = simd_bytes  # the device passes its host's (runtime/ops_llvm.py); 64 renders for AVX-512
 
     def keeps_vector(self, x: UOp) -> bool:
         return True  # LLVM has every op on vectors; the backend splits what the CPU lacks
@@ -114,6 +124,10 @@ class _Function:
         self.decls: set[str] = set()
         self.n = 0
         self.block = "entry"
+        self.bufs: list[tuple[int, str]] = []  # (DEFINE_GLOBAL index, parameter)
+        self.var_names: list[str] = []
+        self.specials: list[UOp] = []
+        self.loops: dict[UOp, tuple[str, str]] = {}  # RANGE -> (its counter, its block prefix)
 
     def tmp(self, prefix: str = "v") -> str:
         self.n += 1
@@ -230,6 +244,7 @@ class _Function:
         return out
 
     def alu(self, op: Ops, dt: DType, srcs: list[UOp], args: list[str]) -> str:
+        """The ALU op on its operands, coerced to one type (the sources' type: compares give bools), by `_ALU`."""
         if op is Ops.WHERE:
             args = args[:1] + self.coerce(srcs[1:], args[1:], dt)
         elif len(srcs) > 1:
@@ -239,169 +254,19 @@ class _Function:
         sdt = srcs[0].dtype.scalar.vec(max(s.dtype.count for s in srcs)) if srcs else dt
         if sdt.count == 1:
             sdt = srcs[0].dtype if srcs else dt
-        t = ltype(sdt)
-        isf = _is_float(sdt)
-        is_bool = sdt.scalar == dtypes.bool
-        if op in _UNARY_INTRINSIC:
-            return self.intrinsic(_UNARY_INTRINSIC[op], dt, [(dt, args[0])])
-        if op is Ops.RECIPROCAL:
-            return self.instr(f"fdiv {t} {render_const(1.0, sdt)}, {args[0]}")
-        if op is Ops.NEG:
-            if isf:
-                return self.instr(f"fneg {t} {args[0]}")
-            if is_bool:  # not x
-                return self.instr(f"xor {t} {args[0]}, {render_const(True, sdt)}")
-            return self.instr(f"sub {t} {render_const(0, sdt)}, {args[0]}")
-        a = args
-        if op is Ops.WHERE:
-            return self.instr(f"select {ltype(sdt)} {a[0]}, {ltype(dt)} {a[1]}, {ltype(dt)} {a[2]}")
-        if op is Ops.MULACC:
-            if isf:
-                return self.intrinsic("fma", dt, [(dt, a[0]), (dt, a[1]), (dt, a[2])])
-            m = self.alu(Ops.MUL, dt, srcs[:2], a[:2])
-            return self.alu(Ops.ADD, dt, srcs[1:], [m, a[2]])
-        if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-            if isf:
-                pred = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}[op]
-                return self.instr(f"fcmp {pred} {t} {a[0]}, {a[1]}")
-            pred = {Ops.CMPLT: "slt" if _signed(sdt) else "ult", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[op]
-            return self.instr(f"icmp {pred} {t} {a[0]}, {a[1]}")
-        if op is Ops.MAX:
-            if isf:  # NaN-propagating, as the PYTHON reference
-                return self.intrinsic("maximum", dt, [(dt, a[0]), (dt, a[1])])
-            if is_bool:
-                return self.instr(f"or {t} {a[0]}, {a[1]}")
-            return self.intrinsic("smax" if _signed(sdt) else "umax", dt, [(dt, a[0]), (dt, a[1])])
-        if isf:
-            instr = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}[op]
-        elif is_bool and op in (Ops.ADD, Ops.MUL, Ops.SUB):
-            instr = {Ops.ADD: "or", Ops.MUL: "and", Ops.SUB: "xor"}[op]
-        else:
-            instr = {
-                Ops.ADD: "add",
-                Ops.SUB: "sub",
-                Ops.MUL: "mul",
-                Ops.IDIV: "sdiv" if _signed(sdt) else "udiv",
-                Ops.MOD: "srem" if _signed(sdt) else "urem",
-                Ops.AND: "and",
-                Ops.OR: "or",
-                Ops.XOR: "xor",
-                Ops.SHL: "shl",
-                Ops.SHR: "ashr" if _signed(sdt) else "lshr",
-            }[op]
-        return self.instr(f"{instr} {t} {a[0]}, {a[1]}")
+        return _ALU[op](self, _Operands(op, dt, sdt, srcs, args))
 
-    # --- the walk ---
+    # --- the walk: each UOp's instructions from the first rule of `llvm_rules` that matches ---
     def render(self, uops: list[UOp]) -> ProgramSpec:
-        r = self.r
-        bufs: list[tuple[int, str]] = []
-        var_names: list[str] = []
-        specials: list[UOp] = []
-        loops: dict[UOp, tuple[str, str]] = {}  # RANGE -> (its index, its block prefix)
         for u in uops:
-            op, dt, src = u.op, u.dtype, u.src
-            if op is Ops.DEFINE_GLOBAL:
-                r[u] = f"%data{u.arg}"
-                bufs.append((u.arg, f"ptr noalias align 64 %data{u.arg}"))
-            elif op is Ops.DEFINE_VAR:
-                r[u] = f"%var_{u.arg[0]}"
-                var_names.append(u.arg[0])
-            elif op is Ops.SPECIAL:
-                if u.arg != "core_id":
-                    raise NotImplementedError(f"the LLVM (CPU) renderer has no GPU index {u.arg!r}")
-                r[u] = "%core_id"
-                specials.append(u)
-            elif op is Ops.CONST:
-                r[u] = render_const(u.arg, dt)
-            elif op is Ops.VECTORIZE:
-                if all(s.op is Ops.CONST for s in src):
-                    r[u] = "<" + ", ".join(f"{ltype(s.dtype)} {r[s]}" for s in src) + ">"
-                    continue
-                vec, st = "poison", ltype(dt.scalar)
-                for i, s in enumerate(src):
-                    vec = self.instr(f"insertelement {ltype(dt)} {vec}, {st} {r[s]}, i32 {i}")
-                r[u] = vec
-            elif op is Ops.GEP:
-                vt = ltype(src[0].dtype)
-                if len(u.arg) == 1:
-                    r[u] = self.instr(f"extractelement {vt} {r[src[0]]}, i32 {u.arg[0]}")
-                else:
-                    mask = ", ".join(f"i32 {i}" for i in u.arg)
-                    r[u] = self.instr(f"shufflevector {vt} {r[src[0]]}, {vt} poison, <{len(u.arg)} x i32> <{mask}>")
-            elif op is Ops.DEFINE_REG:
-                assert isinstance(dt, PtrDType), "a DEFINE_REG is a pointer to its registers"
-                r[u] = self.tmp("acc")
-                self.allocas.append(f"{r[u]} = alloca {ltype(dt.base, True)}, i32 {dt.size}, align 64")
-            elif op is Ops.RANGE:
-                k = self.n = self.n + 1
-                counter, blk, before = f"%ridx{k}", f"loop{k}", self.block
-                loops[u] = (counter, blk)
-                r[u] = counter
-                self.emit(f"br label %{blk}")
-                self.label(blk)
-                self.emit(f"{counter} = phi {ltype(dt)} [ 0, %{before} ], [ {counter}_next, %{blk}_latch ]")
-                cond = self.instr(f"icmp slt {ltype(dt)} {counter}, {r[src[0]]}")
-                self.emit(f"br i1 {cond}, label %{blk}_body, label %{blk}_exit")
-                self.label(f"{blk}_body")
-            elif op is Ops.END:
-                for rng in reversed([s for s in src[1:] if s.op is Ops.RANGE]):
-                    counter, blk = loops[rng]
-                    self.emit(f"br label %{blk}_latch")
-                    self.label(f"{blk}_latch")
-                    self.emit(f"{counter}_next = add nuw nsw {ltype(rng.dtype)} {counter}, 1")
-                    self.emit(f"br label %{blk}")
-                    self.label(f"{blk}_exit")
-            elif op is Ops.AFTER:
-                r[u] = r[src[0]]
-            elif op in (Ops.GROUP, Ops.SINK):
-                pass
-            elif op is Ops.INDEX:
-                ptr_dt = src[0].dtype
-                assert isinstance(ptr_dt, PtrDType), "an INDEX indexes a pointer"
-                if src[1].op is Ops.CONST and src[1].arg == 0:
-                    r[u] = r[src[0]]
-                else:
-                    inb = "" if len(src) > 2 else "inbounds "  # a gated index may point outside the buffer
-                    offset = f"{ltype(src[1].dtype)} {r[src[1]]}"  # i32, or i64 for index math past 2**31
-                    r[u] = self.instr(f"getelementptr {inb}{ltype(ptr_dt.base, True)}, ptr {r[src[0]]}, {offset}")
-            elif op is Ops.LOAD:
-                idx = src[0]
-                if len(idx.src) > 2:  # gated: 0 where the index is not valid
-                    valid = idx.src[2]
-                    if valid.dtype.count > 1:
-                        r[u] = self.masked_load(r[idx], dt, r[valid])
-                        continue
-                    before, inside, join = self.gated(r[valid])
-                    v = self.load(r[idx], dt)
-                    inner = self.block
-                    self.emit(f"br label %{join}")
-                    self.label(join)
-                    r[u] = self.instr(f"phi {ltype(dt)} [ {v}, %{inner} ], [ zeroinitializer, %{before} ]")
-                else:
-                    r[u] = self.load(r[idx], dt)
-            elif op is Ops.STORE:
-                idx, val = src
-                if len(idx.src) > 2:
-                    valid = idx.src[2]
-                    if valid.dtype.count > 1:
-                        self.masked_store(r[idx], val.dtype, r[valid], r[val])
-                        continue
-                    _, _, join = self.gated(r[valid])
-                    self.store(r[idx], r[val], val.dtype)
-                    self.emit(f"br label %{join}")
-                    self.label(join)
-                else:
-                    self.store(r[idx], r[val], val.dtype)
-            elif op is Ops.CAST:
-                r[u] = self.cast(r[src[0]], src[0].dtype, dt)
-            elif op is Ops.BITCAST:
-                r[u] = self.bitcast(r[src[0]], src[0].dtype, dt)
-            elif op in GroupOp.ALU:
-                r[u] = self.alu(op, dt, list(src), [r[s] for s in src])
-            else:
-                raise NotImplementedError(f"the LLVM renderer has no rule for {op}")
-        params = [a for _, a in sorted(bufs)] + [f"i32 %var_{v}" for v in var_names]
-        params += ["i32 %core_id"] if specials else []
+            value = llvm_rules.rewrite(u, self)
+            if value is None:
+                raise NotImplementedError(f"the LLVM renderer has no rule for {u.op}")
+            assert isinstance(value, str)
+            if value:  # a value's name or constant; "" for an op that only emits (STORE, END)
+                self.r[u] = value
+        params = [a for _, a in sorted(self.bufs)] + [f"i32 %var_{v}" for v in self.var_names]
+        params += ["i32 %core_id"] if self.specials else []
         body = ["entry:"] + ["  " + a for a in self.allocas] + self.lines + ["  ret void"]
         src_text = (
             "\n".join(sorted(self.decls))
@@ -410,5 +275,257 @@ class _Function:
             + "\n".join(body)
             + "\n}\n"
         )
-        cores = specials[0].src[0].arg if specials else 1
-        return ProgramSpec(self.name, src_text, len(bufs), tuple(var_names), global_size=(cores, 1, 1))
+        cores = self.specials[0].src[0].arg if self.specials else 1
+        return ProgramSpec(self.name, src_text, len(self.bufs), tuple(self.var_names), global_size=(cores, 1, 1))
+
+
+# ***** the rules: (ctx, the UOp's parts) -> the value's name (or a constant), "" where the op is only emitted *****
+
+
+def _define_global(ctx: _Function, x: UOp) -> str:
+    ctx.bufs.append((x.arg, f"ptr noalias align 64 %data{x.arg}"))
+    return f"%data{x.arg}"
+
+
+def _define_var(ctx: _Function, x: UOp) -> str:
+    ctx.var_names.append(x.arg[0])
+    return f"%var_{x.arg[0]}"
+
+
+def _special(ctx: _Function, x: UOp) -> str:
+    if x.arg != "core_id":
+        raise NotImplementedError(f"the LLVM (CPU) renderer has no GPU index {x.arg!r}")
+    ctx.specials.append(x)
+    return "%core_id"
+
+
+def _vectorize(ctx: _Function, x: UOp) -> str:
+    vec, st = "poison", ltype(x.dtype.scalar)
+    for i, s in enumerate(x.src):
+        vec = ctx.instr(f"insertelement {ltype(x.dtype)} {vec}, {st} {ctx.r[s]}, i32 {i}")
+    return vec
+
+
+def _shuffle(ctx: _Function, x: UOp, v: UOp) -> str:
+    vt, mask = ltype(v.dtype), ", ".join(f"i32 {i}" for i in x.arg)
+    return ctx.instr(f"shufflevector {vt} {ctx.r[v]}, {vt} poison, <{len(x.arg)} x i32> <{mask}>")
+
+
+def _define_reg(ctx: _Function, x: UOp) -> str:
+    dt = x.dtype
+    assert isinstance(dt, PtrDType), "a DEFINE_REG is a pointer to its registers"
+    acc = ctx.tmp("acc")
+    ctx.allocas.append(f"{acc} = alloca {ltype(dt.base, True)}, i32 {dt.size}, align 64")
+    return acc
+
+
+def _range(ctx: _Function, x: UOp, n: UOp) -> str:
+    """the loop's header block: the counter's phi (0 from the block before, +1 from the latch) and the exit test"""
+    k = ctx.n = ctx.n + 1
+    counter, blk, before = f"%ridx{k}", f"loop{k}", ctx.block
+    ctx.loops[x] = (counter, blk)
+    ctx.emit(f"br label %{blk}")
+    ctx.label(blk)
+    ctx.emit(f"{counter} = phi {ltype(x.dtype)} [ 0, %{before} ], [ {counter}_next, %{blk}_latch ]")
+    cond = ctx.instr(f"icmp slt {ltype(x.dtype)} {counter}, {ctx.r[n]}")
+    ctx.emit(f"br i1 {cond}, label %{blk}_body, label %{blk}_exit")
+    ctx.label(f"{blk}_body")
+    return counter
+
+
+def _end(ctx: _Function, x: UOp) -> str:
+    """each loop it closes, innermost first: the latch (counter + 1, back to the header), then the exit block"""
+    for rng in reversed([s for s in x.src[1:] if s.op is Ops.RANGE]):
+        counter, blk = ctx.loops[rng]
+        ctx.emit(f"br label %{blk}_latch")
+        ctx.label(f"{blk}_latch")
+        ctx.emit(f"{counter}_next = add nuw nsw {ltype(rng.dtype)} {counter}, 1")
+        ctx.emit(f"br label %{blk}")
+        ctx.label(f"{blk}_exit")
+    return ""
+
+
+def _index(ctx: _Function, x: UOp, p: UOp, i: UOp) -> str:
+    assert isinstance(p.dtype, PtrDType), "an INDEX indexes a pointer"
+    inb = "" if len(x.src) > 2 else "inbounds "  # a gated index may point outside the buffer
+    offset = f"{ltype(i.dtype)} {ctx.r[i]}"  # i32, or i64 for index math past 2**31
+    return ctx.instr(f"getelementptr {inb}{ltype(p.dtype.base, True)}, ptr {ctx.r[p]}, {offset}")
+
+
+def _gated_load(ctx: _Function, x: UOp, idx: UOp, valid: UOp) -> str:
+    """0 where the index is not valid: a branch around the load, a phi after it"""
+    before, _, join = ctx.gated(ctx.r[valid])
+    v = ctx.load(ctx.r[idx], x.dtype)
+    inner = ctx.block
+    ctx.emit(f"br label %{join}")
+    ctx.label(join)
+    return ctx.instr(f"phi {ltype(x.dtype)} [ {v}, %{inner} ], [ zeroinitializer, %{before} ]")
+
+
+def _gated_store(ctx: _Function, idx: UOp, valid: UOp, v: UOp) -> str:
+    _, _, join = ctx.gated(ctx.r[valid])
+    ctx.store(ctx.r[idx], ctx.r[v], v.dtype)
+    ctx.emit(f"br label %{join}")
+    ctx.label(join)
+    return ""
+
+
+def _is_vector(u: UOp) -> bool:
+    return u.dtype.count > 1
+
+
+# INDEX(p, i, gate): the gate by its lanes (one gate: a branch; a vector of gates: a masked access)
+_GATED = UPat(Ops.INDEX, src=(UPat(), UPat(), UPat.var("valid")), name="idx")
+_VECTOR_GATED = UPat(Ops.INDEX, src=(UPat(), UPat(), UPat(custom=_is_vector, name="valid")), name="idx")
+
+llvm_rules = PatternMatcher(
+    [
+        # DEFINE_GLOBAL n -> a `ptr noalias` parameter %data<n>; DEFINE_VAR v -> an i32 parameter %var_<v>
+        (UPat(Ops.DEFINE_GLOBAL, name="x"), _define_global),
+        (UPat(Ops.DEFINE_VAR, name="x"), _define_var),
+        # SPECIAL core_id -> the last i32 parameter (GPU indices: none on a CPU)
+        (UPat(Ops.SPECIAL, name="x"), _special),
+        # CONST -> its literal (a vector's splatted)
+        (UPat(Ops.CONST, name="x"), lambda x: render_const(x.arg, x.dtype)),
+        # VECTORIZE(consts) -> a vector literal; VECTORIZE(a, b, ...) -> insertelement per lane
+        (
+            UPat(Ops.VECTORIZE, custom=lambda u: all(s.op is Ops.CONST for s in u.src), name="x"),
+            lambda ctx, x: "<" + ", ".join(f"{ltype(s.dtype)} {ctx.r[s]}" for s in x.src) + ">",
+        ),
+        (UPat(Ops.VECTORIZE, name="x"), _vectorize),
+        # GEP(v, (i,)) -> extractelement ; GEP(v, lanes) -> shufflevector
+        (
+            UPat(Ops.GEP, src=(UPat.var("v"),), custom=lambda u: len(u.arg) == 1, name="x"),
+            lambda ctx, x, v: ctx.instr(f"extractelement {ltype(v.dtype)} {ctx.r[v]}, i32 {x.arg[0]}"),
+        ),
+        (UPat(Ops.GEP, src=(UPat.var("v"),), name="x"), _shuffle),
+        # DEFINE_REG -> an alloca in the entry block (promoted to registers by the optimizer)
+        (UPat(Ops.DEFINE_REG, name="x"), _define_reg),
+        # RANGE(n) -> a loop's header and body blocks ; END(x, ranges) -> their latches and exits
+        (UPat(Ops.RANGE, src=(UPat.var("n"),), allow_any_len=True, name="x"), _range),
+        (UPat(Ops.END, name="x"), _end),
+        # AFTER(x, deps) -> x (ordering only) ; GROUP, SINK -> nothing
+        (UPat(Ops.AFTER, src=(UPat.var("x"),), allow_any_len=True), lambda ctx, x: ctx.r[x]),
+        (UPat((Ops.GROUP, Ops.SINK)), lambda: ""),
+        # INDEX(p, 0) -> p ; INDEX(p, i[, gate]) -> getelementptr (inbounds unless gated)
+        (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.const(None, 0)), allow_any_len=True), lambda ctx, p: ctx.r[p]),
+        (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i")), allow_any_len=True, name="x"), _index),
+        # LOAD(INDEX(p, i, gates)) -> llvm.masked.load ; LOAD(INDEX(p, i, gate)) -> a branch ; LOAD(idx) -> load
+        (
+            UPat(Ops.LOAD, src=(_VECTOR_GATED,), allow_any_len=True, name="x"),
+            lambda ctx, x, idx, valid: ctx.masked_load(ctx.r[idx], x.dtype, ctx.r[valid]),
+        ),
+        (UPat(Ops.LOAD, src=(_GATED,), allow_any_len=True, name="x"), _gated_load),
+        (
+            UPat(Ops.LOAD, src=(UPat.var("idx"),), allow_any_len=True, name="x"),
+            lambda ctx, x, idx: ctx.load(ctx.r[idx], x.dtype),
+        ),
+        # STORE(INDEX(p, i, gates), v) -> llvm.masked.store ; with one gate -> a branch ; STORE(idx, v) -> store
+        (
+            UPat(Ops.STORE, src=(_VECTOR_GATED, UPat.var("v"))),
+            lambda ctx, idx, valid, v: ctx.masked_store(ctx.r[idx], v.dtype, ctx.r[valid], ctx.r[v]) or "",
+        ),
+        (UPat(Ops.STORE, src=(_GATED, UPat.var("v"))), _gated_store),
+        (
+            UPat(Ops.STORE, src=(UPat.var("idx"), UPat.var("v"))),
+            lambda ctx, idx, v: ctx.store(ctx.r[idx], ctx.r[v], v.dtype) or "",
+        ),
+        # CAST, BITCAST -> the conversion instructions ; ALU ops -> `alu`
+        (UPat(Ops.CAST, src=(UPat.var("a"),), name="x"), lambda ctx, x, a: ctx.cast(ctx.r[a], a.dtype, x.dtype)),
+        (UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x"), lambda ctx, x, a: ctx.bitcast(ctx.r[a], a.dtype, x.dtype)),
+        (UPat(GroupOp.ALU, name="x"), lambda ctx, x: ctx.alu(x.op, x.dtype, list(x.src), [ctx.r[s] for s in x.src])),
+    ]
+)
+
+
+# ***** the ALU ops: (the function, its operands) -> the value's name *****
+
+
+class _Operands(NamedTuple):
+    op: Ops
+    dt: DType  # the result's type
+    sdt: DType  # the operands' type (a compare's result is a bool of their width)
+    srcs: list[UOp]
+    a: list[str]  # the operands' names, coerced to sdt
+
+    @property
+    def t(self) -> str:
+        return ltype(self.sdt)
+
+
+def _neg(f: _Function, o: _Operands) -> str:
+    if _is_float(o.sdt):
+        return f.instr(f"fneg {o.t} {o.a[0]}")
+    if dtypes.is_bool(o.sdt):  # not x
+        return f.instr(f"xor {o.t} {o.a[0]}, {render_const(True, o.sdt)}")
+    return f.instr(f"sub {o.t} {render_const(0, o.sdt)}, {o.a[0]}")
+
+
+def _mulacc(f: _Function, o: _Operands) -> str:
+    """a*b+c: llvm.fma for floats (one rounding, as the reference's fused multiply-add); mul and add for ints"""
+    if _is_float(o.sdt):
+        return f.intrinsic("fma", o.dt, [(o.dt, a) for a in o.a])
+    m = f.alu(Ops.MUL, o.dt, o.srcs[:2], o.a[:2])
+    return f.alu(Ops.ADD, o.dt, o.srcs[1:], [m, o.a[2]])
+
+
+def _compare(f: _Function, o: _Operands) -> str:
+    if _is_float(o.sdt):  # ordered: NaN < x and NaN == x are false; unordered: NaN != x is true
+        pred = {Ops.CMPLT: "olt", Ops.CMPNE: "une", Ops.CMPEQ: "oeq"}[o.op]
+        return f.instr(f"fcmp {pred} {o.t} {o.a[0]}, {o.a[1]}")
+    pred = {Ops.CMPLT: "slt" if _signed(o.sdt) else "ult", Ops.CMPNE: "ne", Ops.CMPEQ: "eq"}[o.op]
+    return f.instr(f"icmp {pred} {o.t} {o.a[0]}, {o.a[1]}")
+
+
+def _max(f: _Function, o: _Operands) -> str:
+    if _is_float(o.sdt):  # NaN-propagating, as the PYTHON reference
+        return f.intrinsic("maximum", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
+    if dtypes.is_bool(o.sdt):
+        return f.instr(f"or {o.t} {o.a[0]}, {o.a[1]}")
+    return f.intrinsic("smax" if _signed(o.sdt) else "umax", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
+
+
+def _unary_intrinsic(f: _Function, o: _Operands) -> str:
+    return f.intrinsic(_UNARY_INTRINSIC[o.op], o.dt, [(o.dt, o.a[0])])
+
+
+_FLOAT_INSTR = {Ops.ADD: "fadd", Ops.SUB: "fsub", Ops.MUL: "fmul", Ops.FDIV: "fdiv"}
+_BOOL_INSTR = {Ops.ADD: "or", Ops.MUL: "and", Ops.SUB: "xor"}
+_INT_INSTR = {
+    Ops.ADD: "add",
+    Ops.SUB: "sub",
+    Ops.MUL: "mul",
+    Ops.AND: "and",
+    Ops.OR: "or",
+    Ops.XOR: "xor",
+    Ops.SHL: "shl",
+}
+_SIGNED_INSTR = {Ops.IDIV: ("sdiv", "udiv"), Ops.MOD: ("srem", "urem"), Ops.SHR: ("ashr", "lshr")}  # (signed, unsigned)
+
+
+def _binary(f: _Function, o: _Operands) -> str:
+    """one instruction: float arithmetic, bool arithmetic as logic, int ops (signed or unsigned where they differ)"""
+    if _is_float(o.sdt):
+        instr = _FLOAT_INSTR[o.op]
+    elif dtypes.is_bool(o.sdt) and o.op in _BOOL_INSTR:
+        instr = _BOOL_INSTR[o.op]
+    elif o.op in _SIGNED_INSTR:
+        instr = _SIGNED_INSTR[o.op][0 if _signed(o.sdt) else 1]
+    else:
+        instr = _INT_INSTR[o.op]
+    return f.instr(f"{instr} {o.t} {o.a[0]}, {o.a[1]}")
+
+
+_ALU: dict[Ops, Callable[[_Function, _Operands], str]] = {
+    # EXP2/LOG2/SIN/COS/TAN/SQRT/TRUNC -> llvm.<name>.<type>
+    **{op: _unary_intrinsic for op in _UNARY_INTRINSIC},
+    # 1/x -> fdiv 1.0, x
+    Ops.RECIPROCAL: lambda f, o: f.instr(f"fdiv {o.t} {render_const(1.0, o.sdt)}, {o.a[0]}"),
+    Ops.NEG: _neg,
+    # where(c, a, b) -> select
+    Ops.WHERE: lambda f, o: f.instr(f"select {o.t} {o.a[0]}, {ltype(o.dt)} {o.a[1]}, {ltype(o.dt)} {o.a[2]}"),
+    Ops.MULACC: _mulacc,
+    **{op: _compare for op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)},
+    Ops.MAX: _max,
+    **{op: _binary for op in {*_FLOAT_INSTR, *_INT_INSTR, *_SIGNED_INSTR}},
+}

@@ -12,7 +12,7 @@ import os
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import ArgumentError
-from zeptograd.renderer import ProgramSpec
+from zeptograd.renderer import ProgramSpec, simd_bytes_for
 from zeptograd.runtime import diskcache
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
@@ -22,10 +22,14 @@ class NoCompilerError(RuntimeError):
     pass
 
 
+_MACRO_FEATURES = {"__AVX512F__": "avx512f", "__AVX2__": "avx2", "__AVX__": "avx"}
+
+
 def widest_vector(macros: str) -> str:
-    """the vector bytes a compiler's predefined macros (`cc -dM -E`) promise registers for"""
+    """the vector bytes a compiler's predefined macros (`cc -dM -E`) promise registers for: the rule the LLVM backend
+    applies to LLVM's host features (`simd_bytes_for`), so both CPU backends render vectors of one width"""
     defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ") and len(line.split()) > 1}
-    return "64" if "__AVX512F__" in defined else "32" if "__AVX__" in defined else "16"
+    return str(simd_bytes_for({feature for macro, feature in _MACRO_FEATURES.items() if macro in defined}))
 
 
 class CCompiler(Compiler):

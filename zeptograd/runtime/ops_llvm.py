@@ -21,7 +21,7 @@ from typing import Any
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import DEBUG, getenv
-from zeptograd.renderer import ProgramSpec
+from zeptograd.renderer import ProgramSpec, simd_bytes_for
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.runtime import diskcache
 from zeptograd.runtime.elf import LoadedObject, MalformedObject, UnsupportedObject
@@ -73,6 +73,12 @@ class LLVMCompiler(Compiler):
         if memo is not None:
             diskcache.write_text("hosts", memo, key)
         return key
+
+    @functools.cached_property
+    def vector_bytes(self) -> int:
+        """The widest vector the host's features give registers for (`simd_bytes_for`: 64 bytes with AVX-512, 32 with
+        AVX, else 16), read from the host's key (its features, remembered per host: no llvmlite needed)."""
+        return simd_bytes_for({f[1:] for word in self.key.split() for f in word.split(",") if f.startswith("+")})
 
     def target_machine(self) -> Any:
         target = self.llvm.Target.from_default_triple()
@@ -150,7 +156,8 @@ class LLVMDevice(CompiledDevice):
     compiler: LLVMCompiler
 
     def __init__(self, name: str):
-        super().__init__(name, LLVMRenderer(), LLVMCompiler(), HostAllocator())
+        compiler = LLVMCompiler()  # the renderer's vectors are as wide as this host's registers
+        super().__init__(name, LLVMRenderer(simd_bytes=compiler.vector_bytes), compiler, HostAllocator())
         self.loaded: dict[str, int] = {}  # symbol -> address
         self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
         self._engine: Any = None

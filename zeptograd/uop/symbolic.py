@@ -97,53 +97,124 @@ def fold_const_alu(x: UOp) -> UOp | None:
     return UOp.const(x.dtype, exec_alu(x.op, x.dtype, [s.arg for s in x.src]))
 
 
+# IDIV and MOD truncate toward zero (C's division). On x >= 0 that is floor division, where
+#   x == d*Q + R  (Q, R integer sums)  gives  x//d == Q + floor(R/d)  and  x%d == R - d*floor(R/d)
+# for any split of each coefficient k into k == d*q + r, whatever the signs of k and of the terms. The folds below
+# pick the split, and write floor(R/d) with the IR's IDIV only where R >= 0 (there they agree); on x <= 0 truncation
+# is odd: x//d == -((-x)//d) and x%d == -((-x)%d).
+
+
+def _rem_floor(k: int, d: int) -> int:  # r in [0, d)
+    return k % d
+
+
+def _rem_ceil(k: int, d: int) -> int:  # r in (-d, 0]
+    return k % d - d if k % d else 0
+
+
+def _rem_nearest(k: int, d: int) -> int:  # |r| <= d/2: the narrowest remainder
+    return k % d if 2 * (k % d) <= d else k % d - d
+
+
+def _rem_trunc(k: int, d: int) -> int:  # the sign of k, |r| <= |k|: never a larger coefficient
+    return k % d if k >= 0 else -(-k % d)
+
+
+def _one_bucket(terms: list[tuple[UOp, int]], const: int, d: int) -> tuple[list[tuple[UOp, int]], int, int] | None:
+    """(q, r, f) with x == d*(sum q) + (sum r) and floor((sum r)/d) == f for every value of the terms: x//d is
+    sum q + f and x%d is sum r - d*f, neither dividing. None where no split tried leaves the remainder one bucket."""
+    q_const, r_const = divmod(const, d)
+    for rem_of in (_rem_floor, _rem_ceil, _rem_nearest):
+        lo = hi = r_const
+        split = []
+        for b, k in terms:
+            r = rem_of(k, d)
+            lo, hi = lo + min(r * b.vmin, r * b.vmax), hi + max(r * b.vmin, r * b.vmax)
+            split.append((b, k, r))
+        if lo // d == hi // d:
+            quotient = [(b, (k - r) // d) for b, k, r in split if k != r]
+            return quotient, q_const + lo // d, lo // d
+    return None
+
+
+def _negated(x: UOp) -> UOp:
+    terms, const = split_sum(x)
+    return build_sum([(b, -k) for b, k in terms], -const, x)
+
+
 def fold_div(x: UOp, c: UOp) -> UOp | None:
-    """# (a*(q*c+r) + b)//c -> a*q + (a*r + b)//c when every term is >= 0; and drop terms too small to carry"""
-    if not is_int(x) or c.arg <= 0 or x.vmin < 0:
+    """# (a*(q*c+r) + b)//c -> a*q + (a*r + b)//c for a sum >= 0 whose remainder a*r + b stays >= 0 (or all of it when
+    # the remainder stays in one multiple of c); drop terms too small to carry; x <= 0: -((-x)//c)"""
+    if not is_int(x) or c.arg <= 0:
+        return None
+    if x.vmin >= 0:
+        return _fold_div_nonneg(x, c)
+    if x.vmax <= 0 and (folded := _fold_div_nonneg(_negated(x), c)) is not None:
+        return folded * -1
+    return None
+
+
+def _fold_div_nonneg(x: UOp, c: UOp) -> UOp | None:
+    if x.vmin < 0:
         return None
     d = c.arg
     terms, const = split_sum(x)
-    if any(k < 0 or b.vmin < 0 for b, k in terms):
-        return None
-    quotient = [(b, k // d) for b, k in terms if k >= d]
-    rest = [(b, k % d) for b, k in terms if k % d != 0]
+    if (bucket := _one_bucket(terms, const, d)) is not None:  # (x*-4 + 7)//4 -> x*-1 + 1 for x in [0, 1]
+        quotient, q_const, _ = bucket
+        return build_sum(quotient, q_const, x)
+    split = [(b, k, _rem_trunc(k, d)) for b, k in terms]
+    quotient = [(b, (k - r) // d) for b, k, r in split if k != r]
+    rest = [(b, r) for b, _, r in split if r != 0]
     q_const, r_const = divmod(const, d)
     rem = build_sum(rest, r_const, x)
-    if rem.vmin < 0:
+    if rem.vmin < 0:  # floor(rem/d) is not the IR's rem//d
         return None
-    if rem.vmax < d:
-        return build_sum(quotient, q_const, x)
     g = math.gcd(d, r_const, *[k for _, k in rest])
     if g > 1:  # (g*a + g*b) // (g*e) -> (a + b) // e
         inner = build_sum([(b, k // g) for b, k in rest], r_const // g, x)
         return build_sum(quotient, q_const, x) + inner // UOp.const(x.dtype, d // g)
-    # terms with small coefficients whose sum stays below the gcd of the others never carry
+    # terms with small coefficients whose sum stays in [0, g) never carry past a multiple of g (the gcd of the others)
     rest.sort(key=lambda t: abs(t[1]))
     for i in range(1, len(rest)):
         small, big = rest[:i], rest[i:]
         g = math.gcd(d, *[k for _, k in big])
         small_sum = build_sum(small, r_const, x)
-        if g > 1 and small_sum.vmin >= 0 and small_sum.vmax < g:
-            return build_sum(quotient, q_const, x) + build_sum(big, 0, x) // c
+        if g > 1 and small_sum.vmin >= 0 and small_sum.vmax < g and (big_sum := build_sum(big, 0, x)).vmin >= 0:
+            return build_sum(quotient, q_const, x) + big_sum // c
     if quotient or q_const:
         return build_sum(quotient, q_const, x) + rem // c
     return None
 
 
 def fold_mod(x: UOp, c: UOp) -> UOp | None:
-    """# (a*(q*c+r) + b) % c -> (a*r + b) % c when every term is >= 0, and b % c -> b when 0 <= b < c"""
-    if not is_int(x) or c.arg <= 0 or x.vmin < 0:
+    """# (a*(q*c+r) + b) % c -> (a*r + b) % c for a sum >= 0 whose remainder a*r + b stays >= 0; b % c -> b when
+    # 0 <= b < c, and a*r + b - c*f when the remainder stays in [c*f, c*(f+1)); x <= 0: -((-x)%c)"""
+    if not is_int(x) or c.arg <= 0:
+        return None
+    if x.vmin >= 0:
+        return _fold_mod_nonneg(x, c)
+    if x.vmax <= 0 and (folded := _fold_mod_nonneg(_negated(x), c)) is not None:
+        return folded * -1
+    return None
+
+
+def _fold_mod_nonneg(x: UOp, c: UOp) -> UOp | None:
+    if x.vmin < 0:
         return None
     d = c.arg
     if x.vmax < d:
         return x
     terms, const = split_sum(x)
-    if any(k < 0 or b.vmin < 0 for b, k in terms):
-        return None
-    rest = [(b, k % d) for b, k in terms if k % d != 0]
+    if (bucket := _one_bucket(terms, const, d)) is not None:  # (x*-4 + 7)%4 -> 3 for x in [0, 1]
+        quotient, _, f = bucket
+        q = dict(quotient)
+        return build_sum([(b, k - d * q.get(b, 0)) for b, k in terms if k != d * q.get(b, 0)], const % d - d * f, x)
+    rest = [(b, r) for b, k in terms if (r := _rem_trunc(k, d)) != 0]
     if rest == terms and 0 <= const < d:
         return None
     rem = build_sum(rest, const % d, x)
+    if rem.vmin < 0:  # rem % d would not be the floor remainder
+        return None
     return rem if rem.vmax < d else rem % c
 
 
