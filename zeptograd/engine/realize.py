@@ -40,6 +40,12 @@ _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDicti
 # sit under any of them.
 _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
 _realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
+# a pending ASSIGN that a later assign to the same target folded into (Tensor.assign) -> that later ASSIGN. It never
+# runs: a graph that reads it computes its value instead (`_without_superseded`), a view of it follows the chain.
+_superseded: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
+# ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
+_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
 
 
 class _ThreadCaptures(threading.local):
@@ -119,6 +125,41 @@ def with_realized_values(uops: list[UOp]) -> list[UOp]:
     if count == _realized_count[0]:
         _clean.update(u for u in nodes if u is not sink)
     return uops
+
+
+def view_root(u: UOp) -> UOp:
+    """The node under u's chain of view ops (_VIEW_OPS): a BUFFER or an ASSIGN if u is a view of memory."""
+    while u.op in _VIEW_OPS:
+        u = u.src[0]
+    return u
+
+
+def note_superseded(old: UOp, new: UOp) -> None:
+    """Tensor.assign folded the pending ASSIGN `old` into `new` (same target): `old` is never run."""
+    _superseded[old] = new
+
+
+def current_view(u: UOp) -> UOp:
+    """u, or, if u is a view of an ASSIGN folded into later ones, the same view of the last of them: a view shows the
+    tensor's latest contents, as a torch view does."""
+    root = view_root(u)
+    if root not in _superseded:
+        return u
+    head = root
+    while head in _superseded:
+        head = _superseded[head]
+    return u.substitute({root: head})
+
+
+def _without_superseded(uops: list[UOp], realized) -> list[UOp]:
+    """uops with every superseded ASSIGN replaced by its value (what the buffer held after it, computed from the
+    contents before the chain of folded assigns: the buffer is written only by the chain's last ASSIGN)."""
+    while True:
+        sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
+        mapping = {u: u.src[1] for u in sink.toposort(gate=lambda u: u not in realized) if u in _superseded}
+        if not mapping:
+            return uops
+        uops = list(graph_substitute(sink, mapping).src)
 
 
 def note_built(u: UOp) -> None:
@@ -264,6 +305,8 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
     uops = [t.uop for t in tensors]
     t0 = time.perf_counter()
     realized = _realized if not _capturing.stack else _capturing[-1].realized
+    if _superseded:
+        uops = _without_superseded(uops, realized)
     try:  # one walk: the schedule cache's key, and whether a node was realized before
         w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
     except KeyError:  # a BUFFER without a Buffer: cached_schedule says so
@@ -320,7 +363,22 @@ def realize_tensors(tensors: list[Tensor]):
 
 
 def _realize_tensors(tensors: list[Tensor]):
+    if _superseded:
+        for t in tensors:
+            t.uop = current_view(t.uop)
     items, outs, becomes, var_vals = _schedule(tensors)
+    written = _written(becomes)
+    readers: list[Tensor] = []
+    aliases: list[Tensor] = []
+    while written:  # live tensors that read what is overwritten are computed first, in the same schedule
+        found, aliases = _live_readers(written, becomes, tensors + readers)
+        if not found:
+            break
+        readers += found
+        items, outs, becomes, var_vals = _schedule(tensors + readers)
+        written = _written(becomes)
+    keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize: their graph stays for backward
+    tensors = tensors + readers
     _run_schedule(items, var_vals)
     for old in becomes:
         if old.op is Ops.ASSIGN:
@@ -337,6 +395,82 @@ def _realize_tensors(tensors: list[Tensor]):
     for old, new in becomes.items():
         if noted.get(old) is not new:
             remember_realized(old, new)
+    for t, u in keep:
+        t.uop = u
+    for t in aliases:  # views of an overwritten buffer read its new contents, through the new BUFFER node
+        root = view_root(t.uop)
+        root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
+        assert root_buf is not None
+        new_buf = written[id(buffers[root_buf])]
+        new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
+        t.uop = t.uop.substitute({root: new_root})
+
+
+def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
+    """The memory (id of its Buffer) each ASSIGN in a schedule writes -> the new BUFFER node of its contents."""
+    written = {}
+    for old, new in becomes.items():
+        if old.op is Ops.ASSIGN and (target := buffer_under(old.src[0])) is not None:
+            new_buf = buffer_under(new)
+            assert new_buf is not None, "an ASSIGN becomes a view of its target's buffer"
+            written[id(buffers[target])] = new_buf
+    return written
+
+
+def _live_readers(
+    written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor]
+) -> tuple[list[Tensor], list[Tensor]]:
+    """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
+    `written` before this schedule's writes, the live views of those memories). One walk over the live tensors'
+    graphs together: a node is visited once whatever the number of tensors above it."""
+    from zeptograd.tensor.tensor import live_tensors
+
+    skip = {id(t) for t in realizing}
+    reads: dict[UOp, bool] = {}  # node -> whether its value is computed from an overwritten memory's old contents
+
+    def memory_written(b: UOp | None) -> bool:
+        return b is not None and b in buffers and id(buffers[b]) in written
+
+    def reads_old(root: UOp) -> bool:
+        stack = [root]
+        while stack:
+            u = stack[-1]
+            if u in reads:
+                stack.pop()
+                continue
+            if u in _realized:  # its value is a buffer view (or a constant): the old contents if that memory is written
+                value = _realized[u]
+                reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+            elif u.op is Ops.BUFFER:
+                reads[u] = memory_written(u)
+            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule
+                reads[u] = False
+            else:
+                todo = [s for s in u.src if s not in reads]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                reads[u] = any(reads[s] for s in u.src)
+            stack.pop()
+        return reads[root]
+
+    readers, aliases = [], []
+    for t in list(live_tensors):
+        if id(t) in skip:
+            continue
+        u = t.uop
+        root = view_root(u)
+        if root.op in (Ops.BUFFER, Ops.ASSIGN):
+            target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
+            if memory_written(target):
+                if root.op is Ops.ASSIGN or u not in _realized:
+                    aliases.append(t)
+                continue
+            if root.op is Ops.BUFFER:
+                continue
+        if u not in _realized and reads_old(u):  # (a pending ASSIGN into another buffer: a copy, `clone`, reads too)
+            readers.append(t)
+    return readers, aliases
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:

@@ -31,6 +31,9 @@ from zeptograd.uop.variable import is_sint, sint_arg
 _grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
 _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
+# every Tensor alive: when an assign overwrites a buffer, the engine finds here the lazy tensors that must read its
+# old contents first, and the views of it that must read the new ones (engine/realize.py: _live_readers)
+live_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -68,6 +71,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def __init__(
         self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None
     ):
+        live_tensors.add(self)
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
@@ -255,7 +259,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def assign(self, x: Tensor | ConstType | list | tuple) -> Tensor:
         """Write x into this tensor, lazily: a buffer-backed tensor gets an ASSIGN whose kernel stores into its
         buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
-        from zeptograd.engine.realize import note_built, realized_value, with_realized_values
+        from zeptograd.engine.realize import (
+            current_view,
+            note_built,
+            note_superseded,
+            realized_value,
+            with_realized_values,
+        )
 
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype)
@@ -264,7 +274,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if x.uop is self.uop:
             return self
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
-        target = realized_value(self.uop)
+        target = realized_value(current_view(self.uop))
         value = with_realized_values([x.uop])[0]
         pending = None  # the previous ASSIGN to this buffer, not run yet
         if target.op is Ops.ASSIGN:
@@ -278,6 +288,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                 value = value.substitute({pending: pending.src[1]})  # walks the nodes above `pending`: the new ones)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
             note_built(self.uop)
+            if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
+                note_superseded(pending, self.uop)
         if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
             _grad_uops.add(self.uop)
         return self
