@@ -134,6 +134,11 @@ def view_root(u: UOp) -> UOp:
     return u
 
 
+def is_memory_view(u: UOp) -> bool:
+    """Whether u is a view (at least one view op) of a buffer's memory that is not the whole buffer as it is."""
+    return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
+
+
 def note_superseded(old: UOp, new: UOp) -> None:
     """Tensor.assign folded the pending ASSIGN `old` into `new` (same target): `old` is never run."""
     _superseded[old] = new
@@ -397,13 +402,17 @@ def _realize_tensors(tensors: list[Tensor]):
             remember_realized(old, new)
     for t, u in keep:
         t.uop = u
+    from zeptograd.tensor.tensor import _grad_uops as grad_uops
+
     for t in aliases:  # views of an overwritten buffer read its new contents, through the new BUFFER node
         root = view_root(t.uop)
         root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
         assert root_buf is not None
         new_buf = written[id(buffers[root_buf])]
         new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
-        t.uop = t.uop.substitute({root: new_root})
+        old_uop, t.uop = t.uop, t.uop.substitute({root: new_root})
+        if old_uop in grad_uops:  # a view that requires grad still does
+            grad_uops.add(t.uop)
 
 
 def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
@@ -463,8 +472,7 @@ def _live_readers(
         if root.op in (Ops.BUFFER, Ops.ASSIGN):
             target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
             if memory_written(target):
-                if root.op is Ops.ASSIGN or u not in _realized:
-                    aliases.append(t)
+                aliases.append(t)
                 continue
             if root.op is Ops.BUFFER:
                 continue
