@@ -464,7 +464,7 @@ def _live_readers(
         return reads[root]
 
     readers, aliases = [], []
-    for t in list(live_tensors):
+    for t in list(live_tensors.values()):
         if id(t) in skip:
             continue
         u = t.uop

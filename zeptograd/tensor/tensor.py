@@ -31,9 +31,11 @@ from zeptograd.uop.variable import is_sint, sint_arg
 _grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
 _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
-# every Tensor alive: when an assign overwrites a buffer, the engine finds here the lazy tensors that must read its
-# old contents first, and the views of it that must read the new ones (engine/realize.py: _live_readers)
-live_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# every Tensor alive, in the order they were made: when an assign overwrites a buffer, the engine finds here the lazy
+# tensors that must read its old contents first, and the views of it that must read the new ones
+# (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
+live_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+_tensor_ids = itertools.count()
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -71,7 +73,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def __init__(
         self, data: Any, device: str | None = None, dtype: DTypeLike | None = None, requires_grad: bool | None = None
     ):
-        live_tensors.add(self)
+        live_tensors[next(_tensor_ids)] = self
         device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
