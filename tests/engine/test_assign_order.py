@@ -247,3 +247,21 @@ def test_a_folded_assign_is_never_run():
     w.realize()
     np.testing.assert_equal(w.numpy(), np.array(W0, np.float32) * 1000)
     np.testing.assert_equal(y.numpy(), np.array(W0, np.float32) * 10 + 1)
+
+
+def test_tinyjit_replay_writing_a_weight_keeps_readers_and_views_right():
+    w, tw = _zt()
+
+    @TinyJit
+    def step(x: Tensor) -> Tensor:
+        w.assign(w + x).realize()
+        return (w * 1).realize()
+
+    for _ in range(5):  # calls 3+ replay the kernels without running the function
+        y, ty = w * 2, tw * 2  # built before the call: the values before its write
+        v, tv = w[0:2], tw[0:2]  # a view: the values after
+        step(Tensor([1.0, 1.0, 1.0, 1.0]))
+        tw.copy_(tw + 1)
+        _eq(y, ty)
+        _eq(v, tv)
+        _eq(w, tw)

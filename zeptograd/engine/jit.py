@@ -400,6 +400,9 @@ class CapturedJit:
     checks: dict[int, list[Callable[[dict[str, int]], None]]] = field(default_factory=dict)  # after call i (-1: first)
     symbolic: bool = False  # whether the capture's inputs or arguments held Variables
     fresh: list[_FreshOutput] = field(default_factory=list)  # the output buffers each call's values stay with
+    # buffers that existed before the capture and that a replay writes in place (weights the function assigns to):
+    # before a replay, lazy tensors that read them are computed and views of them moved on (realize.prepare_overwrite)
+    state: list[Buffer] = field(default_factory=list)
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -582,6 +585,7 @@ class TinyJit:
             else:
                 held[id(b)] = b
                 out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
+        state = [b for i, b in held.items() if i in written and i in existing_ids]
         checks: dict[int, list[Callable[[dict[str, int]], None]]] = {}
         for item_index, check in items.checks:
             checks.setdefault(call_of[item_index], []).append(check)
@@ -600,6 +604,7 @@ class TinyJit:
             checks,
             bool(var_vals),
             list(fresh.values()),
+            state,
         )
         if DEBUG >= 1:
             pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
@@ -618,6 +623,8 @@ class TinyJit:
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written or any(b is out.buf for out in cap.fresh):
                 in_bufs[k] = _copy_buffer(b)
+        if cap.state:
+            _realize.prepare_overwrite(cap.state)
         try:
             cap.replay(in_bufs, var_vals)
         finally:

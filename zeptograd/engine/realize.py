@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from zeptograd.buffers import buffer_under, buffers, view_base
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters, check_capacity
@@ -137,6 +137,11 @@ def view_root(u: UOp) -> UOp:
 def is_memory_view(u: UOp) -> bool:
     """Whether u is a view (at least one view op) of a buffer's memory that is not the whole buffer as it is."""
     return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
+
+
+def forget_realized(u: UOp) -> None:
+    """Drop what u was realized to (a copy of a view read once: the view's buffer may be written in place later)."""
+    _realized.pop(u, None)
 
 
 def note_superseded(old: UOp, new: UOp) -> None:
@@ -402,9 +407,26 @@ def _realize_tensors(tensors: list[Tensor]):
             remember_realized(old, new)
     for t, u in keep:
         t.uop = u
+    _move_views(aliases, written)
+
+
+def prepare_overwrite(bufs: list) -> None:
+    """A TinyJit replay is about to write the Buffers `bufs` in place, with no schedule: the live lazy tensors that
+    read their old contents are computed now, and the views of them move to new BUFFER nodes (what was realized
+    from the old nodes is not taken for the new contents)."""
+    with engine_lock:
+        written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
+        readers, _ = _live_readers(written, {}, [])
+        if readers:
+            _realize_tensors(readers)
+        _move_views(_live_readers(written, {}, [])[1], written)
+
+
+def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
+    """Views of an overwritten buffer read its new contents, through the new BUFFER node."""
     from zeptograd.tensor.tensor import _grad_uops as grad_uops
 
-    for t in aliases:  # views of an overwritten buffer read its new contents, through the new BUFFER node
+    for t in aliases:
         root = view_root(t.uop)
         root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
         assert root_buf is not None

@@ -206,11 +206,16 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return realized_value(self.uop)
 
     def numpy(self) -> np.ndarray:
-        from zeptograd.engine.realize import is_memory_view, tensor_to_numpy
+        from zeptograd.engine.realize import forget_realized, is_memory_view, tensor_to_numpy
 
+        if not is_memory_view(self.uop):
+            return tensor_to_numpy(Tensor(self._realized_uop(), device=self.device))
         # a view of a buffer is read through a copy that is not kept: it goes on showing the buffer's later writes
-        src = Tensor(self.uop, device=self.device) if is_memory_view(self.uop) else self
-        return tensor_to_numpy(Tensor(src._realized_uop(), device=self.device))
+        view = self.uop
+        try:
+            return tensor_to_numpy(Tensor(Tensor(view, device=self.device)._realized_uop(), device=self.device))
+        finally:
+            forget_realized(view)
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
