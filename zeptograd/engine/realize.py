@@ -380,8 +380,9 @@ def _realize_tensors(tensors: list[Tensor]):
     written = _written(becomes)
     readers: list[Tensor] = []
     aliases: list[Tensor] = []
+    stored: list[tuple[Tensor, UOp]] = []
     while written:  # live tensors that read what is overwritten are computed first, in the same schedule
-        found, aliases = _live_readers(written, becomes, tensors + readers)
+        found, aliases, stored = _live_readers(written, becomes, tensors + readers)
         if not found:
             break
         readers += found
@@ -408,6 +409,8 @@ def _realize_tensors(tensors: list[Tensor]):
     for t, u in keep:
         t.uop = u
     _move_views(aliases, written)
+    for t, a in stored:  # its value is what the ASSIGN stored: a copy of that, made only if it is read (or the
+        t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (becomes[a],))  # buffer is written again while it lives)
 
 
 def prepare_overwrite(bufs: list) -> None:
@@ -416,7 +419,7 @@ def prepare_overwrite(bufs: list) -> None:
     from the old nodes is not taken for the new contents)."""
     with engine_lock:
         written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
-        readers, _ = _live_readers(written, {}, [])
+        readers = _live_readers(written, {}, [])[0]
         if readers:
             _realize_tensors(readers)
         _move_views(_live_readers(written, {}, [])[1], written)
@@ -450,10 +453,11 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
 
 def _live_readers(
     written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor]
-) -> tuple[list[Tensor], list[Tensor]]:
+) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, UOp]]]:
     """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
-    `written` before this schedule's writes, the live views of those memories). One walk over the live tensors'
-    graphs together: a node is visited once whatever the number of tensors above it."""
+    `written` before this schedule's writes, the live views of those memories, the readers that are the very value
+    an ASSIGN of the schedule stores into a whole buffer, with that ASSIGN: they need no kernel of their own). One
+    walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it."""
     from zeptograd.tensor.tensor import live_tensors
 
     skip = {id(t) for t in realizing}
@@ -485,11 +489,13 @@ def _live_readers(
             stack.pop()
         return reads[root]
 
-    readers, aliases = [], []
-    for t in list(live_tensors.values()):
-        if id(t) in skip:
+    readers, aliases, stored = [], [], []
+    assigned = {a.src[1]: a for a in becomes if a.op is Ops.ASSIGN and view_base(a.src[0]) is not None}
+    # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
+    # is still making has no uop yet
+    for ref in list(live_tensors.data.values()):  # type: ignore[attr-defined]  # WeakValueDictionary's own dict
+        if (t := ref()) is None or id(t) in skip or (u := getattr(t, "uop", None)) is None:
             continue
-        u = t.uop
         root = view_root(u)
         if root.op in (Ops.BUFFER, Ops.ASSIGN):
             target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
@@ -498,9 +504,11 @@ def _live_readers(
                 continue
             if root.op is Ops.BUFFER:
                 continue
-        if u not in _realized and reads_old(u):  # (a pending ASSIGN into another buffer: a copy, `clone`, reads too)
+        if u in assigned and not t.requires_grad:  # (one that requires grad keeps its graph: it is computed)
+            stored.append((t, assigned[u]))
+        elif u not in _realized and reads_old(u):  # (a pending ASSIGN into another buffer, `clone`, reads too)
             readers.append(t)
-    return readers, aliases
+    return readers, aliases, stored
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:
