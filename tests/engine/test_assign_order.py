@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from zeptograd import Tensor, TinyJit, nn
+from zeptograd import GlobalCounters, Tensor, TinyJit, nn
 from zeptograd.engine import realize as engine
 
 W0 = [1.0, 2.0, 3.0, 4.0]
@@ -129,7 +129,9 @@ def test_clone_keeps_the_values_at_the_call():
 def test_the_assigned_value_itself_stays_independent():
     w, tw = _zt()
     n, tn = w * 10, tw * 10
+    k0 = GlobalCounters.kernel_count
     w.assign(n).realize()
+    assert GlobalCounters.kernel_count - k0 == 1  # n is what the write stored: no kernel of its own
     tw.copy_(tn)
     w.assign(w * 2).realize()
     tw.copy_(tw * 2)

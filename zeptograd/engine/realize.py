@@ -380,7 +380,7 @@ def _realize_tensors(tensors: list[Tensor]):
     written = _written(becomes)
     readers: list[Tensor] = []
     aliases: list[Tensor] = []
-    stored: list[tuple[Tensor, UOp]] = []
+    stored: list[tuple[Tensor, Tensor]] = []
     while written:  # live tensors that read what is overwritten are computed first, in the same schedule
         found, aliases, stored = _live_readers(written, becomes, tensors + readers)
         if not found:
@@ -409,8 +409,8 @@ def _realize_tensors(tensors: list[Tensor]):
     for t, u in keep:
         t.uop = u
     _move_views(aliases, written)
-    for t, a in stored:  # its value is what the ASSIGN stored: a copy of that, made only if it is read (or the
-        t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (becomes[a],))  # buffer is written again while it lives)
+    for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
+        t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
 
 
 def prepare_overwrite(bufs: list) -> None:
@@ -453,10 +453,10 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
 
 def _live_readers(
     written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor]
-) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, UOp]]]:
+) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, Tensor]]]:
     """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
     `written` before this schedule's writes, the live views of those memories, the readers that are the very value
-    an ASSIGN of the schedule stores into a whole buffer, with that ASSIGN: they need no kernel of their own). One
+    a tensor of `realizing` assigns to its whole buffer, with that tensor: they need no kernel of their own). One
     walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it."""
     from zeptograd.tensor.tensor import live_tensors
 
@@ -490,7 +490,7 @@ def _live_readers(
         return reads[root]
 
     readers, aliases, stored = [], [], []
-    assigned = {a.src[1]: a for a in becomes if a.op is Ops.ASSIGN and view_base(a.src[0]) is not None}
+    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
     # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
     # is still making has no uop yet
     for ref in list(live_tensors.data.values()):  # type: ignore[attr-defined]  # WeakValueDictionary's own dict
@@ -504,9 +504,12 @@ def _live_readers(
                 continue
             if root.op is Ops.BUFFER:
                 continue
-        if u in assigned and not t.requires_grad:  # (one that requires grad keeps its graph: it is computed)
-            stored.append((t, assigned[u]))
-        elif u not in _realized and reads_old(u):  # (a pending ASSIGN into another buffer, `clone`, reads too)
+        if u in _realized or not reads_old(u):  # (a pending ASSIGN into another buffer, `clone`, reads too)
+            continue
+        # (Tensor.assign took the value with realized nodes replaced; one that requires grad keeps its graph)
+        if assigned and not t.requires_grad and (v := with_realized_values([u])[0]) in assigned:
+            stored.append((t, assigned[v]))
+        else:
             readers.append(t)
     return readers, aliases, stored
 
