@@ -451,6 +451,42 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
     return written
 
 
+# node -> ids of the Buffers its graph reads (a realized node: the one holding its value), kept while the node lives:
+# a realize that writes walks only the nodes built since the last one (a live lazy graph that grows by a node per
+# iteration of a loop that also writes a buffer costs O(1) per iteration, not its whole size). A node realized since
+# it was noted still lists what its graph reads: more, never less, so at worst a reader is checked exactly for nothing.
+_memories: weakref.WeakKeyDictionary[UOp, frozenset[int]] = weakref.WeakKeyDictionary()
+_NO_MEMORY: frozenset[int] = frozenset()
+
+
+def _memories_read(root: UOp) -> frozenset[int]:
+    stack = [root]
+    while stack:
+        u = stack[-1]
+        if u in _memories:
+            stack.pop()
+            continue
+        if u in _realized:
+            value = _realized[u]
+            b = buffer_under(view_root(value)) if value.op is not Ops.CONST else None
+            _memories[u] = frozenset((id(buffers[b]),)) if b is not None and b in buffers else _NO_MEMORY
+        elif u.op is Ops.BUFFER:
+            _memories[u] = frozenset((id(buffers[u]),)) if u in buffers else _NO_MEMORY
+        else:
+            todo = [s for s in u.src if s not in _memories]
+            if todo:
+                stack.extend(todo)
+                continue
+            srcs = [_memories[s] for s in u.src]
+            mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
+            for m in srcs:
+                if not m <= mems:
+                    mems = mems | m
+            _memories[u] = mems
+        stack.pop()
+    return _memories[root]
+
+
 def _live_readers(
     written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor]
 ) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, Tensor]]]:
@@ -489,6 +525,9 @@ def _live_readers(
             stack.pop()
         return reads[root]
 
+    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
+        return not written.keys().isdisjoint(_memories_read(root))
+
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
     # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
@@ -504,7 +543,7 @@ def _live_readers(
                 continue
             if root.op is Ops.BUFFER:
                 continue
-        if u in _realized or not reads_old(u):  # (a pending ASSIGN into another buffer, `clone`, reads too)
+        if u in _realized or not may_read_written(u) or not reads_old(u):  # (an ASSIGN into another buffer reads)
             continue
         # (Tensor.assign took the value with realized nodes replaced; one that requires grad keeps its graph)
         if assigned and not t.requires_grad and (v := with_realized_values([u])[0]) in assigned:
