@@ -258,6 +258,7 @@ class _Capture(list):
         super().__init__()
         self.realized = _ReusableRealized(input_bufs)
         self.checks: list[tuple[int, Callable[[dict[str, int]], None]]] = []
+        self.first_tensor = _realize.tensor_clock()  # tensors made before: not the function's (realize.py)
 
 
 def _input_buffer(t) -> Buffer:

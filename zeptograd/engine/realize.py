@@ -139,6 +139,13 @@ def is_memory_view(u: UOp) -> bool:
     return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
 
 
+def tensor_clock() -> int:
+    """A number above that of every Tensor made so far (TinyJit notes it when a capture begins)."""
+    from zeptograd.tensor.tensor import _tensor_ids
+
+    return next(_tensor_ids)
+
+
 def forget_realized(u: UOp) -> None:
     """Drop what u was realized to (a copy of a view read once: the view's buffer may be written in place later)."""
     _realized.pop(u, None)
@@ -378,6 +385,17 @@ def _realize_tensors(tensors: list[Tensor]):
             t.uop = current_view(t.uop)
     items, outs, becomes, var_vals = _schedule(tensors)
     written = _written(becomes)
+    if written and _capturing.stack and (made_before := getattr(_capturing[-1], "first_tensor", None)) is not None:
+        # readers made before a TinyJit capture began are computed outside it: a replay must not compute them again
+        # (into their buffers, changing tensors the caller holds); those the jitted function made are captured
+        if outside := _live_readers(written, becomes, tensors, made_before)[0]:
+            stack, _capturing.stack = _capturing.stack, []
+            try:
+                _realize_tensors(outside)
+            finally:
+                _capturing.stack = stack
+            items, outs, becomes, var_vals = _schedule(tensors)
+            written = _written(becomes)
     readers: list[Tensor] = []
     aliases: list[Tensor] = []
     stored: list[tuple[Tensor, Tensor]] = []
@@ -421,7 +439,10 @@ def prepare_overwrite(bufs: list) -> None:
         written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
         readers = _live_readers(written, {}, [])[0]
         if readers:
+            keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize
             _realize_tensors(readers)
+            for t, u in keep:
+                t.uop = u
         _move_views(_live_readers(written, {}, [])[1], written)
 
 
@@ -488,12 +509,13 @@ def _memories_read(root: UOp) -> frozenset[int]:
 
 
 def _live_readers(
-    written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor]
+    written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor], made_before: int | None = None
 ) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, Tensor]]]:
     """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
     `written` before this schedule's writes, the live views of those memories, the readers that are the very value
     a tensor of `realizing` assigns to its whole buffer, with that tensor: they need no kernel of their own). One
-    walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it."""
+    walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it.
+    With `made_before` (a `tensor_clock()` value), only the tensors made before then are looked at."""
     from zeptograd.tensor.tensor import live_tensors
 
     skip = {id(t) for t in realizing}
@@ -533,6 +555,8 @@ def _live_readers(
     # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
     # is still making has no uop yet
     for ref in list(live_tensors.data.values()):  # type: ignore[attr-defined]  # WeakValueDictionary's own dict
+        if made_before is not None and ref.key >= made_before:
+            break  # (the dict is in the order the tensors were made)
         if (t := ref()) is None or id(t) in skip or (u := getattr(t, "uop", None)) is None:
             continue
         root = view_root(u)
