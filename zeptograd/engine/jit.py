@@ -259,6 +259,8 @@ class _Capture(list):
         self.realized = _ReusableRealized(input_bufs)
         self.checks: list[tuple[int, Callable[[dict[str, int]], None]]] = []
         self.first_tensor = _realize.tensor_clock()  # tensors made before: not the function's (realize.py)
+        # Buffers of tensors the function made that an assign's realize computed before its write (realize.py)
+        self.reader_bufs: set[int] = set()
 
 
 def _input_buffer(t) -> Buffer:
@@ -344,6 +346,26 @@ def _replayed(items: list, kernels: list, input_ids: set[int]) -> list[bool]:
         if seen == changing:
             return replayed
         changing = seen
+
+
+def _skip_readers_only(items: _Capture, replayed: list[bool], outs: list) -> None:
+    """A kernel that only stores tensors the function made, computed because an assign was realized while they were
+    alive (realize.py: the readers of a buffer's old contents), is not replayed when nothing after it reads them and
+    none is returned: a replay does not run the function, so no one can read them."""
+    returned = set()
+    for t in outs:
+        base = view_base(_value(t.uop))
+        if base is not None and base in buffers:
+            returned.add(id(buffers[base]))
+    read_later: set[int] = set()
+    for i in range(len(items) - 1, -1, -1):
+        item = items[i]
+        out_pos = set(getattr(item, "outputs", [0]))
+        out_ids = {id(item.bufs[o]) for o in out_pos}
+        if out_ids <= items.reader_bufs and out_ids.isdisjoint(read_later | returned):
+            replayed[i] = False
+        loaded = _loaded_params(item.ast)
+        read_later |= {id(b) for pos, b in enumerate(item.bufs) if pos not in out_pos or pos in loaded}
 
 
 @dataclass
@@ -532,6 +554,7 @@ class TinyJit:
         n_ops = mem = 0
         kernels = [_realize.get_kernel(item.device, item.ast) for item in items]
         replayed = _replayed(items, kernels, set(slot_of)) if self.prune else [True] * len(items)
+        _skip_readers_only(items, replayed, outs)
         call_of: dict[int, int] = {}  # captured item -> its call in the replay; a pruned one: -1 (before the first)
         for item, kernel, replay in zip(items, kernels, replayed):
             if not replay:  # it ran at the capture; its outputs keep its values

@@ -415,8 +415,12 @@ def _realize_tensors(tensors: list[Tensor]):
             assert target is not None, "an ASSIGN's target is a view of a buffer"
             forget_written(target)
     noted = {}  # node -> value remembered in the first loop, not noted twice
+    capture_readers = getattr(_capturing[-1], "reader_bufs", None) if _capturing.stack and readers else None
+    reader_ids = {id(r) for r in readers}
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
+        if capture_readers is not None and id(t) in reader_ids and (b := view_base(new)) is not None:
+            capture_readers.add(id(buffers[b]))  # (TinyJit need not replay a kernel that only computes these)
         if new is not t.uop:
             remember_realized(t.uop, new)
             noted[t.uop] = new
