@@ -32,6 +32,10 @@ ENGINE_API = {
     "realized_or_none",
     "with_realized_values",
     "note_built",  # a node just built over with_realized_values output: later walks stop there (setitem loops)
+    "note_superseded",  # an ASSIGN folded into a later one: never run (engine/realize.py, writes and eager semantics)
+    "current_view",  # a view of such an ASSIGN, moved to the last of its chain
+    "is_memory_view",  # a tensor that aliases a buffer: numpy() reads it without keeping a copy
+    "forget_realized",
 }
 
 

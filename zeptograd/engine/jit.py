@@ -293,6 +293,9 @@ class _Capture(list):
         super().__init__()
         self.realized = _ReusableRealized(input_bufs)
         self.checks: list[tuple[int, Callable[[dict[str, int]], None]]] = []
+        self.first_tensor = _realize.tensor_clock()  # tensors made before: not the function's (realize.py)
+        # Buffers of tensors the function made that an assign's realize computed before its write (realize.py)
+        self.reader_bufs: set[int] = set()
 
 
 def _input_buffer(t) -> Buffer:
@@ -380,6 +383,26 @@ def _replayed(items: list, kernels: list, input_ids: set[int]) -> list[bool]:
         changing = seen
 
 
+def _skip_readers_only(items: _Capture, replayed: list[bool], outs: list) -> None:
+    """A kernel that only stores tensors the function made, computed because an assign was realized while they were
+    alive (realize.py: the readers of a buffer's old contents), is not replayed when nothing after it reads them and
+    none is returned: a replay does not run the function, so no one can read them."""
+    returned = set()
+    for t in outs:
+        base = view_base(_value(t.uop))
+        if base is not None and base in buffers:
+            returned.add(id(buffers[base]))
+    read_later: set[int] = set()
+    for i in range(len(items) - 1, -1, -1):
+        item = items[i]
+        out_pos = set(getattr(item, "outputs", [0]))
+        out_ids = {id(item.bufs[o]) for o in out_pos}
+        if out_ids <= items.reader_bufs and out_ids.isdisjoint(read_later | returned):
+            replayed[i] = False
+        loaded = _loaded_params(item.ast)
+        read_later |= {id(b) for pos, b in enumerate(item.bufs) if pos not in out_pos or pos in loaded}
+
+
 @dataclass
 class _FreshOutput:
     """An output buffer the capture allocated and a replayed kernel writes. What a call returned on it keeps its
@@ -436,6 +459,9 @@ class CapturedJit:
     symbolic: bool = False  # whether the capture's inputs or arguments held Variables
     fresh: list[_FreshOutput] = field(default_factory=list)  # the output buffers each call's values stay with
     out_groups: list = field(default_factory=list)  # per output: (parts, axis) if sharded, else None (_regroup)
+    # buffers that existed before the capture and that a replay writes in place (weights the function assigns to):
+    # before a replay, lazy tensors that read them are computed and views of them moved on (realize.prepare_overwrite)
+    state: list[Buffer] = field(default_factory=list)
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         calls = self.calls
@@ -565,6 +591,7 @@ class TinyJit:
         n_ops = mem = 0
         kernels = [_realize.get_kernel(item.device, item.ast) for item in items]
         replayed = _replayed(items, kernels, set(slot_of)) if self.prune else [True] * len(items)
+        _skip_readers_only(items, replayed, outs)
         call_of: dict[int, int] = {}  # captured item -> its call in the replay; a pruned one: -1 (before the first)
         for item, kernel, replay in zip(items, kernels, replayed):
             if not replay:  # it ran at the capture; its outputs keep its values
@@ -619,6 +646,7 @@ class TinyJit:
             else:
                 held[id(b)] = b
                 out_specs.append(("buf", b, unbound_shape(t.shape), t.device))
+        state = [b for i, b in held.items() if i in written and i in existing_ids]
         checks: dict[int, list[Callable[[dict[str, int]], None]]] = {}
         for item_index, check in items.checks:
             checks.setdefault(call_of[item_index], []).append(check)
@@ -638,6 +666,7 @@ class TinyJit:
             bool(var_vals),
             list(fresh.values()),
             out_groups,
+            state,
         )
         if DEBUG >= 1:
             pruned = f" ({len(items) - len(calls)} pruned: they do not depend on the inputs)" if self.prune else ""
@@ -656,6 +685,8 @@ class TinyJit:
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written or any(b is out.buf for out in cap.fresh):
                 in_bufs[k] = _copy_buffer(b)
+        if cap.state:
+            _realize.prepare_overwrite(cap.state)
         try:
             cap.replay(in_bufs, var_vals)
         finally:

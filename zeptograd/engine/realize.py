@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from zeptograd.buffers import buffer_under, buffers, view_base
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
 from zeptograd.device import Device, GlobalCounters, check_capacity
@@ -40,6 +40,12 @@ _readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDicti
 # sit under any of them.
 _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
 _realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
+# a pending ASSIGN that a later assign to the same target folded into (Tensor.assign) -> that later ASSIGN. It never
+# runs: a graph that reads it computes its value instead (`_without_superseded`), a view of it follows the chain.
+_superseded: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+# ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
+# ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
+_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
 
 
 class _ThreadCaptures(threading.local):
@@ -119,6 +125,58 @@ def with_realized_values(uops: list[UOp]) -> list[UOp]:
     if count == _realized_count[0]:
         _clean.update(u for u in nodes if u is not sink)
     return uops
+
+
+def view_root(u: UOp) -> UOp:
+    """The node under u's chain of view ops (_VIEW_OPS): a BUFFER or an ASSIGN if u is a view of memory."""
+    while u.op in _VIEW_OPS:
+        u = u.src[0]
+    return u
+
+
+def is_memory_view(u: UOp) -> bool:
+    """Whether u is a view (at least one view op) of a buffer's memory that is not the whole buffer as it is."""
+    return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
+
+
+def tensor_clock() -> int:
+    """A number above that of every Tensor made so far (TinyJit notes it when a capture begins)."""
+    from zeptograd.tensor.tensor import _tensor_ids
+
+    return next(_tensor_ids)
+
+
+def forget_realized(u: UOp) -> None:
+    """Drop what u was realized to (a copy of a view read once: the view's buffer may be written in place later)."""
+    _realized.pop(u, None)
+
+
+def note_superseded(old: UOp, new: UOp) -> None:
+    """Tensor.assign folded the pending ASSIGN `old` into `new` (same target): `old` is never run."""
+    _superseded[old] = new
+
+
+def current_view(u: UOp) -> UOp:
+    """u, or, if u is a view of an ASSIGN folded into later ones, the same view of the last of them: a view shows the
+    tensor's latest contents, as a torch view does."""
+    root = view_root(u)
+    if root not in _superseded:
+        return u
+    head = root
+    while head in _superseded:
+        head = _superseded[head]
+    return u.substitute({root: head})
+
+
+def _without_superseded(uops: list[UOp], realized) -> list[UOp]:
+    """uops with every superseded ASSIGN replaced by its value (what the buffer held after it, computed from the
+    contents before the chain of folded assigns: the buffer is written only by the chain's last ASSIGN)."""
+    while True:
+        sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
+        mapping = {u: u.src[1] for u in sink.toposort(gate=lambda u: u not in realized) if u in _superseded}
+        if not mapping:
+            return uops
+        uops = list(graph_substitute(sink, mapping).src)
 
 
 def note_built(u: UOp) -> None:
@@ -264,6 +322,8 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
     uops = [t.uop for t in tensors]
     t0 = time.perf_counter()
     realized = _realized if not _capturing.stack else _capturing[-1].realized
+    if _superseded:
+        uops = _without_superseded(uops, realized)
     try:  # one walk: the schedule cache's key, and whether a node was realized before
         w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
     except KeyError:  # a BUFFER without a Buffer: cached_schedule says so
@@ -320,7 +380,34 @@ def realize_tensors(tensors: list[Tensor]):
 
 
 def _realize_tensors(tensors: list[Tensor]):
+    if _superseded:
+        for t in tensors:
+            t.uop = current_view(t.uop)
     items, outs, becomes, var_vals = _schedule(tensors)
+    written = _written(becomes)
+    if written and _capturing.stack and (made_before := getattr(_capturing[-1], "first_tensor", None)) is not None:
+        # readers made before a TinyJit capture began are computed outside it: a replay must not compute them again
+        # (into their buffers, changing tensors the caller holds); those the jitted function made are captured
+        if outside := _live_readers(written, becomes, tensors, made_before)[0]:
+            stack, _capturing.stack = _capturing.stack, []
+            try:
+                _realize_tensors(outside)
+            finally:
+                _capturing.stack = stack
+            items, outs, becomes, var_vals = _schedule(tensors)
+            written = _written(becomes)
+    readers: list[Tensor] = []
+    aliases: list[Tensor] = []
+    stored: list[tuple[Tensor, Tensor]] = []
+    while written:  # live tensors that read what is overwritten are computed first, in the same schedule
+        found, aliases, stored = _live_readers(written, becomes, tensors + readers)
+        if not found:
+            break
+        readers += found
+        items, outs, becomes, var_vals = _schedule(tensors + readers)
+        written = _written(becomes)
+    keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize: their graph stays for backward
+    tensors = tensors + readers
     _run_schedule(items, var_vals)
     for old in becomes:
         if old.op is Ops.ASSIGN:
@@ -328,8 +415,12 @@ def _realize_tensors(tensors: list[Tensor]):
             assert target is not None, "an ASSIGN's target is a view of a buffer"
             forget_written(target)
     noted = {}  # node -> value remembered in the first loop, not noted twice
+    capture_readers = getattr(_capturing[-1], "reader_bufs", None) if _capturing.stack and readers else None
+    reader_ids = {id(r) for r in readers}
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
+        if capture_readers is not None and id(t) in reader_ids and (b := view_base(new)) is not None:
+            capture_readers.add(id(buffers[b]))  # (TinyJit need not replay a kernel that only computes these)
         if new is not t.uop:
             remember_realized(t.uop, new)
             noted[t.uop] = new
@@ -337,6 +428,167 @@ def _realize_tensors(tensors: list[Tensor]):
     for old, new in becomes.items():
         if noted.get(old) is not new:
             remember_realized(old, new)
+    for t, u in keep:
+        t.uop = u
+    _move_views(aliases, written)
+    for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
+        t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
+
+
+def prepare_overwrite(bufs: list) -> None:
+    """A TinyJit replay is about to write the Buffers `bufs` in place, with no schedule: the live lazy tensors that
+    read their old contents are computed now, and the views of them move to new BUFFER nodes (what was realized
+    from the old nodes is not taken for the new contents)."""
+    with engine_lock:
+        written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
+        readers = _live_readers(written, {}, [])[0]
+        if readers:
+            keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize
+            _realize_tensors(readers)
+            for t, u in keep:
+                t.uop = u
+        _move_views(_live_readers(written, {}, [])[1], written)
+
+
+def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
+    """Views of an overwritten buffer read its new contents, through the new BUFFER node."""
+    from zeptograd.tensor.tensor import _grad_uops as grad_uops
+
+    for t in aliases:
+        root = view_root(t.uop)
+        root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
+        assert root_buf is not None
+        new_buf = written[id(buffers[root_buf])]
+        new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
+        old_uop, t.uop = t.uop, t.uop.substitute({root: new_root})
+        if old_uop in grad_uops:  # a view that requires grad still does
+            grad_uops.add(t.uop)
+
+
+def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
+    """The memory (id of its Buffer) each ASSIGN in a schedule writes -> the new BUFFER node of its contents."""
+    written = {}
+    for old, new in becomes.items():
+        if old.op is Ops.ASSIGN and (target := buffer_under(old.src[0])) is not None:
+            new_buf = buffer_under(new)
+            assert new_buf is not None, "an ASSIGN becomes a view of its target's buffer"
+            written[id(buffers[target])] = new_buf
+    return written
+
+
+# node -> ids of the Buffers its graph reads (a realized node: the one holding its value), kept while the node lives:
+# a realize that writes walks only the nodes built since the last one (a live lazy graph that grows by a node per
+# iteration of a loop that also writes a buffer costs O(1) per iteration, not its whole size). A node realized since
+# it was noted still lists what its graph reads: more, never less, so at worst a reader is checked exactly for nothing.
+_memories: weakref.WeakKeyDictionary[UOp, frozenset[int]] = weakref.WeakKeyDictionary()
+_NO_MEMORY: frozenset[int] = frozenset()
+
+
+def _memories_read(root: UOp) -> frozenset[int]:
+    stack = [root]
+    while stack:
+        u = stack[-1]
+        if u in _memories:
+            stack.pop()
+            continue
+        if u in _realized:
+            value = _realized[u]
+            b = buffer_under(view_root(value)) if value.op is not Ops.CONST else None
+            _memories[u] = frozenset((id(buffers[b]),)) if b is not None and b in buffers else _NO_MEMORY
+        elif u.op is Ops.BUFFER:
+            _memories[u] = frozenset((id(buffers[u]),)) if u in buffers else _NO_MEMORY
+        else:
+            todo = [s for s in u.src if s not in _memories]
+            if todo:
+                stack.extend(todo)
+                continue
+            srcs = [_memories[s] for s in u.src]
+            mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
+            for m in srcs:
+                if not m <= mems:
+                    mems = mems | m
+            _memories[u] = mems
+        stack.pop()
+    return _memories[root]
+
+
+def _live_readers(
+    written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor], made_before: int | None = None
+) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, Tensor]]]:
+    """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
+    `written` before this schedule's writes, the live views of those memories, the readers that are the very value
+    a tensor of `realizing` assigns to its whole buffer, with that tensor: they need no kernel of their own). One
+    walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it.
+    With `made_before` (a `tensor_clock()` value), only the tensors made before then are looked at."""
+    from zeptograd.tensor import multi
+    from zeptograd.tensor.tensor import live_tensors
+
+    skip = {id(t) for t in realizing}
+    realizing_uops = {t.uop for t in realizing}  # (a sharded reader's parts are new Tensors at every scan)
+    reads: dict[UOp, bool] = {}  # node -> whether its value is computed from an overwritten memory's old contents
+
+    def memory_written(b: UOp | None) -> bool:
+        return b is not None and b in buffers and id(buffers[b]) in written
+
+    def reads_old(root: UOp) -> bool:
+        stack = [root]
+        while stack:
+            u = stack[-1]
+            if u in reads:
+                stack.pop()
+                continue
+            if u in _realized:  # its value is a buffer view (or a constant): the old contents if that memory is written
+                value = _realized[u]
+                reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+            elif u.op is Ops.BUFFER:
+                reads[u] = memory_written(u)
+            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule
+                reads[u] = False
+            else:
+                todo = [s for s in u.src if s not in reads]
+                if todo:
+                    stack.extend(todo)
+                    continue
+                reads[u] = any(reads[s] for s in u.src)
+            stack.pop()
+        return reads[root]
+
+    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
+        return not written.keys().isdisjoint(_memories_read(root))
+
+    readers, aliases, stored = [], [], []
+    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
+    # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
+    # is still making has no uop yet
+    for ref in list(live_tensors.data.values()):  # type: ignore[attr-defined]  # WeakValueDictionary's own dict
+        if made_before is not None and ref.key >= made_before:
+            break  # (the dict is in the order the tensors were made)
+        if (t := ref()) is None or id(t) in skip or (u := getattr(t, "uop", None)) is None:
+            continue
+        if u.op is Ops.MULTI:  # a sharded tensor reads through its parts: those that read old contents are computed
+            todo = [
+                s
+                for s in u.src
+                if s not in _realized and s not in realizing_uops and may_read_written(s) and reads_old(s)
+            ]
+            readers += [p for p in multi.parts(t) if p.uop in todo]
+            continue
+        root = view_root(u)
+        if root.op in (Ops.BUFFER, Ops.ASSIGN):
+            target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
+            if memory_written(target):
+                aliases.append(t)
+                continue
+            if root.op is Ops.BUFFER:
+                continue
+        if u in _realized or not may_read_written(u) or not reads_old(u):  # (an ASSIGN into another buffer reads)
+            continue
+        # (Tensor.assign took the value with realized nodes replaced; one that requires grad keeps its graph)
+        if assigned and not t.requires_grad and (v := with_realized_values([u])[0]) in assigned:
+            stored.append((t, assigned[v]))
+        else:
+            readers.append(t)
+    return readers, aliases, stored
 
 
 def tensor_to_numpy(t: Tensor) -> np.ndarray:

@@ -118,14 +118,20 @@ def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
     below: dict[UOp, frozenset[UOp]] = {}  # the kernels each node depends on, through any path
     for u in nodes:
         below[u] = frozenset().union(*(below[s] for s in u.src)) | ({u} if u in kset else frozenset())
-    reads: dict[UOp, set[UOp]] = {}  # the buffers each kernel reads directly (not through another kernel)
+    # the memory (id of the Buffer) each kernel reads directly (not through another kernel): by memory, not by BUFFER
+    # node, since the contents before and after an earlier write are two nodes over one Buffer
+    reads: dict[UOp, set[int]] = {}
     for k in kernels:
         srcs = k.src[1:] if k.op is Ops.ASSIGN else k.src
-        reads[k] = {u for s in srcs for u in s.toposort(gate=lambda u: u not in kset) if u.op is Ops.BUFFER}
+        reads[k] = {
+            id(buffers[u]) for s in srcs for u in s.toposort(gate=lambda u: u not in kset) if u.op is Ops.BUFFER
+        }
     after: dict[UOp, set[UOp]] = {k: {d for d in below[k] if d is not k} for k in kernels}
     for a in kernels:
         if a.op is Ops.ASSIGN:
-            target = buffer_under(a.src[0])
+            target_buf = buffer_under(a.src[0])
+            assert target_buf is not None, "an ASSIGN's target is a view of a buffer"
+            target = id(buffers[target_buf])
             for k in kernels:
                 if k is not a and target in reads[k] and a not in below[k]:
                     after[a].add(k)  # k reads the old contents: it runs first

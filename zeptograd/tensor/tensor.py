@@ -32,6 +32,11 @@ from zeptograd.uop.variable import is_sint, sint_arg
 _grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
 _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
+# every Tensor alive, in the order they were made: when an assign overwrites a buffer, the engine finds here the lazy
+# tensors that must read its old contents first, and the views of it that must read the new ones
+# (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
+live_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+_tensor_ids = itertools.count()
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -73,6 +78,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         dtype: DTypeLike | None = None,
         requires_grad: bool | None = None,
     ):
+        live_tensors[next(_tensor_ids)] = self
         if isinstance(device, (tuple, list)):  # on several devices at once (tensor/multi.py)
             self._init_multi(data, multi.canonical_devices(device), dtype, requires_grad)
             return
@@ -230,11 +236,18 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return realized_value(self.uop)
 
     def numpy(self) -> np.ndarray:
-        from zeptograd.engine.realize import tensor_to_numpy
+        from zeptograd.engine.realize import forget_realized, is_memory_view, tensor_to_numpy
 
         if self.uop.op is Ops.MULTI:
             return multi.numpy(self)
-        return tensor_to_numpy(Tensor(self._realized_uop(), device=self.device))
+        if not is_memory_view(self.uop):
+            return tensor_to_numpy(Tensor(self._realized_uop(), device=self.device))
+        # a view of a buffer is read through a copy that is not kept: it goes on showing the buffer's later writes
+        view = self.uop
+        try:
+            return tensor_to_numpy(Tensor(Tensor(view, device=self.device)._realized_uop(), device=self.device))
+        finally:
+            forget_realized(view)
 
     def tolist(self) -> Any:
         return self.numpy().tolist()
@@ -298,7 +311,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     def assign(self, x: Tensor | ConstType | list | tuple) -> Tensor:
         """Write x into this tensor, lazily: a buffer-backed tensor gets an ASSIGN whose kernel stores into its
         buffer; a lazy one simply takes x's value. Chained assigns to one buffer fold into one ASSIGN."""
-        from zeptograd.engine.realize import note_built, realized_value, with_realized_values
+        from zeptograd.engine.realize import (
+            current_view,
+            note_built,
+            note_superseded,
+            realized_value,
+            with_realized_values,
+        )
 
         if self.uop.op is Ops.MULTI:
             return multi.assign(self, x)
@@ -309,7 +328,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if x.uop is self.uop:
             return self
         x = x.cast(self.dtype)._broadcast_to(self.shape) if x.shape != self.shape else x.cast(self.dtype)
-        target = realized_value(self.uop)
+        target = realized_value(current_view(self.uop))
         value = with_realized_values([x.uop])[0]
         pending = None  # the previous ASSIGN to this buffer, not run yet
         if target.op is Ops.ASSIGN:
@@ -323,6 +342,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                 value = value.substitute({pending: pending.src[1]})  # walks the nodes above `pending`: the new ones)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
             note_built(self.uop)
+            if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
+                note_superseded(pending, self.uop)
         if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
             _grad_uops.add(self.uop)
         return self
