@@ -11,7 +11,7 @@ import weakref
 
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
-from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
 
 def is_int(u: UOp) -> bool:
@@ -242,3 +242,24 @@ symbolic = PatternMatcher(
         (UPat(Ops.ADD, name="x"), fold_divmod_sum),
     ]
 )
+
+
+# ***** simplify, remembered *****
+
+# symbolic's rules are pure functions of the node (no ctx, no knobs): graph_rewrite remembers its fixed points, so an
+# already simplified subgraph (most of an index expression after a range is substituted) is not walked again
+symbolic.fixed_points = weakref.WeakSet()
+_simplified: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+
+
+def simplify(u: UOp) -> UOp:
+    """graph_rewrite(u, symbolic), remembered while u and its result live. The rewrite is a pure function of the
+    interned graph (the rules read only nodes and their value ranges), and the scheduler and the expander simplify the
+    same index expressions again and again (each consumer's request, each unrolled copy). Weak on both sides, so the
+    memo keeps no graph (nor the buffers a gather's index reads) alive; dict reads and writes are atomic, so threads
+    sharing it at worst simplify one expression twice, to the same interned result."""
+    if (ref := _simplified.get(u)) is not None and (r := ref()) is not None:
+        return r
+    r = graph_rewrite(u, symbolic)
+    _simplified[u] = weakref.ref(r)
+    return r
