@@ -164,6 +164,7 @@ def _limits(d: DType) -> tuple:
     return (False, True) if d == dtypes.bool else (-math.inf, math.inf)
 
 
+_INT_LIMITS = {d: _limits(d) for d in dtypes.ints}  # scalar ints only (a vector's itemsize is its whole width)
 _by_name = {n: d for n, d in vars(dtypes).items() if isinstance(d, DType)}
 
 
@@ -252,6 +253,8 @@ def to_numpy_dtype(d: DType) -> np.dtype:
 
 def truncate(d: DType, x):
     """A Python value as a scalar of dtype `d` would hold it (wraparound for ints, rounding for floats)."""
+    if type(x) is int and (lim := _INT_LIMITS.get(d)) is not None and lim[0] <= x <= lim[1]:
+        return x  # the common case, an index constant: it fits, nothing wraps
     if d == dtypes.bool:
         return bool(x)
     if dtypes.is_int(d):

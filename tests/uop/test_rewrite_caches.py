@@ -135,3 +135,24 @@ def test_simplify_from_threads_agrees():
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_sums_remembered_as_canonical_rebuild_to_themselves():
+    from zeptograd.uop.symbolic import _like_terms_done, build_sum, fold_like_terms, split_sum
+
+    r0, r1 = UOp.range(50, 20, AxisType.LOOP), UOp.range(60, 21, AxisType.LOOP)
+    inner = r0 + r1 * 3
+    exprs = [
+        (r0 + 7) * 2 + r1 + (r0 + 7) * 5 + 11,
+        inner * 2 + r0 + inner * (-1),  # inner's coefficients merge to 1: a term that is itself a sum
+        (r0 * 3) * 2 + r1 * 2 + (r0 * 3) * (-1) + 1,  # a merged coefficient of 1 on a scaled node
+        r0 * (2**31 - 1) + r1 * (2**31 - 1) + (2**31 - 1),  # coefficients near the index dtype's edge
+    ]
+    for e in exprs:
+        fold_like_terms(e)  # on the sums as built: their terms are not simplified first
+        simplify(e)
+    canonical = [u for u, v in list(_like_terms_done.items()) if v is None]
+    assert canonical
+    for p in canonical:
+        terms, const = split_sum(p)
+        assert build_sum(terms, const, p) is p, p

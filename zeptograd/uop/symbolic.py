@@ -80,7 +80,25 @@ def fold_like_terms(x: UOp) -> UOp | None:
     terms, const = split_sum(x)
     ret = build_sum(terms, const, x)
     _like_terms_done[x] = None if ret is x else ret  # never x itself: a value holding its key would never die
+    if ret is not x:
+        _note_canonical(ret, terms, const, x)
     return ret
+
+
+def _note_canonical(ret: UOp, terms: list[tuple[UOp, int]], const: int, x: UOp):
+    """Remember a built sum, and the partial sums along its left spine, as canonical: graph_rewrite visits each of them
+    next, and splitting and rebuilding them would give them back. Only where that is checked: ret splits into exactly
+    the terms and constant it was built from (no term is itself a sum or a scaled node, no coefficient wrapped) and
+    every sum on the spine has x's dtype (so a rebuild makes the same constants)."""
+    if ret.op is not Ops.ADD or ret.dtype is not x.dtype or split_sum(ret) != (terms, const):
+        return
+    _like_terms_done[ret] = None
+    p = ret.src[0] if const != 0 else ret  # the sum of all the terms, then of all but the last, ...
+    for _ in range(len(terms) - 1):
+        if p.op is not Ops.ADD or p.dtype is not x.dtype:
+            return
+        _like_terms_done[p] = None
+        p = p.src[0]
 
 
 def fold_vrange(x: UOp) -> UOp | None:
