@@ -420,10 +420,12 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
             return recorded
     done: dict[UOp, UOp] = {}
     steps = 0
-    # the op's compiled rules, called directly (PatternMatcher.rewrite's dispatch, one call less per node)
-    rewrite = pm.rewrite if TRACK_MATCH_STATS.value else pm._rules_for
+    # a plain PatternMatcher's compiled rules are called directly (its rewrite's dispatch, one call less per node); a
+    # matcher-like wrapper (VIZ records rules through one) is asked through its own rewrite
+    plain = type(pm) is PatternMatcher
+    rewrite = pm._rules_for if plain and not TRACK_MATCH_STATS.value else pm.rewrite
     # a pure matcher's known fixed points (top-down, no ctx): such a node rewrites to itself, below it nothing changes
-    fixed = pm.fixed_points if ctx is None and not bottom_up else None
+    fixed = pm.fixed_points if plain and ctx is None and not bottom_up else None
     # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux.
     # A node whose sources are all done at its visit goes on to stage 1 at once (what popping it again would do).
     stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
