@@ -4,9 +4,10 @@
     python -m bench --only softmax --only matmul --json out.json
     python -m bench --quick              # tiny sizes: checks that the harness runs, times mean nothing
 
-Each case is timed for each implementation: one warm-up call (zeptograd compiles its kernels there), then the
-median of several calls. zeptograd is timed end to end as a user sees it (build the graph, schedule, run, realize;
-the CPU runtime is synchronous), with the time spent inside kernels alongside. torch runs with
+Each case is timed for zeptograd and each peer it names (numpy and torch; onnxruntime for the ONNX models): one
+warm-up call (zeptograd compiles its kernels there), then the median of several calls. zeptograd is timed end to
+end as a user sees it (build the graph, schedule, run, realize; the CPU runtime is synchronous), with the time spent
+inside kernels alongside. torch runs with
 torch.set_num_threads(THREADS) (env THREADS, default os.cpu_count()), the count zeptograd's threads read.
 Two probes measure the machine: memory bandwidth (numpy and zeptograd copy/sum of 256 MiB, the best of them is
 the limit) and FMA throughput (numpy/torch matmul, the practical peak); each case's ratio to its limit is printed.
@@ -39,7 +40,7 @@ import numpy as np
 
 from bench.spec import Spec, threads, torch_or_none
 
-IMPLS = ("zeptograd", "numpy", "torch")
+IMPLS = ("zeptograd", "numpy", "torch")  # the table's usual columns; a case may name other peers (onnxruntime)
 BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 PEER_PAUSE_S = 0.25  # idle time before each system's measurement, so none runs beside another's spinning threads
 
@@ -525,6 +526,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
     **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
     **__import__("bench.cases_models", fromlist=["MODEL_CASES"]).MODEL_CASES,  # minilm: a pretrained BERT
+    **__import__("bench.cases_onnx", fromlist=["ONNX_CASES"]).ONNX_CASES,  # light ONNX models vs onnxruntime
     **__import__("bench.cases_startup", fromlist=["STARTUP_CASES"]).STARTUP_CASES,  # whole-process startup
 }
 
@@ -545,7 +547,7 @@ def select(only: list[str] | None) -> list[str]:
 def run_case(name: str, quick: bool) -> CaseResult:
     spec = CASES[name](quick)
     res = CaseResult(name, spec.kind, spec.note)
-    for impl in IMPLS:
+    for impl in ("zeptograd", *(k for k in spec.runners if k != "zeptograd")):
         fn = spec.runners.get(impl)
         if fn is None:
             res.seconds[impl] = None
@@ -712,6 +714,14 @@ def _fmt_num(v: float | None) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
 
 
+def columns(cases: list[dict[str, Any]]) -> list[str]:
+    """zeptograd, numpy and torch, then every other peer a case names (onnxruntime), in the order met."""
+    out = list(IMPLS)
+    for c in cases:
+        out += [i for i in c["seconds"] if i not in out]
+    return out
+
+
 def format_report(report: dict[str, Any]) -> str:
     m, lim = report["machine"], report["limits"]
     lines = [
@@ -746,9 +756,14 @@ def format_report(report: dict[str, Any]) -> str:
         )
         if "zeptograd_probe_error" in lim:
             lines.append(f"  zeptograd probe failed: {lim['zeptograd_probe_error']}")
+    impls = columns(report["cases"])
+    peers = impls[1:]
     hdr = (
-        f"{'case':<14} {'zeptograd':>10} {'(kernels)':>10} {'numpy':>10} {'torch':>10}  {'unit':<7} "
-        f"{'zg':>7} {'numpy':>7} {'torch':>7} {'zg/best':>8} {'zg/limit':>8}  note"
+        f"{'case':<15} {'zeptograd':>10} {'(kernels)':>10} "
+        + "".join(f"{p[:11]:>12}" for p in peers)
+        + f"  {'unit':<7} {'zg':>7} "
+        + "".join(f"{p[:7]:>8}" for p in peers)
+        + f" {'zg/best':>8} {'zg/limit':>8}  note"
     )
     lines += [hdr, "-" * len(hdr)]
     for c in report["cases"]:
@@ -757,12 +772,14 @@ def format_report(report: dict[str, Any]) -> str:
         ratio = "-" if not r else f"{r:.2g}x" if r < 10 else f"{r:.1f}x" if r < 100 else f"{r:.0f}x"
         frac = f"{c['fraction_of_limit'] * 100:.0f}%" if c["fraction_of_limit"] else "-"
         kern = _fmt_time(c["kernel_seconds"]) if c["kernel_seconds"] else ""
-        metric = [_fmt_num(mt.get(i)) if c["unit"] != "us" else "" for i in IMPLS]
+        metric = [_fmt_num(mt.get(i)) if c["unit"] != "us" else "" for i in impls]
         note = c["note"] + "".join(f"; {i} error: {e}" for i, e in c["errors"].items())
         lines.append(
-            f"{c['name']:<14} {_fmt_time(s.get('zeptograd')):>10} {kern:>10} {_fmt_time(s.get('numpy')):>10} "
-            f"{_fmt_time(s.get('torch')):>10}  {c['unit'] if c['unit'] != 'us' else 'time':<7} "
-            f"{metric[0]:>7} {metric[1]:>7} {metric[2]:>7} {ratio:>8} {frac:>8}  {note}"
+            f"{c['name']:<15} {_fmt_time(s.get('zeptograd')):>10} {kern:>10} "
+            + "".join(f"{_fmt_time(s.get(p)):>12}" for p in peers)
+            + f"  {c['unit'] if c['unit'] != 'us' else 'time':<7} {metric[0]:>7} "
+            + "".join(f"{m:>8}" for m in metric[1:])
+            + f" {ratio:>8} {frac:>8}  {note}"
         )
     lines.append(
         "zg/best: zeptograd's time / the fastest peer's (>1 is slower); zg/limit: zeptograd's GB/s or "

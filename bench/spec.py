@@ -25,7 +25,9 @@ def torch_or_none():
 
 @dataclass
 class Spec:
-    """What one case runs: a callable per implementation (None: n/a), and how to turn seconds into a rate."""
+    """What one case runs: a callable per implementation (None: n/a), and how to turn seconds into a rate.
+    `runners` holds "zeptograd" and the peers it is compared with, by name: numpy and torch for most cases, any
+    other (onnxruntime) where it applies; the report gets a column for each peer a case names."""
 
     runners: dict[str, Callable[[], Any] | None]
     kind: str  # "bw" (GB/s from nbytes), "flops" (GFLOPS from flops), "rate" (per second), "latency" (time)

@@ -1,5 +1,6 @@
 """The benchmark harness runs (tiny sizes, --quick) and reports the structure it promises. No timing is checked."""
 
+import importlib.util
 import json
 import os
 import sys
@@ -83,3 +84,31 @@ def test_cliffs_quick_runs_three_programs(capsys):
     assert any(ln.startswith("a/b over 3 programs: p10 ") for ln in lines)
     assert any(ln.startswith("a/c over 3 programs: p10 ") for ln in lines)
     assert "errors (" not in out and "values differ" not in out  # every program ran, same values as torch
+
+
+def test_onnx_cases_compare_with_onnxruntime():
+    pytest.importorskip("onnx")
+    report = run_bench(only=["onnx_squeezenet"], quick=True, progress=False, with_probes=False)
+    (case,) = report["cases"]
+    assert case["kind"] == "rate" and "tiny conv" in case["note"], case
+    assert case["errors"] == {} and case["seconds"]["zeptograd"] > 0
+    assert "onnxruntime" in case["seconds"]
+    if importlib.util.find_spec("onnxruntime") is not None:
+        assert case["seconds"]["onnxruntime"] > 0 and case["ratio_to_best_peer"] > 0
+    header = next(ln for ln in format_report(report).splitlines() if ln.startswith("case "))
+    assert "onnxruntime" in header and "numpy" in header  # a column per peer a case names
+
+
+def test_onnx_cases_skip_with_a_note(monkeypatch):
+    pytest.importorskip("onnx")
+    from bench import cases_onnx
+
+    monkeypatch.setattr(cases_onnx, "light_model_path", lambda name: f"/nonexistent/light_{name}.onnx")
+    spec = cases_onnx.ONNX_CASES["onnx_squeezenet"](False)
+    assert all(fn is None for fn in spec.runners.values()) and "light_squeezenet.onnx is missing" in spec.note
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    spec = cases_onnx.ONNX_CASES["onnx_squeezenet"](True)
+    assert spec.runners["zeptograd"] is not None and spec.runners["onnxruntime"] is None
+    assert "onnxruntime: n/a" in spec.note
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    assert "n/a: pip install" in cases_onnx.ONNX_CASES["onnx_squeezenet"](True).note

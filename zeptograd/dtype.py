@@ -24,10 +24,10 @@ class DType:
     fmt: str | None  # struct format character, None where struct has none (bfloat16)
     count: int = 1  # vector width: >1 is a vector of `count` scalars
     _scalar: DType | None = None
+    scalar: DType = field(init=False, repr=False)  # the element type (itself for a scalar); an attribute: read often
 
-    @property
-    def scalar(self) -> DType:
-        return self._scalar if self._scalar is not None else self
+    def __post_init__(self):
+        object.__setattr__(self, "scalar", self._scalar if self._scalar is not None else self)
 
     @functools.cache
     def vec(self, n: int) -> DType:
@@ -115,15 +115,15 @@ class dtypes:
 
     @staticmethod
     def is_float(x: DType) -> builtins.bool:  # plain `bool` in this class is dtypes.bool
-        return x.scalar in dtypes.floats
+        return x.scalar in _FLOATS
 
     @staticmethod
     def is_int(x: DType) -> builtins.bool:
-        return x.scalar in dtypes.ints
+        return x.scalar in _INTS
 
     @staticmethod
     def is_unsigned(x: DType) -> builtins.bool:
-        return x.scalar in dtypes.uints
+        return x.scalar in _UINTS
 
     @staticmethod
     def is_bool(x: DType) -> builtins.bool:
@@ -143,19 +143,28 @@ class dtypes:
 
     @staticmethod
     def min(d: DType):
-        d = d.scalar
-        if dtypes.is_int(d):
-            return 0 if dtypes.is_unsigned(d) else -(2 ** (8 * d.itemsize - 1))
-        return False if d == dtypes.bool else -math.inf
+        return _limits(d.scalar)[0]
 
     @staticmethod
     def max(d: DType):
-        d = d.scalar
-        if dtypes.is_int(d):
-            return 2 ** (8 * d.itemsize) - 1 if dtypes.is_unsigned(d) else 2 ** (8 * d.itemsize - 1) - 1
-        return True if d == dtypes.bool else math.inf
+        return _limits(d.scalar)[1]
 
 
+# membership sets of the kinds (a DType hashes by identity: a set lookup, not a scan of the tuple)
+_INTS, _UINTS, _FLOATS = frozenset(dtypes.ints), frozenset(dtypes.uints), frozenset(dtypes.floats)
+
+
+@functools.cache
+def _limits(d: DType) -> tuple:
+    """(smallest, largest) value of scalar dtype d: asked for every constant and value range built."""
+    if d in _INTS:
+        if d in _UINTS:
+            return 0, 2 ** (8 * d.itemsize) - 1
+        return -(2 ** (8 * d.itemsize - 1)), 2 ** (8 * d.itemsize - 1) - 1
+    return (False, True) if d == dtypes.bool else (-math.inf, math.inf)
+
+
+_INT_LIMITS = {d: _limits(d) for d in dtypes.ints}  # scalar ints only (a vector's itemsize is its whole width)
 _by_name = {n: d for n, d in vars(dtypes).items() if isinstance(d, DType)}
 
 
@@ -244,6 +253,8 @@ def to_numpy_dtype(d: DType) -> np.dtype:
 
 def truncate(d: DType, x):
     """A Python value as a scalar of dtype `d` would hold it (wraparound for ints, rounding for floats)."""
+    if type(x) is int and (lim := _INT_LIMITS.get(d)) is not None and lim[0] <= x <= lim[1]:
+        return x  # the common case, an index constant: it fits, nothing wraps
     if d == dtypes.bool:
         return bool(x)
     if dtypes.is_int(d):

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
-from zeptograd.uop.symbolic import split_sum, symbolic
-from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
+from zeptograd.uop.symbolic import simplify, split_sum
+from zeptograd.uop.upat import PatternMatcher, UPat
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
@@ -118,7 +118,7 @@ class Expander:
         mapping = {r: UOp.const(dtypes.index, k) for r, k in zip(axes, key)}
         if lane is not None and self.v is not None:
             mapping[self.v] = UOp.const(dtypes.index, lane)
-        return graph_rewrite(x.substitute(mapping), symbolic) if mapping else x
+        return simplify(x.substitute(mapping)) if mapping else x
 
     # --- the walk: each node's copies from its sources', by the first rule of pm_expand that matches ---
     def expand(self) -> UOp:
@@ -171,11 +171,11 @@ class Expander:
 
         def enclosing(offset: int) -> UOp:  # the element b + offset is in the buffer where this holds
             lo, hi = valid[offset // 2], valid[(offset + 1) // 2]
-            return lo if lo is hi else graph_rewrite(lo & hi, symbolic)
+            return lo if lo is hi else simplify(lo & hi)
 
         def load(offset: int) -> UOp:
             gates = [enclosing(offset + j) for j in range(w)]
-            i = graph_rewrite(base + offset, symbolic) if offset else base
+            i = simplify(base + offset) if offset else base
             if all(g.op is Ops.CONST and g.arg is True for g in gates):
                 src: tuple[UOp, ...] = (buf, i)
             elif all(g is gates[0] for g in gates):  # one gate for every lane: a gated vector load

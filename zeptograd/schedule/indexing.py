@@ -16,15 +16,10 @@ from zeptograd.dtype import dtypes
 from zeptograd.helpers import strides_for_shape
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.uop.ops import AxisType, Ops, UOp
-from zeptograd.uop.symbolic import symbolic
-from zeptograd.uop.upat import graph_rewrite
+from zeptograd.uop.symbolic import simplify
 
 Request = tuple[tuple[UOp, ...], UOp | None]  # (index per dimension, validity or None)
 Requests = dict[Request, set[UOp]]  # each request of a node -> the ranges in scope where it is read
-
-
-def simplify(u: UOp) -> UOp:
-    return graph_rewrite(u, symbolic)
 
 
 def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:

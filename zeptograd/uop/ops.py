@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython's, not in typeshed
 from enum import Enum, auto
 from typing import Any, Callable
 
@@ -222,8 +223,15 @@ class MathMixin:
 
 # ***** UOp *****
 
-_uop_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# key -> a weak reference to the live UOp of that key (what a WeakValueDictionary holds, without its Python-level
+# get/set: interning runs on every node built). A reference's callback removes its entry once the UOp is gone, unless
+# a new UOp of the same key replaced it meanwhile (_remove_dead_weakref checks that atomically).
+_uop_cache: dict[tuple, weakref.KeyedRef] = {}
 _uop_cache_lock = threading.Lock()
+
+
+def _uncache(ref: weakref.KeyedRef, _cache: dict = _uop_cache, _remove: Callable = _remove_dead_weakref) -> None:
+    _remove(_cache, ref.key)
 
 
 def _arg_key(arg: Any) -> Any:
@@ -235,18 +243,18 @@ def _arg_key(arg: Any) -> Any:
 
 class UOpMeta(type):
     def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-        key = (op, dtype, src, _arg_key(arg))
+        key = (op, dtype, src, _arg_key(arg) if isinstance(arg, float) else arg)
         try:
-            ret = _uop_cache.get(key)
+            ref = _uop_cache.get(key)
         except TypeError as e:  # an unhashable arg
             raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
-        if ret is not None:
+        if ref is not None and (ret := ref()) is not None:
             return ret
         ret = super().__call__(op, dtype, src, arg)  # outside the lock: building a UOp may build others (its shape)
         with _uop_cache_lock:  # two threads building the same new UOp must publish one object: `is` is equality
-            if (known := _uop_cache.get(key)) is not None:
+            if (ref := _uop_cache.get(key)) is not None and (known := ref()) is not None:
                 return known
-            _uop_cache[key] = ret
+            _uop_cache[key] = weakref.KeyedRef(ret, _uncache, key)
         return ret
 
 
@@ -275,9 +283,10 @@ class UOp(MathMixin, metaclass=UOpMeta):
 
     # --- construction helpers ---
     def alu(self, op: Ops, *src: UOp) -> UOp:
-        out_dtype = (self, *src)[-1].dtype
-        if out_dtype.scalar == dtypes.int32 and any(s.dtype.scalar == dtypes.int64 for s in (self, *src)):
-            out_dtype = dtypes.int64.vec(out_dtype.count)  # index math with an int64 term (past 2**31) is int64
+        out_dtype = src[-1].dtype if src else self.dtype
+        if out_dtype.scalar is dtypes.int32:  # index math with an int64 term (past 2**31) is int64
+            if self.dtype.scalar is dtypes.int64 or any(s.dtype.scalar is dtypes.int64 for s in src):
+                out_dtype = dtypes.int64.vec(out_dtype.count)
         if op in GroupOp.Comparison:
             out_dtype = dtypes.bool.vec(self.dtype.count)
         if op is Ops.WHERE:
@@ -374,6 +383,12 @@ class UOp(MathMixin, metaclass=UOpMeta):
     @property
     def vrange(self) -> tuple[Any, Any]:
         if self._vrange is None:
+            for s in self.src:
+                if s._vrange is None:
+                    break
+            else:  # the common case, a node built on known sources: no walk
+                self._vrange = _value_range(self)
+                return self._vrange
             for u in self.toposort(gate=lambda x: x._vrange is None):  # sources first, no recursion
                 if u._vrange is None:
                     u._vrange = _value_range(u)
@@ -383,20 +398,25 @@ class UOp(MathMixin, metaclass=UOpMeta):
     # --- graph walks, all iterative ---
     def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
         """Every UOp this one depends on, sources before users (a dict used as an ordered set)."""
+        # a depth-first walk, each stack entry a node and the iterator over its sources still to visit: the order of
+        # the recursive postorder (first source first); a node the gate refuses is listed without its sources
         visited: dict[UOp, None] = {}
-        stack: list[tuple[UOp, bool]] = [(self, False)]
+        if gate is not None and not gate(self):
+            visited[self] = None
+            return visited
+        stack: list[tuple[UOp, Any]] = [(self, iter(self.src))]
+        push, pop = stack.append, stack.pop
         while stack:
-            u, expanded = stack.pop()
-            if u in visited:
-                continue
-            if expanded:
+            u, it = stack[-1]
+            for s in it:
+                if s not in visited:
+                    if gate is None or gate(s):
+                        push((s, iter(s.src)))
+                        break
+                    visited[s] = None
+            else:
+                pop()
                 visited[u] = None
-                continue
-            stack.append((u, True))
-            if gate is None or gate(u):
-                for s in reversed(u.src):
-                    if s not in visited:
-                        stack.append((s, False))
         return visited
 
     def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
@@ -405,10 +425,9 @@ class UOp(MathMixin, metaclass=UOpMeta):
         return graph_substitute(self, mapping)
 
     def simplify(self) -> UOp:
-        from zeptograd.uop.symbolic import symbolic
-        from zeptograd.uop.upat import graph_rewrite
+        from zeptograd.uop.symbolic import simplify
 
-        return graph_rewrite(self, symbolic)
+        return simplify(self)
 
     @property
     def ranges(self) -> list[UOp]:

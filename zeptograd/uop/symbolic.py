@@ -11,7 +11,7 @@ import weakref
 
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
-from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
 
 
 def is_int(u: UOp) -> bool:
@@ -80,7 +80,25 @@ def fold_like_terms(x: UOp) -> UOp | None:
     terms, const = split_sum(x)
     ret = build_sum(terms, const, x)
     _like_terms_done[x] = None if ret is x else ret  # never x itself: a value holding its key would never die
+    if ret is not x:
+        _note_canonical(ret, terms, const, x)
     return ret
+
+
+def _note_canonical(ret: UOp, terms: list[tuple[UOp, int]], const: int, x: UOp):
+    """Remember a built sum, and the partial sums along its left spine, as canonical: graph_rewrite visits each of them
+    next, and splitting and rebuilding them would give them back. Only where that is checked: ret splits into exactly
+    the terms and constant it was built from (no term is itself a sum or a scaled node, no coefficient wrapped) and
+    every sum on the spine has x's dtype (so a rebuild makes the same constants)."""
+    if ret.op is not Ops.ADD or ret.dtype is not x.dtype or split_sum(ret) != (terms, const):
+        return
+    _like_terms_done[ret] = None
+    p = ret.src[0] if const != 0 else ret  # the sum of all the terms, then of all but the last, ...
+    for _ in range(len(terms) - 1):
+        if p.op is not Ops.ADD or p.dtype is not x.dtype:
+            return
+        _like_terms_done[p] = None
+        p = p.src[0]
 
 
 def fold_vrange(x: UOp) -> UOp | None:
@@ -313,3 +331,24 @@ symbolic = PatternMatcher(
         (UPat(Ops.ADD, name="x"), fold_divmod_sum),
     ]
 )
+
+
+# ***** simplify, remembered *****
+
+# symbolic's rules are pure functions of the node (no ctx, no knobs): graph_rewrite remembers its fixed points, so an
+# already simplified subgraph (most of an index expression after a range is substituted) is not walked again
+symbolic.fixed_points = weakref.WeakSet()
+_simplified: weakref.WeakKeyDictionary[UOp, weakref.ref[UOp]] = weakref.WeakKeyDictionary()
+
+
+def simplify(u: UOp) -> UOp:
+    """graph_rewrite(u, symbolic), remembered while u and its result live. The rewrite is a pure function of the
+    interned graph (the rules read only nodes and their value ranges), and the scheduler and the expander simplify the
+    same index expressions again and again (each consumer's request, each unrolled copy). Weak on both sides, so the
+    memo keeps no graph (nor the buffers a gather's index reads) alive; dict reads and writes are atomic, so threads
+    sharing it at worst simplify one expression twice, to the same interned result."""
+    if (ref := _simplified.get(u)) is not None and (r := ref()) is not None:
+        return r
+    r = graph_rewrite(u, symbolic)
+    _simplified[u] = weakref.ref(r)
+    return r

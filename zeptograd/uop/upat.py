@@ -8,6 +8,7 @@ import inspect
 import itertools
 import linecache
 import time
+import weakref
 from collections import defaultdict
 from typing import Any, Callable
 
@@ -305,6 +306,10 @@ class PatternMatcher:
         self.pdict = dict(self.pdict)
         self._by_op: dict[Ops, Callable[[UOp, Any], Any]] = {}  # op -> its rules, compiled (filled on first use)
         self._by_rule: dict[tuple[int, int], Callable[[UOp, Any], Any]] = {}  # TRACK_MATCH_STATS: one rule each
+        # the nodes known to be fixed points (no rule matches them nor anything below them), for a matcher whose rules
+        # are pure functions of the node (no ctx, no knob, no state): graph_rewrite skips them without a walk. None:
+        # not known to be pure (the default); a module that vouches for its rules sets a WeakSet (uop/symbolic.py).
+        self.fixed_points: weakref.WeakSet[UOp] | None = None
 
     def __add__(self, other: PatternMatcher) -> PatternMatcher:
         return PatternMatcher(self.rules + other.rules)
@@ -312,6 +317,10 @@ class PatternMatcher:
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
         if TRACK_MATCH_STATS.value:
             return self._rewrite_tracked(u, ctx)
+        return self._rules_for(u, ctx)
+
+    def _rules_for(self, u: UOp, ctx: Any) -> UOp | None:
+        """rewrite without TRACK_MATCH_STATS (graph_rewrite reads the knob once per pass)."""
         if (fn := self._by_op.get(u.op)) is None:
             rules = self.pdict.get(u.op)
             fn = self._by_op[u.op] = _Warmup(self, u.op, rules) if rules else _no_rules
@@ -410,35 +419,51 @@ def graph_rewrite(sink: UOp, pm: PatternMatcher, ctx: Any = None, bottom_up: boo
         if (recorded := record.rewrite(sink, pm, ctx, bottom_up)) is not None:
             return recorded
     done: dict[UOp, UOp] = {}
-    rewrite, steps = pm.rewrite, 0
-    # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux
+    steps = 0
+    # a plain PatternMatcher's compiled rules are called directly (its rewrite's dispatch, one call less per node); a
+    # matcher-like wrapper (VIZ records rules through one) is asked through its own rewrite
+    plain = type(pm) is PatternMatcher
+    rewrite = pm._rules_for if plain and not TRACK_MATCH_STATS.value else pm.rewrite
+    # a pure matcher's known fixed points (top-down, no ctx): such a node rewrites to itself, below it nothing changes
+    fixed = pm.fixed_points if plain and ctx is None and not bottom_up else None
+    # stack entries: (node, stage, aux). stage 0: visit; 1: sources done, rebuild and match; 2: link to result of aux.
+    # A node whose sources are all done at its visit goes on to stage 1 at once (what popping it again would do).
     stack: list[tuple[UOp, int, UOp | None]] = [(sink, 0, None)]
+    push, pop = stack.append, stack.pop
     while stack:
-        n, stage, aux = stack.pop()
+        n, stage, aux = pop()
         if n in done:
             continue
-        if stage == 0:
-            steps += 1
-            if bottom_up and (r := rewrite(n, ctx)) is not None:
-                stack.append((n, 2, r))
-                stack.append((r, 0, None))
-                continue
-            stack.append((n, 1, None))
-            stack.extend([(s, 0, None) for s in reversed(n.src) if s not in done])
-        elif stage == 1:
-            new_src = tuple(map(done.__getitem__, n.src))
-            if new_src != n.src:
-                nn = UOp(n.op, n.dtype, new_src, n.arg)
-                stack.append((n, 2, nn))
-                stack.append((nn, 0, None))
-            elif not bottom_up and (r := rewrite(n, ctx)) is not None:
-                stack.append((n, 2, r))
-                stack.append((r, 0, None))
-            else:
-                done[n] = n
-        else:
+        if stage == 2:
             assert aux is not None
             done[n] = done[aux]
+            continue
+        if stage == 0:
+            if fixed is not None and n in fixed:
+                done[n] = n
+                continue
+            steps += 1
+            if bottom_up and (r := rewrite(n, ctx)) is not None:
+                push((n, 2, r))
+                push((r, 0, None))
+                continue
+            pending = [s for s in n.src if s not in done]
+            if pending:
+                push((n, 1, None))
+                stack.extend([(s, 0, None) for s in reversed(pending)])
+                continue
+        new_src = tuple(map(done.__getitem__, n.src))
+        if new_src != n.src:
+            nn = UOp(n.op, n.dtype, new_src, n.arg)
+            push((n, 2, nn))
+            push((nn, 0, None))
+        elif not bottom_up and (r := rewrite(n, ctx)) is not None:
+            push((n, 2, r))
+            push((r, 0, None))
+        else:
+            done[n] = n  # its sources are their own results, and no rule matches it: a fixed point
+            if fixed is not None:
+                fixed.add(n)
     rewrite_steps[0] += steps
     return done[sink]
 
