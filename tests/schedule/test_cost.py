@@ -132,3 +132,34 @@ def test_a_matmul_reducing_its_outer_axis_keeps_its_product_inline():
     (x, xn), (g, gn) = realized(256, 784), realized(256, 512)
     assert len(kernels(x.T @ g)) == 1
     np.testing.assert_allclose((x.T @ g).numpy(), xn.T @ gn, rtol=1e-4, atol=1e-3)
+
+
+def test_a_causal_mask_added_to_scores_is_data_not_an_index():
+    """Only an arange, a comparison with one and arithmetic over those are index-only (folded by codegen, never
+    stored); `qk + mask.where(0, -inf)` is data. Index-only, it made the whole causal softmax "index-only", and its
+    exp was recomputed at each of the head dimension's columns of `@ v` (one kernel fewer than without the mask)."""
+    q, _ = realized(1, 2, 128, 32)
+    plain = len(kernels(q.scaled_dot_product_attention(q, q)))
+    assert len(kernels(q.scaled_dot_product_attention(q, q, is_causal=True))) == plain
+    s, _ = realized(4, 4)
+    mask = Tensor.ones(4, 4).tril().where(0, -float("inf"))
+    sink = (s + mask).uop
+    model = CostModel(list(sink.toposort()), set(), lambda u, req: [])
+    assert model.index_only[mask.uop] and not model.index_only[sink]
+
+
+def test_an_epilogue_on_scalars_is_split_off_by_cost():
+    """x @ w.T reduces its 16 vector lanes along k: fused, gelu runs once per output on a scalar. A kernel of its
+    own (16 lanes wide) pays a kernel, a store and a load per output: at 128 x 128 outputs it does (measured 540 us
+    fused, 210 us split), at 4 x 16 outputs it does not (3.9 us fused, 5.4 us split). x @ w vectorizes along the
+    outputs, and relu costs nothing measurable on scalars: fused."""
+    (x, xn), (w, wn) = realized(128, 128), realized(128, 128)
+    items = kernels((x @ w.T).gelu())
+    assert len(items) == 2
+    assert not any(u.op is Ops.EXP2 for u in items[0].ast.toposort())
+    assert len(kernels((x @ w).gelu())) == 1
+    assert len(kernels((x @ w.T).relu() * 0.5)) == 1
+    assert len(kernels((x[:4, :64] @ w[:16, :64].T).gelu())) == 1
+    h = xn @ wn.T
+    ref = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+    np.testing.assert_allclose((x @ w.T).gelu().numpy(), ref, rtol=1e-4, atol=1e-4)

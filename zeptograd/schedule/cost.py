@@ -25,6 +25,10 @@ LOAD = 4  # an element streamed from memory
 STRIDED_LOAD = 64  # an element read across rows: a cache line for one element
 STORE = 8  # an element written (the line is read for ownership first)
 KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
+# an op on one value at a time instead of 16 lanes: the epilogue of a reduce vectorized along its reduce axis (x @ w.T)
+# runs on the tile's scalar results. Measured per output there: exp2 ~5 ns (16 lanes' worth of its polynomial),
+# sqrt ~0.7 ns; ALU ops cost nothing measurable (LLVM's SLP vectorizer packs them, or the dot products hide them)
+SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -39,12 +43,13 @@ class CostModel:
         self.src_requests, self.realized = src_requests, realized  # how a node reads its sources (the index walk)
         self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
         self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
+        self.constant: dict[UOp, bool] = {}  # built from constants alone (a broadcast scalar)
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
-        consumers: dict[UOp, list[UOp]] = {}
+        self.consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
             for s in u.src:
-                consumers.setdefault(s, []).append(u)
+                self.consumers.setdefault(s, []).append(u)
         for u in nodes:
             read = [(self.read_cost(s), self.read_loads(s)) for s in u.src]
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
@@ -55,13 +60,25 @@ class CostModel:
                 n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
-            self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
+            self.constant[u] = u.op in (Ops.CONST, Ops.DEVICE) or (
+                u.op not in (Ops.BUFFER, Ops.IOTA) and all(self.constant[s] for s in u.src)
+            )
+            self.index_only[u] = self.index_only_node(u)
         for u in reversed(nodes):  # consumers first
-            users = consumers.get(u, [])
+            users = self.consumers.get(u, [])
             self.feeds_index[u] = bool(users) and all(
                 (c.op in COMPARISONS and self.index_only[c]) or (not self.index_only[c] and self.feeds_index[c])
                 for c in users
             )  # compared with an arange (`arange == idx`), directly or through its own arithmetic
+
+    def index_only_node(self, u: UOp) -> bool:
+        """An arange, a comparison of one with anything (`arange == idx`, a causal mask), or arithmetic over those and
+        constants (`mask.where(0, -inf)`). Not a value computed from data with one (`qk + mask.where(0, -inf)`): that
+        is data, and recomputing it (with the softmax after it) at every read can cost more than a buffer."""
+        if u.op is Ops.IOTA:
+            return True
+        masks = [self.index_only[s] and s not in self.realized for s in u.src if not self.constant[s]]
+        return any(masks) if u.op in COMPARISONS else bool(masks) and all(masks)
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp) -> int:
@@ -111,6 +128,54 @@ class CostModel:
             if inline > keep:
                 return True
         return False
+
+    def split_epilogue_is_cheaper(self, x: UOp, reqs: dict) -> bool:
+        """Whether reduce x, when codegen vectorizes it along its reduce axis (`reduces_its_lanes`: x @ w.T, whose
+        operands are both contiguous along k), costs less stored with its epilogue in a kernel of its own: fused, the
+        epilogue runs on the dot-product tile's scalar results (SCALAR_OP per op and output: gelu's exp2); split,
+        it runs 16 lanes wide, for a kernel, a store and a load of each output more."""
+        if not self.static(x) or not any(self.reduces_its_lanes(x, req, scope) for req, scope in reqs.items()):
+            return False
+        scalar = self.scalar_epilogue_cost(x)
+        outputs = prod(x.tensor_shape)
+        return scalar * outputs > KERNEL + (STORE + LOAD) * outputs
+
+    def scalar_epilogue_cost(self, x: UOp) -> int:
+        """SCALAR_OP summed over the elementwise ops fused after x in its kernel: its consumers through elementwise
+        and reshape/permute nodes, up to and including the nodes that are stored (a broadcast read, an EXPAND, is in
+        another loop nest: not an epilogue)."""
+        stack, seen, cost = list(self.consumers.get(x, [])), set[UOp](), 0
+        while stack:
+            u = stack.pop()
+            if u in seen or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
+                continue
+            seen.add(u)
+            cost += SCALAR_OP.get(u.op, 0)
+            if u not in self.realized:
+                stack.extend(self.consumers.get(u, []))
+        return cost
+
+    def reduces_its_lanes(self, x: UOp, req, scope: set[UOp]) -> bool:
+        """Whether codegen's vector axis for reduce x read at req is a reduce axis: more of the buffer loads under x
+        walk one of its reduce ranges with stride 1 than walk the innermost output loop (the store walks that one).
+        The walk stops at reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes."""
+        inner = innermost_output_loop(scope)
+        along_reduce, along_output = 0, 1
+        for src, sreq, reduce_ranges in self.src_requests(x, req):
+            stack, seen = [(src, sreq)], set[tuple[UOp, Any]]()
+            while stack and len(seen) < MAX_LAYOUT_WALK:
+                u, ureq = stack.pop()
+                if (u, ureq) in seen:
+                    continue
+                seen.add((u, ureq))
+                if view_base(u) is not None or u in self.realized or u.op is Ops.REDUCE_AXIS:
+                    moving = [i for i in ureq[0] if i.op is not Ops.CONST]
+                    last = moving[-1].ranges if moving else []
+                    along_reduce += any(r in last for r in reduce_ranges)
+                    along_output += inner is not None and inner in last and not any(r in last for r in reduce_ranges)
+                else:
+                    stack.extend((s, sr) for s, sr, _ in self.src_requests(u, ureq))
+        return along_reduce > along_output
 
 
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:

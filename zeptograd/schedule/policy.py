@@ -1,11 +1,11 @@
 """Materialization policy: which tensor nodes get a buffer (a kernel boundary) and which are inlined into their
 consumers' kernels.
 
-Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, cuts that keep a kernel within
-the compilers' and devices' limits, and a large contraction's transcendental epilogue (a codegen limit: fused, it
-would run on scalars). During the index walk (`must_realize`, once all of a node's consumers and the loops in scope
-at each read are known): a reduce that does not vary along a loop its consumer runs, a node whose recomputation at
-every read costs more than a buffer (the cost model, `schedule/cost.py`), a padded window over computed values.
+Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, and cuts that keep a kernel within
+the compilers' and devices' limits. During the index walk (`must_realize`, once all of a node's consumers and the
+loops in scope at each read are known): a reduce that does not vary along a loop its consumer runs, a node whose
+recomputation at every read costs more than a buffer and a reduce whose epilogue would run on scalars (both the cost
+model, `schedule/cost.py`), a padded window over computed values.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 MAX_INDEX_NODES = 48  # an index expression grown past this many UOps (a chain of views that do not fold) is cut
 MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied at each read: keep those copies small
-MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
-MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 
 
 class MaterializationPolicy:
@@ -39,7 +37,6 @@ class MaterializationPolicy:
         self.rf.realize |= copy_realizes(nodes)  # every COPY, and its source unless that is a whole buffer
         self.rf.realize |= nofuse_realize(nodes)  # FUSE=0: every op its own kernel (the no-fusion baseline)
         self.rf.realize |= self.long_chains()
-        self.rf.realize |= self.contractions_with_costly_epilogue()
         self.cost = CostModel(nodes, self.rf.realize, self.rf.src_requests)
         return self.rf.realize
 
@@ -56,6 +53,8 @@ class MaterializationPolicy:
                     return True  # it does not vary along a loop its consumer runs: don't recompute it there
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return True  # recomputed at every read costs more than a buffer (schedule/cost.py)
+        if x.op is Ops.REDUCE_AXIS and self.cost.split_epilogue_is_cheaper(x, reqs):
+            return True  # its epilogue would run on scalars (gelu after x @ w.T): its own 16-wide kernel is cheaper
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.tensor_shape) <= 4 * prod(x.src[0].tensor_shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
@@ -87,36 +86,6 @@ class MaterializationPolicy:
             x, req, _ = self.rf.src_requests(x, req)[0]
         exprs = [*req[0]] + ([req[1]] if req[1] is not None else [])
         return x.op is Ops.BUFFER and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
-
-    def contractions_with_costly_epilogue(self) -> set[UOp]:
-        """Large reduces over many inputs (matmuls) whose elementwise consumers hold a transcendental (gelu, sigmoid):
-        stored, and the epilogue is its own elementwise kernel. Fused, the epilogue would run once per output of a
-        tile of dot products, on scalars (x @ w.T's tile reduces its vector lanes to one value per output); its own
-        kernel runs it 16 lanes wide for one more pass over the output (about 3% of such a matmul)."""
-        consumers: dict[UOp, list[UOp]] = {}
-        for u in self.rf.nodes:
-            for s in u.src:
-                consumers.setdefault(s, []).append(u)
-        found: set[UOp] = set()
-        for x in self.rf.nodes:
-            if (
-                x.op is not Ops.REDUCE_AXIS
-                or x in self.rf.realize
-                or prod(x.tensor_shape) < MIN_EPILOGUE_SPLIT_OUTPUTS
-                or prod(x.src[0].tensor_shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.tensor_shape)
-            ):
-                continue
-            stack, seen = list(consumers.get(x, [])), set()
-            while stack:
-                u = stack.pop()
-                if u in seen or u in self.rf.realize or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
-                    continue
-                seen.add(u)
-                if u.op in GroupOp.Transcendental:
-                    found.add(x)
-                    break
-                stack.extend(consumers.get(u, []))
-        return found
 
     def reads_buffer(self, x: UOp) -> bool:
         return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))
