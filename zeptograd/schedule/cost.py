@@ -20,15 +20,22 @@ from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, const_trip_count
 
 ALU = 1  # one arithmetic op (vectorized: a fraction of a cycle per element)
-TRANSCENDENTAL = 4  # exp2/log2/sin/sqrt/reciprocal: a polynomial or a long-latency instruction
+# exp2/log2/sin: a polynomial of ~20 vector ops (measured: exp2 ~0.4 ns per element, an add ~0.02 ns); sqrt and
+# reciprocal: one long-latency instruction
+TRANSCENDENTAL = {Ops.EXP2: 20, Ops.LOG2: 20, Ops.SIN: 20, Ops.COS: 20, Ops.TAN: 20, Ops.SQRT: 4, Ops.RECIPROCAL: 4}
 LOAD = 4  # an element streamed from memory
 STRIDED_LOAD = 64  # an element read across rows: a cache line for one element
 STORE = 8  # an element written (the line is read for ownership first)
+CACHE_BYTES = 16 << 20  # a stored buffer up to half the 32 MiB L3 is read back from the cache ...
+DRAM = 8  # ... a larger one's stores and loads cost this many times more (x + 1 over 2^24 floats: 1.8 ns per
+# element; over 2^20, in cache, 0.24 ns)
 KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
 # an op on one value at a time instead of 16 lanes: the epilogue of a reduce vectorized along its reduce axis (x @ w.T)
 # runs on the tile's scalar results. Measured per output there: exp2 ~5 ns (16 lanes' worth of its polynomial),
-# sqrt ~0.7 ns; ALU ops cost nothing measurable (LLVM's SLP vectorizer packs them, or the dot products hide them)
-SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
+# sqrt ~0.7 ns, a causal mask's 10 ALU ops ~1.7 ns, a relu's 4 nothing measurable (LLVM's SLP vectorizer packs some):
+# an ALU op or a load 2, between those
+SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.COS: 256, Ops.TAN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
+SCALAR_ALU = 2
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -53,8 +60,7 @@ class CostModel:
         for u in nodes:
             read = [(self.read_cost(s), self.read_loads(s)) for s in u.src]
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
-            if u.op in GroupOp.Transcendental:
-                own = TRANSCENDENTAL
+            own = TRANSCENDENTAL.get(u.op, own)
             work, loads = own + sum(w for w, _ in read), sum(n for _, n in read)
             if u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
                 n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
@@ -115,7 +121,8 @@ class CostModel:
         computing it once per element, storing it and loading it at every read."""
         if self.index_only[x] or self.feeds_index[x] or not self.static(x) or self.work[x] <= LOAD:
             return False
-        keep = (self.work[x] + STORE) * prod(x.tensor_shape) + KERNEL
+        mem = self.memory_scale(x)
+        keep = (self.work[x] + STORE * mem) * prod(x.tensor_shape) + KERNEL
         inline = 0
         for (idx, valid), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
@@ -124,7 +131,7 @@ class CostModel:
             strided = reads_across_rows(idx, scope)
             extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, valid), scope) if strided else 0
             inline += (self.work[x] + extra) * prod(trips)
-            keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
+            keep += (STRIDED_LOAD if strided else LOAD * mem) * prod(trips)
             if inline > keep:
                 return True
         return False
@@ -138,21 +145,37 @@ class CostModel:
             return False
         scalar = self.scalar_epilogue_cost(x)
         outputs = prod(x.tensor_shape)
-        return scalar * outputs > KERNEL + (STORE + LOAD) * outputs
+        return scalar * outputs > KERNEL + (STORE + LOAD) * self.memory_scale(x) * outputs
+
+    @staticmethod
+    def memory_scale(x: UOp) -> int:
+        """How much more x's stores and loads cost when its buffer does not stay in the cache (DRAM)."""
+        return DRAM if prod(x.tensor_shape) * x.dtype.itemsize > CACHE_BYTES else 1
 
     def scalar_epilogue_cost(self, x: UOp) -> int:
-        """SCALAR_OP summed over the elementwise ops fused after x in its kernel: its consumers through elementwise
-        and reshape/permute nodes, up to and including the nodes that are stored (a broadcast read, an EXPAND, is in
-        another loop nest: not an epilogue)."""
-        stack, seen, cost = list(self.consumers.get(x, [])), set[UOp](), 0
+        """The cost per output of the elementwise ops fused after x in its kernel, on scalars: x's consumers through
+        elementwise and reshape/permute nodes, up to and including the nodes that are stored (a broadcast read, an
+        EXPAND, is in another loop nest: not an epilogue), and what they read besides x (a bias, a causal mask)."""
+        epilogue, stack = set[UOp](), list(self.consumers.get(x, []))
         while stack:
             u = stack.pop()
-            if u in seen or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
+            if u in epilogue or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
                 continue
-            seen.add(u)
-            cost += SCALAR_OP.get(u.op, 0)
+            epilogue.add(u)
             if u not in self.realized:
                 stack.extend(self.consumers.get(u, []))
+        seen, cost = set[UOp](), 0
+        stack = [*epilogue]
+        while stack:
+            u = stack.pop()
+            if u in seen or u is x or self.constant[u]:
+                continue
+            seen.add(u)
+            if u not in epilogue and (u.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or u in self.realized):
+                cost += SCALAR_ALU  # a load
+                continue
+            cost += SCALAR_OP.get(u.op, SCALAR_ALU if u.op in GroupOp.ALU else 0)
+            stack.extend(s for s in u.src if u not in epilogue or s not in epilogue)
         return cost
 
     def reduces_its_lanes(self, x: UOp, req, scope: set[UOp]) -> bool:
@@ -190,7 +213,9 @@ def moves_across_rows(idx: tuple[UOp, ...], inner: UOp) -> bool:
     """Whether the loop `inner` moves a read at idx across rows: it appears in an outer dimension's index and not in
     the last one's (a read that does not use it stays on one element: a broadcast)."""
     moving = [i for i in idx if i.op is not Ops.CONST]  # a size-1 or broadcast dimension is read at 0
-    return len(moving) >= 2 and inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
+    if len(moving) < 2 or any(r.arg[1] is AxisType.REDUCE for r in moving[-1].ranges):
+        return False  # a reduce walks the last dimension (a row's sum): codegen vectorizes the reduce along it
+    return inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
 
 
 def innermost_output_loop(scope: set[UOp]) -> UOp | None:
