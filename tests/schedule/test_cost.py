@@ -170,3 +170,19 @@ def test_an_epilogue_on_scalars_is_split_off_by_cost():
     h = xn @ wn.T
     ref = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
     np.testing.assert_allclose((x @ w.T).gelu().numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_gathers_one_hot_select_is_never_stored():
+    """emb[idx] is sum(where(idx == arange, emb, 0)) over the table's rows; codegen folds it to one load, so the cost
+    model counts one evaluation (`selects_one`) and never stores the select (a one-hot product of 64 x 128 x 512
+    elements here), though layernorm reads the gathered rows three times."""
+    emb, embn = realized(512, 64)
+    idxn = rng.integers(0, 512, (4, 32)).astype(np.int32)
+    idx = Tensor(idxn).realize()
+    t = emb[idx].layernorm()
+    items = kernels(t)
+    assert len(items) == 3
+    assert all(b.size < 512 * 4 * 32 for item in items for b in item.bufs if b.size != 512 * 64)
+    g = embn[idxn]
+    ref = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)

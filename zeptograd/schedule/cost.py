@@ -5,9 +5,15 @@ output loops and any reduce loops around the read), so a value that does not var
 recomputed there: a prologue expanded into a matmul (`(x*g + b) @ w` recomputes `x*g + b` once per output
 column), a reduce read through a cat's PAD (each part's matmul evaluated at every output of the cat), a value read
 at two index sets (`y + y.T`: the transposed read walks every input of `y` with a stride). Materialized, it is
-evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost.
+evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost; a buffer that does not
+fit the cache stores and loads at DRAM's cost (softmax's exp is stored at (256, 256), recomputed at (4096, 4096)).
 
-Costs are rough cycles per element on one core, summed along the inlined graph; only the comparison matters.
+The same comparison splits an epilogue off a reduce (`split_epilogue_is_cheaper`): fused after a reduce that codegen
+vectorizes along its reduce axis (x @ w.T), the epilogue runs on one scalar per output (gelu's exp2 16 times over);
+in its own kernel it runs 16 lanes wide, for a kernel, a store and a load per output.
+
+Costs are rough units of 1/16 cycle per element on one core (a vector add), summed along the inlined graph and
+calibrated by kernel timings on the 2-core AVX-512 machine (the constants say which); only the comparison matters.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class CostModel:
         self.constant: dict[UOp, bool] = {}  # built from constants alone (a broadcast scalar)
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
+        self.selects: set[UOp] = set()  # the `where(mask, value, 0)` of a one-hot select-sum: folded into one load
         self.consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
             for s in u.src:
@@ -62,14 +69,16 @@ class CostModel:
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
             own = TRANSCENDENTAL.get(u.op, own)
             work, loads = own + sum(w for w, _ in read), sum(n for _, n in read)
-            if u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
-                n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
-                work, loads = (work + ALU) * n, loads * n
-            self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
             self.constant[u] = u.op in (Ops.CONST, Ops.DEVICE) or (
                 u.op not in (Ops.BUFFER, Ops.IOTA) and all(self.constant[s] for s in u.src)
             )
             self.index_only[u] = self.index_only_node(u)
+            if u.op is Ops.REDUCE_AXIS and self.selects_one(u):
+                self.selects.add(u.src[0])
+            elif u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
+                n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
+                work, loads = (work + ALU) * n, loads * n
+            self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
         for u in reversed(nodes):  # consumers first
             users = self.consumers.get(u, [])
             self.feeds_index[u] = bool(users) and all(
@@ -85,6 +94,13 @@ class CostModel:
             return True
         masks = [self.index_only[s] and s not in self.realized for s in u.src if not self.constant[s]]
         return any(masks) if u.op in COMPARISONS else bool(masks) and all(masks)
+
+    def selects_one(self, u: UOp) -> bool:
+        """A sum of `where(mask, value, 0)` under an index-only mask (a gather's one-hot select): codegen folds it to
+        one read of the value at the selected index, so it costs one evaluation, not one per reduced element, and
+        the select itself is never stored (a one-hot product the size of the whole table)."""
+        src = u.src[0]
+        return u.arg[0] is Ops.ADD and src.op is Ops.WHERE and self.index_only[src.src[0]] and self.constant[src.src[2]]
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp) -> int:
@@ -119,7 +135,7 @@ class CostModel:
     def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
         """Whether evaluating x at every read (its requests, each with the ranges in scope there) costs more than
         computing it once per element, storing it and loading it at every read."""
-        if self.index_only[x] or self.feeds_index[x] or not self.static(x) or self.work[x] <= LOAD:
+        if self.index_only[x] or self.feeds_index[x] or x in self.selects or not self.static(x) or self.work[x] <= LOAD:
             return False
         mem = self.memory_scale(x)
         keep = (self.work[x] + STORE * mem) * prod(x.tensor_shape) + KERNEL
