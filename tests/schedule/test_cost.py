@@ -186,3 +186,14 @@ def test_a_gathers_one_hot_select_is_never_stored():
     g = embn[idxn]
     ref = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_short_reduce_axis_is_not_a_vector_axis():
+    """reduces_its_lanes weighs each load by the vector lanes its loop fills, as codegen picks its vector axis: a 3x3
+    conv's kw (3 long) and a 10-class gradient's reduce (g @ w2.T) fill none, so their epilogues stay fused (counted
+    as loads along the reduce, conv + batchnorm was split in two and an MLP step stored g @ w2.T's product)."""
+    (x, _), (w, _) = realized(2, 16, 16, 16), realized(16, 16, 3, 3)
+    g, b, mu, var = (realized(16)[0] for _ in range(4))
+    assert len(kernels(x.conv2d(w, padding=1).batchnorm(g, b, mu, var.abs() + 1).relu())) == 1
+    (gr, _), (w2, _), (h, _) = realized(256, 10), realized(512, 10), realized(256, 512)
+    assert len(kernels((gr @ w2.T) * (h > 0))) == 1

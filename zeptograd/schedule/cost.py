@@ -42,6 +42,7 @@ KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread ha
 # an ALU op or a load 2, between those
 SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.COS: 256, Ops.TAN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
 SCALAR_ALU = 2
+SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -195,11 +196,12 @@ class CostModel:
         return cost
 
     def reduces_its_lanes(self, x: UOp, req, scope: set[UOp]) -> bool:
-        """Whether codegen's vector axis for reduce x read at req is a reduce axis: more of the buffer loads under x
-        walk one of its reduce ranges with stride 1 than walk the innermost output loop (the store walks that one).
-        The walk stops at reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes."""
+        """Whether codegen's vector axis for reduce x read at req is a reduce axis: the buffer loads under x that walk
+        one of its reduce ranges with stride 1 outweigh those (and the store) that walk the innermost output loop,
+        each weighted by the vector lanes its loop fills (`lanes`: g @ w2.T's 10-long reduce fills none, as in
+        codegen/opt/heuristic.py). The walk stops at reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes."""
         inner = innermost_output_loop(scope)
-        along_reduce, along_output = 0, 1
+        along_reduce, along_output = 0, lanes(inner) if inner is not None else 0  # the store
         for src, sreq, reduce_ranges in self.src_requests(x, req):
             stack, seen = [(src, sreq)], set[tuple[UOp, Any]]()
             while stack and len(seen) < MAX_LAYOUT_WALK:
@@ -210,11 +212,23 @@ class CostModel:
                 if view_base(u) is not None or u in self.realized or u.op is Ops.REDUCE_AXIS:
                     moving = [i for i in ureq[0] if i.op is not Ops.CONST]
                     last = moving[-1].ranges if moving else []
-                    along_reduce += any(r in last for r in reduce_ranges)
-                    along_output += inner is not None and inner in last and not any(r in last for r in reduce_ranges)
+                    if walked := [r for r in reduce_ranges if r in last]:
+                        along_reduce += lanes(walked[0])
+                    elif inner is not None and inner in last:
+                        along_output += lanes(inner)
                 else:
                     stack.extend((s, sr) for s, sr, _ in self.src_requests(u, ureq))
         return along_reduce > along_output
+
+
+def lanes(r: UOp) -> int:
+    """The vector lanes loop r fills as codegen vectorizes it: the SIMD width (with a tail) when it is that long or
+    symbolic, else the largest power of two dividing its trip count, if at least 4 (a 10-long loop: none)."""
+    n = const_trip_count(r)
+    if n is None or n >= SIMD_WIDTH:
+        return SIMD_WIDTH
+    d = next(w for w in (8, 4, 2, 1) if n % w == 0)
+    return d if d >= 4 else 0
 
 
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
