@@ -141,7 +141,9 @@ def test_softmax_reduces_vectorize_the_row(shape):
     # both reduces (max, then sum of exp(x - max[row])) get 16-lane accumulators along the row and a tail: the
     # max[row] load inside the second is hoisted out of the row loop, it does not make the rows the vector axis
     items = schedule_tensors([Tensor(np.ones(shape, np.float32)).softmax(-1)])
-    for item in items[:2]:
+    reduces = [item for item in items if any(u.op is Ops.REDUCE for u in item.ast.toposort())]
+    assert len(reduces) == 2  # (exp itself is stored where it fits in the cache: schedule/cost.py)
+    for item in reduces:
         _, opts = hand_coded_optimizations(item.ast, 64, threads=2)
         assert opts[0] == Opt(OptOps.UNROLL, 1, 16)
 

@@ -9,6 +9,8 @@ import torch
 from tests.slow import fast_first
 from tests.tensor.api_helpers import NP_OF, V, check, check_numpy, data, time_limit
 from zeptograd import GlobalCounters, Tensor, dtypes
+from zeptograd.helpers import prod
+from zeptograd.uop.ops import Ops
 
 AXES = [None, 0, -1, (0, 1), 1]
 INPUTS = {
@@ -190,6 +192,22 @@ def test_scan_int(dtype):
     if dtype != "bool":
         check(lambda t: t.cumprod(0), lambda t: t.cumprod(0), V(x))
         check(lambda t: t.cummax(1), lambda t: tuple(torch.cummax(t, 1)), V(x))  # ties: the last index, as torch
+
+
+@pytest.mark.parametrize("n", [65, 100, 1000])
+def test_long_scans_run_in_blocks(n):
+    """Over more than 64 elements a scan runs in blocks of ~sqrt(n) (tensor/reduce.py: _blocked_scan): its largest
+    intermediate at n = 1000 holds 32 blocks of 32 x 32 windows, not the n x n of a scan through windows; the values
+    agree with torch for sums, products and maxima (ints exactly), along either axis."""
+    x = data((3, n), seed=18)
+    check(lambda t: t.cumsum(1), lambda t: t.cumsum(1), V(x))
+    check(lambda t: t.cumprod(1), lambda t: t.cumprod(1), V(data((3, n), "float32", 0.9, 1.1, seed=19)))
+    check(lambda t: t.cummax(1), lambda t: tuple(torch.cummax(t, 1)), V(x))
+    check(lambda t: t.cumsum(0), lambda t: t.cumsum(0), V(data((n, 2), "int32", -3, 3, seed=20)))
+    biggest = max(prod(u.tensor_shape) for u in Tensor(x).cumsum(1).uop.toposort() if u.op is Ops.EXPAND)
+    assert biggest < 3 * n * n
+    if n == 1000:
+        assert biggest == 3 * 32 * 32 * 32
 
 
 # ----------------------------------------------------------------------------- softmax

@@ -5,14 +5,21 @@ output loops and any reduce loops around the read), so a value that does not var
 recomputed there: a prologue expanded into a matmul (`(x*g + b) @ w` recomputes `x*g + b` once per output
 column), a reduce read through a cat's PAD (each part's matmul evaluated at every output of the cat), a value read
 at two index sets (`y + y.T`: the transposed read walks every input of `y` with a stride). Materialized, it is
-evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost.
+evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost; a buffer that does not
+fit the cache stores and loads at DRAM's cost (softmax's exp is stored at (256, 256), recomputed at (4096, 4096)).
 
-Costs are rough cycles per element on one core, summed along the inlined graph; only the comparison matters.
+The same comparison splits an epilogue off a reduce (`split_epilogue_is_cheaper`): fused after a reduce that codegen
+vectorizes along its reduce axis (x @ w.T), the epilogue runs on one scalar per output (gelu's exp2 16 times over);
+in its own kernel it runs 16 lanes wide, for a kernel, a store and a load per output.
+
+Costs are rough units of 1/16 cycle per element on one core (a vector add), summed along the inlined graph and
+calibrated by kernel timings on the 2-core AVX-512 machine (the constants say which); only the comparison matters.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from zeptograd.buffers import view_base
@@ -20,16 +27,40 @@ from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, const_trip_count
 
 ALU = 1  # one arithmetic op (vectorized: a fraction of a cycle per element)
-TRANSCENDENTAL = 4  # exp2/log2/sin/sqrt/reciprocal: a polynomial or a long-latency instruction
+# exp2/log2/sin: a polynomial of ~20 vector ops (measured: exp2 ~0.4 ns per element, an add ~0.02 ns); sqrt and
+# reciprocal: one long-latency instruction
+TRANSCENDENTAL = {Ops.EXP2: 20, Ops.LOG2: 20, Ops.SIN: 20, Ops.COS: 20, Ops.TAN: 20, Ops.SQRT: 4, Ops.RECIPROCAL: 4}
 LOAD = 4  # an element streamed from memory
 STRIDED_LOAD = 64  # an element read across rows: a cache line for one element
 STORE = 8  # an element written (the line is read for ownership first)
+CACHE_BYTES = 16 << 20  # a stored buffer up to half the 32 MiB L3 is read back from the cache ...
+DRAM = 8  # ... a larger one's stores and loads cost this many times more (x + 1 over 2^24 floats: 1.8 ns per
+# element; over 2^20, in cache, 0.24 ns)
 KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread handoff
+# an op on one value at a time instead of 16 lanes: the epilogue of a reduce vectorized along its reduce axis (x @ w.T)
+# runs on the tile's scalar results. Measured per output there: exp2 ~5 ns (16 lanes' worth of its polynomial),
+# sqrt ~0.7 ns, a causal mask's 10 ALU ops ~1.7 ns, a relu's 4 nothing measurable (LLVM's SLP vectorizer packs some):
+# an ALU op or a load 2, between those
+SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.COS: 256, Ops.TAN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
+SCALAR_ALU = 2
+SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
 
 COMPARISONS = (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ)
+
+
+@dataclass
+class InlineEstimate:
+    """The cost model's two sums for one node (`CostModel.inline_estimate`), or why it gives none."""
+
+    costlier: bool = False  # inlined costs more than a buffer
+    inline: int = 0
+    keep: int = 0
+    reads: int = 0  # the requests summed (the comparison stops once inlining costs more)
+    evaluations: int = 0  # the inlined evaluations of those reads
+    why_none: str = ""  # where the model gives no estimate: why (then costlier is False)
 
 
 class CostModel:
@@ -39,29 +70,51 @@ class CostModel:
         self.src_requests, self.realized = src_requests, realized  # how a node reads its sources (the index walk)
         self.work: dict[UOp, int] = {}  # cost of evaluating the node once, inlined
         self.loads: dict[UOp, int] = {}  # buffer elements read by one inlined evaluation
+        self.constant: dict[UOp, bool] = {}  # built from constants alone (a broadcast scalar)
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
-        consumers: dict[UOp, list[UOp]] = {}
+        self.selects: set[UOp] = set()  # the `where(mask, value, 0)` of a one-hot select-sum: folded into one load
+        self.consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
             for s in u.src:
-                consumers.setdefault(s, []).append(u)
+                self.consumers.setdefault(s, []).append(u)
         for u in nodes:
             read = [(self.read_cost(s), self.read_loads(s)) for s in u.src]
             own = ALU if u.op in GroupOp.Elementwise or u.op is Ops.PAD else 0
-            if u.op in GroupOp.Transcendental:
-                own = TRANSCENDENTAL
+            own = TRANSCENDENTAL.get(u.op, own)
             work, loads = own + sum(w for w, _ in read), sum(n for _, n in read)
-            if u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
+            self.constant[u] = u.op in (Ops.CONST, Ops.DEVICE) or (
+                u.op not in (Ops.BUFFER, Ops.IOTA) and all(self.constant[s] for s in u.src)
+            )
+            self.index_only[u] = self.index_only_node(u)
+            if u.op is Ops.REDUCE_AXIS and self.selects_one(u):
+                self.selects.add(u.src[0])
+            elif u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
                 n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
-            self.index_only[u] = u.op is Ops.IOTA or any(self.index_only[s] for s in u.src if s not in realized)
         for u in reversed(nodes):  # consumers first
-            users = consumers.get(u, [])
+            users = self.consumers.get(u, [])
             self.feeds_index[u] = bool(users) and all(
                 (c.op in COMPARISONS and self.index_only[c]) or (not self.index_only[c] and self.feeds_index[c])
                 for c in users
             )  # compared with an arange (`arange == idx`), directly or through its own arithmetic
+
+    def index_only_node(self, u: UOp) -> bool:
+        """An arange, a comparison of one with anything (`arange == idx`, a causal mask), or arithmetic over those and
+        constants (`mask.where(0, -inf)`). Not a value computed from data with one (`qk + mask.where(0, -inf)`): that
+        is data, and recomputing it (with the softmax after it) at every read can cost more than a buffer."""
+        if u.op is Ops.IOTA:
+            return True
+        masks = [self.index_only[s] and s not in self.realized for s in u.src if not self.constant[s]]
+        return any(masks) if u.op in COMPARISONS else bool(masks) and all(masks)
+
+    def selects_one(self, u: UOp) -> bool:
+        """A sum of `where(mask, value, 0)` under an index-only mask (a gather's one-hot select): codegen folds it to
+        one read of the value at the selected index, so it costs one evaluation, not one per reduced element, and
+        the select itself is never stored (a one-hot product the size of the whole table)."""
+        src = u.src[0]
+        return u.arg[0] is Ops.ADD and src.op is Ops.WHERE and self.index_only[src.src[0]] and self.constant[src.src[2]]
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp) -> int:
@@ -93,24 +146,114 @@ class CostModel:
     def static(x: UOp) -> bool:
         return all(isinstance(s, int) for s in x.tensor_shape)
 
-    def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
-        """Whether evaluating x at every read (its requests, each with the ranges in scope there) costs more than
-        computing it once per element, storing it and loading it at every read."""
-        if self.index_only[x] or self.feeds_index[x] or not self.static(x) or self.work[x] <= LOAD:
-            return False
-        keep = (self.work[x] + STORE) * prod(x.tensor_shape) + KERNEL
-        inline = 0
+    def inline_estimate(self, x: UOp, reqs: dict) -> InlineEstimate:
+        """Evaluating x at every read (its requests, each with the ranges in scope there) against computing it once
+        per element, storing it and loading it at every read. The sums stop at the first read after which inlining
+        costs more."""
+        if self.index_only[x] or self.feeds_index[x]:
+            return InlineEstimate(why_none="index arithmetic (an arange mask, a gather's index): codegen folds it")
+        if x in self.selects:
+            return InlineEstimate(why_none="a gather's one-hot select: one evaluation, never stored")
+        if not self.static(x):
+            return InlineEstimate(why_none="a symbolic shape: no estimate")
+        if self.work[x] <= LOAD:
+            return InlineEstimate(why_none=f"its work ({self.work[x]}) is at most a load's ({LOAD})")
+        mem = self.memory_scale(x)
+        est = InlineEstimate(keep=(self.work[x] + STORE * mem) * prod(x.tensor_shape) + KERNEL)
         for (idx, valid), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
             if any(t is None for t in trips):
-                return False  # a symbolic loop: no estimate
+                return InlineEstimate(why_none="a symbolic loop: no estimate")
             strided = reads_across_rows(idx, scope)
             extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, valid), scope) if strided else 0
-            inline += (self.work[x] + extra) * prod(trips)
-            keep += (STRIDED_LOAD if strided else LOAD) * prod(trips)
-            if inline > keep:
-                return True
-        return False
+            n = prod(trips)
+            est.inline += (self.work[x] + extra) * n
+            est.keep += (STRIDED_LOAD if strided else LOAD * mem) * n
+            est.reads, est.evaluations = est.reads + 1, est.evaluations + n
+            if est.inline > est.keep:
+                est.costlier = True
+                break
+        return est
+
+    def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
+        return self.inline_estimate(x, reqs).costlier
+
+    def split_epilogue_is_cheaper(self, x: UOp, reqs: dict) -> bool:
+        """Whether reduce x, when codegen vectorizes it along its reduce axis (`reduces_its_lanes`: x @ w.T, whose
+        operands are both contiguous along k), costs less stored with its epilogue in a kernel of its own: fused, the
+        epilogue runs on the dot-product tile's scalar results (SCALAR_OP per op and output: gelu's exp2); split,
+        it runs 16 lanes wide, for a kernel, a store and a load of each output more."""
+        if not self.static(x) or not any(self.reduces_its_lanes(x, req, scope) for req, scope in reqs.items()):
+            return False
+        scalar = self.scalar_epilogue_cost(x)
+        outputs = prod(x.tensor_shape)
+        return scalar * outputs > KERNEL + (STORE + LOAD) * self.memory_scale(x) * outputs
+
+    @staticmethod
+    def memory_scale(x: UOp) -> int:
+        """How much more x's stores and loads cost when its buffer does not stay in the cache (DRAM)."""
+        return DRAM if prod(x.tensor_shape) * x.dtype.itemsize > CACHE_BYTES else 1
+
+    def scalar_epilogue_cost(self, x: UOp) -> int:
+        """The cost per output of the elementwise ops fused after x in its kernel, on scalars: x's consumers through
+        elementwise and reshape/permute nodes, up to and including the nodes that are stored (a broadcast read, an
+        EXPAND, is in another loop nest: not an epilogue), and what they read besides x (a bias, a causal mask)."""
+        epilogue, stack = set[UOp](), list(self.consumers.get(x, []))
+        while stack:
+            u = stack.pop()
+            if u in epilogue or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
+                continue
+            epilogue.add(u)
+            if u not in self.realized:
+                stack.extend(self.consumers.get(u, []))
+        seen, cost = set[UOp](), 0
+        stack = [*epilogue]
+        while stack:
+            u = stack.pop()
+            if u in seen or u is x or self.constant[u]:
+                continue
+            seen.add(u)
+            if u not in epilogue and (u.op in (Ops.BUFFER, Ops.REDUCE_AXIS) or u in self.realized):
+                cost += SCALAR_ALU  # a load
+                continue
+            cost += SCALAR_OP.get(u.op, SCALAR_ALU if u.op in GroupOp.ALU else 0)
+            stack.extend(s for s in u.src if u not in epilogue or s not in epilogue)
+        return cost
+
+    def reduces_its_lanes(self, x: UOp, req, scope: set[UOp]) -> bool:
+        """Whether codegen's vector axis for reduce x read at req is a reduce axis: the buffer loads under x that walk
+        one of its reduce ranges with stride 1 outweigh those (and the store) that walk the innermost output loop,
+        each weighted by the vector lanes its loop fills (`lanes`: g @ w2.T's 10-long reduce fills none, as in
+        codegen/opt/heuristic.py). The walk stops at reduces and materialized nodes, and after MAX_LAYOUT_WALK nodes."""
+        inner = innermost_output_loop(scope)
+        along_reduce, along_output = 0, lanes(inner) if inner is not None else 0  # the store
+        for src, sreq, reduce_ranges in self.src_requests(x, req):
+            stack, seen = [(src, sreq)], set[tuple[UOp, Any]]()
+            while stack and len(seen) < MAX_LAYOUT_WALK:
+                u, ureq = stack.pop()
+                if (u, ureq) in seen:
+                    continue
+                seen.add((u, ureq))
+                if view_base(u) is not None or u in self.realized or u.op is Ops.REDUCE_AXIS:
+                    moving = [i for i in ureq[0] if i.op is not Ops.CONST]
+                    last = moving[-1].ranges if moving else []
+                    if walked := [r for r in reduce_ranges if r in last]:
+                        along_reduce += lanes(walked[0])
+                    elif inner is not None and inner in last:
+                        along_output += lanes(inner)
+                else:
+                    stack.extend((s, sr) for s, sr, _ in self.src_requests(u, ureq))
+        return along_reduce > along_output
+
+
+def lanes(r: UOp) -> int:
+    """The vector lanes loop r fills as codegen vectorizes it: the SIMD width (with a tail) when it is that long or
+    symbolic, else the largest power of two dividing its trip count, if at least 4 (a 10-long loop: none)."""
+    n = const_trip_count(r)
+    if n is None or n >= SIMD_WIDTH:
+        return SIMD_WIDTH
+    d = next(w for w in (8, 4, 2, 1) if n % w == 0)
+    return d if d >= 4 else 0
 
 
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
@@ -125,7 +268,9 @@ def moves_across_rows(idx: tuple[UOp, ...], inner: UOp) -> bool:
     """Whether the loop `inner` moves a read at idx across rows: it appears in an outer dimension's index and not in
     the last one's (a read that does not use it stays on one element: a broadcast)."""
     moving = [i for i in idx if i.op is not Ops.CONST]  # a size-1 or broadcast dimension is read at 0
-    return len(moving) >= 2 and inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
+    if len(moving) < 2 or any(r.arg[1] is AxisType.REDUCE for r in moving[-1].ranges):
+        return False  # a reduce walks the last dimension (a row's sum): codegen vectorizes the reduce along it
+    return inner not in moving[-1].ranges and any(inner in i.ranges for i in moving[:-1])
 
 
 def innermost_output_loop(scope: set[UOp]) -> UOp | None:

@@ -1,11 +1,11 @@
 """Materialization policy: which tensor nodes get a buffer (a kernel boundary) and which are inlined into their
 consumers' kernels.
 
-Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, cuts that keep a kernel within
-the compilers' and devices' limits, and a large contraction's transcendental epilogue (a codegen limit: fused, it
-would run on scalars). During the index walk (`must_realize`, once all of a node's consumers and the loops in scope
-at each read are known): a reduce that does not vary along a loop its consumer runs, a node whose recomputation at
-every read costs more than a buffer (the cost model, `schedule/cost.py`), a padded window over computed values.
+Up front (`MaterializationPolicy.realized_up_front`): outputs, CONTIGUOUS, ASSIGN, and cuts that keep a kernel within
+the compilers' and devices' limits. During the index walk (`must_realize`, once all of a node's consumers and the
+loops in scope at each read are known): a reduce that does not vary along a loop its consumer runs, a node whose
+recomputation at every read costs more than a buffer and a reduce whose epilogue would run on scalars (both the cost
+model, `schedule/cost.py`), a padded window over computed values.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 MAX_INDEX_NODES = 48  # an index expression grown past this many UOps (a chain of views that do not fold) is cut
 MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied at each read: keep those copies small
-MIN_EPILOGUE_SPLIT_OUTPUTS = 1 << 16  # a reduce with this many outputs ...
-MIN_EPILOGUE_SPLIT_REDUCE = 64  # ... each over this many inputs keeps a transcendental epilogue out of its kernel
 
 
 class MaterializationPolicy:
@@ -40,7 +38,6 @@ class MaterializationPolicy:
         self.rf.realize |= decided_all(copy_realizes(nodes), "a copy, or a copy's source that is not a whole buffer")
         self.rf.realize |= decided_all(nofuse_realize(nodes), "FUSE=0: every op its own kernel (no fusion)")
         self.rf.realize |= decided_all(self.long_chains(), "cuts a chain at MAX_KERNEL_OPS ops or MAX_KERNEL_BUFS")
-        self.rf.realize |= decided_all(self.contractions_with_costly_epilogue(), "a contraction, epilogue apart")
         self.cost = CostModel(nodes, self.rf.realize, self.rf.src_requests)
         return self.rf.realize
 
@@ -57,6 +54,9 @@ class MaterializationPolicy:
                     return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along")
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return decided(self, x, reqs, True, "the cost model: recomputed at every read costs more than a buffer")
+        if x.op is Ops.REDUCE_AXIS and self.cost.split_epilogue_is_cheaper(x, reqs):
+            # its epilogue would run on scalars (gelu after x @ w.T): its own vector-wide kernel is cheaper
+            return decided(self, x, reqs, True, "the cost model: its epilogue would run on scalars; split off")
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.tensor_shape) <= 4 * prod(x.src[0].tensor_shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
@@ -89,36 +89,6 @@ class MaterializationPolicy:
             x, req, _ = self.rf.src_requests(x, req)[0]
         exprs = [*req[0]] + ([req[1]] if req[1] is not None else [])
         return x.op is Ops.BUFFER and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
-
-    def contractions_with_costly_epilogue(self) -> set[UOp]:
-        """Large reduces over many inputs (matmuls) whose elementwise consumers hold a transcendental (gelu, sigmoid):
-        stored, and the epilogue is its own elementwise kernel. Fused, the epilogue would run once per output of a
-        tile of dot products, on scalars (x @ w.T's tile reduces its vector lanes to one value per output); its own
-        kernel runs it 16 lanes wide for one more pass over the output (about 3% of such a matmul)."""
-        consumers: dict[UOp, list[UOp]] = {}
-        for u in self.rf.nodes:
-            for s in u.src:
-                consumers.setdefault(s, []).append(u)
-        found: set[UOp] = set()
-        for x in self.rf.nodes:
-            if (
-                x.op is not Ops.REDUCE_AXIS
-                or x in self.rf.realize
-                or prod(x.tensor_shape) < MIN_EPILOGUE_SPLIT_OUTPUTS
-                or prod(x.src[0].tensor_shape) < MIN_EPILOGUE_SPLIT_REDUCE * prod(x.tensor_shape)
-            ):
-                continue
-            stack, seen = list(consumers.get(x, [])), set()
-            while stack:
-                u = stack.pop()
-                if u in seen or u in self.rf.realize or u.op not in GroupOp.Elementwise | {Ops.RESHAPE, Ops.PERMUTE}:
-                    continue
-                seen.add(u)
-                if u.op in GroupOp.Transcendental:
-                    found.add(x)
-                    break
-                stack.extend(consumers.get(u, []))
-        return found
 
     def reads_buffer(self, x: UOp) -> bool:
         return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))

@@ -1,13 +1,12 @@
 """What VIZ=1 records of the scheduler's keep-or-inline decisions (schedule/policy.py, through viz/hook.py): the cost
 model's estimates both ways, in its units (rough cycles, schedule/cost.py) and in bytes of memory traffic.
 
-`estimate` follows `CostModel.inline_is_costlier` step by step and keeps its sums: inlined, x is evaluated at every
-read (its work, plus the strided-load penalty where a read moves across rows); kept, it is evaluated once per
-element, stored, and loaded at every read, plus a kernel's fixed cost. The comparison stops, as the cost model's
-does, at the first read after which inlining costs more; `reads` says how many were summed. Bytes are the memory
-traffic of the same two plans: inlined, the buffers one evaluation reads, at every read; kept, those once per
-element, the store, and a load of the stored element at every read. tests/viz/test_trace.py checks that the verdict
-agrees with inline_is_costlier's.
+`estimate` shows `CostModel.inline_estimate`'s sums: inlined, x is evaluated at every read (its work, plus the
+strided-load penalty where a read moves across rows); kept, it is evaluated once per element, stored, and loaded at
+every read, plus a kernel's fixed cost. The comparison stops at the first read after which inlining costs more;
+`reads` says how many were summed. Bytes are the memory traffic of the same two plans: inlined, the buffers one
+evaluation reads, at every read; kept, those once per element, the store, and a load of the stored element at every
+read.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from typing import Any
 
 from zeptograd.helpers import prod
 from zeptograd.schedule import cost as cm
-from zeptograd.uop.ops import Ops, UOp, const_trip_count
+from zeptograd.uop.ops import Ops, UOp
 
 
 def _itemsize(u: UOp) -> int:
@@ -43,45 +42,22 @@ def evaluation_bytes(cost: cm.CostModel, x: UOp) -> int:
 
 def estimate(cost: cm.CostModel, x: UOp, reqs: dict) -> dict[str, Any]:
     """The cost model's comparison for x read at reqs: `verdict` (text), `costlier` (inlined costs more: True/False,
-    None where it gives no estimate) and, with an estimate, the sums both ways."""
-    if cost.index_only[x] or cost.feeds_index[x]:
-        return {"verdict": "index arithmetic (an arange mask, a gather's index): codegen folds it", "costlier": False}
-    if not cost.static(x):
-        return {"verdict": "a symbolic shape: no estimate", "costlier": False}
-    work, size = cost.work[x], prod(x.tensor_shape)
-    if work <= cm.LOAD:
-        return {"verdict": f"its work ({work}) is at most a load's ({cm.LOAD})", "costlier": False, "work": work}
-    each, item = evaluation_bytes(cost, x), _itemsize(x)
-    keep, inline = (work + cm.STORE) * size + cm.KERNEL, 0
-    keep_bytes, inline_bytes = (each + item) * size, 0
-    costlier, summed = False, 0
-    for (idx, valid), scope in reqs.items():
-        trips = [const_trip_count(r) for r in cm.evaluated_in(idx, scope)]
-        if any(t is None for t in trips):
-            return {"verdict": "a symbolic loop: no estimate", "costlier": False, "work": work}
-        n = prod(trips)
-        strided = cm.reads_across_rows(idx, scope)
-        extra = (cm.STRIDED_LOAD - cm.LOAD) * cost.loads_across_rows(x, (idx, valid), scope) if strided else 0
-        inline += (work + extra) * n
-        keep += (cm.STRIDED_LOAD if strided else cm.LOAD) * n
-        inline_bytes += each * n
-        keep_bytes += item * n
-        summed += 1
-        if inline > keep:
-            costlier = True
-            break
-    verdict = "inlined costs more than a buffer" if costlier else "inlined costs no more than a buffer"
+    None where it gives no estimate) and, with an estimate, the sums both ways and the bytes of the two plans."""
+    e = cost.inline_estimate(x, reqs)
+    if e.why_none:
+        return {"verdict": e.why_none, "costlier": False}
+    size, each, item = prod(x.tensor_shape), evaluation_bytes(cost, x), _itemsize(x)
     return {
-        "verdict": verdict,
-        "costlier": costlier,
-        "work": work,
+        "verdict": "inlined costs more than a buffer" if e.costlier else "inlined costs no more than a buffer",
+        "costlier": e.costlier,
+        "work": cost.work[x],
         "elements": size,
-        "reads": summed,
+        "reads": e.reads,
         "of": len(reqs),
-        "inline": inline,
-        "keep": keep,
-        "inline_bytes": inline_bytes,
-        "keep_bytes": keep_bytes,
+        "inline": e.inline,
+        "keep": e.keep,
+        "inline_bytes": each * e.evaluations,
+        "keep_bytes": (each + item) * size + item * e.evaluations,
     }
 
 
