@@ -63,9 +63,9 @@ def test_a_value_read_transposed_is_stored():
 
 
 def test_cheap_values_read_twice_in_a_row_stay_inlined():
-    """softmax's exp is read by the sum and by the division at the same rows: recomputed, not stored."""
+    """softmax's exp is read by the sum and by the division at the same rows: recomputed, not stored (one kernel)."""
     x, xn = realized(64, 1000)
-    assert len(kernels(x.softmax(-1))) == 3
+    assert len(kernels(x.softmax(-1))) == 1
     e = np.exp(xn - xn.max(-1, keepdims=True))
     np.testing.assert_allclose(x.softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
@@ -97,9 +97,10 @@ def test_the_work_of_an_inlined_node_sums_its_ops_and_loads(op, expected):
 
 def test_a_costly_prologue_of_a_large_matmul_is_stored():
     """layernorm's normalized rows (an rsqrt per row, a subtract and a multiply per element) before a 256^3 matmul:
-    stored once instead of recomputed per output column."""
+    stored once instead of recomputed per output column: their kernel (with the row's mean and variance) and the
+    matmul's."""
     (x, xn), (w, wn) = realized(256, 256), realized(256, 256)
-    assert len(kernels(x.layernorm() @ w)) == 4
+    assert len(kernels(x.layernorm() @ w)) == 2
     y = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose((x.layernorm() @ w).numpy(), y @ wn, rtol=1e-3, atol=1e-3)
 

@@ -35,8 +35,9 @@ def range_scopes(sink: UOp) -> dict[tuple[UOp, ...], tuple[UOp, ...]]:
         first = here
         if u.op in (Ops.END, Ops.REDUCE):
             first = here | set(u.src[1:])
-            if u.op is Ops.REDUCE:
-                out[u.src[1:]] = tuple(sorted(here, key=lambda r: r.arg[0]))
+            if u.op is Ops.REDUCE:  # only the loops its value varies along: it runs before the others open
+                used = {r for r in u.src[0].toposort() if r.op is Ops.RANGE}
+                out[u.src[1:]] = tuple(sorted(here & used, key=lambda r: r.arg[0]))
         elif u.op is Ops.AFTER:
             first = here - {s for s in u.src[1:] if s.op is Ops.RANGE}
         elif u.op is Ops.RANGE:
@@ -93,16 +94,20 @@ def lower_reduces(sink: UOp) -> UOp:
     """
     scopes = range_scopes(sink)
     groups: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]] = {}
-    for u in sink.toposort():
+    last_seen: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], int] = {}
+    for i, u in enumerate(sink.toposort()):
         if u.op is Ops.REDUCE:
-            groups.setdefault((scopes.get(u.src[1:], ()), u.src[1:]), []).append(u)
+            groups.setdefault(group := (scopes.get(u.src[1:], ()), u.src[1:]), []).append(u)
+            last_seen[group] = i
     zero = UOp.const(dtypes.index, 0)
     regs = itertools.count()
     replaced: dict[UOp, UOp] = {}
     last_end: dict[tuple[UOp, ...], UOp] = {}
-    # deepest nests first (stable: siblings keep their order), so a reduce is lowered after every reduce inside it even
-    # where that one is first seen later (two reduces over one loop, the second holding an inner reduce of its own)
-    for (outer, ranges), reds in sorted(groups.items(), key=lambda group: -len(group[0][0])):
+    # a group after every reduce inside any of its reduces (those come earlier in the toposort), even where that one
+    # is first seen later (two reduces over one loop, the second holding an inner reduce of its own) or sits in fewer
+    # loops (a row's max inside a matmul over the softmax of the row: it runs before the output loop); siblings keep
+    # their order
+    for (outer, ranges), reds in sorted(groups.items(), key=lambda group: last_seen[group[0]]):
         key = outer
         if replaced:  # a loop's count may read a reduce lowered already (a branch on a reduced value)
             outer, ranges = (tuple(r.substitute(replaced) for r in rs) for rs in (outer, ranges))
