@@ -299,6 +299,8 @@ def vectorize_own_loops(
     while True:
         nodes = list(plan.ast.toposort())
         expanded = {u for u in nodes if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST, AxisType.UNROLL)}
+        if not expanded:  # no vector beside which another would run: the choice above stands
+            return
         axes = kernel_axes(plan.ast)
         together = [live for live in live_ranges(nodes, expanded | set(axes)).values() if live & expanded]
         own = [
