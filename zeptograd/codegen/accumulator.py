@@ -86,6 +86,30 @@ def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
     return acc.after(end).index(zero).load()
 
 
+Group = tuple[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]]
+
+
+def ordered_groups(groups: dict) -> list[Group]:
+    """Deepest nests first (stable: siblings keep their order), and a group after every group with a reduce inside
+    one of its reduces' sources, even where that one is first seen later (two reduces over one loop, the second
+    holding an inner reduce of its own) or sits in fewer loops (a row's max inside a matmul over the softmax of the
+    row: it runs before the output loop)."""
+    pending: list[Group] = sorted(groups.items(), key=lambda group: -len(group[0][0]))
+    owner = {red: key for key, reds in pending for red in reds}
+    inner: dict = {}
+    for key, reds in pending:
+        below = {u for red in reds for s in red.src for u in s.toposort()}
+        inner[key] = {owner[u] for u in below if u in owner} - {key}
+    out: list[Group] = []
+    done: set = set()
+    while pending:
+        i = next((i for i, (key, _) in enumerate(pending) if inner[key] <= done), 0)  # 0: a cycle, keep the order
+        key, reds = pending.pop(i)
+        out.append((key, reds))
+        done.add(key)
+    return out
+
+
 def lower_reduces(sink: UOp) -> UOp:
     """Every REDUCE -> an accumulator. REDUCEs over the same loops inside the same enclosing loops share one loop
     nest (one END over a GROUP of their updates); sibling loop nests run one after another in first-seen order
@@ -94,20 +118,14 @@ def lower_reduces(sink: UOp) -> UOp:
     """
     scopes = range_scopes(sink)
     groups: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]] = {}
-    last_seen: dict[tuple[tuple[UOp, ...], tuple[UOp, ...]], int] = {}
-    for i, u in enumerate(sink.toposort()):
+    for u in sink.toposort():
         if u.op is Ops.REDUCE:
-            groups.setdefault(group := (scopes.get(u.src[1:], ()), u.src[1:]), []).append(u)
-            last_seen[group] = i
+            groups.setdefault((scopes.get(u.src[1:], ()), u.src[1:]), []).append(u)
     zero = UOp.const(dtypes.index, 0)
     regs = itertools.count()
     replaced: dict[UOp, UOp] = {}
     last_end: dict[tuple[UOp, ...], UOp] = {}
-    # a group after every reduce inside any of its reduces (those come earlier in the toposort), even where that one
-    # is first seen later (two reduces over one loop, the second holding an inner reduce of its own) or sits in fewer
-    # loops (a row's max inside a matmul over the softmax of the row: it runs before the output loop); siblings keep
-    # their order
-    for (outer, ranges), reds in sorted(groups.items(), key=lambda group: last_seen[group[0]]):
+    for (outer, ranges), reds in ordered_groups(groups):
         key = outer
         if replaced:  # a loop's count may read a reduce lowered already (a branch on a reduced value)
             outer, ranges = (tuple(r.substitute(replaced) for r in rs) for rs in (outer, ranges))
