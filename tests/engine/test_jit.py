@@ -38,17 +38,17 @@ def test_body_runs_twice_and_replays_are_correct():
 
 
 def test_multi_kernel_softmax_and_tuple_outputs():
-    def softmax(x):
-        m = x.max(axis=1, keepdim=True)
+    def softmax(x):  # over the columns: the max and sum of a column are stored (a row's would share one kernel)
+        m = x.max(axis=0, keepdim=True)
         e = (x - m).exp()
-        return e / e.sum(axis=1, keepdim=True), x.sum()
+        return e / e.sum(axis=0, keepdim=True), x.sum()
 
     f = counted(softmax)
     for i in range(4):
         x = rnd(8, 16, seed=i)
         p, s = f(Tensor(x))
-        e = np.exp(x - x.max(1, keepdims=True))
-        np.testing.assert_allclose(p.numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+        e = np.exp(x - x.max(0, keepdims=True))
+        np.testing.assert_allclose(p.numpy(), e / e.sum(0, keepdims=True), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(s.numpy(), x.sum(), rtol=1e-4, atol=1e-4)
     assert f.runs[0] == 2
     assert len(f.captured.calls) >= 3
@@ -405,16 +405,17 @@ def _replay_kernels(f, *args) -> int:
 
 
 def test_prune_runs_input_independent_kernels_once():
-    w = Tensor(rnd(8, seed=5)).realize()
+    # column sums of w, broadcast down the rows of x: their own kernel (a scalar or row sum would be computed in x's)
+    w = Tensor(rnd(16, 8, seed=5)).realize()
     wn = w.numpy()
-    want = lambda x: x + (np.exp(wn) * 2).sum()  # noqa: E731
-    plain = counted(lambda x: (x + (w.exp() * 2).sum()).contiguous())
-    pruned = TinyJit(lambda x: (x + (w.exp() * 2).sum()).contiguous(), prune=True)
+    want = lambda x: x + (np.exp(wn) * 2).sum(0)  # noqa: E731
+    plain = counted(lambda x: (x + (w.exp() * 2).sum(0)).contiguous())
+    pruned = TinyJit(lambda x: (x + (w.exp() * 2).sum(0)).contiguous(), prune=True)
     for i in range(3):
         for f in (plain, pruned):
-            x = rnd(8, seed=i)
+            x = rnd(4, 8, seed=i)
             np.testing.assert_allclose(f(Tensor(x)).numpy(), want(x), rtol=1e-5)
-    xs = [Tensor(rnd(8, seed=i)).realize() for i in range(2)]
+    xs = [Tensor(rnd(4, 8, seed=i)).realize() for i in range(2)]
     assert _replay_kernels(plain, xs[0]) == len(plain.captured.calls) == 2
     assert _replay_kernels(pruned, xs[1]) == len(pruned.captured.calls) == 1
     np.testing.assert_allclose(pruned(xs[0]).numpy(), want(xs[0].numpy()), rtol=1e-5)

@@ -35,8 +35,9 @@ def range_scopes(sink: UOp) -> dict[tuple[UOp, ...], tuple[UOp, ...]]:
         first = here
         if u.op in (Ops.END, Ops.REDUCE):
             first = here | set(u.src[1:])
-            if u.op is Ops.REDUCE:
-                out[u.src[1:]] = tuple(sorted(here, key=lambda r: r.arg[0]))
+            if u.op is Ops.REDUCE:  # only the loops its value varies along: it runs before the others open
+                used = {r for r in u.src[0].toposort() if r.op is Ops.RANGE}
+                out[u.src[1:]] = tuple(sorted(here & used, key=lambda r: r.arg[0]))
         elif u.op is Ops.AFTER:
             first = here - {s for s in u.src[1:] if s.op is Ops.RANGE}
         elif u.op is Ops.RANGE:
@@ -85,6 +86,30 @@ def reduce_to_acc(ctx: AccContext, red: UOp) -> UOp:
     return acc.after(end).index(zero).load()
 
 
+Group = tuple[tuple[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]]
+
+
+def ordered_groups(groups: dict) -> list[Group]:
+    """Deepest nests first (stable: siblings keep their order), and a group after every group with a reduce inside
+    one of its reduces' sources, even where that one is first seen later (two reduces over one loop, the second
+    holding an inner reduce of its own) or sits in fewer loops (a row's max inside a matmul over the softmax of the
+    row: it runs before the output loop)."""
+    pending: list[Group] = sorted(groups.items(), key=lambda group: -len(group[0][0]))
+    owner = {red: key for key, reds in pending for red in reds}
+    inner: dict = {}
+    for key, reds in pending:
+        below = {u for red in reds for s in red.src for u in s.toposort()}
+        inner[key] = {owner[u] for u in below if u in owner} - {key}
+    out: list[Group] = []
+    done: set = set()
+    while pending:
+        i = next((i for i, (key, _) in enumerate(pending) if inner[key] <= done), 0)  # 0: a cycle, keep the order
+        key, reds = pending.pop(i)
+        out.append((key, reds))
+        done.add(key)
+    return out
+
+
 def lower_reduces(sink: UOp) -> UOp:
     """Every REDUCE -> an accumulator. REDUCEs over the same loops inside the same enclosing loops share one loop
     nest (one END over a GROUP of their updates); sibling loop nests run one after another in first-seen order
@@ -100,9 +125,7 @@ def lower_reduces(sink: UOp) -> UOp:
     regs = itertools.count()
     replaced: dict[UOp, UOp] = {}
     last_end: dict[tuple[UOp, ...], UOp] = {}
-    # deepest nests first (stable: siblings keep their order), so a reduce is lowered after every reduce inside it even
-    # where that one is first seen later (two reduces over one loop, the second holding an inner reduce of its own)
-    for (outer, ranges), reds in sorted(groups.items(), key=lambda group: -len(group[0][0])):
+    for (outer, ranges), reds in ordered_groups(groups):
         key = outer
         if replaced:  # a loop's count may read a reduce lowered already (a branch on a reduced value)
             outer, ranges = (tuple(r.substitute(replaced) for r in rs) for rs in (outer, ranges))

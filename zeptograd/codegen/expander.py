@@ -18,6 +18,7 @@ sources'. That walk stays procedural: a node's copies are not a node, so `graph_
 from __future__ import annotations
 
 import itertools
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from zeptograd.dtype import PtrDType, dtypes
@@ -34,7 +35,11 @@ CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed befor
 class Expanded:
     axes: tuple[UOp, ...]  # the unrolled ranges this value depends on, by axis id
     vals: dict[tuple[int, ...], UOp]  # one UOp per position of those ranges
-    vec: bool  # the values are vectors over the vector range's lanes
+    v: UOp | None = None  # the vector range whose lanes the values are vectors over (None: scalars)
+
+    @property
+    def vec(self) -> bool:
+        return self.v is not None
 
 
 def is_contiguous(idx: UOp, r: UOp) -> bool:
@@ -67,8 +72,22 @@ def access_counts(ast: UOp) -> dict[UOp, int]:
     return counts
 
 
-def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | None:
-    """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width)."""
+def live_ranges(nodes: list[UOp], ranges: AbstractSet[UOp]) -> dict[UOp, frozenset[UOp]]:
+    """Which of `ranges` each node's value moves with: a REDUCE or END over a range closes it (a row's max is one
+    value however many lanes computed it)."""
+    live: dict[UOp, frozenset[UOp]] = {}
+    for u in nodes:
+        here = frozenset([u]) if u in ranges else frozenset()
+        here = here.union(*[live[s] for s in u.src])
+        live[u] = here - set(u.src[1:]) if u.op in (Ops.REDUCE, Ops.END) and here else here
+    return live
+
+
+def choose_vector_ranges(ast: UOp, nodes: list[UOp], expanded: list[UOp], max_width: int) -> list[UOp]:
+    """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width), then
+    every other such range no value moves with together with one already chosen, in the same order: a reduce
+    computed before an output loop it does not vary along (softmax's row max, then its sum, then the output row) is
+    a loop of its own, vectorized along its own range."""
     scores: dict[UOp, int] = {}
     for u, count in access_counts(ast).items():
         idx = u.src[1]
@@ -77,8 +96,16 @@ def choose_vector_range(ast: UOp, expanded: list[UOp], max_width: int) -> UOp | 
             if n <= max_width and n & (n - 1) == 0 and is_contiguous(idx, r):  # a gate on r: a masked access
                 scores[r] = scores.get(r, 0) + count
     if not scores:
-        return None
-    return max(scores, key=lambda r: (scores[r], trip_count(r), -r.arg[0]))
+        return []
+    ordered = sorted(scores, key=lambda r: (scores[r], trip_count(r), -r.arg[0]), reverse=True)
+    if len(ordered) == 1:
+        return ordered
+    together = {live for live in live_ranges(nodes, set(ordered)).values() if len(live) > 1}
+    chosen: list[UOp] = []
+    for r in ordered:
+        if not any(r in live and any(c in live for c in chosen) for live in together):
+            chosen.append(r)
+    return chosen
 
 
 class Expander:
@@ -88,41 +115,51 @@ class Expander:
         expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
         globals_ = [u.dtype for u in nodes if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType)]
         itemsize = max((dt.base.itemsize for dt in globals_), default=4)
-        self.v = choose_vector_range(ast, expanded, max(1, max_vec_bytes // itemsize))
-        self.width = range_lanes(self.v) if self.v is not None else 1
-        self.unrolled = [r for r in expanded if r is not self.v]
+        self.vecs = choose_vector_ranges(ast, nodes, expanded, max(1, max_vec_bytes // itemsize))
+        self.unrolled = [r for r in expanded if r not in self.vecs]
         self.deps: dict[UOp, frozenset[UOp]] = {}
         for u in nodes:
             own = frozenset([u]) if u in expanded else frozenset()
             self.deps[u] = own.union(*[self.deps[s] for s in u.src])
+        # the expanded ranges each value moves with: a value read after a REDUCE over one has one copy, not one
+        # per position of that range; at most one is a vector range (chosen so)
+        self.live = live_ranges(nodes, set(expanded))
         self.nodes = nodes
         self.exp: dict[UOp, Expanded] = {}
 
     # --- helpers ---
+    def vector_range(self, u: UOp) -> UOp | None:
+        """The vector range u's value moves with, if any."""
+        return next((r for r in self.live[u] if r in self.vecs), None)
+
     def axes_of(self, *us: UOp) -> tuple[UOp, ...]:
-        deps = frozenset().union(*[self.deps[u] for u in us])
+        deps = frozenset().union(*[self.live[u] for u in us])
         return tuple(r for r in self.unrolled if r in deps)
 
     def keys(self, axes: tuple[UOp, ...]):
         return itertools.product(*[range(range_lanes(r)) for r in axes])
 
-    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], vec: bool) -> UOp:
+    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], v: UOp | None) -> UOp:
+        """u's copy at key, broadcast to v's lanes where it is a scalar and v is not None"""
         e = self.exp[u]
         val = e.vals[tuple(key[axes.index(a)] for a in e.axes)]
-        return self.broadcast(val) if vec and not e.vec else val
+        return self.broadcast(val, v) if v is not None and not e.vec else val
 
-    def broadcast(self, x: UOp) -> UOp:
-        return UOp(Ops.VECTORIZE, x.dtype.vec(self.width), (x,) * self.width)
+    @staticmethod
+    def broadcast(x: UOp, v: UOp) -> UOp:
+        return UOp(Ops.VECTORIZE, x.dtype.vec(range_lanes(v)), (x,) * range_lanes(v))
 
-    def substitute(self, x: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], lane: int | None = None) -> UOp:
+    def substitute(
+        self, x: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], lane: int | None = None, v: UOp | None = None
+    ) -> UOp:
         mapping = {r: UOp.const(dtypes.index, k) for r, k in zip(axes, key)}
-        if lane is not None and self.v is not None:
-            mapping[self.v] = UOp.const(dtypes.index, lane)
+        if lane is not None and v is not None:
+            mapping[v] = UOp.const(dtypes.index, lane)
         return simplify(x.substitute(mapping)) if mapping else x
 
     # --- the walk: each node's copies from its sources', by the first rule of pm_expand that matches ---
     def expand(self) -> UOp:
-        if self.v is None and not self.unrolled:
+        if not self.vecs and not self.unrolled:
             return self.ast
         for u in self.nodes:
             e = pm_expand.rewrite(u, ctx=self)
@@ -133,39 +170,39 @@ class Expander:
     def flat_vals(self, srcs: tuple[UOp, ...]) -> list[UOp]:
         return [self.exp[s].vals[k] for s in srcs for k in sorted(self.exp[s].vals)]
 
-    def scalar_index(self, index: UOp, axes, key, lane: int | None = None) -> UOp:
+    def scalar_index(self, index: UOp, axes, key, lane: int | None = None, v: UOp | None = None) -> UOp:
         return UOp(
-            Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane) for s in index.src[1:]])
+            Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane, v) for s in index.src[1:]])
         )
 
-    def lane_indices(self, index: UOp, axes, key) -> list[UOp]:
-        return [self.scalar_index(index, axes, key, lane) for lane in range(self.width)]
+    def lane_indices(self, index: UOp, axes, key, v: UOp) -> list[UOp]:
+        return [self.scalar_index(index, axes, key, lane, v) for lane in range(range_lanes(v))]
 
-    def vector_index(self, index: UOp, axes, key) -> UOp | None:
+    def vector_index(self, index: UOp, axes, key, v: UOp) -> UOp | None:
         """INDEX(buf, base[, valid]) for a contiguous vector access of this copy, None if the lanes are not contiguous.
         A gate that differs across the lanes (a pad's border inside the vector) becomes a vector of bools: a masked
         access; one that holds for every lane of this copy (the value ranges decide) is dropped."""
         idx = self.substitute(index.src[1], axes, key)
-        if self.v is None or not is_contiguous(idx, self.v):
+        if not is_contiguous(idx, v):
             return None
         valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
         if valid is not None and valid.op is Ops.CONST and valid.arg is True:
             valid = None
-        elif valid is not None and self.v in valid.toposort():
-            valid = self.vectorize_expr(valid)
-        base = self.substitute(idx, (), (), lane=0)
+        elif valid is not None and v in valid.toposort():
+            valid = self.vectorize_expr(valid, v)
+        base = self.substitute(idx, (), (), lane=0, v=v)
         return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
 
-    def stride2_load(self, index: UOp, axes, key, dtype) -> UOp | None:
+    def stride2_load(self, index: UOp, axes, key, dtype, v: UOp) -> UOp | None:
         """# VECTORIZE(LOAD(b + 2k) for k < w) -> VECTORIZE(A[0], A[2], ..., A[w-2], B[1], B[3], ..., B[w-1]),
         A = LOAD<w>(b), B = LOAD<w>(b + w - 1): a gather whose lanes step by 2 (a stride-2 conv's or pool's input)
         as two contiguous loads and a shuffle instead of w scalar loads. The two span [b, b + 2w - 2], between the
         first and the last lane's elements; where lanes are gated, an element of A or B is read only where the lanes
         that enclose it are valid (so it is in the buffer), the others are masked."""
-        if self.v is None or self.width < 4 or not steps_by(self.substitute(index.src[1], axes, key), self.v, 2):
+        if range_lanes(v) < 4 or not steps_by(self.substitute(index.src[1], axes, key), v, 2):
             return None
-        w, buf = self.width, index.src[0]
-        lanes = self.lane_indices(index, axes, key)
+        w, buf = range_lanes(v), index.src[0]
+        lanes = self.lane_indices(index, axes, key, v)
         base = lanes[0].src[1]
         valid = [i.src[2] if len(i.src) > 2 else UOp.const(dtypes.bool, True) for i in lanes]
 
@@ -188,17 +225,17 @@ class Expander:
         picks = [(a, 2 * k) for k in range(w // 2)] + [(b, 2 * k - w + 1) for k in range(w // 2, w)]
         return UOp(Ops.VECTORIZE, dtype.vec(w), tuple(UOp(Ops.GEP, dtype, (v,), (j,)) for v, j in picks))
 
-    def vectorize_expr(self, x: UOp) -> UOp:
-        """x (free of unrolled ranges) over the lanes of the vector range: its ops on vectors, the rest broadcast."""
+    def vectorize_expr(self, x: UOp, v: UOp) -> UOp:
+        """x (free of unrolled ranges) over the lanes of the vector range v: its ops on vectors, the rest broadcast."""
         done: dict[UOp, UOp] = {}
         for u in x.toposort():
-            if u is self.v:
+            if u is v:
                 done[u] = self.exp[u].vals[()]
             elif not any(s in done and done[s].dtype.count > 1 for s in u.src):
                 done[u] = u
             else:
-                srcs = tuple(done[s] if done[s].dtype.count > 1 else self.broadcast(done[s]) for s in u.src)
-                done[u] = UOp(u.op, u.dtype.vec(self.width), srcs, u.arg)
+                srcs = tuple(done[s] if done[s].dtype.count > 1 else self.broadcast(done[s], v) for s in u.src)
+                done[u] = UOp(u.op, u.dtype.vec(range_lanes(v)), srcs, u.arg)
         return done[x]
 
 
@@ -210,35 +247,35 @@ class Expander:
 def expand_range(ctx: Expander, r: UOp) -> Expanded | None:
     """# unrolled RANGE(n) -> copies 0, 1, ..., n-1; the vector RANGE(w) -> VECTORIZE(0, 1, ..., w-1)"""
     if r in ctx.unrolled:
-        return Expanded((r,), {(i,): UOp.const(dtypes.index, i) for i in range(range_lanes(r))}, False)
-    if r is ctx.v:
-        lanes = tuple(UOp.const(dtypes.index, i) for i in range(ctx.width))
-        return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(ctx.width), lanes)}, True)
+        return Expanded((r,), {(i,): UOp.const(dtypes.index, i) for i in range(range_lanes(r))})
+    if r in ctx.vecs:
+        lanes = tuple(UOp.const(dtypes.index, i) for i in range(range_lanes(r)))
+        return Expanded((), {(): UOp(Ops.VECTORIZE, dtypes.index.vec(len(lanes)), lanes)}, r)
     return None
 
 
 def keep_unexpanded(ctx: Expander, u: UOp) -> Expanded | None:
     """# u reached by no expanded range -> u, once"""
-    return Expanded((), {(): u}, False) if not ctx.deps[u] else None
+    return Expanded((), {(): u}) if not ctx.deps[u] else None
 
 
 def expand_load(ctx: Expander, u: UOp) -> Expanded:
     """# LOAD(INDEX(buf, i(r))) per copy -> one vector LOAD where lanes of r read consecutive elements (masked where
     the gate differs across them), else VECTORIZE(LOAD(INDEX(buf, i(0))), ..., LOAD(INDEX(buf, i(w-1)))): a gather"""
     index = u.src[0]
-    axes, vec = ctx.axes_of(index), ctx.v in ctx.deps[index]
+    axes, v = ctx.axes_of(index), ctx.vector_range(index)
     vals = {}
     for key in ctx.keys(axes):
-        if not vec:
+        if v is None:
             vals[key] = UOp(Ops.LOAD, u.dtype, (ctx.scalar_index(index, axes, key),))
-        elif (vidx := ctx.vector_index(index, axes, key)) is not None:
-            vals[key] = UOp(Ops.LOAD, u.dtype.vec(ctx.width), (vidx,))
-        elif (pair := ctx.stride2_load(index, axes, key, u.dtype)) is not None:
+        elif (vidx := ctx.vector_index(index, axes, key, v)) is not None:
+            vals[key] = UOp(Ops.LOAD, u.dtype.vec(range_lanes(v)), (vidx,))
+        elif (pair := ctx.stride2_load(index, axes, key, u.dtype, v)) is not None:
             vals[key] = pair
         else:  # a gather: one scalar load per lane
-            lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in ctx.lane_indices(index, axes, key)]
-            vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(ctx.width), tuple(lanes))
-    return Expanded(axes, vals, vec)
+            lanes = [UOp(Ops.LOAD, u.dtype, (i,)) for i in ctx.lane_indices(index, axes, key, v)]
+            vals[key] = UOp(Ops.VECTORIZE, u.dtype.vec(range_lanes(v)), tuple(lanes))
+    return Expanded(axes, vals, v)
 
 
 def expand_store(ctx: Expander, u: UOp) -> Expanded:
@@ -246,20 +283,20 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
     elements, else one scalar STORE(INDEX(buf, i(k)), x[k]) per lane k: a scatter"""
     index, value = u.src
     axes = ctx.axes_of(index, value)
-    vec = ctx.v in ctx.deps[index]
-    if ctx.exp[value].vec and not vec:
+    v = ctx.vector_range(index)
+    if ctx.exp[value].v not in (None, v):
         raise RuntimeError("internal error: a vector value stored to one address")
     stores = []
     for key in ctx.keys(axes):
-        val = ctx.get(value, axes, key, vec)
-        if not vec:
+        val = ctx.get(value, axes, key, v)
+        if v is None:
             stores.append(ctx.scalar_index(index, axes, key).store(val))
-        elif (vidx := ctx.vector_index(index, axes, key)) is not None:
+        elif (vidx := ctx.vector_index(index, axes, key, v)) is not None:
             stores.append(vidx.store(val))
         else:  # a scatter: one scalar store per lane
-            for lane, i in enumerate(ctx.lane_indices(index, axes, key)):
+            for lane, i in enumerate(ctx.lane_indices(index, axes, key, v)):
                 stores.append(i.store(UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))))
-    return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))}, False)
+    return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))})
 
 
 def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
@@ -267,12 +304,12 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     copy, or REDUCE(x(0) op ... op x(n-1), loops) where the output has CHAIN_COPIES copies already; a reduced vector
     range's lanes are folded after the loop"""
     x, ranges, op = u.src[0], u.src[1:], u.arg
-    loops = tuple(r for r in ranges if r not in ctx.unrolled and r is not ctx.v)
+    loops = tuple(r for r in ranges if r not in ctx.unrolled and r not in ctx.vecs)
     red_axes = tuple(r for r in ctx.unrolled if r in ranges)
-    lanes_reduced = ctx.v in ranges
+    reduced_v = next((r for r in ranges if r in ctx.vecs), None)  # its lanes are folded after the loop
     x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in red_axes)
     out_axes = tuple(r for r in x_axes if r not in red_axes)
-    x_vec = ctx.exp[x].vec or lanes_reduced
+    x_v = ctx.exp[x].v or reduced_v
     n_out = 1
     for r in out_axes:
         n_out *= trip_count(r)
@@ -282,31 +319,31 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
         copies = []
         for red_key in ctx.keys(red_axes):
             full = dict(zip(out_axes, out_key)) | dict(zip(red_axes, red_key))
-            copies.append(ctx.get(x, x_axes, tuple(full[a] for a in x_axes), x_vec))
+            copies.append(ctx.get(x, x_axes, tuple(full[a] for a in x_axes), x_v))
         parts = [_fold(copies, op)] if chain else copies
         dtype = parts[0].dtype
         accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
         res = _fold(accs, op)
-        if lanes_reduced:  # one horizontal reduce, after the loop
-            res = _fold_lanes(res, ctx.width, op)
+        if reduced_v is not None:  # one horizontal reduce, after the loop
+            res = _fold_lanes(res, range_lanes(reduced_v), op)
         vals[out_key] = res
-    return Expanded(out_axes, vals, x_vec and not lanes_reduced)
+    return Expanded(out_axes, vals, x_v if reduced_v is None else None)
 
 
 def expand_end(ctx: Expander, u: UOp) -> Expanded:
     """# END(stores, loops + expanded ranges) -> END(all copies of the stores, loops): expanded ranges are no loops"""
-    keep = [r for r in u.src[1:] if r not in ctx.unrolled and r is not ctx.v]
-    return Expanded((), {(): ctx.exp[u.src[0]].vals[()].end(*keep)}, False)
+    keep = [r for r in u.src[1:] if r not in ctx.unrolled and r not in ctx.vecs]
+    return Expanded((), {(): ctx.exp[u.src[0]].vals[()].end(*keep)})
 
 
 def expand_elementwise(ctx: Expander, u: UOp) -> Expanded:
     """# op(a, b) -> op(a(k), b(k)) for each copy k of the ranges either depends on; a vector op if either is one
     (the other broadcast)"""
     axes = ctx.axes_of(*u.src)
-    vec = any(ctx.exp[s].vec for s in u.src)
-    dtype = u.dtype.vec(ctx.width) if vec else u.dtype
-    vals = {key: UOp(u.op, dtype, tuple(ctx.get(s, axes, key, vec) for s in u.src), u.arg) for key in ctx.keys(axes)}
-    return Expanded(axes, vals, vec)
+    v = next((ctx.exp[s].v for s in u.src if ctx.exp[s].vec), None)  # one at most: the ranges are chosen so
+    dtype = u.dtype.vec(range_lanes(v)) if v is not None else u.dtype
+    vals = {key: UOp(u.op, dtype, tuple(ctx.get(s, axes, key, v) for s in u.src), u.arg) for key in ctx.keys(axes)}
+    return Expanded(axes, vals, v)
 
 
 pm_expand = PatternMatcher(
@@ -314,7 +351,7 @@ pm_expand = PatternMatcher(
         (UPat(Ops.RANGE, name="r"), expand_range),
         (UPat(name="u"), keep_unexpanded),
         # INDEX -> INDEX: LOAD and STORE expand their INDEX themselves
-        (UPat(Ops.INDEX, name="u"), lambda u: Expanded((), {(): u}, False)),
+        (UPat(Ops.INDEX, name="u"), lambda u: Expanded((), {(): u})),
         (UPat(Ops.LOAD, name="u"), expand_load),
         (UPat(Ops.STORE, name="u"), expand_store),
         (UPat(Ops.REDUCE, name="u"), expand_reduce),
@@ -322,7 +359,7 @@ pm_expand = PatternMatcher(
         # SINK(a, b) / GROUP(a, b) -> SINK(a(0), ..., a(n-1), b(0), ...): statements keep every copy of every source
         (
             UPat((Ops.SINK, Ops.GROUP), name="u"),
-            lambda ctx, u: Expanded((), {(): UOp(u.op, dtypes.void, tuple(ctx.flat_vals(u.src)))}, False),
+            lambda ctx, u: Expanded((), {(): UOp(u.op, dtypes.void, tuple(ctx.flat_vals(u.src)))}),
         ),
         (UPat(name="u"), expand_elementwise),
     ]

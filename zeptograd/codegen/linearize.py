@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import AxisType, Ops, UOp
 
 
 class LinearizeError(RuntimeError):
@@ -42,8 +42,9 @@ def linearize(sink: UOp) -> list[UOp]:
     pending = {u: len(ds) for u, ds in deps.items()}
 
     def priority(u: UOp) -> tuple[int, int]:
-        if u.op is Ops.RANGE:
-            return (2, u.arg[0])  # ready loops open in axis order: the optimizer's nesting
+        if u.op is Ops.RANGE:  # ready loops open in axis order (the optimizer's nesting), but a reduce whose
+            # accumulator is initialised runs before an output loop it does not vary along opens: hoisted out of it
+            return (2, u.arg[0] - (1 << 30) if u.arg[1] is AxisType.REDUCE else u.arg[0])
         return (0 if u.op is Ops.END else 1, order[u])
 
     ready = [(priority(u), order[u], u) for u, n in pending.items() if n == 0]

@@ -129,5 +129,7 @@ class Rangeify:
                 self.kernel_ranges[x] = rngs
                 reqs = {(rngs, None): {r for r in rngs if r.op is Ops.RANGE}}
             for req, scope in reqs.items():
+                if x.op is Ops.REDUCE_AXIS:  # inlined, it runs before the loops it does not vary along open
+                    scope = scope & {r for i in req[0] for r in i.ranges}
                 for s, sreq, new_ranges in self.src_requests(x, req):
                     self.reqs.setdefault(s, {}).setdefault(sreq, set()).update(scope, new_ranges)

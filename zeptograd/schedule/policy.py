@@ -10,19 +10,21 @@ model, `schedule/cost.py`), a padded window over computed values.
 
 from __future__ import annotations
 
+from zeptograd.device import Device
 from zeptograd.helpers import prod
 from zeptograd.schedule.bufferize import kernel_value_nodes
 from zeptograd.schedule.copy import copy_realizes
 from zeptograd.schedule.cost import CostModel
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
 from zeptograd.schedule.nofuse import nofuse_realize
-from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.viz.hook import decided, decided_after_walk, decided_all  # VIZ=1 records each decision
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
 MAX_KERNEL_BUFS = 30  # input buffers one kernel may read (OpenCL guarantees few arguments)
 MAX_KERNEL_OPS = 2000  # a fused chain longer than this is cut: C compilers choke on 10^5-statement functions
 MAX_INDEX_NODES = 48  # an index expression grown past this many UOps (a chain of views that do not fold) is cut
+MAX_HOISTED_ROW = 1 << 15  # inputs per output of a reduce kept in a kernel that reads it across a row (128 KiB)
 MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied at each read: keep those copies small
 
 
@@ -48,10 +50,9 @@ class MaterializationPolicy:
         if x.op is Ops.RESHAPE and any(index_size(i) > MAX_INDEX_NODES for req in reqs for i in req[0]):
             return decided(self, x, reqs, True, "views composed divmods that do not fold: a copy keeps indexing linear")
         if x.op is Ops.REDUCE_AXIS:
-            for (idx, valid), scope in reqs.items():
-                used = {r for i in idx for r in i.ranges}
-                if scope - used:
-                    return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along")
+            if (hoisted := self.hoisted_reduce_requests(x, reqs)) is None:
+                return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along (not hoistable)")
+            reqs = hoisted  # computed before the loops it does not vary along open: evaluated in the others only
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return decided(self, x, reqs, True, "the cost model: recomputed at every read costs more than a buffer")
         if x.op is Ops.REDUCE_AXIS and self.cost.split_epilogue_is_cheaper(x, reqs):
@@ -62,6 +63,38 @@ class MaterializationPolicy:
             if window and not self.plain_read(x, window[0]):
                 return decided(self, x, reqs, True, "a window over computed values or divmods: a padded copy")
         return decided(self, x, reqs, False, "inlined: no rule keeps it")
+
+    def hoisted_reduce_requests(self, x: UOp, reqs: Requests) -> Requests | None:
+        """A reduce's requests with each scope narrowed to the loops its index uses, where it can stay in its
+        consumer's kernel computed once per iteration of those; None where a read would recompute it.
+
+        # out[i, j] = f(red[i], ...), red[i] = reduce_k g[i, k]  (j nested inside i)
+        #   -> for i: { acc = reduce_k g[i, k]; for j: out[i, j] = f(acc, ...) }
+        The accumulator is initialised in the loops its value depends on (codegen/accumulator.py: range_scopes) and
+        a reduce's loops open before output loops that are ready too (codegen/linearize.py), so a loop the reduce
+        does not vary along costs nothing when it is nested inside every loop the reduce does vary along (softmax's
+        and layernorm's row statistics, read across the row), and on a CPU only: a GPU's output loops are threads,
+        each of which would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
+        passes over a row after the first read it from a core's cache: softmax reads each row from memory once.
+        A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored."""
+        narrowed: Requests = {}
+        for req, scope in reqs.items():
+            used = {r for i in req[0] for r in i.ranges}
+            unused = scope - used
+            if unused and not self.hoistable(x, used, unused):
+                return None
+            narrowed[req] = scope & used
+        return narrowed
+
+    def hoistable(self, x: UOp, used: set[UOp], unused: set[UOp]) -> bool:
+        if not self.cost.static(x) or prod(x.src[0].tensor_shape) > MAX_HOISTED_ROW * prod(x.tensor_shape):
+            return False  # a row longer than a core's cache holds (or of unknown length): read from memory again
+        if any(r.arg[1] is not AxisType.LOOP for r in used):
+            return False  # read inside a reduce loop it varies along: every output loop is outside that one
+        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
+            return False  # a GPU's output loops are threads: each would compute the whole reduce
+        inner_used = max((r.arg[0] for r in used), default=-1)
+        return all(r.arg[0] > inner_used for r in unused if r.arg[1] is AxisType.LOOP)
 
     def cheaper_inlined(self, b: UOp) -> bool:
         """Whether BUFFERIZE b, materialized only because the walk met it at more than MAX_REQUESTS index sets, is

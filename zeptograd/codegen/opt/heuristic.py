@@ -16,8 +16,10 @@ chunks; divisors are not preferred where the size is not known.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
+from zeptograd.codegen.expander import live_ranges
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.dtype import PtrDType
@@ -81,6 +83,22 @@ def amounts_largest_first(n: int) -> tuple[int, ...]:
 def index_of(ast: UOp, r: UOp) -> int | None:
     """Where the loop with r's axis id is in the kernel's axes now (None: an action expanded all of it)."""
     return next((i for i, a in enumerate(kernel_axes(ast)) if a.arg[0] == r.arg[0]), None)
+
+
+def has_hoisted_reduce(ast: UOp) -> bool:
+    """Whether a reduce's value misses an output loop of its loop nest: it is kept before that loop (a row's mean
+    before a matmul over the normalized rows: schedule/policy.py, hoisted_reduce_requests), and a loop moved outside
+    the others (SWAP, a TILE's block loop) would compute it again once per iteration of the moved loop."""
+    for nest in ast.src:
+        loops = (
+            {r for r in nest.src[1:] if r.op is Ops.RANGE and r.arg[1] is AxisType.LOOP}
+            if nest.op is Ops.END
+            else set()
+        )
+        for red in nest.toposort():
+            if red.op is Ops.REDUCE and not loops <= set(red.src[0].ranges):
+                return True
+    return False
 
 
 def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
@@ -182,8 +200,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             take(Opt(OptOps.UPCAST, axes.index(row), rows))
             if (vi := index_of(plan.ast, vec_r)) is not None and take(Opt(OptOps.UPCAST, vi, lanes)):
                 row_i, vi = index_of(plan.ast, row), index_of(plan.ast, vec_r)
-                if row_i is not None and vi is not None and row_i < vi:  # columns outside rows, as below
-                    take(Opt(OptOps.SWAP, row_i, vi))
+                if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
+                    take(Opt(OptOps.SWAP, row_i, vi))  # columns outside rows, as below
             vec_amt = 1  # taken
         else:
             vec_amt = whole
@@ -208,8 +226,12 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                     max_trip_count(col) // max(max_trip_count(col_now), 1) * reduce_work
                 )  # elements of the operand per column step
                 fit = max(1, L2_BLOCK_BYTES // max(per_col * itemsize, 1))
-                if max_trip_count(col_now) > fit and take(
-                    Opt(OptOps.TILE, col_i, largest_divisor(max_trip_count(col_now), amounts_largest_first(fit)))
+                if (
+                    max_trip_count(col_now) > fit
+                    and not has_hoisted_reduce(plan.ast)
+                    and take(
+                        Opt(OptOps.TILE, col_i, largest_divisor(max_trip_count(col_now), amounts_largest_first(fit)))
+                    )
                 ):
                     blocks.add(kernel_axes(plan.ast)[0].arg[0])
         elif is_reduce and vec_i < len(axes) and axes[vec_i].arg[0] == vec_r.arg[0]:
@@ -248,7 +270,7 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             axes = kernel_axes(plan.ast)
             row_i = next((i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0]), None)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if row_i is not None and vi is not None and row_i < vi:
+            if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
                 take(Opt(OptOps.SWAP, row_i, vi))
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
@@ -258,9 +280,49 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         if (more := amount_with_tail(max_trip_count(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
             take(Opt(OptOps.UPCAST, vi, more))
 
+    vectorize_own_loops(plan, contiguous_count, vec_amount)
+
     if threads > 1 and total_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
+
+
+def vectorize_own_loops(
+    plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int]
+) -> None:
+    """A loop no value moves with together with a range expanded already, walked with stride 1 by some access, gets a
+    vector of its own (the expander vectorizes each such range: codegen/expander.py, choose_vector_ranges): a
+    reduce computed before an output loop it does not vary along (softmax's row max and sum, then its output row:
+    schedule/policy.py, hoisted_reduce_requests) runs three loops one after another in each row, each 16 lanes
+    wide, a reduce's with 4 accumulators. An output loop takes a vector that divides it: a tail would be a loop
+    nest of its own, computing the reduces before it again."""
+    if not any(u.op is Ops.REDUCE for u in plan.ast.toposort()):
+        return
+    while True:
+        nodes = list(plan.ast.toposort())
+        expanded = {u for u in nodes if u.op is Ops.RANGE and u.arg[1] in (AxisType.UPCAST, AxisType.UNROLL)}
+        if not expanded:  # no vector beside which another would run: the choice above stands
+            return
+        axes = kernel_axes(plan.ast)
+        together = [live for live in live_ranges(nodes, expanded | set(axes)).values() if live & expanded]
+        own = [
+            r
+            for r in axes
+            if r.arg[1] in (AxisType.LOOP, AxisType.REDUCE)
+            and contiguous_count(r)
+            and not any(r in live for live in together)
+        ]
+        for r in own:
+            is_reduce = r.arg[1] is AxisType.REDUCE
+            amt = vec_amount(r) if is_reduce else largest_divisor(max_trip_count(r), (16, 8, 4, 2))
+            amt = min(amt, vec_amount(r))
+            if amt > 1 and plan.take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, axes.index(r), amt)):
+                if is_reduce and (i := index_of(plan.ast, r)) is not None:  # accumulators hide the add latency
+                    n = max_trip_count(kernel_axes(plan.ast)[i])
+                    plan.take(Opt(OptOps.UNROLL, i, amount_with_tail(n, (4, 2), divisors_first=True)))
+                break  # the axes moved: look again
+        else:
+            return
 
 
 def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozenset()) -> None:

@@ -43,11 +43,17 @@ _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 TailFn = Callable[[int | UOp, int | UOp, int], tuple[UOp, UOp | None]]
 
 
-def bound_ranges(b: UOp) -> list[UOp]:
-    """The loops b binds: its own range list and those of the ENDs/REDUCEs inside it (not the loops around it)."""
-    out: dict[UOp, None] = {}
+def bound_ranges(b: UOp, split: UOp | None = None) -> list[UOp]:
+    """The loops b binds: its own range list and those of the ENDs/REDUCEs inside it (not the loops around it).
+    With `split`: only the inner ones whose value changes where split and b's own loops do (a reduce kept before the
+    loops it does not vary along, softmax's row max inside the sum split into main and tail, stays one reduce)."""
+    own = [s for s in b.src[1:] if s.op is Ops.RANGE and s.arg[1] not in _EXPANDED]
+    out: dict[UOp, None] = dict.fromkeys(own)
+    changes: dict[UOp, bool] = {}
+    moved = set(own) | ({split} if split is not None else set())
     for u in b.toposort():
-        if u.op in (Ops.END, Ops.REDUCE):
+        changes[u] = split is None or u in moved or any(changes[s] for s in u.src)
+        if u.op in (Ops.END, Ops.REDUCE) and changes[u]:
             out.update((s, None) for s in u.src[1:] if s.op is Ops.RANGE and s.arg[1] not in _EXPANDED)
     return sorted(out, key=lambda r: r.arg[0])
 
@@ -89,7 +95,7 @@ def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
     tails: dict[UOp, UOp] = {}
     for b in binders:
         fresh: dict[UOp, UOp] = {}
-        for s in bound_ranges(b):
+        for s in bound_ranges(b, r):
             if s is not r:
                 fresh[s] = UOp.range(s.src[0], next_id, s.arg[1])
                 next_id += 1
