@@ -149,11 +149,15 @@ def test_elementwise_uses_global_and_local_dims():
 
 
 def test_one_output_axis_takes_up_to_256_threads():
-    """One output loop and no GROUP: the whole work-group goes on it (32-thread groups leave half a GPU idle)."""
+    """An elementwise kernel with one output loop: the whole work-group goes on it (32-thread groups leave half a GPU
+    idle)."""
     (spec,) = specs(Tensor(np.zeros(4096, np.float32), device="CPU") + 1, OpenCLRenderer())
     assert spec.local_size == (256, 1, 1) and spec.global_size == (16, 1, 1)
     (spec,) = specs(Tensor(np.zeros(100, np.float32), device="CPU") + 1, OpenCLRenderer())
     assert spec.local_size == (4, 1, 1)  # the largest divisor: no tail threads
+    # not a reduce: 4096 row sums in groups of 256 would run on 16 multiprocessors of a 132-multiprocessor GPU
+    (spec,) = specs(Tensor(np.zeros((4096, 4096), np.float32), device="CPU").sum(1), OpenCLRenderer())
+    assert spec.local_size == (32, 1, 1) and spec.global_size == (128, 1, 1)
 
 
 @needs_cl

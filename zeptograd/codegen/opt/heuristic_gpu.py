@@ -5,8 +5,9 @@
   reduce and combine their partials through shared memory;
 - the output axis the stores walk with stride 1 -> LOCAL (up to 32 threads, neighbours take neighbouring
   elements), and a second output axis -> LOCAL up to 8 (a 2-D tile, for matmul-like kernels), within 256
-  threads per work-group in all; a kernel with one output axis and no GROUP takes up to 256 threads on it (32-thread
-  groups cap an H100 at half its resident threads: `a + b` on 2^24 floats ran at 0.57 TB/s, torch at 2.4).
+  threads per work-group in all; an elementwise kernel with one output axis takes up to 256 threads on it (32-thread
+  groups cap an H100 at half its resident threads: `a + b` on 2^24 floats ran at 0.57 TB/s, torch at 2.4). Not a
+  kernel with a reduce: 4096 row sums in groups of 256 ran on 16 of the GPU's 132 multiprocessors (3.4x slower).
 
 Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vectors come only from explicit opts.
 """
@@ -51,7 +52,7 @@ def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
     stores = [u for u in accesses(plan.ast) if any(v.op is Ops.STORE and v.src[0] is u for v in plan.ast.toposort())]
     # the output axis with stride 1 in the stores first, then the others innermost first
     order = sorted(loops, key=lambda r: (any(stride(u.src[1], r) == 1 for u in stores), r.arg[0]), reverse=True)
-    caps = (MAX_LOCAL,) if len(order) == 1 and threads == 1 else (32, 8)
+    caps = (MAX_LOCAL,) if len(order) == 1 and not reduces else (32, 8)
     for r, cap in zip(order, caps):
         i = next(i for i, a in enumerate(kernel_axes(plan.ast)) if a.arg[0] == r.arg[0] and a.arg[1] is AxisType.LOOP)
         fits = tuple(a for a in (256, 128, 64, 32, 16, 8, 4, 2) if a <= cap and threads * a <= max_threads)
