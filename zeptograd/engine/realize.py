@@ -558,9 +558,10 @@ def _live_readers(
 
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
-    # a copy of the weak references in one C call (other threads may add tensors meanwhile); a tensor another thread
-    # is still making has no uop yet
-    for ref in list(live_tensors.data.values()):  # type: ignore[attr-defined]  # WeakValueDictionary's own dict
+    # a copy of the weak references by dict.copy, which runs no Python code and no weakref callback while it copies
+    # (list(d.values()) iterates: a garbage collection on its allocation ran a dead tensor's removal callback and
+    # changed the dict mid-iteration); other threads may add tensors meanwhile, and one still being made has no uop
+    for ref in list(live_tensors.data.copy().values()):  # type: ignore[attr-defined]  # WeakValueDictionary's dict
         if made_before is not None and ref.key >= made_before:
             break  # (the dict is in the order the tensors were made)
         if (t := ref()) is None or id(t) in skip or (u := getattr(t, "uop", None)) is None:
