@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from zeptograd import Context, Tensor
+from zeptograd.device import Device
 from zeptograd.engine import realize, search
 
 
@@ -40,3 +41,14 @@ def test_actions_cover_every_kind():
     (item,) = x.sum(axis=1).schedule()
     ops = {a.op.name for a in search.actions(item.ast, threads=2)}
     assert {"UPCAST", "UNROLL", "THREAD"} <= ops
+
+
+def test_cached_choice_is_keyed_by_target_not_device_index(monkeypatch):
+    (item,) = Tensor(np.ones((8, 16), np.float32)).sum(axis=1).schedule()
+    name = search._cache_name("CPU", item.ast, 2)
+    assert search._cache_name("CPU:1", item.ast, 2) == name  # another CPU device: the same compiler and registers
+    assert search._cache_name("CPU:C", item.ast, 2) != name  # another compiler
+    assert search._cache_name("CPU", item.ast, 4) != name  # another beam width
+    # the same cache on a host with other vector registers: its choice would tile for the wrong width
+    monkeypatch.setattr(Device["CPU"].renderer, "simd_bytes", Device["CPU"].renderer.simd_bytes // 2)
+    assert search._cache_name("CPU", item.ast, 2) != name

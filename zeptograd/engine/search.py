@@ -4,8 +4,9 @@ Each round extends every kernel in the beam by one more action (UPCAST, UNROLL, 
 compiles the new candidates in a process pool, runs each on the kernel's real inputs (the output goes to a
 scratch buffer), drops any whose output differs from the unoptimized kernel's, and keeps the n fastest. The
 search stops when a round finds nothing faster or the per-kernel budget (BEAM_BUDGET seconds) is spent. The
-choice is cached on disk, keyed by the kernel graph and the device, so a second run pays nothing. With VIZ=1 every
-candidate (its actions, round, time or why it was dropped) goes to the kernel's trace entry (viz/record.py).
+choice is cached on disk, keyed by the kernel graph and the target (`_target`), so a second run pays nothing.
+With VIZ=1 every candidate (its actions, round, time or why it was dropped) goes to the kernel's trace entry
+(viz/record.py).
 """
 
 from __future__ import annotations
@@ -78,8 +79,16 @@ def _expanded(ast: UOp) -> int:
     )
 
 
+def _target(device: str) -> str:
+    """What a BEAM choice depends on besides the kernel: the backend, its compiler (name, version, flags; for LLVM
+    the host CPU and its features) and the renderer's vector width. Not the device's index: CPU:0 and CPU:1 share a
+    choice, while the same cache directory on a host with other vector registers searches again."""
+    dev = Device[device]
+    return f"{type(dev).__name__}\0{dev.compiler.key}\0{dev.renderer.simd_bytes}"
+
+
 def _cache_name(device: str, ast: UOp, width: int) -> str:
-    key = hashlib.sha256(f"{device}\0{width}\0{pretty(ast, max_nodes=1 << 30)}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{_target(device)}\0{width}\0{pretty(ast, max_nodes=1 << 30)}".encode()).hexdigest()[:32]
     return f"{key}.json"
 
 
