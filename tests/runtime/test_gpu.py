@@ -395,6 +395,52 @@ def test_cuda_runtime_with_a_fake_driver(monkeypatch):
     assert fake.launches == [((3, 1, 1), (256, 1, 1), [out.ptr, buf._mem.ptr])]
 
 
+class TwoGPUFakeDriver(FakeDriver):
+    """Two GPUs, each context its own number, each loaded module counted by the context that was current."""
+
+    def __init__(self):
+        super().__init__()
+        self.current, self.modules = 0, []
+
+    def cuDeviceGetCount(self, n):
+        n._obj.value = 2
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ctx, dev):
+        ctx._obj.value = dev.value + 1
+        return 0
+
+    def cuCtxSetCurrent(self, ctx):
+        self.current = ctx.value
+        return 0
+
+    def cuModuleLoadData(self, module, image):
+        assert image.value[:4] == b"\x7fELF"  # a cubin from NVRTC
+        self.modules.append(self.current)
+        return 0
+
+
+def test_sharded_graph_compiles_for_two_cuda_devices(monkeypatch):
+    """CUDA:0 and CUDA:1 without a GPU: a matmul over a sharded contraction axis (per-device partial products, the
+    all-reduce's copies and adds) is scheduled, every kernel compiled by NVRTC and loaded on its own GPU's context.
+    The fake driver runs no kernel, so only the structure is checked; the values are checked on a real GPU
+    (bench/gpu_check.sh)."""
+    try:
+        ops_cuda.nvrtc()
+    except ops_cuda.DeviceUnavailable as e:
+        pytest.skip(str(e))
+    fake = TwoGPUFakeDriver()
+    monkeypatch.setattr(ops_cuda, "_driver", lambda: fake)
+    monkeypatch.setattr(Device, "_opened", dict(Device._opened))  # the fake devices leave with the test
+    devices = ("CUDA", "CUDA:1")
+    x = Tensor(np.ones((4, 6), np.float32), device="CPU").shard(devices, axis=1)
+    w = Tensor(np.ones((6, 5), np.float32), device="CPU").shard(devices, axis=0)
+    (x @ w).realize()
+    # on each GPU's context: its partial product and the all-reduce's sum of the two partials
+    assert sorted(fake.modules) == [1, 1, 2, 2] and len(fake.launches) == 4
+    assert {Device[d].renderer.arch for d in devices} == {"sm_90"}
+
+
 # ***** clear errors *****
 
 
