@@ -2,8 +2,9 @@
 
 A priority toposort: loops open as late as possible (so loop-invariant work is placed before them, i.e. hoisted)
 and close as early as possible. Extra ordering edges: a reduce's loops open after its accumulator is initialised
-(the init is AFTER(acc, init, *ranges)'s second source); the loops of the SINK's second loop nest (a tail) open
-after its first is done, and so on.
+(the init is AFTER(acc, init, *ranges)'s second source), in the loop that init was placed in and not deeper (two
+reduces initialised side by side run one after the other, not one inside the other); the loops of the SINK's second
+loop nest (a tail) open after its first is done, and so on.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ def linearize(sink: UOp) -> list[UOp]:
     nodes = list(sink.toposort())
     order = {u: i for i, u in enumerate(nodes)}
     deps: dict[UOp, set[UOp]] = {u: set(u.src) for u in nodes}
+    inits: dict[UOp, list[UOp]] = {}  # a reduce's loop -> the stores that initialise its accumulators
+    siblings: dict[UOp, set[UOp]] = {}  # a reduce's loop -> the loops of the same reduce (a window's rows and columns)
     for u in nodes:  # a loop opens only after the accumulator it updates is initialised
         if u.op is Ops.AFTER:
             ranges = [s for s in u.src[1:] if s.op is Ops.RANGE]
             others = [s for s in u.src[1:] if s.op is Ops.STORE]  # the accumulator init
             for r in ranges:
                 deps[r].update(others)
+                inits.setdefault(r, []).extend(others)
+                siblings.setdefault(r, set()).update(ranges)
     # the kernel's loop nests (a main part and its tails: codegen/opt/tail.py) run one after another, in SINK order:
     # a nest's loops open after the previous nest is done, whatever their axis ids
     seen: set[UOp] = set()
@@ -51,8 +56,31 @@ def linearize(sink: UOp) -> list[UOp]:
     heapq.heapify(ready)
     out: list[UOp] = []
     open_loops: list[UOp] = []
-    while ready:
+    # the innermost loop open when each node was placed. A reduce's loop opens inside the loop its accumulator was
+    # initialised in (or inside the reduce's other loops), never deeper: inside another loop it would add up once per
+    # iteration of that loop (the init stays outside it) and its result would be read after that loop closed. It
+    # waits for that loop's END.
+    placed_in: dict[UOp, UOp | None] = {}
+    waiting: list[UOp] = []
+
+    def opens_where_its_accumulator_starts(r: UOp) -> bool:
+        for init in inits.get(r, ()):
+            home = placed_in[init]
+            if home is not None and home not in open_loops:
+                return False
+            deeper = open_loops[open_loops.index(home) + 1 :] if home is not None else open_loops
+            if any(loop not in siblings[r] for loop in deeper):
+                return False
+        return True
+
+    while ready or waiting:
+        if not ready:
+            raise LinearizeError(f"the loops {[r.arg for r in waiting]} can't open where their accumulators start")
         _, _, u = heapq.heappop(ready)
+        if u.op is Ops.RANGE and not opens_where_its_accumulator_starts(u):
+            waiting.append(u)
+            continue
+        innermost = open_loops[-1] if open_loops else None
         if u.op is Ops.RANGE:
             open_loops.append(u)
         elif u.op is Ops.END:
@@ -63,6 +91,10 @@ def linearize(sink: UOp) -> list[UOp]:
                         f"{open_loops[-1].arg if open_loops else None}"
                     )
                 open_loops.pop()
+            for w in waiting:  # the loop they waited in may have closed
+                heapq.heappush(ready, (priority(w), order[w], w))
+            waiting.clear()
+        placed_in[u] = innermost if u.op is not Ops.RANGE else u
         out.append(u)
         for v in users[u]:
             pending[v] -= 1

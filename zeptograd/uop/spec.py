@@ -186,11 +186,23 @@ def check_kernel(sink: UOp, stage: str) -> None:
 
 
 def check_linear(uops: list[UOp]) -> None:
-    """Every UOp after its sources: a renderer emits the list in order, so a later source is a use before def."""
+    """Every UOp after its sources, and inside the loops they were computed in: a renderer emits the list in order, so
+    a later source is a use before def, and a value computed inside a loop is gone (its last iteration's, or none)
+    once the loop's END closes it."""
     if not SPEC:
         return
     seen: set[UOp] = set()
+    closed: set[UOp] = set()  # values of loops that have ended
+    scopes: list[list[UOp]] = [[]]  # the values placed in each open loop, outermost first
     for i, u in enumerate(uops):
-        if late := [s.op.name for s in u.src if s not in seen]:
-            raise SpecError(f"after linearize: UOp {i} ({u.op.name}) uses {late} before they are defined")
+        if late := [s for s in u.src if s not in seen]:
+            why = "after the loop that computes them" if any(s in closed for s in late) else "before they are defined"
+            raise SpecError(f"after linearize: UOp {i} ({u.op.name}) uses {[s.op.name for s in late]} {why}")
+        if u.op is Ops.END:
+            for _ in (s for s in u.src[1:] if s.op is Ops.RANGE):
+                closed.update(done := scopes.pop())
+                seen.difference_update(done)
+        if u.op is Ops.RANGE:
+            scopes.append([])
         seen.add(u)
+        scopes[-1].append(u)

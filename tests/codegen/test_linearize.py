@@ -1,0 +1,84 @@
+"""Linearize: loops in an order that keeps each reduce's accumulator and its loops together, and the linear
+program's scope check (uop/spec.py `check_linear`): a value computed inside a loop is not read after the loop.
+
+The case: the gradient of `max` over a slice of a sum, found by the property test. Its backward kernel computes, for
+each output, one sum (the compared value) and a max over sums (the row's max), two reduces initialised in the same
+loop. The max's loop opened first and the sum's loop opened inside it, so the sum added up once per row of the max
+with its accumulator set only once, and was read after the max's loop closed: invalid LLVM IR and uncompilable C,
+and a silently wrong gradient on PYTHON.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.backend.conftest import unavailable
+from zeptograd import Tensor, dtypes
+from zeptograd.codegen import full_rewrite
+from zeptograd.device import Device
+from zeptograd.engine.realize import schedule_tensors
+from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.spec import SpecError, check_linear
+
+X = np.random.default_rng(0).standard_normal((4, 4, 3)).astype(np.float32)
+
+
+def sliced_max_grad(device: str) -> Tensor:
+    x = Tensor(X, device=device, requires_grad=True)
+    x.permute(1, 0, 2).sum(0)[:, 2:1:-1].max(0).sum().backward()
+    assert x.grad is not None
+    return x.grad
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON", "CL"])
+def test_gradient_of_a_max_over_a_sliced_sum(device):
+    if (why := unavailable(device)) is not None:
+        pytest.skip(why)
+    xt = torch.tensor(X, requires_grad=True)
+    xt.permute(1, 0, 2).sum(0)[:, 2:3].max(0).values.sum().backward()
+    np.testing.assert_allclose(sliced_max_grad(device).numpy(), xt.grad.numpy(), rtol=1e-6)
+
+
+def _loops_around(uops: list[UOp]) -> dict[UOp, tuple[UOp, ...]]:
+    """Each UOp -> the loops open where it is placed, outermost first."""
+    open_loops: list[UOp] = []
+    around = {}
+    for u in uops:
+        if u.op is Ops.END:
+            del open_loops[len(open_loops) - sum(s.op is Ops.RANGE for s in u.src[1:]) :]
+        around[u] = tuple(open_loops)
+        if u.op is Ops.RANGE:
+            open_loops.append(u)
+    return around
+
+
+def test_each_reduce_loop_opens_where_its_accumulator_is_initialised():
+    grad = sliced_max_grad("CPU")
+    items = [i for i in schedule_tensors([grad]) if i.ast.op is Ops.SINK]
+    kernels = [full_rewrite(i.ast, Device["CPU"].renderer)[0] for i in items]
+    two_reduces = [k for k in kernels if sum(u.op is Ops.DEFINE_REG for u in k) >= 2]
+    assert two_reduces, "the backward has a kernel with two accumulators"
+    for uops in two_reduces:
+        around = _loops_around(uops)
+        for after in (u for u in uops if u.op is Ops.AFTER):
+            init = [s for s in after.src[1:] if s.op is Ops.STORE]
+            loops = [s for s in after.src[1:] if s.op is Ops.RANGE]
+            for store in init:
+                # the reduce's outermost loop is opened in the loops its accumulator's init was placed in
+                assert around[min(loops, key=uops.index)] == around[store]
+
+
+def test_check_linear_refuses_a_value_read_after_its_loop():
+    r = UOp.range(4, 0)
+    inside = r.cast(dtypes.float32) * 2.0
+    reg = UOp(Ops.DEFINE_REG, dtypes.float32.ptr(1), (), 0)
+    store = UOp(Ops.STORE, dtypes.void, (reg.index(UOp.const(dtypes.int32, 0)), inside))
+    end = store.end(r)
+    after_loop = inside + 1.0
+    loop = list(end.toposort())  # the loop, in a valid order: RANGE ... END
+    late = [u for u in after_loop.toposort() if u not in set(loop)]
+    check_linear(loop)
+    with pytest.raises(SpecError, match="after the loop that computes them"):
+        check_linear(loop + late)
