@@ -117,6 +117,48 @@ def test_views_alias_across_writes():
     _eq(z, tz)
 
 
+@pytest.mark.parametrize("write", ["setitem", "assign", "iadd"])
+def test_view_made_before_a_write_that_has_not_run_shows_it(write):
+    """The write is still lazy when the view is read: reading the view runs it first (a torch view aliases)."""
+    w, tw = _zt()
+    views = [(w[1:3], tw[1:3]), (w.reshape(2, 2).permute(1, 0), tw.reshape(2, 2).permute(1, 0)), (w, tw)]
+    if write == "setitem":
+        w[1], tw[1] = 7.0, 7.0
+    elif write == "assign":
+        w.assign(w * 3), tw.copy_(tw * 3)
+    else:
+        w += 1
+        tw += 1
+    for z, t in views:
+        _eq(z, t)
+
+
+def test_write_through_a_view_tensor_is_seen_by_its_base():
+    """t = w.T; t[0] = 9: w read before t shows the write, as in torch (t holds the only write into w's memory)."""
+    w, tw = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)).realize(), torch.arange(6.0).reshape(2, 3)
+    t, tt = w.T, tw.T
+    t[0], tt[0] = 9.0, 9.0
+    _eq(w, tw)
+    _eq(w.reshape(6), tw.reshape(6))
+    _eq(t, tt)
+
+
+def test_setitem_through_temporary_and_overlapping_views():
+    """A setitem into a view of part of a buffer runs at the call: a temporary view's write is not lost, and writes
+    through two views whose regions overlap land in the order they were made."""
+    a = np.arange(20, dtype=np.float32).reshape(4, 5)
+    w, tw = Tensor(a).realize(), torch.tensor(a)
+    w[:, 1:3][0] = 5.0
+    tw[:, 1:3][0] = 5.0
+    v1, v2, tv1, tv2 = w[:, 1:3], w[0:2, 0:2], tw[:, 1:3], tw[0:2, 0:2]
+    v1[1] = -1.0
+    tv1[1] = -1.0
+    v2[1] = 6.0  # its region holds v1's write at (1, 1): written after it
+    tv2[1] = 6.0
+    for z, t in [(v2, tv2), (v1, tv1), (w, tw)]:
+        _eq(z, t)
+
+
 def test_clone_keeps_the_values_at_the_call():
     w, tw = _zt()
     c, tc = w.clone(), tw.clone()

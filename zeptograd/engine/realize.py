@@ -179,6 +179,51 @@ def _without_superseded(uops: list[UOp], realized) -> list[UOp]:
         uops = list(graph_substitute(sink, mapping).src)
 
 
+# memory (id of its Buffer) -> the live tensors holding a write into it that has not run (an ASSIGN, from
+# Tensor.assign): a view of that memory read before the write runs runs it first and shows it, as a torch view does
+_pending_writes: dict[int, weakref.WeakValueDictionary[int, Tensor]] = {}  # (keyed by id: a Tensor's == is an op)
+
+
+def note_pending_write(t: Tensor) -> None:
+    """t.uop is a new ASSIGN into a buffer's memory."""
+    target = buffer_under(t.uop.src[0])
+    if target is not None and target in buffers:
+        _pending_writes.setdefault(id(buffers[target]), weakref.WeakValueDictionary())[id(t)] = t
+
+
+def _writes_into(mem: int) -> list[Tensor]:
+    """The live tensors whose write into memory `mem` has not run (the set is pruned of the others)."""
+    writers = _pending_writes.get(mem)
+    if writers is None:
+        return []
+    live = []
+    for key, w in list(writers.items()):
+        root = view_root(w.uop)
+        target = buffer_under(root.src[0]) if root.op is Ops.ASSIGN and root not in _realized else None
+        if target is not None and target in buffers and id(buffers[target]) == mem:
+            live.append(w)
+        else:
+            writers.pop(key, None)
+    if not live:
+        del _pending_writes[mem]
+    return live
+
+
+def _writes_seen_by_views(tensors: list[Tensor]) -> list[Tensor]:
+    """The tensors holding writes that have not run into the memory a tensor of `tensors` is a view of (the whole
+    buffer or part of it): made after the view, they are what the view shows."""
+    if not _pending_writes:
+        return []
+    found: dict[int, Tensor] = {}
+    for t in tensors:
+        root = view_root(t.uop)
+        # one writer only: writes by several view tensors into one memory were each built on its old contents, and
+        # run together they can't be ordered (README: deliberate differences)
+        if root.op is Ops.BUFFER and root in buffers and len(writers := _writes_into(id(buffers[root]))) == 1:
+            found |= {id(w): w for w in writers if w is not t}
+    return list(found.values())
+
+
 def note_built(u: UOp) -> None:
     """Mark u, just built from parts that went through with_realized_values, as holding no realized node (checked:
     a rebuilt node may be one realized before), so the next with_realized_values over a graph above it stops there."""
@@ -383,6 +428,8 @@ def _realize_tensors(tensors: list[Tensor]):
     if _superseded:
         for t in tensors:
             t.uop = current_view(t.uop)
+    if writes := _writes_seen_by_views(tensors):  # they run first; the views move to the memory's new contents
+        _realize_tensors(writes)
     items, outs, becomes, var_vals = _schedule(tensors)
     written = _written(becomes)
     if written and _capturing.stack and (made_before := getattr(_capturing[-1], "first_tensor", None)) is not None:

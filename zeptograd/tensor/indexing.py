@@ -299,7 +299,18 @@ class IndexMixin:
         return mask.where(self, 0).sum(axes).cast(self.dtype)
 
     def __setitem__(self: Tensor, indices, v) -> None:
-        """t[indices] = v, lazily: t.assign(mask.where(v placed, t)). No kernel runs here."""
+        """t[indices] = v, lazily: t.assign(mask.where(v placed, t)). No kernel runs here, unless t is a view of part
+        of a buffer (`w[:, 1:3][0] = v`, `w.T[0] = v`): then the write runs now, as torch's does, so that it reaches
+        the memory even when t is a temporary, and writes through several views run in the order they were made."""
+        from zeptograd.engine.realize import is_memory_view
+
+        if is_memory_view(self.uop):
+            self._setitem(indices, v)
+            self.realize()
+        else:
+            self._setitem(indices, v)
+
+    def _setitem(self: Tensor, indices, v) -> None:
         T = type(self)
         v = v if isinstance(v, T) else T(v, device=self.device, dtype=self.dtype)
         items = self._index_items(indices)

@@ -314,6 +314,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         from zeptograd.engine.realize import (
             current_view,
             note_built,
+            note_pending_write,
             note_superseded,
             realized_value,
             with_realized_values,
@@ -342,6 +343,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
                 value = value.substitute({pending: pending.src[1]})  # walks the nodes above `pending`: the new ones)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
             note_built(self.uop)
+            note_pending_write(self)
             if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
                 note_superseded(pending, self.uop)
         if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
