@@ -478,6 +478,8 @@ def _realize_tensors(tensors: list[Tensor]):
     for t, u in keep:
         t.uop = u
     _move_views(aliases, written)
+    for mem in written.keys() & _pending_writes.keys():  # the writes that ran leave the pending ones
+        _writes_into(mem)
     for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
         t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
 
