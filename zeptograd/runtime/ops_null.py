@@ -30,6 +30,7 @@ class NullProgram(Program):
 
 class NullDevice(CompiledDevice):
     beam_timing = False  # it runs nothing
+    shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
 
     def build(self, spec: ProgramSpec) -> NullProgram:
         return NullProgram(spec)

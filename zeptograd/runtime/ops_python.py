@@ -334,6 +334,7 @@ class PythonCompiler(Compiler):
 
 class PythonDevice(CompiledDevice):
     beam_timing = False  # an interpreter's time says nothing about compiled code
+    shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
 
     def build(self, spec: ProgramSpec) -> PythonProgram:
         return PythonProgram(spec)
