@@ -10,7 +10,7 @@ import pytest
 from zeptograd import Tensor
 from zeptograd.distributed import BUCKET_BYTES
 
-from .dp_model import BATCH, batches, loss_and_accuracy, make, state
+from .dp_model import BATCH, batches, loss_and_accuracy, make, make_two_norm, state
 
 pytestmark = pytest.mark.slow
 
@@ -64,3 +64,28 @@ def test_train_digits_example_distributed(run_ranks):
         found = sorted(line.split(": ", 1)[1].split("; ")[-1] for line in lines if what in line)
         assert len(found) == 2 and found[0] == found[1], job.describe()
     assert sum("loss fell" in line for line in lines) == 2, job.describe()
+
+
+def test_sync_batchnorm_matches_the_global_batch(run_ranks, tmp_path):
+    """nn.SyncBatchNorm over 2 ranks (mpi_syncbn.py) against one process on the whole batch with BatchNorm (torch's
+    SyncBatchNorm semantics): the same parameters, losses and running statistics, identical on both ranks."""
+    job = run_ranks("mpi_syncbn.py", str(tmp_path), timeout=240)
+    assert job.returncode == 0, job.describe()
+    ranks = [dict(np.load(tmp_path / f"sync{r}.npz")) for r in range(2)]
+    net, opt = make_two_norm(seed=0)
+    losses = []
+    with Tensor.train():
+        for x, y in batches():
+            opt.zero_grad()
+            loss = loss_and_accuracy(net, Tensor(x), Tensor(y))[0]
+            loss.backward()
+            opt.step(loss)
+            losses.append(loss.item())
+    want = state(net)
+    for k in want:
+        np.testing.assert_array_equal(ranks[0][k], ranks[1][k], err_msg=k)
+        np.testing.assert_allclose(ranks[0][k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    np.testing.assert_allclose(ranks[0]["losses"], losses, rtol=1e-5)
+    # per step: the gradients' and metrics' buckets (25 MiB: one message) plus 2 all-reduces forward and 2 backward
+    # in each of the two SyncBatchNorms
+    assert ranks[0]["messages"].tolist() == [1 + 2 * 4] * len(losses)
