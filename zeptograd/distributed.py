@@ -334,7 +334,9 @@ def sync_batch_stats(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor, 
     x = _check_tensor("SyncBatchNorm", x)
     _agree("SyncBatchNorm", f"of {_describe(x)} over axes {axes}")
     n = math.prod(x.shape[a] for a in axes) * world_size()
-    mean = sum_over_ranks(x.sum(axis=axes), check=False) / n
+    local_sum = x.sum(axis=axes)
+    Tensor.realize(x, local_sum)  # x is read by the sums, the deviations and the normalization: computed once
+    mean = sum_over_ranks(local_sum, check=False) / n
     kept = [1 if a in axes else s for a, s in enumerate(x.shape)]
     y = x - mean.detach().reshape(kept)  # d(var)/d(mean) = 0 over the global batch, as BatchNorm's
     return mean, sum_over_ranks((y * y).sum(axis=axes), check=False) / n, n
