@@ -1,6 +1,7 @@
 """DataParallel over 2 ranks (mpi_train.py) against one process that normalizes each half of every batch on its own
 (torch DDP's BatchNorm semantics): the same parameters, identical on both ranks, eager and under TinyJit, with the
-gradients sent in the expected number of messages."""
+gradients sent in the expected number of messages. With nn.SyncBatchNorm (mpi_syncbn.py) against one process on the
+whole batch (torch's SyncBatchNorm semantics)."""
 
 import math
 
@@ -54,10 +55,12 @@ def test_data_parallel_matches_half_batch_normalization(run_ranks, tmp_path):
     assert BUCKET_BYTES == 25 * 1024 * 1024  # torch DDP's bucket_cap_mb
 
 
-def test_train_digits_example_distributed(run_ranks):
-    """The README's command in its short form: both ranks end with the same parameters and accuracy."""
+@pytest.mark.parametrize("flags", [(), ("--per-rank-bn",)])
+def test_train_digits_example_distributed(run_ranks, flags):
+    """The README's command in its short form (SyncBatchNorm; --per-rank-bn: DDP's BatchNorm, TinyJit): both ranks
+    end with the same parameters and accuracy."""
     pytest.importorskip("sklearn")
-    job = run_ranks("../../examples/train_digits.py", "--distributed", "--short", "--steps", "6", timeout=300)
+    job = run_ranks("../../examples/train_digits.py", "--distributed", *flags, "--short", "--steps", "6", timeout=300)
     assert job.returncode == 0, job.describe()
     lines = job.stdout.splitlines()
     for what in ("parameters sha256", "test accuracy: "):
