@@ -37,6 +37,7 @@ def _replicated_mlp(devices: tuple[str, ...]) -> np.ndarray:
     return out.numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 def test_n_devices_compile_as_one(codegens, n):
     one = _replicated_mlp(("CPU",))
@@ -49,6 +50,7 @@ def test_n_devices_compile_as_one(codegens, n):
     assert len(codegens) == compiled_for_one  # not n times
 
 
+@pytest.mark.slow
 def test_sharded_step_compiles_each_kernel_once(codegens):
     """Data parallel over two devices: each distinct kernel graph is compiled once, whichever devices run it (the two
     halves of the batch are the same kernels on CPU and CPU:1)."""
@@ -76,3 +78,4 @@ def test_program_keys():
     assert Device["NULL:1"].program_key == Device["NULL"].program_key
     assert Device["CPU"].program_key != Device["NULL"].program_key
     assert Device["CPU:C"].program_key != Device["CPU"].program_key
+    assert Device["CPU:1:C"].program_key == Device["CPU:C"].program_key
