@@ -3,6 +3,7 @@ step under TinyJit) against torch (torch.nn, the same model and optimizer). Rate
 
     mlp_train     an MLP 784-256-10 with Adam, batch 128 (quick: 32-16-10, batch 8)
     digits_train  examples/train_digits.py's convnet (conv-BN-relu-pool twice, linear) with Adam, batch 64
+    mlp_train_shard2  mlp_train with each batch split over CPU:0 and CPU:1 (Tensor.shard), against one device
 
 Registered in bench/run.py's CASES (`**TRAIN_CASES`). The case functions return an object with Spec's fields, so
 this module does not import bench.run (it can be imported from it).
@@ -17,9 +18,14 @@ import numpy as np
 from bench.spec import Spec, torch_or_none
 
 
-def _zg_step(model: Callable, params: list, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
+def _zg_step(
+    model: Callable, params: list, x: np.ndarray, y: np.ndarray, devices: tuple[str, ...] = ()
+) -> Callable[[], Any]:
+    """devices: data parallel over them (Tensor.shard): the weights replicated, the batch split."""
     from zeptograd import Tensor, TinyJit, nn
 
+    for p in params if devices else ():
+        p.shard_(devices).realize()
     opt = nn.optim.Adam(params, lr=1e-3)
 
     @TinyJit
@@ -31,7 +37,10 @@ def _zg_step(model: Callable, params: list, x: np.ndarray, y: np.ndarray) -> Cal
         opt.step(loss)
         return loss
 
-    zx, zy = Tensor(x).realize(), Tensor(y).realize()
+    zx, zy = Tensor(x), Tensor(y)
+    if devices:
+        zx, zy = zx.shard(devices, axis=0), zy.shard(devices, axis=0)
+    zx, zy = zx.realize(), zy.realize()
 
     def run():
         with Tensor.train():
@@ -121,7 +130,35 @@ def case_digits_train(q: bool) -> Spec:
     )
 
 
+def case_mlp_train_shard2(q: bool) -> Spec:
+    """mlp_train's step with every batch split over CPU:0 and CPU:1 (Tensor.shard: weights replicated, gradients
+    all-reduced in the schedule), against the same step on one device in this process: what sharding costs where the
+    devices share the cores (docs/distributed.md)."""
+    from zeptograd import nn
+    from zeptograd.nn.state import get_parameters
+
+    d_in, d_h, bs = (32, 16, 8) if q else (784, 256, 128)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((bs, d_in), dtype=np.float32)
+    y = rng.integers(0, 10, bs).astype(np.int32)
+    steps = {}
+    for name, devices in (("zeptograd", ("CPU:0", "CPU:1")), ("1 device", ())):
+        layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
+        steps[name] = _zg_step(lambda v, layers=layers: v.sequential(layers), get_parameters(layers), x, y, devices)
+    t = torch_or_none()
+    tstep = None
+    if t is not None:
+        tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
+        tstep = _torch_step(t, tmodel, x, y)
+    return Spec(
+        {"zeptograd": steps["zeptograd"], "numpy": None, "torch": tstep, "1 device": steps["1 device"]},
+        "rate",
+        note=f"mlp_train's step, batch {bs} split over CPU:0,CPU:1 (Tensor.shard); '1 device': the same on CPU",
+    )
+
+
 TRAIN_CASES: dict[str, Callable[[bool], Spec]] = {
     "mlp_train": case_mlp_train,
     "digits_train": case_digits_train,
+    "mlp_train_shard2": case_mlp_train_shard2,
 }

@@ -15,8 +15,10 @@
    (DataParallel, 32 images each) against 1 process x THREADS=2. Samples per second over the median step, after
    the warm-up steps that compile and capture.
 
-3. (--accuracy N) examples/train_digits.py's test accuracy for seeds 0..N-1: `mpiexec -n 2 ... --distributed`,
-   the same computation in one process (BatchNorm over each half of every batch), and the example as it is.
+3. (--accuracy N) examples/train_digits.py's test accuracy for seeds 0..N-1: `mpiexec -n 2 ... --distributed`
+   (nn.SyncBatchNorm: the whole batch's statistics, the computation of the example as it is), `--distributed
+   --per-rank-bn` (DDP's BatchNorm over each rank's half) and its computation in one process (BatchNorm over each half
+   of every batch), and the example as it is.
 
 Each part runs in its own job (mpiexec for the ranks, a plain process for one); the machine may be shared, so
 medians are reported. Nothing here asserts a time.
@@ -182,13 +184,15 @@ def _accuracy_of(out: str) -> float:
 
 
 def accuracies(launch: list[str], me: list[str], env: dict, seeds: list[int]) -> list[dict]:
-    """examples/train_digits.py's test accuracy for each seed: 2 ranks --distributed, one process with BatchNorm over
-    each half-batch (the same computation), and one process as it is (BatchNorm over the whole batch)."""
+    """examples/train_digits.py's test accuracy for each seed: 2 ranks --distributed (SyncBatchNorm), one process as
+    it is (BatchNorm over the whole batch: the same computation), 2 ranks --per-rank-bn, and one process with
+    BatchNorm over each half-batch (the same computation as --per-rank-bn)."""
     example = [sys.executable, os.path.join(ROOT, "examples", "train_digits.py")]
     rows = []
-    for seed in seeds:
-        dist_out = subprocess.run(
-            [*launch, *example, "--distributed", "--seed", str(seed)],
+
+    def ranks(*flags: str) -> str:
+        return subprocess.run(
+            [*launch, *example, "--distributed", *flags, "--seed", str(seed)],
             capture_output=True,
             text=True,
             timeout=1800,
@@ -196,16 +200,21 @@ def accuracies(launch: list[str], me: list[str], env: dict, seeds: list[int]) ->
             env={**env, "THREADS": "1"},
             check=True,
         ).stdout
-        (halves,) = _run([*me, "--worker", "halves", "--seed", str(seed)], env, 1800)
+
+    for seed in seeds:
+        sync_out = ranks()
         single_out = subprocess.run(
             [*example, "--seed", str(seed)], capture_output=True, text=True, timeout=1800, cwd=ROOT, env=env, check=True
         ).stdout
+        per_rank_out = ranks("--per-rank-bn")
+        (halves,) = _run([*me, "--worker", "halves", "--seed", str(seed)], env, 1800)
         rows.append(
             {
                 "seed": seed,
-                "2 ranks --distributed": _accuracy_of(dist_out),
-                "1 process, BatchNorm per half-batch": halves["accuracy"],
+                "2 ranks --distributed (SyncBatchNorm)": _accuracy_of(sync_out),
                 "1 process (the example)": _accuracy_of(single_out),
+                "2 ranks --per-rank-bn": _accuracy_of(per_rank_out),
+                "1 process, BatchNorm per half-batch": halves["accuracy"],
             }
         )
         print(rows[-1], flush=True)

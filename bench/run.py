@@ -523,7 +523,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "first_call": case_first_call,
     "overhead": case_overhead,
     "overhead_jit": case_overhead_jit,
-    **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train
+    **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train, *_shard2
     **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
     **__import__("bench.cases_models", fromlist=["MODEL_CASES"]).MODEL_CASES,  # minilm: a pretrained BERT
     **__import__("bench.cases_onnx", fromlist=["ONNX_CASES"]).ONNX_CASES,  # light ONNX models vs onnxruntime

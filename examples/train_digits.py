@@ -6,7 +6,8 @@
                                                  # captured kernels of the TinyJit'd step)
     python examples/train_digits.py --short      # a few steps; exits non-zero unless the loss fell (CI)
     mpiexec -n 2 python examples/train_digits.py --distributed   # data parallel over 2 processes (MPI): each rank
-                                                 # trains on its half of every batch (pip install -e ".[distributed]")
+                                                 # trains on its half of every batch (pip install -e ".[distributed]"),
+                                                 # BatchNorm synchronized (nn.SyncBatchNorm; --per-rank-bn: DDP's)
     python examples/train_digits.py --shard CPU:0,CPU:1   # data parallel over 2 devices in this process: every
                                                  # batch split between them, weights replicated (Tensor.shard)
 
@@ -45,14 +46,14 @@ def load_data(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 
 class ConvNet:
-    def __init__(self):
+    def __init__(self, norm=nn.BatchNorm2d):
         self.layers = [
             nn.Conv2d(1, 16, 3, padding=1),
-            nn.BatchNorm2d(16),
+            norm(16),
             Tensor.relu,
             Tensor.max_pool2d,  # 4x4
             nn.Conv2d(16, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
+            norm(32),
             Tensor.relu,
             Tensor.max_pool2d,  # 2x2
             lambda x: x.flatten(1),
@@ -92,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
         "--distributed",
         action="store_true",
         help="data parallel over the ranks of an MPI job (mpiexec -n N): each rank takes its 1/N of every batch, "
-        "gradients averaged (zeptograd.distributed.DataParallel; BatchNorm normalizes each rank's part)",
+        "gradients averaged (zeptograd.distributed.DataParallel), BatchNorm synchronized over the ranks "
+        "(nn.SyncBatchNorm: the whole batch's statistics; its collectives run eagerly, so no TinyJit)",
+    )
+    ap.add_argument(
+        "--per-rank-bn",
+        action="store_true",
+        help="with --distributed: BatchNorm over each rank's part of the batch (torch DDP's default), the step "
+        "under TinyJit",
     )
     ap.add_argument(
         "--shard",
@@ -171,7 +179,8 @@ def main_distributed(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (12 if args.short else 200)
     Tensor.manual_seed(args.seed)
     x_train, y_train, x_test, y_test = load_data(args.seed)
-    model = ConvNet()
+    sync = not args.per_rank_bn  # SyncBatchNorm: statistics of the whole batch, as the single-process run's
+    model = ConvNet(nn.BatchNorm2d if args.per_rank_bn else nn.SyncBatchNorm)
     opt = nn.optim.Adam(get_parameters(model), lr=args.lr)
     ddp = dist.DataParallel(opt)  # rank 0's initial parameters everywhere
 
@@ -179,7 +188,7 @@ def main_distributed(args: argparse.Namespace) -> int:
         out = model(x)
         return out.sparse_categorical_crossentropy(y), (out.detach().argmax(axis=1) == y).float().mean()
 
-    step = ddp.train_step(loss_and_accuracy, jit=args.jit)
+    step = ddp.train_step(loss_and_accuracy, jit=args.jit and not sync)  # a collective can't be inside a TinyJit
     rng = np.random.default_rng(args.seed)  # the same batches on every rank; each takes its part
     part = args.bs // world
     losses: list[float] = []
@@ -190,7 +199,7 @@ def main_distributed(args: argparse.Namespace) -> int:
             loss, _acc = step(Tensor(x_train[idx]), Tensor(y_train[idx]))
             losses.append(loss.item())  # the mean over the ranks: the same on every rank
     train_s = time.perf_counter() - t0
-    ddp.sync_buffers()  # BatchNorm's running statistics: rank 0's on every rank
+    ddp.sync_buffers()  # per-rank BatchNorm's running statistics: rank 0's on every rank (SyncBatchNorm's agree)
     acc = accuracy(model, x_test, y_test)
     digest = hashlib.sha256(b"".join(p.numpy().tobytes() for p in get_parameters(model))).hexdigest()[:16]
     print(

@@ -112,3 +112,12 @@ def test_onnx_cases_skip_with_a_note(monkeypatch):
     assert "onnxruntime: n/a" in spec.note
     monkeypatch.setitem(sys.modules, "onnx", None)
     assert "n/a: pip install" in cases_onnx.ONNX_CASES["onnx_squeezenet"](True).note
+
+
+def test_sharding_case_compares_with_one_device():
+    report = run_bench(only=["mlp_train_shard2"], quick=True, progress=False, with_probes=False)
+    (case,) = report["cases"]
+    assert case["kind"] == "rate" and "CPU:0,CPU:1" in case["note"], case
+    assert case["errors"] == {} and case["seconds"]["zeptograd"] > 0 and case["seconds"]["1 device"] > 0
+    header = next(ln for ln in format_report(report).splitlines() if ln.startswith("case "))
+    assert "1 device" in header

@@ -9,7 +9,7 @@ import hashlib
 import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Generic, TypeVar
+from typing import Any, Callable, ClassVar, Generic, Hashable, TypeVar
 
 import numpy as np
 
@@ -293,6 +293,19 @@ class CompiledDevice:
     # BEAM may choose a kernel's optimizations by timing candidates here: False where time means nothing (PYTHON
     # interprets kernels, NULL runs none)
     beam_timing: ClassVar[bool] = True
+    # a Program built here runs on every device of this class with an equal program_key: code in this process called
+    # with host addresses (CPU, NULL, PYTHON). False where a program belongs to a context (an OpenCL or CUDA device's)
+    shares_programs: ClassVar[bool] = False
+
+    @functools.cached_property
+    def program_key(self) -> Hashable:
+        """What the compiled-kernel cache (engine/realize.py) is keyed by instead of the device's name: devices with
+        an equal key share one compile of each kernel (CPU:0 ... CPU:3 compile a sharded model's kernels once). The
+        renderer's settings fix the code, the compiler's key the binary."""
+        if not self.shares_programs:
+            return self.name
+        settings = repr(sorted(vars(self.renderer).items()))  # simd_bytes: the host's, read by each device
+        return (type(self).__name__, type(self.renderer).__name__, settings, self.compiler.key)
 
     def build(self, spec: ProgramSpec) -> Program:
         """The kernel spec rendered, compiled (or from the cache) and loaded, ready to call."""

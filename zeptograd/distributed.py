@@ -23,11 +23,13 @@ collective sequence: it returned early, or it hangs elsewhere), printing which c
 DataParallel(optimizer): torch DDP's scheme. It broadcasts the parameters and buffers from rank 0, then each step
 averages the gradients (and the step's metrics) over the ranks in flat buckets of at most `bucket_bytes` (25 MiB,
 torch's default), so a step sends ceil(bytes / bucket_bytes) messages per dtype, not one per parameter.
-BatchNorm normalizes each rank's part of the batch on its own (DDP's semantics, no synchronized BatchNorm); the
-running statistics of rank 0 are given to every rank by `sync_buffers()`. `train_step(loss_fn)` builds the step;
-with TinyJit the collective stays outside the jitted functions: forward and backward are one jitted function,
-the optimizer update another, and between them the outputs are copied into one flat host array per dtype,
-all-reduced in place (a plain MPI call) and given to the update as new tensors.
+BatchNorm normalizes each rank's part of the batch on its own (DDP's semantics); the running statistics of rank 0
+are given to every rank by `sync_buffers()`. `nn.SyncBatchNorm` normalizes over the whole batch of every rank
+instead (`sync_batch_stats`: its sums all-reduced in the forward, their gradients in backward, `sum_over_ranks`),
+eagerly: a collective inside a TinyJit is an error (a replay would not run it), so train_step(jit=False) then.
+`train_step(loss_fn)` builds the step; with TinyJit the collective stays outside the jitted functions: forward and
+backward are one jitted function, the optimizer update another, and between them the outputs are copied into one
+flat host array per dtype, all-reduced in place (a plain MPI call) and given to the update as new tensors.
 
 The MPI library is whatever mpi4py loads; the `distributed` extra installs MPICH's wheel (see docs/distributed.md).
 """
@@ -223,6 +225,15 @@ def _describe(t: Tensor) -> str:
 def _check_tensor(name: str, t: Any) -> Tensor:
     if not isinstance(t, Tensor):
         raise ArgumentTypeError(f"{name} takes a Tensor, got a {type(t).__name__}")
+    from zeptograd.engine.realize import is_capturing
+
+    if is_capturing():  # a replay runs the captured kernels only: the MPI call would be left out
+        from zeptograd.engine.jit import JitError
+
+        raise JitError(
+            f"{name} inside a TinyJit: a replay would not run the collective (SyncBatchNorm's statistics are one); "
+            f"keep collectives outside the jitted function (DataParallel.train_step(jit=False) for SyncBatchNorm)"
+        )
     if not all(isinstance(s, int) for s in t.shape):
         raise ArgumentError(f"{name}: a tensor of symbolic shape {t.shape} (bind its variables' values first)")
     return t
@@ -300,6 +311,35 @@ def all_reduce(t: Tensor, op: str = "sum", check: bool = True) -> Tensor:
         np.divide(recv, world_size(), out=recv)
     done()
     return out
+
+
+def sum_over_ranks(t: Tensor, check: bool = True) -> Tensor:
+    """The sum of t over every rank, as all_reduce's, but differentiable (torch.distributed.nn's all_reduce): the
+    gradient of t on each rank is the sum over the ranks of the result's gradients, all-reduced while backward()
+    walks the graph (every rank must call backward on graphs that reach it). check: as all_reduce's."""
+    from zeptograd.gradient import with_gradient
+
+    total = all_reduce(t, "sum", check=check)
+    # total's value with t in its graph: t - t is exactly 0 (t is realized: both read one buffer), so every rank keeps
+    # the very sum MPI gave; backward goes through the rule below, not through these ops
+    out = t - t.detach() + total
+    return with_gradient(out, (t,), lambda grad, _out, _t: (all_reduce(grad, "sum", check=False),))
+
+
+def sync_batch_stats(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor, int]:
+    """SyncBatchNorm's statistics (torch's nn.SyncBatchNorm): the mean and the biased variance of x over `axes` and
+    over every rank's x, and the number of values each is over. Every rank passes a tensor of the same shape
+    (checked: the count is this rank's times world_size()). Two all-reduces forward (the sums, then the squared
+    deviations from the global mean: no E[x^2] - E[x]^2 cancellation), two in backward (their gradients)."""
+    x = _check_tensor("SyncBatchNorm", x)
+    _agree("SyncBatchNorm", f"of {_describe(x)} over axes {axes}")
+    n = math.prod(x.shape[a] for a in axes) * world_size()
+    local_sum = x.sum(axis=axes)
+    Tensor.realize(x, local_sum)  # x is read by the sums, the deviations and the normalization: computed once
+    mean = sum_over_ranks(local_sum, check=False) / n
+    kept = [1 if a in axes else s for a, s in enumerate(x.shape)]
+    y = x - mean.detach().reshape(kept)  # d(var)/d(mean) = 0 over the global batch, as BatchNorm's
+    return mean, sum_over_ranks((y * y).sum(axis=axes), check=False) / n, n
 
 
 def broadcast(t: Tensor, root: int = 0, check: bool = True) -> Tensor:

@@ -40,3 +40,22 @@ def loss_and_accuracy(net: Net, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 def state(net: Net) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in nn.state.get_state_dict(net).items()}
+
+
+class TwoNormNet:
+    """Two normalized layers (`norm`: nn.BatchNorm or nn.SyncBatchNorm): the lower one's gradient passes through the
+    upper one's statistics, so SyncBatchNorm's backward all-reduces twice per layer, in the walk's order."""
+
+    def __init__(self, norm=nn.BatchNorm):
+        self.l1, self.bn1 = nn.Linear(FEATURES, 8, bias=False), norm(8)
+        # no bias before a norm: its gradient is 0 up to rounding, which Adam turns into steps of ~lr either way
+        self.l2, self.bn2, self.l3 = nn.Linear(8, 8, bias=False), norm(8), nn.Linear(8, CLASSES)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.l3(self.bn2(self.l2(self.bn1(self.l1(x)).relu())).relu())
+
+
+def make_two_norm(seed: int, norm=nn.BatchNorm) -> tuple[TwoNormNet, nn.optim.Optimizer]:
+    Tensor.manual_seed(seed)
+    net = TwoNormNet(norm)
+    return net, nn.optim.Adam(get_parameters(net), lr=0.05)

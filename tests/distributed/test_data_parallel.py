@@ -1,6 +1,7 @@
 """DataParallel over 2 ranks (mpi_train.py) against one process that normalizes each half of every batch on its own
 (torch DDP's BatchNorm semantics): the same parameters, identical on both ranks, eager and under TinyJit, with the
-gradients sent in the expected number of messages."""
+gradients sent in the expected number of messages. With nn.SyncBatchNorm (mpi_syncbn.py) against one process on the
+whole batch (torch's SyncBatchNorm semantics)."""
 
 import math
 
@@ -10,7 +11,7 @@ import pytest
 from zeptograd import Tensor
 from zeptograd.distributed import BUCKET_BYTES
 
-from .dp_model import BATCH, batches, loss_and_accuracy, make, state
+from .dp_model import BATCH, batches, loss_and_accuracy, make, make_two_norm, state
 
 pytestmark = pytest.mark.slow
 
@@ -54,13 +55,40 @@ def test_data_parallel_matches_half_batch_normalization(run_ranks, tmp_path):
     assert BUCKET_BYTES == 25 * 1024 * 1024  # torch DDP's bucket_cap_mb
 
 
-def test_train_digits_example_distributed(run_ranks):
-    """The README's command in its short form: both ranks end with the same parameters and accuracy."""
+@pytest.mark.parametrize("flags", [(), ("--per-rank-bn",)])
+def test_train_digits_example_distributed(run_ranks, flags):
+    """The README's command in its short form (SyncBatchNorm; --per-rank-bn: DDP's BatchNorm, TinyJit): both ranks
+    end with the same parameters and accuracy."""
     pytest.importorskip("sklearn")
-    job = run_ranks("../../examples/train_digits.py", "--distributed", "--short", "--steps", "6", timeout=300)
+    job = run_ranks("../../examples/train_digits.py", "--distributed", *flags, "--short", "--steps", "6", timeout=300)
     assert job.returncode == 0, job.describe()
     lines = job.stdout.splitlines()
     for what in ("parameters sha256", "test accuracy: "):
         found = sorted(line.split(": ", 1)[1].split("; ")[-1] for line in lines if what in line)
         assert len(found) == 2 and found[0] == found[1], job.describe()
     assert sum("loss fell" in line for line in lines) == 2, job.describe()
+
+
+def test_sync_batchnorm_matches_the_global_batch(run_ranks, tmp_path):
+    """nn.SyncBatchNorm over 2 ranks (mpi_syncbn.py) against one process on the whole batch with BatchNorm (torch's
+    SyncBatchNorm semantics): the same parameters, losses and running statistics, identical on both ranks."""
+    job = run_ranks("mpi_syncbn.py", str(tmp_path), timeout=240)
+    assert job.returncode == 0, job.describe()
+    ranks = [dict(np.load(tmp_path / f"sync{r}.npz")) for r in range(2)]
+    net, opt = make_two_norm(seed=0)
+    losses = []
+    with Tensor.train():
+        for x, y in batches():
+            opt.zero_grad()
+            loss = loss_and_accuracy(net, Tensor(x), Tensor(y))[0]
+            loss.backward()
+            opt.step(loss)
+            losses.append(loss.item())
+    want = state(net)
+    for k in want:
+        np.testing.assert_array_equal(ranks[0][k], ranks[1][k], err_msg=k)
+        np.testing.assert_allclose(ranks[0][k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    np.testing.assert_allclose(ranks[0]["losses"], losses, rtol=1e-5)
+    # per step: the gradients' and metrics' buckets (25 MiB: one message) plus 2 all-reduces forward and 2 backward
+    # in each of the two SyncBatchNorms
+    assert ranks[0]["messages"].tolist() == [1 + 2 * 4] * len(losses)

@@ -115,6 +115,19 @@ def test_batchnorm_gradients_and_separate_buffers():
 
 
 @pytest.mark.slow
+def test_sync_batchnorm_outside_a_job_is_batchnorm():
+    """torch's nn.SyncBatchNorm without a process group (here: no distributed job of several ranks) is BatchNorm;
+    over 2 ranks, tests/distributed/test_data_parallel.py compares it with the whole batch."""
+    check(nn.SyncBatchNorm(3), torch.nn.BatchNorm1d(3), rnd(5, 3), train=True)
+    z, t = nn.SyncBatchNorm(3), torch.nn.BatchNorm2d(3)
+    with Tensor.train():
+        z(Tensor(rnd(4, 3, 2, 2, scale=2.0))).realize(z.running_mean, z.running_var)
+    t.train()
+    t(torch.tensor(rnd(4, 3, 2, 2, scale=2.0)))
+    np.testing.assert_allclose(z.running_var.numpy(), t.running_var.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_layernorms():
     check(nn.LayerNorm(6), torch.nn.LayerNorm(6), rnd(2, 3, 6))
     check(

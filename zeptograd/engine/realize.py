@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Hashable
 
 import numpy as np
 
@@ -239,13 +239,18 @@ class CompiledKernel:
     vars: tuple[str, ...] = ()  # the Variables it takes as int arguments after the buffers, by name
 
 
+# keyed by the device's program_key, not its name: devices of one backend, renderer and compiler (CPU:0, CPU:1, ...)
+# share each compiled kernel, so a model sharded over n of them compiles as one device does
 _kernel_cache: dict[tuple, CompiledKernel] = {}
+_program_keys: dict[str, Hashable] = {}  # device name -> Device[name].program_key (looked up on every kernel call)
 
 
 def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKernel:
     """The compiled kernel for a kernel graph (a copy item's COPY: its copy call); with BEAM=n and the kernel's
     buffers, its actions are searched."""
-    key = (device, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
+    if (scope := _program_keys.get(device)) is None:
+        scope = _program_keys[device] = Device[device].program_key
+    key = (scope, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
     if key in _kernel_cache:
         return _kernel_cache[key]
     if ast.op is Ops.COPY:  # a copy item: no code, a call that copies through the allocators (schedule/copy.py)

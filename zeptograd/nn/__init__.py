@@ -39,6 +39,7 @@ __all__ = [
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",
+    "SyncBatchNorm",
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
@@ -219,10 +220,14 @@ class BatchNorm:
         shape_mask = [1, -1, *([1] * (x.ndim - 2))]
         if self.track_running_stats and not Tensor.training:
             return self.running_mean, self.running_var.reshape(shape_mask).expand(x.shape)
+        return self.batch_stats(x)[:2]
+
+    def batch_stats(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+        """(mean, biased variance, the number of values each is over) of the batch, over every axis but 1."""
         axes = tuple(a for a in range(x.ndim) if a != 1)
         batch_mean = x.mean(axis=axes)
-        y = x - batch_mean.detach().reshape(shape_mask)  # d(var)/d(mean) = 0
-        return batch_mean, (y * y).mean(axis=axes)
+        y = x - batch_mean.detach().reshape([1, -1, *([1] * (x.ndim - 2))])  # d(var)/d(mean) = 0
+        return batch_mean, (y * y).mean(axis=axes), x.numel() // x.shape[1]
 
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or (self.weight is not None and x.shape[1] != self.weight.shape[0]):
@@ -230,9 +235,11 @@ class BatchNorm:
                 f"BatchNorm of {self.weight.shape[0] if self.weight is not None else '?'} channels "
                 f"got an input of shape {x.shape} (channels on axis 1)"
             )
-        batch_mean, batch_var = self.calc_stats(x)
+        if self.track_running_stats and not Tensor.training:
+            batch_mean, batch_var = self.calc_stats(x)
+        else:
+            batch_mean, batch_var, n = self.batch_stats(x)
         if self.track_running_stats and Tensor.training:
-            n = x.numel() // x.shape[1]
             with Tensor.no_grad():
                 self.running_mean.assign((1 - self.momentum) * self.running_mean + self.momentum * batch_mean.detach())
                 self.running_var.assign(
@@ -243,6 +250,21 @@ class BatchNorm:
 
 
 BatchNorm1d = BatchNorm2d = BatchNorm3d = BatchNorm
+
+
+class SyncBatchNorm(BatchNorm):
+    """BatchNorm whose training statistics are over the whole batch of every rank of a `zeptograd.distributed` job
+    (torch's nn.SyncBatchNorm): each rank's sums are all-reduced in the forward and their gradients in backward, so
+    2 ranks on two halves of a batch compute what one process computes on the whole batch. Every rank passes the
+    same shape. Outside a job of several ranks (no `distributed.init()`, or one rank) it is BatchNorm, as torch's.
+    The collectives run eagerly: not inside a TinyJit (`DataParallel.train_step(jit=False)`)."""
+
+    def batch_stats(self, x: Tensor) -> tuple[Tensor, Tensor, int]:
+        from zeptograd import distributed
+
+        if not distributed.is_initialized() or distributed.world_size() == 1:
+            return super().batch_stats(x)
+        return distributed.sync_batch_stats(x, tuple(a for a in range(x.ndim) if a != 1))
 
 
 class LayerNorm:

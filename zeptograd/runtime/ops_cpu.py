@@ -120,6 +120,7 @@ class CPUProgram(Program):
 
 class CPUDevice(CompiledDevice):
     compiler: CCompiler
+    shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
 
     def build(self, spec: ProgramSpec) -> CPUProgram:
         """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""

@@ -154,6 +154,7 @@ class LLVMDevice(CompiledDevice):
     when first needed) links the objects that loader does not handle."""
 
     compiler: LLVMCompiler
+    shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
 
     def __init__(self, name: str):
         compiler = LLVMCompiler()  # the renderer's vectors are as wide as this host's registers

@@ -30,6 +30,7 @@ class NullProgram(Program):
 
 class NullDevice(CompiledDevice):
     beam_timing = False  # it runs nothing
+    shares_programs = True  # its programs run nothing: NULL:1 takes NULL's
 
     def build(self, spec: ProgramSpec) -> NullProgram:
         return NullProgram(spec)

@@ -334,6 +334,7 @@ class PythonCompiler(Compiler):
 
 class PythonDevice(CompiledDevice):
     beam_timing = False  # an interpreter's time says nothing about compiled code
+    shares_programs = True  # an interpreter of host memory (one device; the key is the same rule as CPU's)
 
     def build(self, spec: ProgramSpec) -> PythonProgram:
         return PythonProgram(spec)
