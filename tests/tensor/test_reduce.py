@@ -252,6 +252,39 @@ def test_softmax_kernel_count():
 # ----------------------------------------------------------------------------- sort / topk
 
 
+@pytest.mark.parametrize(
+    "f",
+    [
+        lambda x, mx, mn: mx(x.logsumexp(1, keepdim=True), 1),  # a max over one element of a reduce
+        lambda x, mx, mn: mx(x.log_softmax(2), 0),
+        lambda x, mx, mn: mn(x.softmax(-1), 0),
+        lambda x, mx, mn: mn(x.flip(1).logsumexp(1, keepdim=True), 1),
+    ],
+    ids=["lse_max", "log_softmax_max", "softmax_min", "flip_lse_min"],
+)
+def test_max_gradient_of_a_value_computed_with_transcendentals_and_reduces(f):
+    """The max's gradient compares x with the max (`x == max`). Recomputed in another kernel, x with an exp, a log or
+    a reduce came out an ulp off the value the max was taken of (a vector polynomial against a scalar call, another
+    order of adds) and matched no element: a zero gradient, where torch gives all of it. x is stored once now."""
+    xn = np.random.default_rng(3).standard_normal((3, 4, 5)).astype(np.float32)
+    xt = torch.tensor(xn, requires_grad=True)
+    yt = f(xt, lambda t, d: t.amax(d, keepdim=True), lambda t, d: t.amin(d, keepdim=True))
+    yt.square().sum().backward()
+    x = Tensor(xn, requires_grad=True)
+    y = f(x, lambda t, d: t.max(d, keepdim=True), lambda t, d: t.min(d, keepdim=True))
+    y.square().sum().backward()
+    np.testing.assert_allclose(y.numpy(), yt.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_max_whose_gradient_is_not_taken_stores_nothing_more():
+    """softmax, logsumexp and argmax take a max of x that no gradient flows through: x is not stored for it."""
+    x = Tensor(np.random.default_rng(0).standard_normal((64, 100)).astype(np.float32), requires_grad=True)
+    y = (x * 2).detach()
+    for f in (lambda t: t.log_softmax(-1), lambda t: t.logsumexp(-1), lambda t: (t * 2).argmax(-1)):
+        assert len(f(x * 2).schedule()) == len(f(y).schedule())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("descending", [False, True])
 @pytest.mark.parametrize("shape,dim", [((7,), 0), ((3, 5), -1), ((3, 5), 0), ((2, 3, 4), 1), ((8,), 0), ((1, 4), 0)])

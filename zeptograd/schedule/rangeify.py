@@ -35,7 +35,12 @@ __all__ = ["ScheduleItem", "create_schedule", "substitute_realized"]
 
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Kernels, in an order that respects their dependencies, and the buffer view that replaces each realized node."""
-    sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, tuple(outs)), tensor_fold)
+    # the CONTIGUOUS nodes inside the graph are folded alongside the outputs, so that the buffer each is stored in
+    # is remembered for the node the caller's graph holds (a backward that reads it reads those very values)
+    inner = [u for u in UOp(Ops.SINK, dtypes.void, tuple(outs)).toposort() if u.op is Ops.CONTIGUOUS and u not in outs]
+    sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, (*outs, *inner)), tensor_fold)
+    folded_inner = dict(zip(inner, sink.src[len(outs) :]))
+    sink = UOp(Ops.SINK, dtypes.void, sink.src[: len(outs)])
     sink = split_reduces(sink)  # a big reduce to a small output: two kernels, the first parallel
     check_tensor_graph(sink)
     folded = dict(zip(outs, sink.src))
@@ -90,6 +95,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
         result.setdefault(x, v)
+    for x, f in folded_inner.items():
+        if f in becomes:
+            result.setdefault(x, becomes[f])
     return items, result
 
 

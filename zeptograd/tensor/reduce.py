@@ -10,6 +10,27 @@ from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import normalize_axis, prod
 from zeptograd.uop.ops import Ops, UOp
 
+# ops whose value may differ in the last bits between two kernels that compute it: a transcendental's vector
+# polynomial and its scalar call round differently, a reduce adds in the order its kernel's vectorization gives
+_INEXACT_RECOMPUTE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.REDUCE_AXIS}
+
+
+def _recompute_may_differ(u: UOp) -> bool:
+    """Whether u's graph (down to stored values) holds an op of _INEXACT_RECOMPUTE."""
+    stack, seen = [u], {u}
+    while stack:
+        n = stack.pop()
+        if n.op in _INEXACT_RECOMPUTE:
+            return True
+        if n.op in (Ops.BUFFER, Ops.CONTIGUOUS):
+            continue
+        for s in n.src:
+            if s not in seen:
+                seen.add(s)
+                stack.append(s)
+    return False
+
+
 SCAN_WINDOWS_MAX = 64  # a scan over more elements runs in blocks (`_blocked_scan`): its n x n windows cost O(n^2)
 
 if TYPE_CHECKING:
@@ -44,6 +65,10 @@ class ReduceMixin:
         axes = self._axes(axis)
         if self.ndim == 0 or not axes:
             return self
+        if op is Ops.MAX and self.requires_grad and dtypes.is_float(self.dtype) and _recompute_may_differ(self.uop):
+            # the gradient compares x with its max (`x == max`): x is stored once, so that the backward's x has the
+            # very bits the max was taken of (recomputed in another kernel, one ulp off, it matched no element)
+            self = self.contiguous()
         ret = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
         return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
@@ -160,7 +185,7 @@ class ReduceMixin:
         x = self if self.ndim else self.reshape(1)
         rev = type(self).arange(n, 0, -1, dtype=dtypes.int64, device=self.device)
         rev = rev.reshape(tuple(n if i == d else 1 for i in range(x.ndim)))
-        hit = x == x._max(d, keepdim=True)
+        hit = x == x.detach()._max(d, keepdim=True)  # (no gradient: x is not stored for one, see _reduce)
         if dtypes.is_float(x.dtype):  # a nan is the max of its row (max propagates it) but equals nothing
             hit = hit | x.isnan()
         idx = hit.where(rev, 0)._max(d, keepdim)
@@ -171,8 +196,8 @@ class ReduceMixin:
 
     def logsumexp(self: Tensor, axis=None, keepdim: bool = False) -> Tensor:
         x = self._float()
-        m = x._max(axis, keepdim=True)  # over an empty axis: -inf, made 0 below (the result is log(0) = -inf)
-        m = m.isinf().where(0, m).detach()
+        m = x.detach()._max(axis, keepdim=True)  # over an empty axis: -inf, made 0 below (the result is log(0) = -inf)
+        m = m.isinf().where(0, m)
         ret = (x - m).exp().sum(axis, keepdim=True).log() + m
         return ret if keepdim else ret.reshape(x._max(axis).shape)
 
@@ -249,12 +274,12 @@ class ReduceMixin:
     # ***** softmax *****
     def softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self._float()
-        e = (x - x._max(axis, keepdim=True).detach()).exp()
+        e = (x - x.detach()._max(axis, keepdim=True)).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
         x = self.cast(dtype) if dtype is not None else self._float()
-        m = x - x._max(axis, keepdim=True).detach()
+        m = x - x.detach()._max(axis, keepdim=True)
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def softmin(self: Tensor, axis: int = -1, dtype: DTypeLike | None = None) -> Tensor:
