@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from zeptograd import Tensor
+from zeptograd import Context, Tensor
+from zeptograd.engine.schedule_cache import SCHEDULE_CACHE
 from zeptograd.schedule.cost import CostModel, reads_across_rows
 from zeptograd.uop.ops import AxisType, Ops, UOp
 
@@ -63,14 +64,24 @@ def test_a_value_read_transposed_is_stored():
 
 
 def test_cheap_values_read_twice_in_a_row_stay_inlined():
-    """A value read by a row's sum and by the division at the same rows is recomputed where that is cheap: x * 2, or
-    softmax's exp where its buffer would not stay in the cache (4096^2 floats: stores and loads go to DRAM): softmax
-    is then one kernel. Where it would, the exp (a polynomial of ~20 vector ops) is stored between two kernels (the
-    row's max and exp, then the sum and the division), not computed twice."""
+    """A value read by a row's sum and by the division at the same rows is recomputed where that is cheap: x * 2.
+    softmax's exp (a polynomial of ~20 vector ops) is kept in a row buffer instead (schedule/bufferize.py:
+    row_buffer): one kernel at every size. Without one (a row longer than ROW_BUFFER_BYTES), the cost model stores
+    the exp where its buffer stays in the cache (two kernels: the row's max and exp, then the sum and the division)
+    and recomputes it where it would not (4096^2 floats: stores and loads go to DRAM)."""
+    from zeptograd.schedule import policy
+
     x, xn = realized(64, 1000)
     assert len(kernels((x * 2) / (x * 2).sum(-1, keepdim=True))) == 1
-    assert len(kernels(x.softmax(-1))) == 2
-    assert len(kernels(Tensor.empty(4096, 4096).softmax(-1))) == 1
+    assert len(kernels(x.softmax(-1))) == 1
+    old = policy.ROW_BUFFER_BYTES
+    try:
+        policy.ROW_BUFFER_BYTES = 0
+        with Context(**{SCHEDULE_CACHE.key: 0}):
+            assert len(kernels(x.softmax(-1))) == 2
+            assert len(kernels(Tensor.empty(4096, 4096).softmax(-1))) == 1
+    finally:
+        policy.ROW_BUFFER_BYTES = old
     e = np.exp(xn - xn.max(-1, keepdims=True))
     np.testing.assert_allclose(x.softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 

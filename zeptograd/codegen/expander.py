@@ -172,8 +172,15 @@ class Expander:
 
     def scalar_index(self, index: UOp, axes, key, lane: int | None = None, v: UOp | None = None) -> UOp:
         return UOp(
-            Ops.INDEX, index.dtype, (index.src[0], *[self.substitute(s, axes, key, lane, v) for s in index.src[1:]])
+            Ops.INDEX,
+            index.dtype,
+            (self.pointer(index), *[self.substitute(s, axes, key, lane, v) for s in index.src[1:]]),
         )
+
+    def pointer(self, index: UOp) -> UOp:
+        """What an INDEX reads: its buffer, or a row buffer ordered after its fill's loop (AFTER(buf, REDUCE): the
+        REDUCE's expansion, so no unexpanded range is left behind)."""
+        return self.exp[index.src[0]].vals[()]
 
     def lane_indices(self, index: UOp, axes, key, v: UOp) -> list[UOp]:
         return [self.scalar_index(index, axes, key, lane, v) for lane in range(range_lanes(v))]
@@ -191,7 +198,7 @@ class Expander:
         elif valid is not None and v in valid.toposort():
             valid = self.vectorize_expr(valid, v)
         base = self.substitute(idx, (), (), lane=0, v=v)
-        return UOp(Ops.INDEX, index.dtype, (index.src[0], base) + ((valid,) if valid is not None else ()))
+        return UOp(Ops.INDEX, index.dtype, (self.pointer(index), base) + ((valid,) if valid is not None else ()))
 
     def stride2_load(self, index: UOp, axes, key, dtype, v: UOp) -> UOp | None:
         """# VECTORIZE(LOAD(b + 2k) for k < w) -> VECTORIZE(A[0], A[2], ..., A[w-2], B[1], B[3], ..., B[w-1]),
@@ -201,7 +208,7 @@ class Expander:
         that enclose it are valid (so it is in the buffer), the others are masked."""
         if range_lanes(v) < 4 or not steps_by(self.substitute(index.src[1], axes, key), v, 2):
             return None
-        w, buf = range_lanes(v), index.src[0]
+        w, buf = range_lanes(v), self.pointer(index)
         lanes = self.lane_indices(index, axes, key, v)
         base = lanes[0].src[1]
         valid = [i.src[2] if len(i.src) > 2 else UOp.const(dtypes.bool, True) for i in lanes]
@@ -346,6 +353,14 @@ def expand_elementwise(ctx: Expander, u: UOp) -> Expanded:
     return Expanded(axes, vals, v)
 
 
+def expand_after(ctx: Expander, u: UOp) -> Expanded:
+    """# AFTER(x, *deps) -> AFTER(x(k), *every copy of deps) for each copy k of x: deps are statements (a row
+    buffer's stores, schedule/kernel.py) or values it waits for, never broadcast into x's lanes"""
+    x, deps = u.src[0], ctx.flat_vals(u.src[1:])
+    e = ctx.exp[x]
+    return Expanded(e.axes, {key: UOp(Ops.AFTER, val.dtype, (val, *deps)) for key, val in e.vals.items()}, e.v)
+
+
 pm_expand = PatternMatcher(
     [
         (UPat(Ops.RANGE, name="r"), expand_range),
@@ -356,6 +371,7 @@ pm_expand = PatternMatcher(
         (UPat(Ops.STORE, name="u"), expand_store),
         (UPat(Ops.REDUCE, name="u"), expand_reduce),
         (UPat(Ops.END, name="u"), expand_end),
+        (UPat(Ops.AFTER, name="u"), expand_after),
         # SINK(a, b) / GROUP(a, b) -> SINK(a(0), ..., a(n-1), b(0), ...): statements keep every copy of every source
         (
             UPat((Ops.SINK, Ops.GROUP), name="u"),

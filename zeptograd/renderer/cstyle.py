@@ -285,7 +285,13 @@ def _same_c_type(x: UOp) -> bool:
     return C_TYPES[x.dtype.scalar] == C_TYPES[x.src[0].dtype.scalar] and x.dtype.count == x.src[0].dtype.count
 
 
-_global_vector = UPat(src=(UPat(Ops.DEFINE_GLOBAL),), allow_any_len=True, name="idx")
+# an access to a buffer of scalars: a global, or a row buffer (an array DEFINE_REG, schedule/kernel.py), not a vector
+# accumulator (a DEFINE_REG of one vector, read and written whole)
+_global_vector = UPat(
+    Ops.INDEX,
+    name="idx",
+    custom=lambda u: isinstance(u.src[0].dtype, PtrDType) and u.src[0].dtype.base.count == 1,
+)
 _is_vector = lambda u: u.dtype.count > 1  # noqa: E731
 
 c_rules: list[tuple[UPat, Callable]] = [

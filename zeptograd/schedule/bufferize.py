@@ -10,6 +10,10 @@ and its buffer, and a folding that shrinks one shrinks the buffer.
 
 A BUFFERIZE marked `keep` is visible outside the kernel graph (an output, an ASSIGN, a CONTIGUOUS the user asked
 for): the foldings never remove or reshape it.
+
+A BUFFERIZE marked `row` is a partial materialization (`row_buffer`): stored at the one range of a row (the loop of
+the reduce that fills it), it lives inside its consumer's kernel as a stack array, not in memory. Its value varies
+along the kernel's outer loops too; each iteration of those overwrites it. `schedule/kernel.py` lowers it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class Stored:
 
     node: UOp
     keep: bool
+    row: bool = False  # a row buffer inside the consumer's kernel (`row_buffer`), not a buffer in memory
 
 
 def bufferize(rf: Rangeify, keep: set[UOp]) -> UOp:
@@ -40,12 +45,23 @@ def bufferize(rf: Rangeify, keep: set[UOp]) -> UOp:
         if x in rf.realize and x.op is not Ops.COPY:
             rngs = rf.kernel_ranges[x]
             made[x] = UOp(Ops.BUFFERIZE, x.dtype, (lower_value(rf, x, made), *rngs), Stored(x, x in keep))
+        elif x in rf.row_buffered:
+            made[x] = row_buffer(rf, x, made)
     return UOp(Ops.SINK, dtypes.void, tuple(b for b in made.values() if b.arg.keep))
 
 
-def lower_value(rf: Rangeify, root: UOp, made: dict[UOp, UOp]) -> UOp:
-    """root's value at its kernel ranges: the tensor ops between it and the materialized nodes it reads, lowered."""
-    start: Request = (rf.kernel_ranges[root], None)
+def row_buffer(rf: Rangeify, x: UOp, made: dict[UOp, UOp]) -> UOp:
+    """# x read across one row at its fill (a reduce over the row, r) and at other loops j over the row
+    #   -> BUFFERIZE(x[..., r], r) (row), read as INDEX(BUFFERIZE, r) in the reduce and INDEX(BUFFERIZE, j) elsewhere
+    x's value at its fill request, stored at the fill's row range only (schedule/policy.py: row_buffer_request)."""
+    fill = rf.row_buffered[x]
+    return UOp(Ops.BUFFERIZE, x.dtype, (lower_value(rf, x, made, fill), fill[0][-1]), Stored(x, False, row=True))
+
+
+def lower_value(rf: Rangeify, root: UOp, made: dict[UOp, UOp], start: Request | None = None) -> UOp:
+    """root's value at its kernel ranges (or at `start`): the tensor ops between it and the materialized nodes it
+    reads, lowered."""
+    start = (rf.kernel_ranges[root], None) if start is None else start
     memo: dict[tuple[UOp, Request], UOp] = {}
     stack: list[tuple[UOp, Request, bool]] = [(root, start, False)]
     while stack:
@@ -68,6 +84,8 @@ def lower_leaf(rf: Rangeify, x: UOp, req: Request, made: dict[UOp, UOp]) -> UOp 
     idx, valid = req
     if (c := uniform_const(x)) is not None:  # a symbolic constant (a Variable's value) is its cast expression
         return c.arg.cast(x.dtype) if isinstance(c.arg, UOp) else UOp.const(x.dtype, c.arg)
+    if x in made and made[x].arg.row:  # a row buffer: read along the row, in the row its reader is in
+        return UOp(Ops.INDEX, x.dtype, (made[x], idx[-1]))
     if x in made:
         return UOp(Ops.INDEX, x.dtype, (made[x], *idx) + ((valid,) if valid is not None else ()))
     if x.op is Ops.BUFFER or x.op is Ops.COPY:  # memory the schedule does not compute in a kernel
@@ -113,8 +131,9 @@ def stored_shape(b: UOp) -> tuple:
 
 
 def kernel_value_nodes(value: UOp) -> dict[UOp, None]:
-    """The nodes of one kernel's value: not through the BUFFERIZEs it reads (those are other kernels)."""
-    return value.toposort(gate=lambda u: u.op is not Ops.BUFFERIZE)
+    """The nodes of one kernel's value: not through the BUFFERIZEs it reads (those are other kernels), but through
+    its row buffers (computed in the kernel)."""
+    return value.toposort(gate=lambda u: u.op is not Ops.BUFFERIZE or u.arg.row)
 
 
 # --- foldings: each removes or shrinks a materialization without changing a value ---
@@ -127,13 +146,17 @@ def fold_read_at_own_ranges(ix: UOp, b: UOp) -> UOp | None:
     """# INDEX(BUFFERIZE(x, *r), *r) -> x: read at the loops it is stored at, so inside them: the value itself (a read
     at no loop at all says nothing about where its reader runs)"""
     _, idx, valid = index_parts(ix)
+    if b.arg.row:  # a row buffer's fill: kept, the kernel stores the row there (schedule/kernel.py)
+        return None
     return b.src[0] if valid is None and idx == b.src[1:] and any(r.op is Ops.RANGE for r in idx) else None
 
 
 def fold_copy_of_buffer(ix: UOp, b: UOp, inner: UOp) -> UOp | None:
     """# INDEX(BUFFERIZE(INDEX(BUFFERIZE(x, *s), *r), *r), *i) -> INDEX(BUFFERIZE(x, *s), *i): a second buffer that
     holds a copy of a first one of the same shape is read from the first"""
-    if b.arg.keep or index_parts(b.src[0])[1:] != (b.src[1:], None) or stored_shape(inner) != stored_shape(b):
+    if b.arg.keep or inner.arg.row or index_parts(b.src[0])[1:] != (b.src[1:], None):
+        return None
+    if stored_shape(inner) != stored_shape(b):
         return None
     return ix.replace(src=(inner, *ix.src[1:]))
 
@@ -141,7 +164,7 @@ def fold_copy_of_buffer(ix: UOp, b: UOp, inner: UOp) -> UOp | None:
 def drop_dead_axes(b: UOp) -> UOp | None:
     """# BUFFERIZE(x, ..., r_d, ...) where x does not vary along r_d -> BUFFERIZE(x, ..., 0, ...): stored once, not
     once per iteration of a loop it does not depend on"""
-    if b.arg.keep:
+    if b.arg.keep or b.arg.row:
         return None
     used = {u for u in kernel_value_nodes(b.src[0]) if u.op is Ops.RANGE}
     dead = [r for r in b.src[1:] if r.op is Ops.RANGE and r not in used]

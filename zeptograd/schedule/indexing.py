@@ -62,6 +62,7 @@ class Rangeify:
         self.kernel_ranges: dict[UOp, tuple[UOp, ...]] = {}
         self.device: dict[UOp, str] = {}
         self.group_ranges: dict[UOp, tuple[UOp, ...]] = {}  # outputs computed in one kernel share their loops
+        self.row_buffered: dict[UOp, Request] = {}  # a node kept in a row buffer -> the request that fills it
         for u in self.nodes:  # which device each node is computed on
             srcs_dev = (self.device[s] for s in u.src if self.device[s])
             self.device[u] = u.arg if u.op is Ops.DEVICE else u.src[1].arg if u.op is Ops.COPY else next(srcs_dev, "")
@@ -128,6 +129,9 @@ class Rangeify:
                 rngs = self.group_ranges.get(x) or self.fresh_ranges(x.tensor_shape, AxisType.LOOP)
                 self.kernel_ranges[x] = rngs
                 reqs = {(rngs, None): {r for r in rngs if r.op is Ops.RANGE}}
+            elif x in self.row_buffered:  # computed at its fill only; its other reads load the row buffer
+                fill = self.row_buffered[x]
+                reqs = {fill: reqs[fill]}
             for req, scope in reqs.items():
                 if x.op is Ops.REDUCE_AXIS:  # inlined, it runs before the loops it does not vary along open
                     scope = scope & {r for i in req[0] for r in i.ranges}

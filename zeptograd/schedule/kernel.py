@@ -1,7 +1,8 @@
 """Kernel lowering: the cut of the rangeified graph (`schedule/bufferize.py`) into kernels. Each remaining BUFFERIZE
 (or group of outputs sharing their loops) becomes `SINK(END(STORE(INDEX(DEFINE_GLOBAL 0, idx), value), *ranges))`;
 its reads of other BUFFERIZEs and of input buffers become `LOAD(INDEX(DEFINE_GLOBAL i, flat index[, valid]))`.
-Ranges are renumbered in nesting order, so equal kernels are equal graphs.
+Ranges are renumbered in nesting order, so equal kernels are equal graphs. A row buffer (a BUFFERIZE marked `row`) is
+lowered into the kernel that reads it (`lower_row_buffers`): a stack array written in its reduce's loop.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
-from zeptograd.schedule.bufferize import index_parts, stored_shape
+from zeptograd.schedule.bufferize import index_parts, kernel_value_nodes, stored_shape
 from zeptograd.schedule.indexing import Rangeify, Request, flat_index
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.upat import graph_substitute
@@ -36,7 +37,7 @@ def split_kernel(rf: Rangeify, stored: list[UOp], bufs: dict[UOp, Buffer]) -> tu
 
     out_dgs = [define_global(bufs[b.arg.node]) for b in stored]
     values = UOp(Ops.SINK, dtypes.void, tuple(b.src[0] for b in stored))
-    nodes = values.toposort(gate=lambda u: u.op is not Ops.BUFFERIZE)  # this kernel's: not the kernels it reads
+    nodes = kernel_value_nodes(values)  # this kernel's (and its row buffers'): not the kernels it reads
     # axis ids 0, 1, ... in nesting order, so equal kernels are equal graphs (and hit the compile cache)
     ranges = sorted({u for u in (*nodes, *stored[0].src[1:]) if u.op is Ops.RANGE}, key=lambda r: r.arg[0])
     renumbered = {r: UOp.range(r.src[0], i, r.arg[1]) for i, r in enumerate(ranges)}
@@ -50,6 +51,8 @@ def split_kernel(rf: Rangeify, stored: list[UOp], bufs: dict[UOp, Buffer]) -> tu
             continue
         target, idx, valid = index_parts(u)
         idx, valid = at(idx), at((valid,))[0] if valid is not None else None
+        if target.op is Ops.BUFFERIZE and target.arg.row:  # lowered below, once its value is
+            continue
         if target.op is not Ops.BUFFERIZE:  # an input buffer or a COPY's result, read at a flat index
             mapping[u] = define_global(bufs[target]).index(idx[0], valid).load()
         elif target.arg.node.op is Ops.ASSIGN:  # its value lives in the target's buffer, read through its views
@@ -58,14 +61,42 @@ def split_kernel(rf: Rangeify, stored: list[UOp], bufs: dict[UOp, Buffer]) -> tu
         else:
             mapping[u] = define_global(bufs[target.arg.node]).index(flat_index(idx, stored_shape(target)), valid).load()
     rngs = at(stored[0].src[1:])
+    lowered = lower_row_buffers([u for u in nodes if u.op is Ops.BUFFERIZE and u.arg.row], values, mapping, at)
     stores = []
-    for b, out_dg, value in zip(stored, out_dgs, graph_substitute(values, mapping).src):
+    for b, out_dg, value in zip(stored, out_dgs, lowered.src):
         idx, shape = rngs, stored_shape(b)
         if b.arg.node.op is Ops.ASSIGN:  # store through the target's view ops into its buffer
             idx, _, shape = target_index(rf, b.arg.node, (rngs, None))
         stores.append(out_dg.index(flat_index(idx, shape)).store(value))
     body = stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
     return body.end(*[r for r in rngs if r.op is Ops.RANGE]).sink(), list(slots)
+
+
+def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at) -> UOp:
+    """values with each row buffer (BUFFERIZE(x, r), row) lowered to a stack array of the row's length:
+    # INDEX(BUFFERIZE(x, r), r) -> AFTER(x, STORE(INDEX(buf, r), x))      the fill: x computed and stored in r's loop
+    # INDEX(BUFFERIZE(x, r), j) -> LOAD(INDEX(AFTER(buf, REDUCE_r), j))  the other reads: after r's reduce is done
+    buf = DEFINE_REG(ptr(n)): the renderers make it a C array or an alloca, and codegen vectorizes its accesses
+    like a buffer's. mapping (the kernel's loads and renumbered ranges) is extended; the mapped values returned."""
+    reads: dict[UOp, UOp] = {}
+    for k, b in enumerate(rows):
+        n = stored_shape(b)[0]
+        buf = UOp(Ops.DEFINE_REG, b.dtype.ptr(n), (), k)
+        mapping[b] = buf  # every read at another index becomes INDEX(buf, j), made a LOAD below
+        (r,) = at(b.src[1:])
+        value = graph_substitute(b.src[0], mapping)
+        mapping[UOp(Ops.INDEX, b.dtype, (b, b.src[1]))] = value.after(buf.index(r).store(value))
+        reads[buf] = r
+    lowered = graph_substitute(values, mapping)
+    if not reads:
+        return lowered
+    nodes = lowered.toposort()
+    fills = {buf: next(red for red in nodes if red.op is Ops.REDUCE and r in red.src[1:]) for buf, r in reads.items()}
+    loads: dict[UOp, UOp] = {}
+    for u in nodes:
+        if u.op is Ops.INDEX and u.src[0] in reads and u.src[1] is not reads[u.src[0]]:
+            loads[u] = u.src[0].after(fills[u.src[0]]).index(*u.src[1:]).load()
+    return graph_substitute(lowered, loads)
 
 
 def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ...], UOp | None, tuple]:

@@ -53,11 +53,11 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
     graph = bufferize(rf, keep)
     check_rangeified(graph, "bufferize")
-    stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
+    stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE and not b.arg.row}
     if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
         graph = graph_rewrite(graph, bufferize_folds, ctx=policy)
         check_rangeified(graph, "bufferize_folds")
-        stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE}
+        stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE and not b.arg.row}
     bufs: dict[UOp, Buffer] = {}
     becomes: dict[UOp, UOp] = {}
     for x in rf.nodes:  # every stored node gets a buffer; buffer views of inputs stay as they are

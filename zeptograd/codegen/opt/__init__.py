@@ -115,6 +115,22 @@ def _nest_of(ast: UOp, r: UOp) -> UOp:
     return next((s for s in ast.src if r in s.toposort()), ast)
 
 
+def shares_row_buffer(ast: UOp, r: UOp) -> bool:
+    """Whether a row buffer (an array DEFINE_REG, schedule/kernel.py) is filled with values that vary along r where its
+    index does not: rows that reuse one buffer in turn. As copies or vector lanes (UPCAST) they would write it at
+    once, and a SWAP could reorder its fill and its reads; a THREAD's cores each have their own."""
+    nodes = list(ast.toposort())
+    if not any(u.op is Ops.DEFINE_REG for u in nodes):
+        return False
+    varies: dict[UOp, bool] = {}  # whether a value varies along r: a REDUCE over r does not (it closes r)
+    for u in nodes:
+        varies[u] = u is r or (any(varies[s] for s in u.src) and not (u.op is Ops.REDUCE and r in u.src[1:]))
+    return any(
+        u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG and varies[u.src[1]] and not varies[u.src[0]]
+        for u in nodes
+    )
+
+
 def apply_opt(ast: UOp, opt: Opt) -> UOp:
     axes = kernel_axes(ast)
     if not 0 <= opt.axis < len(axes):
@@ -123,6 +139,8 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     n, kind = trip_count(r), r.arg[1]
     if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
+    if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP) and shares_row_buffer(ast, r):
+        raise OptError(f"{opt}: axis {opt.axis} runs a row buffer's rows, which take one buffer one after another")
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         if (opt.op is OptOps.UPCAST) != (kind is AxisType.LOOP):
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")

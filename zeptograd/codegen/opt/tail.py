@@ -92,9 +92,14 @@ def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
 
         raise OptError(f"axis {r.arg[0]}: a tail needs the loop nest at the top of the kernel")
     next_id = max(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE) + 1
+    regs = [u for u in ast.toposort() if u.op is Ops.DEFINE_REG]
+    next_reg = max((u.arg for u in regs), default=-1) + 1
     tails: dict[UOp, UOp] = {}
     for b in binders:
         fresh: dict[UOp, UOp] = {}
+        if b.op is Ops.END:  # a nest of its own: its row buffers (schedule/kernel.py) too, its fill may be hoisted
+            for reg in (u for u in b.toposort() if u.op is Ops.DEFINE_REG):
+                fresh[reg], next_reg = UOp(Ops.DEFINE_REG, reg.dtype, (), next_reg), next_reg + 1
         for s in bound_ranges(b, r):
             if s is not r:
                 fresh[s] = UOp.range(s.src[0], next_id, s.arg[1])
