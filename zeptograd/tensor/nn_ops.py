@@ -529,8 +529,8 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple) -
     the input by more than 1 (stride 2), no operand is contiguous along the output's last axis, and codegen's vector
     goes along the output channels instead (codegen/opt/heuristic.py), where the weight, so stored, is read with
     stride 1 and the input is one broadcast value per lane row ((8,64,56,56)x(128,64,3,3) stride 2: 2.2x -> 1.2x
-    torch's time, the kernel on 1 core of an AVX2 host). Only for convs large enough that the copy's kernel costs nothing beside them, and with 16+
-    output channels per group (two vectors)."""
+    torch's time, the kernel on 1 core of an AVX2 host). Only for convs large enough that the copy's kernel costs
+    nothing beside them, and with 16+ output channels per group (two vectors)."""
     sizes = (bs, *oyx, *wshape)
     if strides[-1] <= 1 or not all(isinstance(v, int) for v in sizes):
         return False
