@@ -43,7 +43,7 @@ def loop_sizes(nest: UOp) -> list[int]:
 
 def c_source(ast: UOp, peel: bool = True) -> str:
     old = codegen.peel_borders
-    codegen.peel_borders = peel_borders if peel else (lambda s: s)
+    codegen.peel_borders = peel_borders if peel else (lambda s, *_: s)
     try:
         uops, _ = full_rewrite(ast, CStyleRenderer(), [])
     finally:

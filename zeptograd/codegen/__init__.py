@@ -42,7 +42,9 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     check_kernel(sink, "the optimizer")
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     if not renderer.has_local:  # GPU threads take a pad's border for free; CPU loops don't
-        sink = peel_borders(sink)  # window reads gated by a pad: border and interior parts, the interior ungated
+        sink = peel_borders(
+            sink, renderer.simd_bytes
+        )  # window reads gated by a pad: border and interior parts, the interior ungated
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     check_kernel(sink, "expand")
     if renderer.has_local:

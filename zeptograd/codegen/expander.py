@@ -83,6 +83,19 @@ def live_ranges(nodes: list[UOp], ranges: AbstractSet[UOp]) -> dict[UOp, frozens
     return live
 
 
+def max_lanes(nodes: list[UOp], max_vec_bytes: int) -> int:
+    """The most lanes of the kernel's widest element type a vector register holds."""
+    globals_ = [u.dtype for u in nodes if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType)]
+    return max(1, max_vec_bytes // max((dt.base.itemsize for dt in globals_), default=4))
+
+
+def vector_ranges(ast: UOp, max_vec_bytes: int) -> frozenset[UOp]:
+    """The expanded ranges the expander will make vector lanes (the others become unrolled copies)."""
+    nodes = list(ast.toposort())
+    expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
+    return frozenset(choose_vector_ranges(ast, nodes, expanded, max_lanes(nodes, max_vec_bytes)))
+
+
 def choose_vector_ranges(ast: UOp, nodes: list[UOp], expanded: list[UOp], max_width: int) -> list[UOp]:
     """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width), then
     every other such range no value moves with together with one already chosen, in the same order: a reduce
@@ -113,9 +126,7 @@ class Expander:
         self.ast = ast
         nodes = list(ast.toposort())
         expanded = sorted((u for u in nodes if u.op is Ops.RANGE and u.arg[1] in _EXPANDED), key=lambda r: r.arg[0])
-        globals_ = [u.dtype for u in nodes if u.op is Ops.DEFINE_GLOBAL and isinstance(u.dtype, PtrDType)]
-        itemsize = max((dt.base.itemsize for dt in globals_), default=4)
-        self.vecs = choose_vector_ranges(ast, nodes, expanded, max(1, max_vec_bytes // itemsize))
+        self.vecs = choose_vector_ranges(ast, nodes, expanded, max_lanes(nodes, max_vec_bytes))
         self.unrolled = [r for r in expanded if r not in self.vecs]
         self.deps: dict[UOp, frozenset[UOp]] = {}
         for u in nodes:

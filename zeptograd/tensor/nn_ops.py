@@ -151,6 +151,8 @@ class NNMixin:
             rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
             x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
             x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
+            if rcout >= 16 and _output_channels_contiguous(make_tuple(stride, len(hw)), bs, oyx, weight.shape):
+                weight = _stored_output_channels_last(weight, groups)
             w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
             out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
             ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
@@ -517,6 +519,30 @@ def _parse_einsum(formula: str, xs: list) -> tuple[list[str], str]:
             )
         )
     return inputs, rhs
+
+
+CHANNELS_LAST_MIN_MACS = 1 << 26  # a conv this large runs for milliseconds: the weight's copy and its kernel are noise
+
+
+def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple) -> bool:
+    """Whether a conv's weight is stored with its output channels contiguous first: where the last window axis steps
+    the input by more than 1 (stride 2), no operand is contiguous along the output's last axis, and codegen's vector
+    goes along the output channels instead (codegen/opt/heuristic.py), where the weight, so stored, is read with
+    stride 1 and the input is one broadcast value per lane row ((8,64,56,56)x(128,64,3,3) stride 2: 2.2x -> 1.2x
+    torch's time, the kernel on 1 core of an AVX2 host). Only for convs large enough that the copy's kernel costs
+    nothing beside them, and with 16+ output channels per group (two vectors)."""
+    sizes = (bs, *oyx, *wshape)
+    if strides[-1] <= 1 or not all(isinstance(v, int) for v in sizes):
+        return False
+    return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
+
+
+def _stored_output_channels_last(weight: Tensor, groups: int) -> Tensor:
+    """The same weight, (cout, cin, *hw), read from a copy laid out as (groups, cin, *hw, cout per group)."""
+    cout, nd = weight.shape[0], weight.ndim
+    w = weight.reshape(groups, cout // groups, *weight.shape[1:])  # (g, rcout, cin, *hw)
+    last = w.permute(0, *range(2, nd + 1), 1).contiguous()  # (g, cin, *hw, rcout)
+    return last.permute(0, nd, *range(1, nd)).reshape(weight.shape)
 
 
 def _transposed_conv(

@@ -248,13 +248,18 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         # rows: an axis no vector-loaded (or gathered: a strided conv's input) operand depends on, so one vector
         # load feeds every row
         vec_loads = [u for u in idxs if stride(u.src[1], vec_r) != 0 and u in in_reduce]
+        row_options = [
+            r
+            for r in loop_axes
+            if r.arg[0] != vec_r.arg[0] and vec_loads and all(stride(u.src[1], r) == 0 for u in vec_loads)
+        ]
+        # the innermost of them with room for a tile: the rows' broadcast operand is read at nearby addresses (a
+        # conv vectorized along its output channels: 4 output columns of one input row, not 8 images 200 KB apart);
+        # a loop the vector's split made is none (the accesses above index the loops before it)
+        unsplit = set(kernel_axes(ast))
         tile_row = next(
-            (
-                r
-                for r in loop_axes
-                if r.arg[0] != vec_r.arg[0] and vec_loads and all(stride(u.src[1], r) == 0 for u in vec_loads)
-            ),
-            None,
+            (r for r in reversed(row_options) if r in unsplit and max_trip_count(r) >= 4 and not symbolic_size(r)),
+            row_options[0] if row_options else None,
         )
         if tile_row is not None:
             axes = kernel_axes(plan.ast)
