@@ -79,6 +79,7 @@ def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at)
     buf = DEFINE_REG(ptr(n)): the renderers make it a C array or an alloca, and codegen vectorizes its accesses
     like a buffer's. mapping (the kernel's loads and renumbered ranges) is extended; the mapped values returned."""
     reads: dict[UOp, UOp] = {}
+    computed: dict[UOp, UOp] = {}  # buf -> its value at the row's index r
     for k, b in enumerate(rows):
         n = stored_shape(b)[0]
         buf = UOp(Ops.DEFINE_REG, b.dtype.ptr(n), (), k)
@@ -86,16 +87,22 @@ def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at)
         (r,) = at(b.src[1:])
         value = graph_substitute(b.src[0], mapping)
         mapping[UOp(Ops.INDEX, b.dtype, (b, b.src[1]))] = value.after(buf.index(r).store(value))
-        reads[buf] = r
+        reads[buf], computed[buf] = r, value
     lowered = graph_substitute(values, mapping)
     if not reads:
         return lowered
     nodes = lowered.toposort()
-    fills = {buf: next(red for red in nodes if red.op is Ops.REDUCE and r in red.src[1:]) for buf, r in reads.items()}
+    fills: dict[UOp, UOp] = {}
+    for buf, r in reads.items():
+        if (red := next((u for u in nodes if u.op is Ops.REDUCE and r in u.src[1:]), None)) is not None:
+            fills[buf] = red
     loads: dict[UOp, UOp] = {}
     for u in nodes:
         if u.op is Ops.INDEX and u.src[0] in reads and u.src[1] is not reads[u.src[0]]:
-            loads[u] = u.src[0].after(fills[u.src[0]]).index(*u.src[1:]).load()
+            if (fill := fills.get(u.src[0])) is not None:
+                loads[u] = u.src[0].after(fill).index(*u.src[1:]).load()
+            else:  # the fill's reduce went to another kernel (a reader of an older version): computed at the read
+                loads[u] = computed[u.src[0]].substitute({reads[u.src[0]]: u.src[1]})
     return graph_substitute(lowered, loads)
 
 
