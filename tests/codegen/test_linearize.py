@@ -96,3 +96,21 @@ def test_check_linear_refuses_a_value_read_after_its_loop():
     check_linear(loop)
     with pytest.raises(SpecError, match="after the loop that computes them"):
         check_linear(loop + late)
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])
+def test_reduce_used_inside_another_reduce_runs_before_it(device):
+    """The gradient of (x @ b).cumsum(0).sum(1), found by the property test: two reduces ready side by side inside a
+    third, the second used inside the first. Opened first, the first could not close until the second ran, and the
+    second could not open inside it (its accumulator starts outside): it runs first."""
+    if (why := unavailable(device)) is not None:
+        pytest.skip(why)
+    xn = np.random.default_rng(1).standard_normal((2, 3, 1)).astype(np.float32)
+    bn = np.random.default_rng(2).standard_normal((1, 2)).astype(np.float32)
+    w = np.random.default_rng(3).uniform(-1, 1, (2, 2)).astype(np.float32)
+    x, b = Tensor(xn, device=device, requires_grad=True), Tensor(bn, device=device, requires_grad=True)
+    ((x @ b).cumsum(0).sum(axis=1) * Tensor(w, device=device)).sum().backward()
+    xt, bt = torch.tensor(xn, requires_grad=True), torch.tensor(bn, requires_grad=True)
+    ((xt @ bt).cumsum(0).sum(1) * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), bt.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -18,6 +18,36 @@ class LinearizeError(RuntimeError):
     pass
 
 
+def _reduce_before_loops_using_it(
+    nodes: list[UOp], deps: dict[UOp, set[UOp]], inits: dict[UOp, list[UOp]], siblings: dict[UOp, set[UOp]]
+) -> None:
+    """A reduce whose result is used inside another reduce's loop it does not vary along (its accumulator is
+    initialised outside that loop, its body reads nothing of it) runs before that loop opens: deps[loop] gets the
+    reduce's END. (Output loops it does not vary along: `priority` opens it before them.)
+    Opened inside that loop, it would have to wait for it to close (its loop opens where its init is), and the loop
+    can't close without it."""
+    ends = {r: e for e in nodes if e.op is Ops.END for r in e.src[1:] if r.op is Ops.RANGE}
+    users: dict[UOp, list[UOp]] = {u: [] for u in nodes}
+    for u in nodes:
+        for s in u.src:
+            users[s].append(u)
+    for r, stores in inits.items():
+        if (end_r := ends.get(r)) is None:
+            continue
+        after: set[UOp] = set()  # what uses the reduce's result
+        stack = [end_r]
+        while stack:
+            for v in users[stack.pop()]:
+                if v not in after:
+                    after.add(v)
+                    stack.append(v)
+        needs = {u for u in end_r.toposort() if u.op is Ops.RANGE}  # the loops the reduce reads or is inside
+        needs |= {u for store in stores for u in store.toposort() if u.op is Ops.RANGE}
+        for loop, end_loop in ends.items():
+            if loop.arg[1] is AxisType.REDUCE and loop not in needs and loop not in siblings[r] and end_loop in after:
+                deps[loop].add(end_r)
+
+
 def linearize(sink: UOp) -> list[UOp]:
     nodes = list(sink.toposort())
     order = {u: i for i, u in enumerate(nodes)}
@@ -32,6 +62,7 @@ def linearize(sink: UOp) -> list[UOp]:
                 deps[r].update(others)
                 inits.setdefault(r, []).extend(others)
                 siblings.setdefault(r, set()).update(ranges)
+    _reduce_before_loops_using_it(nodes, deps, inits, siblings)
     # the kernel's loop nests (a main part and its tails: codegen/opt/tail.py) run one after another, in SINK order:
     # a nest's loops open after the previous nest is done, whatever their axis ids
     seen: set[UOp] = set()
