@@ -35,6 +35,8 @@ SLOW_MODULES = {
     "test_bench",
     "test_startup",
     "test_browser",  # tests/viz: a headless Chromium
+    "test_train_digits",  # tests/multi: imports scikit-learn (2-3 s in each worker) for one training run
+    "test_layers",  # parses every module of the package
 }
 
 
