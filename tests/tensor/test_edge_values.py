@@ -23,7 +23,9 @@ def _grads(zfn, tfn, *inputs, upstream=None):
     zo, to = zfn(*zs), tfn(*ts)
     g = np.ones(to.shape, np.float32) if upstream is None else np.asarray(upstream, np.float32)
     zo.backward(Tensor(g))
-    to.backward(torch.tensor(g))
+    # torch's reference: sum(to * g) sends exactly g back to `to` (1 * g); to.backward(g) would give the same, but
+    # torch's first backward with a gradient argument imports sympy (~1 s, once per process)
+    (to * torch.tensor(g)).sum().backward()
     return (zo.numpy(), [z.grad.numpy() for z in zs]), (to.detach().numpy(), [t.grad.numpy() for t in ts])
 
 
