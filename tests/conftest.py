@@ -7,7 +7,13 @@ model, the property-based tests, the bench harness, the cache-security subproces
 than the default CPU (LLVM) — PYTHON (the interpreter), CL (PoCL), CPU:C (a gcc run per kernel), CUDA — is slow
 here (a `device` parameter, see tests/backend/conftest.py); large families keep their first cases in the inner loop
 and mark the rest (tests/slow.py's `fast_first`). Mark a new test slow when it takes over ~0.1 s on CPU. The whole
-suite runs with SPEC=1."""
+suite runs with SPEC=1.
+
+Some torch calls import seconds of torch's compiler stack at their first use in a process, which the inner loop
+avoids: a torch.optim optimizer or any op on the meta device (torch._dynamo, ~3 s), `out.backward(gradient)` (sympy,
+~1 s: `(out * gradient).sum().backward()` gives the same gradients). Nothing opens the CL device or imports
+scikit-learn at import time. After collection the objects made so far are frozen out of the cyclic garbage
+collector (`gc.freeze`): each full collection walks only what the tests made."""
 
 from __future__ import annotations
 
