@@ -7,10 +7,17 @@ model, the property-based tests, the bench harness, the cache-security subproces
 than the default CPU (LLVM) — PYTHON (the interpreter), CL (PoCL), CPU:C (a gcc run per kernel), CUDA — is slow
 here (a `device` parameter, see tests/backend/conftest.py); large families keep their first cases in the inner loop
 and mark the rest (tests/slow.py's `fast_first`). Mark a new test slow when it takes over ~0.1 s on CPU. The whole
-suite runs with SPEC=1."""
+suite runs with SPEC=1.
+
+Some torch calls import seconds of torch's compiler stack at their first use in a process, which the inner loop
+avoids: a torch.optim optimizer or any op on the meta device (torch._dynamo, ~3 s), `out.backward(gradient)` (sympy,
+~1 s: `(out * gradient).sum().backward()` gives the same gradients). Nothing opens the CL device or imports
+scikit-learn at import time. After collection the objects made so far are frozen out of the cyclic garbage
+collector (`gc.freeze`): each full collection walks only what the tests made."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import tempfile
@@ -35,6 +42,8 @@ SLOW_MODULES = {
     "test_bench",
     "test_startup",
     "test_browser",  # tests/viz: a headless Chromium
+    "test_train_digits",  # tests/multi: imports scikit-learn (2-3 s in each worker) for one training run
+    "test_layers",  # parses every module of the package
 }
 
 
@@ -59,3 +68,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or _runs_on_a_slow_device(item):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """What collection made (torch, numpy, the test modules: ~170k objects, ~300k once torch._dynamo is in) lives
+    until the end: gc.freeze moves it out of the cyclic collector's reach, so each full collection (automatic ones,
+    the tests' gc.collect, pytest's five at exit) walks only what the tests made: ~1.5 s each -> a few ms.
+    Reference counting still frees frozen objects; only cycles among them stay."""
+    gc.freeze()

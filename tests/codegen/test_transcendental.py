@@ -145,7 +145,7 @@ def _mixed_trig_inputs() -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("name", ["sin", "cos", "tan"])
+@pytest.mark.parametrize("name", fast_first(["sin", "cos", "tan"]))  # sin's third output has a cos too
 def test_trig_branch_equals_the_per_lane_select_bit_for_bit(monkeypatch, name):
     """Payne-Hanek runs only in vectors with a lane >= CW_LIMIT (a branch): every lane's bits equal those of both
     reductions run on every lane and selected per lane, whichever lanes share its vector; also inside a reduce and

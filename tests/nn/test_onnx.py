@@ -133,6 +133,7 @@ SAMPLE_STEP = 40
 SAMPLE_FLOOR = 47  # of 48 (2026-11-26: the float16 attention case is one ulp off)
 
 
+@pytest.mark.slow  # 48 node cases: seconds
 def test_node_case_sample():
     from bench.onnx_conformance import collect_cases, run_case
 

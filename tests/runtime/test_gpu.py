@@ -42,8 +42,23 @@ def _cl_unavailable() -> str | None:
     return None
 
 
-CL_SKIP = _cl_unavailable()
-needs_cl = pytest.mark.skipif(CL_SKIP is not None, reason=CL_SKIP or "")
+@pytest.fixture
+def cl():
+    """Skips where CL does not open; asked when a test runs, not at import (opening PoCL costs every process)."""
+    if (why := _cl_unavailable()) is not None:
+        pytest.skip(why)
+
+
+# the tests that run kernels on CL are slow (PoCL compiles each: see tests/conftest.py); those that only render
+# OpenCL run in the inner loop on a CPU tensor with OpenCLRenderer() (the CL device's renderer has the same fields:
+# the same source) and in the full run on the CL device too
+needs_cl = pytest.mark.usefixtures("cl")
+RENDER_ON = ["CPU", "CL"]
+
+
+def render_specs(t: Tensor) -> list[ProgramSpec]:
+    """specs of t with the CL device's renderer where t is on CL, else with OpenCLRenderer()"""
+    return specs(t, None if t.device == "CL" else OpenCLRenderer())
 
 
 @pytest.fixture(params=["CL", "CUDA"])
@@ -140,10 +155,12 @@ def test_softmax_and_matmul(gpu):
 # ***** OpenCL: the kernels' GPU form *****
 
 
-@needs_cl
-def test_elementwise_uses_global_and_local_dims():
+@pytest.mark.parametrize("device", RENDER_ON)
+def test_elementwise_uses_global_and_local_dims(device, request):
+    if device == "CL":
+        request.getfixturevalue("cl")
     # a transposed read keeps the two output loops apart (contiguous ones are merged into one range)
-    (spec,) = specs(Tensor(np.zeros((96, 64), np.float32), device="CL").T + 1)
+    (spec,) = render_specs(Tensor(np.zeros((96, 64), np.float32), device=device).T + 1)
     assert spec.local_size == (32, 8, 1) and spec.global_size == (3, 8, 1)  # columns are the innermost id
     assert "get_group_id(0)" in spec.src and "get_local_id(1)" in spec.src and "__kernel void" in spec.src
 
@@ -160,15 +177,18 @@ def test_one_output_axis_takes_up_to_256_threads():
     assert spec.local_size == (32, 1, 1) and spec.global_size == (128, 1, 1)
 
 
-@needs_cl
+@pytest.mark.parametrize("device", RENDER_ON)
 @pytest.mark.parametrize("shape,axis", [((4096,), None), ((3, 1024), 1)])
-def test_group_reduce_through_local_memory(shape, axis):
-    (spec,) = specs(Tensor(np.zeros(shape, np.float32), device="CL").sum(axis=axis))
+def test_group_reduce_through_local_memory(shape, axis, device, request):
+    if device == "CL":
+        request.getfixturevalue("cl")
+    (spec,) = render_specs(Tensor(np.zeros(shape, np.float32), device=device).sum(axis=axis))
     assert "__local" in spec.src and "barrier(CLK_LOCAL_MEM_FENCE)" in spec.src
     assert spec.local_size[0] > 1 and spec.global_size == ((3, 1, 1) if axis else (1, 1, 1))
     assert "if (" in spec.src  # one thread of the group stores
 
 
+@pytest.mark.slow
 @needs_cl
 def test_explicit_local_group_upcast_unroll():
     a = rng.standard_normal((16, 64)).astype(np.float32)
@@ -185,6 +205,7 @@ def test_explicit_local_group_upcast_unroll():
     assert spec.local_size == (4, 1, 1) and spec.global_size == (32, 1, 1)
 
 
+@pytest.mark.slow
 @needs_cl
 def test_more_than_three_output_dims_are_merged():
     x = rng.standard_normal((2, 3, 4, 5, 6)).astype(np.float32)

@@ -67,6 +67,7 @@ def test_the_error_comes_before_any_kernel(device):
         other(mask, device).where(a, 0.0)
 
 
+@pytest.mark.slow  # a first op on torch's meta device imports torch._dynamo: seconds, for a check of torch itself
 def test_torch_raises_runtime_error_too():
     a, m = torch.ones(2), torch.ones(2, device="meta")
     for op in (lambda: a + m, lambda: torch.where(m > 0, a, a), lambda: torch.cat([a, m])):

@@ -194,7 +194,7 @@ def test_scan_int(dtype):
         check(lambda t: t.cummax(1), lambda t: tuple(torch.cummax(t, 1)), V(x))  # ties: the last index, as torch
 
 
-@pytest.mark.parametrize("n", [65, 100, 1000])
+@pytest.mark.parametrize("n", fast_first([65, 100, 1000]))  # ~1 s each (kernels per block shape): 65 is the edge
 def test_long_scans_run_in_blocks(n):
     """Over more than 64 elements a scan runs in blocks of ~sqrt(n) (tensor/reduce.py: _blocked_scan): its largest
     intermediate at n = 1000 holds 32 blocks of 32 x 32 windows, not the n x n of a scan through windows; the values
