@@ -63,21 +63,27 @@ def _torch_step(t, model, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
     return run
 
 
-def case_mlp_train(q: bool) -> Spec:
-    from zeptograd import nn
-    from zeptograd.nn.state import get_parameters
-
+def _mlp_train_setup(q: bool):
+    """mlp_train's sizes, batch and labels, and torch's step on them (None without torch)."""
     d_in, d_h, bs = (32, 16, 8) if q else (784, 256, 128)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((bs, d_in), dtype=np.float32)
     y = rng.integers(0, 10, bs).astype(np.int32)
-    layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
-    zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
     t = torch_or_none()
     tstep = None
     if t is not None:
         tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
         tstep = _torch_step(t, tmodel, x, y)
+    return d_in, d_h, bs, x, y, tstep
+
+
+def case_mlp_train(q: bool) -> Spec:
+    from zeptograd import nn
+    from zeptograd.nn.state import get_parameters
+
+    d_in, d_h, bs, x, y, tstep = _mlp_train_setup(q)
+    layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
+    zg = _zg_step(lambda v: v.sequential(layers), get_parameters(layers), x, y)
     return Spec(
         {"zeptograd": zg, "numpy": None, "torch": tstep},
         "rate",
@@ -137,19 +143,11 @@ def case_mlp_train_shard2(q: bool) -> Spec:
     from zeptograd import nn
     from zeptograd.nn.state import get_parameters
 
-    d_in, d_h, bs = (32, 16, 8) if q else (784, 256, 128)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((bs, d_in), dtype=np.float32)
-    y = rng.integers(0, 10, bs).astype(np.int32)
+    d_in, d_h, bs, x, y, tstep = _mlp_train_setup(q)
     steps = {}
     for name, devices in (("zeptograd", ("CPU:0", "CPU:1")), ("1 device", ())):
         layers = [nn.Linear(d_in, d_h), lambda v: v.relu(), nn.Linear(d_h, 10)]
         steps[name] = _zg_step(lambda v, layers=layers: v.sequential(layers), get_parameters(layers), x, y, devices)
-    t = torch_or_none()
-    tstep = None
-    if t is not None:
-        tmodel = t.nn.Sequential(t.nn.Linear(d_in, d_h), t.nn.ReLU(), t.nn.Linear(d_h, 10))
-        tstep = _torch_step(t, tmodel, x, y)
     return Spec(
         {"zeptograd": steps["zeptograd"], "numpy": None, "torch": tstep, "1 device": steps["1 device"]},
         "rate",

@@ -59,3 +59,16 @@ def make_two_norm(seed: int, norm=nn.BatchNorm) -> tuple[TwoNormNet, nn.optim.Op
     Tensor.manual_seed(seed)
     net = TwoNormNet(norm)
     return net, nn.optim.Adam(get_parameters(net), lr=0.05)
+
+
+def train_on_my_part(step, r: int, n: int, messages) -> tuple[np.ndarray, np.ndarray]:
+    """Run step(x, y) on rank r's part of every batch: (the collective messages each step sent, the losses).
+    `messages()` reads the running message count (zeptograd.distributed.stats.messages)."""
+    part = BATCH // n
+    losses, per_step = [], []
+    for x, y in batches():
+        before = messages()
+        loss, _ = step(Tensor(x[r * part : (r + 1) * part]), Tensor(y[r * part : (r + 1) * part]))
+        per_step.append(messages() - before)
+        losses.append(loss.item())
+    return np.array(per_step), np.array(losses, np.float32)

@@ -7,7 +7,7 @@ import os
 import sys
 
 import numpy as np
-from dp_model import BATCH, batches, loss_and_accuracy, make_two_norm, state
+from dp_model import BATCH, batches, loss_and_accuracy, make_two_norm, state, train_on_my_part
 
 from zeptograd import Tensor, nn
 from zeptograd import distributed as dist
@@ -21,14 +21,7 @@ with Tensor.train():
     net, opt = make_two_norm(seed=r, norm=nn.SyncBatchNorm)
     ddp = dist.DataParallel(opt)
     step = ddp.train_step(lambda x, y: loss_and_accuracy(net, x, y), jit=False)
-    losses, per_step = [], []
-    for x, y in batches():
-        before = dist.stats.messages
-        loss, acc = step(Tensor(x[r * part : (r + 1) * part]), Tensor(y[r * part : (r + 1) * part]))
-        per_step.append(dist.stats.messages - before)
-        losses.append(loss.item())
-    saved["messages"] = np.array(per_step)
-    saved["losses"] = np.array(losses, np.float32)
+    saved["messages"], saved["losses"] = train_on_my_part(step, r, n, lambda: dist.stats.messages)
     saved.update(state(net))
     # TinyJit: the first call runs eagerly, the second (the capture) meets the collective and refuses it
     jitted = ddp.train_step(lambda x, y: loss_and_accuracy(net, x, y), jit=True)

@@ -6,7 +6,7 @@ import os
 import sys
 
 import numpy as np
-from dp_model import BATCH, batches, loss_and_accuracy, make, state
+from dp_model import loss_and_accuracy, make, state, train_on_my_part
 
 from zeptograd import Tensor
 from zeptograd import distributed as dist
@@ -15,23 +15,17 @@ BUCKET = 64  # bytes: the 91 parameters and the two metrics (372 bytes of float3
 
 dist.init(timeout=60)
 r, n = dist.rank(), dist.world_size()
-part = BATCH // n
 saved = {}
 with Tensor.train():
     for mode in ("eager", "jit"):
         net, opt = make(seed=r)
         ddp = dist.DataParallel(opt, bucket_bytes=BUCKET)
         step = ddp.train_step(lambda x, y: loss_and_accuracy(net, x, y), jit=mode == "jit")
-        losses, per_step = [], []
-        for x, y in batches():
-            before = dist.stats.messages
-            loss, acc = step(Tensor(x[r * part : (r + 1) * part]), Tensor(y[r * part : (r + 1) * part]))
-            per_step.append(dist.stats.messages - before)
-            losses.append(loss.item())
+        per_step, losses = train_on_my_part(step, r, n, lambda: dist.stats.messages)
         if mode == "jit":  # both jits replayed their captured kernels from the third step on
             assert [(j.cnt, j.captured is not None) for j in ddp.jits] == [(len(losses), True)] * 2, ddp.jits
-        saved[f"{mode}.messages"] = np.array(per_step)
-        saved[f"{mode}.losses"] = np.array(losses, np.float32)
+        saved[f"{mode}.messages"] = per_step
+        saved[f"{mode}.losses"] = losses
         ddp.sync_buffers()
         saved.update({f"{mode}.{k}": v for k, v in state(net).items()})
 np.savez(os.path.join(sys.argv[1], f"rank{r}.npz"), **saved)
