@@ -300,7 +300,7 @@ class Recorder:
         tracked = _TrackedMatcher(pm, self.trace["rules"])
         g.inside = True
         try:
-            out = graph_rewrite(sink, tracked, ctx, bottom_up)  # type: ignore[arg-type]
+            out = graph_rewrite(sink, tracked, ctx, bottom_up)  # type: ignore[arg-type]  # duck-typed: its rewrite()
         finally:
             g.inside = False
         g.add_step(name, where, sink, out, tracked)
