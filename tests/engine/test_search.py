@@ -52,3 +52,16 @@ def test_cached_choice_is_keyed_by_target_not_device_index(monkeypatch):
     # the same cache on a host with other vector registers: its choice would tile for the wrong width
     monkeypatch.setattr(Device["CPU"].renderer, "simd_bytes", Device["CPU"].renderer.simd_bytes // 2)
     assert search._cache_name("CPU", item.ast, 2) != name
+
+
+@pytest.mark.slow
+def test_beam_on_a_kernel_whose_loops_the_range_rewrites_merge(monkeypatch, tmp_path):
+    """A 3-D softmax's kernel has its row loops merged by the range rewrites before the optimizer numbers its axes:
+    BEAM applies its actions to that kernel, as optimize does (it replayed the heuristic's on the unmerged one: an
+    OptError, 'UPCAST 1, 8 does not fit the axis size 5')."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    xn = np.random.default_rng(0).standard_normal((3, 5, 40)).astype(np.float32)
+    with Context(BEAM=2, BEAM_BUDGET=4):
+        out = Tensor(xn).softmax(-1).numpy()
+    e = np.exp(xn - xn.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -21,10 +21,15 @@ from zeptograd.uop.upat import graph_rewrite
 _TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN)
 
 
+def ranges_simplified(ast: UOp) -> UOp:
+    """The kernel the optimizer's actions apply to (their axis numbers are its loops)."""
+    sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
+    return simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
+
+
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
-    sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
-    sink = simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
+    sink = ranges_simplified(ast)
     if opts is not None:
         return apply_opts(sink, opts), opts
     if NOOPT:
