@@ -114,3 +114,22 @@ def test_reduce_used_inside_another_reduce_runs_before_it(device):
     ((xt @ bt).cumsum(0).sum(1) * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b.grad.numpy(), bt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n, ops", [(3, ("abs", "sin", "abs")), (2, ("abs", "abs", "sin"))])
+def test_no_order_edge_puts_a_loop_before_the_reduce_it_is_inside(n, ops):
+    """The gradient of an expanded matmul's elementwise tail, found by the property profile: a reduce nested inside
+    another reduce's loop must not be ordered before it (an ordering edge there made a cycle, or closed loops out of
+    their nesting)."""
+    xn = np.random.default_rng(4).standard_normal((4, 1)).astype(np.float32)
+    bn = np.random.default_rng(5).standard_normal((1, 2)).astype(np.float32)
+    x, b = Tensor(xn, requires_grad=True), Tensor(bn, requires_grad=True)
+    xt, bt = torch.tensor(xn, requires_grad=True), torch.tensor(bn, requires_grad=True)
+    y, yt = (x + 0.5).reshape(1, 4, 1).expand(n, 4, 1) @ b, (xt + 0.5).reshape(1, 4, 1).expand(n, 4, 1) @ bt
+    for op in ops:
+        y, yt = getattr(y, op)(), getattr(yt, op)()
+    w = np.random.default_rng(6).uniform(-1, 1, y.shape).astype(np.float32)
+    (y * Tensor(w)).sum().backward()
+    (yt * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.grad.numpy(), bt.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -21,9 +21,10 @@ class LinearizeError(RuntimeError):
 def _reduce_before_loops_using_it(
     nodes: list[UOp], deps: dict[UOp, set[UOp]], inits: dict[UOp, list[UOp]], siblings: dict[UOp, set[UOp]]
 ) -> None:
-    """A reduce whose result is used inside another reduce's loop it does not vary along (its accumulator is
-    initialised outside that loop, its body reads nothing of it) runs before that loop opens: deps[loop] gets the
-    reduce's END. (Output loops it does not vary along: `priority` opens it before them.)
+    """A reduce whose result is used inside another reduce's loop, and which is initialised in loops open where that
+    loop opens (not inside it: it reads nothing of it), runs before that loop opens: deps[loop] gets the reduce's END.
+    Otherwise, both ready, the loop could open first and the reduce could not open inside it (`linearize`'s wait).
+    (Output loops it does not vary along: `priority` opens it before them.)
     Opened inside that loop, it would have to wait for it to close (its loop opens where its init is), and the loop
     can't close without it."""
     ends = {r: e for e in nodes if e.op is Ops.END for r in e.src[1:] if r.op is Ops.RANGE}
@@ -31,7 +32,11 @@ def _reduce_before_loops_using_it(
     for u in nodes:
         for s in u.src:
             users[s].append(u)
-    for r, stores in inits.items():
+    # the loops each reduce's accumulator init reads (the loops it is initialised in)
+    init_loops = {
+        r: frozenset(u for st in stores for u in st.toposort() if u.op is Ops.RANGE) for r, stores in inits.items()
+    }
+    for r in inits:
         if (end_r := ends.get(r)) is None:
             continue
         after: set[UOp] = set()  # what uses the reduce's result
@@ -42,9 +47,12 @@ def _reduce_before_loops_using_it(
                     after.add(v)
                     stack.append(v)
         needs = {u for u in end_r.toposort() if u.op is Ops.RANGE}  # the loops the reduce reads or is inside
-        needs |= {u for store in stores for u in store.toposort() if u.op is Ops.RANGE}
         for loop, end_loop in ends.items():
-            if loop.arg[1] is AxisType.REDUCE and loop not in needs and loop not in siblings[r] and end_loop in after:
+            if loop in needs or loop in siblings[r] or loop not in inits or end_loop not in after:
+                continue
+            # the loops that are open when that loop opens: its init's, and its reduce's other loops opened before it
+            around = init_loops[loop] | {s for s in siblings[loop] if s.arg[0] < loop.arg[0]}
+            if init_loops[r] <= around and not init_loops[loop] & (siblings[r] | {r}):  # (that loop is not inside r)
                 deps[loop].add(end_r)
 
 
