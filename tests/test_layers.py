@@ -35,6 +35,7 @@ ENGINE_API = {
     "note_superseded",  # an ASSIGN folded into a later one: never run (engine/realize.py, writes and eager semantics)
     "current_view",  # a view of such an ASSIGN, moved to the last of its chain
     "is_memory_view",  # a tensor that aliases a buffer: numpy() reads it without keeping a copy
+    "note_pending_write",  # a new ASSIGN into a memory: a view of it read before it runs runs it first
     "forget_realized",
 }
 

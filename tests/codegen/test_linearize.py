@@ -133,3 +133,11 @@ def test_no_order_edge_puts_a_loop_before_the_reduce_it_is_inside(n, ops):
     (yt * torch.tensor(w)).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(b.grad.numpy(), bt.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_with_an_accumulator_of_another_kind_is_hoisted_like_a_reduce():
+    """A boolean-mask index's kernel keeps an UNROLL range as a loop with an accumulator: ordered as a reduce's loop
+    (before the output loops it does not vary along), it opens where its accumulator starts (it waited: an error)."""
+    xn = np.random.default_rng(5).standard_normal((4, 5)).astype(np.float32)
+    mask = np.array([True, False, True, True])
+    np.testing.assert_array_equal(Tensor(xn)[Tensor(mask)].numpy(), xn[mask])

@@ -88,7 +88,8 @@ def linearize(sink: UOp) -> list[UOp]:
     def priority(u: UOp) -> tuple[int, int]:
         if u.op is Ops.RANGE:  # ready loops open in axis order (the optimizer's nesting), but a reduce whose
             # accumulator is initialised runs before an output loop it does not vary along opens: hoisted out of it
-            return (2, u.arg[0] - (1 << 30) if u.arg[1] is AxisType.REDUCE else u.arg[0])
+            # (an UNROLL is a reduce's loop too, where the expander left it a loop)
+            return (2, u.arg[0] - (1 << 30) if u.arg[1] in (AxisType.REDUCE, AxisType.UNROLL) else u.arg[0])
         return (0 if u.op is Ops.END else 1, order[u])
 
     ready = [(priority(u), order[u], u) for u, n in pending.items() if n == 0]
