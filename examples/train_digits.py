@@ -116,14 +116,22 @@ def main(argv: list[str] | None = None) -> int:
     devices = tuple(args.shard.split(",")) if args.shard else None
     _, _, x_test, y_test = load_data(args.seed)
     acc = accuracy(model, x_test, y_test, devices)
+    return report(losses, steps, train_s, acc, args.short)
+
+
+def report(
+    losses: list[float], steps: int, train_s: float, acc: float, short: bool, who: str = "", more: str = ""
+) -> int:
+    """Print the run's speed, loss and test accuracy (each line after `who`); with --short, the exit status says
+    whether the loss fell."""
     print(
-        f"{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
-        f"{np.mean(losses[-3:]):.3f}"
+        f"{who}{steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss {np.mean(losses[:3]):.3f} -> "
+        f"{np.mean(losses[-3:]):.3f}{more}"
     )
-    print(f"test accuracy: {acc * 100:.1f}%")
-    if args.short:
+    print(f"{who}test accuracy: {acc * 100:.1f}%")
+    if short:
         fell = np.mean(losses[-3:]) < np.mean(losses[:3])
-        print("loss fell" if fell else "loss did NOT fall")
+        print(who + ("loss fell" if fell else "loss did NOT fall"))
         return 0 if fell else 1
     return 0
 
@@ -202,16 +210,7 @@ def main_distributed(args: argparse.Namespace) -> int:
     ddp.sync_buffers()  # per-rank BatchNorm's running statistics: rank 0's on every rank (SyncBatchNorm's agree)
     acc = accuracy(model, x_test, y_test)
     digest = hashlib.sha256(b"".join(p.numpy().tobytes() for p in get_parameters(model))).hexdigest()[:16]
-    print(
-        f"rank {rank}/{world}: {steps} steps in {train_s:.1f} s ({steps / train_s:.1f} steps/s); loss "
-        f"{np.mean(losses[:3]):.3f} -> {np.mean(losses[-3:]):.3f}; parameters sha256 {digest}"
-    )
-    print(f"rank {rank}/{world}: test accuracy: {acc * 100:.1f}%")
-    if args.short:
-        fell = np.mean(losses[-3:]) < np.mean(losses[:3])
-        print(f"rank {rank}/{world}: " + ("loss fell" if fell else "loss did NOT fall"))
-        return 0 if fell else 1
-    return 0
+    return report(losses, steps, train_s, acc, args.short, f"rank {rank}/{world}: ", f"; parameters sha256 {digest}")
 
 
 if __name__ == "__main__":

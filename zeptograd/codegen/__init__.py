@@ -13,12 +13,10 @@ from zeptograd.codegen.peel import peel_borders
 from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_kernel, check_linear
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
-
-_TRANSCENDENTAL = (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN)
 
 
 def ranges_simplified(ast: UOp) -> UOp:
@@ -47,16 +45,17 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     check_kernel(sink, "the optimizer")
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
     if not renderer.has_local:  # GPU threads take a pad's border for free; CPU loops don't
-        sink = peel_borders(
-            sink, renderer.simd_bytes
-        )  # window reads gated by a pad: border and interior parts, the interior ungated
+        # window reads gated by a pad: border and interior parts, the interior ungated
+        sink = peel_borders(sink, renderer.simd_bytes)
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     check_kernel(sink, "expand")
     if renderer.has_local:
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
 
         sink = add_gpudims(sink, renderer)  # loops -> GPU thread ids, GROUP reduces through shared memory
-    if (renderer.alu_transcendentals or renderer.alu_trig) and any(u.op in _TRANSCENDENTAL for u in sink.toposort()):
+    if (renderer.alu_transcendentals or renderer.alu_trig) and any(
+        u.op in GroupOp.Approximated for u in sink.toposort()
+    ):
         from zeptograd.codegen.transcendental import rewrite_transcendentals  # imported when a kernel needs it
 
         # vector exp2/log2/sin/cos/tan (and scalar sin/cos/tan where alu_trig) -> range reductions and polynomials

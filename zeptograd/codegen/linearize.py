@@ -27,6 +27,8 @@ def _reduce_before_loops_using_it(
     (Output loops it does not vary along: `priority` opens it before them.)
     Opened inside that loop, it would have to wait for it to close (its loop opens where its init is), and the loop
     can't close without it."""
+    if len(inits) < 2:  # an edge joins two reduces' loops (most kernels have one reduce or none: no walk)
+        return
     ends = {r: e for e in nodes if e.op is Ops.END for r in e.src[1:] if r.op is Ops.RANGE}
     users: dict[UOp, list[UOp]] = {u: [] for u in nodes}
     for u in nodes:

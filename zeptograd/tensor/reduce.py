@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 from zeptograd.dtype import DTypeLike, dtypes, sum_acc_dtype, to_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import normalize_axis, prod
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import GroupOp, Ops, UOp
 
-# ops whose value may differ in the last bits between two kernels that compute it: a transcendental's vector
+# ops whose value may differ in the last bits between two kernels that compute it: an approximated op's vector
 # polynomial and its scalar call round differently, a reduce adds in the order its kernel's vectorization gives
-_INEXACT_RECOMPUTE = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.REDUCE_AXIS}
+_INEXACT_RECOMPUTE = GroupOp.Approximated | {Ops.REDUCE_AXIS}
 
 
 def _recompute_may_differ(u: UOp) -> bool:

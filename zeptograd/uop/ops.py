@@ -91,6 +91,9 @@ class Ops(Enum):
 class GroupOp:
     Unary = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
     Transcendental = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.RECIPROCAL}  # costly per element
+    # computed by range reduction and a polynomial where a target has no instruction for them: a vector's lanes and
+    # a scalar call may differ in the last bits
+    Approximated = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN}
     Binary = {
         Ops.ADD,
         Ops.SUB,
