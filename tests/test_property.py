@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.backend.conftest import unavailable
-from zeptograd import Context, Tensor, dtypes
+from zeptograd import Context, Device, Tensor, dtypes
 
 EXAMPLES = int(os.getenv("ZG_PROPERTY_EXAMPLES", "25"))
 PROFILE = dict(
@@ -330,7 +330,7 @@ def test_program_gradients_match_torch(prog: Program, seed: int):
     out_t, leaves_t = prog.run_torch()
     weights = np.random.default_rng(seed).uniform(-1, 1, size=tuple(out_t.shape)).astype(np.float32)
     (out_t * torch.tensor(weights, dtype=torch.float64)).sum().backward()
-    out, leaves = prog.run_zeptograd("CPU", requires_grad=True)
+    out, leaves = prog.run_zeptograd(Device.DEFAULT, requires_grad=True)  # DEV=CUDA checks a GPU's gradients
     (out * Tensor(weights)).sum().backward()
     for i, (lz, lt) in enumerate(zip(leaves, leaves_t)):
         want = lt.grad.numpy() if lt.grad is not None else np.zeros(lt.shape)

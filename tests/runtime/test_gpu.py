@@ -27,11 +27,12 @@ from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
 from zeptograd.codegen.gpudims import assign_dims  # noqa: E402
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt  # noqa: E402
 from zeptograd.device import Buffer  # noqa: E402
+from zeptograd.engine import realize  # noqa: E402
 from zeptograd.engine.realize import schedule_tensors  # noqa: E402
 from zeptograd.renderer import ProgramSpec  # noqa: E402
 from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer  # noqa: E402
 from zeptograd.runtime import ops_cl, ops_cuda  # noqa: E402
-from zeptograd.uop.ops import UOp  # noqa: E402
+from zeptograd.uop.ops import Ops, UOp  # noqa: E402
 
 
 def _cl_unavailable() -> str | None:
@@ -233,6 +234,22 @@ def test_group_reduce_inside_a_loop_is_refused():
     assert any(u.op.name == "RANGE" for u in uops)
     with pytest.raises(OptError, match="inside a loop"):
         full_rewrite(item.ast, small, [Opt(OptOps.GROUP, 1, 16)])
+
+
+def test_a_reduce_inside_another_reduces_loop_is_not_grouped(gpu):
+    """A matmul fused into the sum over its outputs (SqueezeNet's last 1x1 conv, relu and global average pool): the
+    heuristic gave the matmul's reduce GROUP, inside the pooling sum's loop, and the GPU dims pass refused it with
+    an OptError at the user's call. Only the pooling sum could share a work-group; it is too short to."""
+    x, w, b = rng.standard_normal((256, 5, 5)), rng.standard_normal((20, 256)), rng.standard_normal(20)
+    x, w, b = (a.astype(np.float32) for a in (x, w, b))
+
+    def fn(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        return (w @ x.reshape(256, 25) + b.reshape(20, 1)).relu().sum(1)
+
+    got = fn(*[Tensor(a, device=gpu) for a in (x, w, b)])
+    (item,) = schedule_tensors([got])
+    assert sum(u.op is Ops.REDUCE for u in item.ast.toposort()) == 2  # one kernel, the matmul inside the sum
+    np.testing.assert_allclose(got.numpy(), np.maximum(w @ x.reshape(256, 25) + b[:, None], 0).sum(1), rtol=1e-4)
 
 
 def test_zero_size_and_transfers(gpu):
@@ -452,7 +469,10 @@ def test_sharded_graph_compiles_for_two_cuda_devices(monkeypatch):
         pytest.skip(str(e))
     fake = TwoGPUFakeDriver()
     monkeypatch.setattr(ops_cuda, "_driver", lambda: fake)
-    monkeypatch.setattr(Device, "_opened", dict(Device._opened))  # the fake devices leave with the test
+    # the fake devices leave with the test; a real GPU's CUDA device, opened by an earlier test, steps aside for it
+    monkeypatch.setattr(Device, "_opened", {k: v for k, v in Device._opened.items() if not k.startswith("CUDA")})
+    monkeypatch.setattr(realize, "_kernel_cache", {})  # kernels built for that real device are not the fake's
+    monkeypatch.setattr(realize, "_program_keys", {})
     devices = ("CUDA", "CUDA:1")
     x = Tensor(np.ones((4, 6), np.float32), device="CPU").shard(devices, axis=1)
     w = Tensor(np.ones((6, 5), np.float32), device="CPU").shard(devices, axis=0)

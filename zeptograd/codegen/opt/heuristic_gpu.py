@@ -2,7 +2,8 @@
 
 - a reduce with few outputs (a full sum, a row sum of few rows: up to 256 threads) or a moderate number (up to
   2048, e.g. a small matmul: 16 threads) and enough inputs -> GROUP: the threads of a work-group share the
-  reduce and combine their partials through shared memory;
+  reduce and combine their partials through shared memory. Not a reduce that runs inside another reduce's loop
+  (a matmul inside a pooling sum): its shared memory would be written again while slower threads still read it;
 - the output axis the stores walk with stride 1 -> LOCAL (up to 32 threads, neighbours take neighbouring
   elements), and a second output axis -> LOCAL up to 8 (a 2-D tile, for matmul-like kernels), within 256
   threads per work-group in all; an elementwise kernel with one output axis takes up to 256 threads on it (32-thread
@@ -14,6 +15,7 @@ Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vect
 
 from __future__ import annotations
 
+from zeptograd.codegen.accumulator import range_scopes
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
@@ -41,8 +43,13 @@ def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
     n_out = prod(max_trip_count(r) for r in loops)
 
     threads = 1
-    if reduces and n_out <= GROUP_MAX_OUTPUTS:
-        red = max(reduces, key=lambda r: (max_trip_count(r), r.arg[0]))  # the longest reduce axis
+    # the ranges of reduces that sit in output loops only (which become thread ids)
+    groupable = {
+        r for rs, scope in range_scopes(plan.ast).items() if all(s.arg[1] is AxisType.LOOP for s in scope) for r in rs
+    }
+    reduces_to_group = [r for r in reduces if r in groupable]
+    if reduces_to_group and n_out <= GROUP_MAX_OUTPUTS:
+        red = max(reduces_to_group, key=lambda r: (max_trip_count(r), r.arg[0]))  # the longest reduce axis
         # few outputs: a whole work-group per output; more: 16 threads per output, and LOCAL outputs below
         amts = (256, 128, 64, 32, 16) if n_out <= GROUP_WIDE_OUTPUTS else (16,)
         amt = largest_divisor(max_trip_count(red), tuple(a for a in amts if a <= max_threads))
