@@ -35,6 +35,33 @@ def test_matmul(sa, sb):
     check(lambda x, y: x.matmul(y), torch.matmul, a, b)
 
 
+def _kernels(t: Tensor) -> int:
+    return sum(item.ast.op.name == "SINK" for item in t.schedule())
+
+
+def test_a_large_right_operand_is_read_from_column_panels():
+    """x @ w with w's rows a page or more apart (1024 floats) reads w from a copy in panels of 32 columns (one
+    kernel more); gradients flow through the copy as through any view; small, odd or non-float32 products and the
+    PYTHON device do not copy."""
+    rng = np.random.default_rng(0)
+    xn, wn = rng.standard_normal((160, 192), dtype=np.float32), rng.standard_normal((2, 192, 1024), dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    assert _kernels(x @ w[0]) == 2 and _kernels(x @ w) == 2  # batched: every batch's panels in one copy
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    (x @ w).square().sum().backward()
+    (xt @ wt).square().sum().backward()
+    np.testing.assert_allclose((x @ w).numpy(), (xt @ wt).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-2)
+    assert _kernels(x @ Tensor(wn[0].T).T) == 2  # a transposed operand too: the copy reads it once
+    assert _kernels(x[:64] @ w[0]) == 1  # few rows to share the copy
+    assert _kernels(x @ w[0, :, :1000]) == 1  # not a whole number of panels
+    assert _kernels(x @ w[0, :, :512]) == 1  # rows 2 KB apart stay in the caches
+    assert _kernels(Tensor(xn.astype(np.float64)) @ Tensor(wn[0].astype(np.float64))) == 1
+    on_python = Tensor(xn, device="PYTHON") @ Tensor(wn[0], device="PYTHON")
+    assert _kernels(on_python) == 1
+
+
 @pytest.mark.slow
 def test_matmul_views_and_ints():
     check(

@@ -29,6 +29,7 @@ from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
 from zeptograd.uop.symbolic import split_sum
 
 L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
+TALL_TILE_MIN_ROWS = 64  # 3-row tiles leave a tail row where 3 does not divide: noise only among many rows
 
 
 def accesses(ast: UOp) -> list[UOp]:
@@ -99,6 +100,43 @@ def has_hoisted_reduce(ast: UOp) -> bool:
             if red.op is Ops.REDUCE and not loops <= set(red.src[0].ranges):
                 return True
     return False
+
+
+def vector_registers(simd_bytes: int) -> int:
+    """x86-64's vector registers: 32 with AVX-512 (64-byte vectors), 16 with AVX2 or SSE."""
+    return 32 if simd_bytes >= 64 else 16
+
+
+def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple[int, ...], bool]:
+    """A register tile over n_rows rows and an output axis of n_vectors vectors: (vectors of columns, row options
+    largest first, whether a row count that divides the axis comes first). Its accumulators leave registers for a
+    row of B's vectors and A's broadcast value: up to 8 rows x 2 vectors (16 accumulators) with AVX-512's 32
+    registers, up to 12 accumulators with AVX2's 16 (8 x 2 spilled). There, 3 rows x 4 vectors where there are rows
+    enough for the tail row to be noise (matmul 1024 on 2 cores of an AVX2 host, B in column panels: 8 x 2 50, 3 x
+    4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8."""
+    cols = 2 if n_vectors % 2 == 0 else 1
+    if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
+        return 4, (3,), False
+    accumulators = 16 if vector_registers(simd_bytes) == 32 else 12
+    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulators), True
+
+
+def column_panel_loop(axes: list[UOp], row_i: int, main_ids: AbstractSet[int], broadcast: list[UOp]) -> int | None:
+    """Where a tile took the whole vector axis, the output loop after the rows that steps through B's column
+    panels: B stored as (N/32, K, 32) (tensor/nn_ops.py: _stored_in_column_panels), a loop the rows' operand (A,
+    broadcast along the columns) does not use."""
+    return next(
+        (
+            i
+            for i, r in enumerate(axes)
+            if i > row_i
+            and r.arg[1] is AxisType.LOOP
+            and r.arg[0] in main_ids
+            and broadcast
+            and all(stride(u.src[1], r) == 0 for u in broadcast)
+        ),
+        None,
+    )
 
 
 def dot_tile(axes: list[UOp], vec_loads: list[UOp]) -> tuple[UOp, UOp] | None:
@@ -264,17 +302,20 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         if tile_row is not None:
             axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
-            if (
-                vi is not None and max_trip_count(axes[vi]) >= 2 and max_trip_count(axes[vi]) % 2 == 0
-            ):  # a tail would get no tile
-                take(Opt(OptOps.UPCAST, vi, 2))
+            n_vectors = max_trip_count(axes[vi]) if vi is not None else 1
+            cols, row_amounts, divisors_first = tile_shape(simd_bytes, n_vectors, max_trip_count(tile_row))
+            if vi is not None and cols > 1:  # (a tail would get no tile: cols divides the vectors of the axis)
+                take(Opt(OptOps.UPCAST, vi, cols))
             axes = kernel_axes(plan.ast)
             ri = next(i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0])
-            take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), (8, 6, 4, 2), divisors_first=True)))
+            take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)))
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
             axes = kernel_axes(plan.ast)
             row_i = next((i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0]), None)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
+            if vi is None and row_i is not None:  # the tile took the whole vector axis: B stored in column panels
+                broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
+                vi = column_panel_loop(axes, row_i, main_ids, broadcast)
             if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
                 take(Opt(OptOps.SWAP, row_i, vi))
 

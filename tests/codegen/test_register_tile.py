@@ -1,0 +1,65 @@
+"""A matmul's register tile sized to the host's vector registers, and B read from column panels.
+
+x @ w on the CPU backends reads a large w from a copy laid out in panels of 32 columns (tensor/nn_ops.py); the
+heuristic (codegen/opt/heuristic.py) tiles those 32 columns as 4 AVX2 vectors x 3 rows (12 accumulators of 16
+registers) or 2 AVX-512 vectors x 8 rows (16 of 32), and steps through the panels outside the row tiles so one
+panel stays in cache while every row of A passes it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from zeptograd import Tensor
+from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
+from zeptograd.codegen.opt import Opt, OptOps
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, tile_shape
+from zeptograd.renderer.llvmir import LLVMRenderer
+from zeptograd.uop.ops import Ops
+
+rng = np.random.default_rng(0)
+
+
+def matmul_kernel(m: int, k: int, n: int):
+    a = Tensor(rng.standard_normal((m, k), dtype=np.float32))
+    b = Tensor(rng.standard_normal((k, n), dtype=np.float32))
+    items = [it for it in (a @ b).schedule() if it.ast.op is Ops.SINK]
+    (matmul,) = [it.ast for it in items if any(u.op is Ops.REDUCE for u in it.ast.toposort())]
+    return ranges_simplified(matmul), len(items)  # the optimizer's input: the panel index split into its loops
+
+
+def test_the_tile_fits_the_registers():
+    # AVX2 (32-byte vectors, 16 registers): 4 vectors x 3 rows where rows are many, else at most 12 accumulators
+    assert tile_shape(32, 128, 1024) == (4, (3,), False)
+    assert tile_shape(32, 128, 28) == (2, (6, 4, 2), True)
+    assert tile_shape(32, 7, 1024) == (1, (8, 6, 4, 2), True)
+    # AVX-512 (64-byte vectors, 32 registers): 2 vectors x up to 8 rows (16 accumulators)
+    assert tile_shape(64, 64, 1024) == (2, (8, 6, 4, 2), True)
+
+
+@pytest.mark.parametrize("simd_bytes,lanes,cols,rows", [(32, 8, 4, 3), (64, 16, 2, 8)])
+def test_a_matmul_from_column_panels_tiles_a_whole_panel(simd_bytes, lanes, cols, rows):
+    ast, n_kernels = matmul_kernel(1024, 256, 1024)
+    assert n_kernels == 2  # B's copy in column panels, then the matmul
+    _, opts = hand_coded_optimizations(ast, simd_bytes, threads=2)
+    upcasts = [o.arg for o in opts if o.op is OptOps.UPCAST]
+    assert upcasts == [lanes, cols, rows] and lanes * cols == 32  # the panel's 32 columns, all in registers
+    # the panel loop (axis 1) outside the row tiles (axis 0): a panel stays in cache across every row tile
+    assert Opt(OptOps.SWAP, 0, 1) in opts
+    renderer = LLVMRenderer(simd_bytes=simd_bytes)
+    uops, _ = full_rewrite(ast, renderer)
+    src = renderer.render(kernel_name(ast), uops).src
+    assert set(re.findall(r"llvm\.fma\.(v\d+f32)", src)) == {f"v{lanes}f32"}
+    accumulators = {m for m in re.findall(r"%(acc\d+) = alloca", src)}
+    assert len(accumulators) >= cols * rows
+
+
+def test_panel_matmul_values_match_numpy():
+    an = rng.standard_normal((300, 200), dtype=np.float32)  # 300 rows: 3-row tiles with no tail
+    bn = rng.standard_normal((200, 1056), dtype=np.float32)  # 33 panels
+    a, b = Tensor(an), Tensor(bn)
+    np.testing.assert_allclose((a @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
+    an = rng.standard_normal((257, 200), dtype=np.float32)  # a tail row
+    np.testing.assert_allclose((Tensor(an) @ b).numpy(), an @ bn, rtol=1e-4, atol=1e-4)
