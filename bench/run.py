@@ -352,6 +352,37 @@ def case_conv2d_stride2(q):
     )
 
 
+def case_conv2d_backward(q):
+    """The input and weight gradients of conv2d given the output's gradient, without the forward on either side:
+    zeptograd's Tensor.gradient of the (linear) convolution reads only the weight, the input and the output's
+    gradient, and torch runs aten.convolution_backward (what autograd calls) with the same three. Two
+    convolutions, each with the forward's FLOPs."""
+    bs, c, hw = (2, 8, 8) if q else (8, 64, 56)
+    x, w, g = _np((bs, c, hw, hw), 1), _np((c, c, 3, 3), 2) * 0.1, _np((bs, c, hw, hw), 3)
+    zx, zw, zg = _zg(x), _zg(w), _zg(g)
+
+    def zg_grads():
+        gx, gw = zx.conv2d(zw, padding=1).gradient(zx, zw, gradient=zg)
+        return gx.realize(gw), gw
+
+    t = _torch()
+    tgrads = None
+    if t:
+        tx, tw, tg = t.from_numpy(x), t.from_numpy(w), t.from_numpy(g)
+        conv_backward = t.ops.aten.convolution_backward
+
+        def tgrads():
+            gx, gw, _ = conv_backward(tg, tx, tw, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+            return gx, gw
+
+    return Spec(
+        {"zeptograd": zg_grads, "numpy": None, "torch": tgrads},
+        "flops",
+        flops=2 * (2 * bs * c * hw * hw * c * 9),
+        note=f"d/dx, d/dw of ({bs},{c},{hw},{hw})x({c},{c},3,3) pad 1, no forward; numpy: n/a",
+    )
+
+
 def _mlp_data(bs, q):
     d_in, d_h, d_out = (32, 16, 10) if q else (784, 512, 10)
     rng = np.random.default_rng(0)
@@ -518,6 +549,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "matmul_2048": _case_matmul(2048),
     "conv2d": case_conv2d,
     "conv2d_stride2": case_conv2d_stride2,
+    "conv2d_backward": case_conv2d_backward,
     "mlp_step": _case_mlp_step(jit=False),
     "mlp_step_jit": _case_mlp_step(jit=True),
     "first_call": case_first_call,

@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -58,6 +59,32 @@ class GPT:
         return self.head(self.ln_f(x.sequential(self.blocks)))
 
 
+def load_corpus(path: str = DATA) -> tuple[str, list[str], np.ndarray]:
+    """(the text, its sorted characters, the text as int32 character ids)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    return text, chars, np.array([stoi[c] for c in text], dtype=np.int32)
+
+
+def make_train_step(model: GPT, lr: float) -> tuple[nn.optim.Optimizer, Callable[[Tensor, Tensor], Tensor]]:
+    """The optimizer (AdamW over every parameter) and the training step (not jitted): one step on a batch of
+    (batch, t) inputs and next-character targets, returning the loss before the update. bench/cases_train.py's
+    gpt_tiny_train times this step."""
+    opt = nn.optim.AdamW(get_parameters(model), lr=lr, weight_decay=0.01)
+
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        opt.zero_grad()
+        loss = model(x).sparse_categorical_crossentropy(y)
+        loss.backward()
+        loss = loss.detach()
+        opt.step(loss)  # one schedule: forward, backward, the update and the loss (before the update)
+        return loss
+
+    return opt, train_step
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--short", action="store_true", help="train a few steps and check that the loss fell (for CI)")
@@ -76,25 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps if args.steps is not None else (8 if args.short else 300)
     n_sample = args.sample if args.sample is not None else (24 if args.short else 300)
 
-    with open(DATA, encoding="utf-8") as f:
-        text = f.read()
-    chars = sorted(set(text))
-    stoi = {c: i for i, c in enumerate(chars)}
-    data = np.array([stoi[c] for c in text], dtype=np.int32)
+    text, chars, data = load_corpus()
     print(f"{len(text)} characters, a vocabulary of {len(chars)}")
 
     Tensor.manual_seed(args.seed)
     model = GPT(len(chars), args.ctx, args.dim, args.heads, args.layers)
-    opt = nn.optim.AdamW(get_parameters(model), lr=args.lr, weight_decay=0.01)
+    opt, train_step = make_train_step(model, args.lr)
     print(f"{sum(p.numel() for p in opt.params)} parameters")
-
-    def train_step(x: Tensor, y: Tensor) -> Tensor:
-        opt.zero_grad()
-        loss = model(x).sparse_categorical_crossentropy(y)
-        loss.backward()
-        loss = loss.detach()
-        opt.step(loss)  # one schedule: forward, backward, the update and the loss (before the update)
-        return loss
 
     step = TinyJit(train_step) if args.jit else train_step
     rng = np.random.default_rng(args.seed)

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -121,3 +122,35 @@ def test_sharding_case_compares_with_one_device():
     assert case["errors"] == {} and case["seconds"]["zeptograd"] > 0 and case["seconds"]["1 device"] > 0
     header = next(ln for ln in format_report(report).splitlines() if ln.startswith("case "))
     assert "1 device" in header
+
+
+@pytest.mark.parametrize("name", ["resnet_block_train", "gpt_tiny_train"])
+def test_training_cases_compute_what_torch_computes(name):
+    """Both sides start from the same weights: the losses of three steps (the eager one, the TinyJit capture, a
+    replay) agree, so each step's update agrees too."""
+    pytest.importorskip("torch")
+    spec = CASES[name](True)
+    assert spec.kind == "rate" and spec.runners["numpy"] is None
+    zg_losses = [spec.runners["zeptograd"]().item() for _ in range(3)]
+    torch_losses = [spec.runners["torch"]().item() for _ in range(3)]
+    assert zg_losses[2] < zg_losses[0]  # the steps train
+    np.testing.assert_allclose(zg_losses, torch_losses, rtol=1e-4)
+
+
+def test_conv2d_backward_case_computes_torchs_gradients():
+    pytest.importorskip("torch")
+    spec = CASES["conv2d_backward"](True)
+    assert spec.kind == "flops" and "no forward" in spec.note
+    zg_dx, zg_dw = spec.runners["zeptograd"]()
+    torch_dx, torch_dw = spec.runners["torch"]()
+    assert zg_dx.shape == tuple(torch_dx.shape) and zg_dw.shape == tuple(torch_dw.shape)
+    np.testing.assert_allclose(zg_dx.numpy(), torch_dx.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(zg_dw.numpy(), torch_dw.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_new_cases_run_in_the_harness():
+    report = run_bench(
+        only=["resnet_block_train", "gpt_tiny_train", "conv2d_backward"], quick=True, progress=False, with_probes=False
+    )
+    for case in report["cases"]:
+        assert case["errors"] == {} and case["seconds"]["zeptograd"] > 0, case
