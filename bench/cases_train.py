@@ -117,6 +117,7 @@ def case_mlp_train(q: bool) -> Spec:
     return Spec(
         {"zeptograd": zg, "numpy": None, "torch": tstep},
         "rate",
+        warmups=2,  # the TinyJit step captures on its second call
         note=f"MLP {d_in}-{d_h}-10 batch {bs}, Adam, TinyJit step; numpy: n/a",
     )
 
@@ -162,6 +163,7 @@ def case_digits_train(q: bool) -> Spec:
     return Spec(
         {"zeptograd": zg, "numpy": None, "torch": tstep},
         "rate",
+        warmups=2,  # the TinyJit step captures on its second call
         note=f"examples/train_digits.py's convnet, batch {bs}, Adam, TinyJit step; numpy: n/a",
     )
 
@@ -181,6 +183,7 @@ def case_mlp_train_shard2(q: bool) -> Spec:
     return Spec(
         {"zeptograd": steps["zeptograd"], "numpy": None, "torch": tstep, "1 device": steps["1 device"]},
         "rate",
+        warmups=2,  # the TinyJit step captures on its second call
         note=f"mlp_train's step, batch {bs} split over CPU:0,CPU:1 (Tensor.shard); '1 device': the same on CPU",
     )
 
@@ -241,6 +244,7 @@ def case_resnet_block_train(q: bool) -> Spec:
     return Spec(
         {"zeptograd": zg, "numpy": None, "torch": tstep},
         "rate",
+        warmups=2,  # the TinyJit step captures on its second call
         note=f"ResNet basic block {c} ch, batch {bs}, {hw}x{hw}, + avg pool, Linear({c},10); SGD momentum, TinyJit",
     )
 
@@ -327,6 +331,7 @@ def case_gpt_tiny_train(q: bool) -> Spec:
     return Spec(
         {"zeptograd": zg, "numpy": None, "torch": tstep},
         "rate",
+        warmups=2,  # the TinyJit step captures on its second call
         note=f"examples/gpt_tiny.py: batch {bs}, ctx {ctx}, dim {dim}, {heads} heads, {layers} layers, AdamW; TinyJit",
     )
 
