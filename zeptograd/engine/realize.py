@@ -318,7 +318,9 @@ def estimate_ops(ast: UOp) -> int:
     total = 0
     for u in ast.toposort():
         rs = frozenset().union(*[ranges[s] for s in u.src]) | ({u} if u.op is Ops.RANGE else frozenset())
-        ranges[u] = rs
+        # a reduce's value is ready once its loops closed: what uses it runs outside them (softmax's exp(x - max)
+        # counted once per element, not once per element per step of the max's loop)
+        ranges[u] = rs - frozenset(u.src[1:]) if u.op is Ops.REDUCE else rs
         if u.op in _COUNTED_OPS and not dtypes.is_int(u.dtype):
             if rs not in iters:
                 iters[rs] = prod(r.src[0].arg for r in rs if r.src[0].op is Ops.CONST)
