@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, data
 from zeptograd import Context, GlobalCounters, Tensor, dtypes
+from zeptograd.tensor import nn_ops
 
 # ----------------------------------------------------------------------------- products
 
@@ -40,9 +41,9 @@ def _kernels(t: Tensor) -> int:
 
 
 def test_a_large_right_operand_is_read_from_column_panels():
-    """x @ w with w's rows a page or more apart (1024 floats) reads w from a copy in panels of 32 columns (one
-    kernel more); gradients flow through the copy as through any view; small, odd or non-float32 products and the
-    PYTHON device do not copy."""
+    """x @ w with w a stored matrix whose rows are a page or more apart (1024 floats) reads w from a copy in panels
+    of 32 columns (one kernel more); gradients flow through the copy as through any view; small, odd, computed,
+    broadcast or non-float32 operands and the PYTHON device do not copy."""
     rng = np.random.default_rng(0)
     xn, wn = rng.standard_normal((160, 192), dtype=np.float32), rng.standard_normal((2, 192, 1024), dtype=np.float32)
     x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
@@ -58,6 +59,8 @@ def test_a_large_right_operand_is_read_from_column_panels():
     assert _kernels(x @ w[0, :, :1000]) == 1  # not a whole number of panels
     assert _kernels(x @ w[0, :, :512]) == 1  # rows 2 KB apart stay in the caches
     assert _kernels(Tensor(xn.astype(np.float64)) @ Tensor(wn[0].astype(np.float64))) == 1
+    assert _kernels(x @ Tensor.ones(192, 1024)) == 1  # a broadcast: a copy would make it a full matrix
+    assert not nn_ops._packs_right_operand(x, w[0] * 2)  # computed: the copy would be its materialization
     on_python = Tensor(xn, device="PYTHON") @ Tensor(wn[0], device="PYTHON")
     assert _kernels(on_python) == 1
 

@@ -13,6 +13,7 @@ from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
 from zeptograd.tensor.indexing import _index_values, check_label_bounds, check_one_hot_bounds, last_hit
+from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -540,9 +541,19 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
         return False
     (m, k), n = x.shape[-2:], w.shape[-1]
-    if not all(isinstance(v, int) for v in (m, k, n)) or n % PANEL:
+    if not all(isinstance(v, int) for v in (m, k, n)) or n % PANEL or not _a_stored_matrix(w):
         return False
     return n * w.dtype.itemsize >= PANEL_MIN_ROW_BYTES and m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+
+
+def _a_stored_matrix(w: Tensor) -> bool:
+    """Whether w is a buffer seen through reshapes, permutes, shrinks and flips (a weight, its transpose, a realized
+    activation): not a computed value, whose copy would be its materialization, nor a broadcast (`Tensor.ones`,
+    an expanded vector), whose reads are cheap where they repeat and which the copy would make a full matrix."""
+    u = w.uop
+    while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
+        u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 def _stored_in_column_panels(w: Tensor) -> Tensor:
