@@ -197,3 +197,75 @@ def test_setitems_after_another_tensor_realized_the_pending_write():
     ref[1] *= 5
     np.testing.assert_array_equal(t.numpy(), ref)
     np.testing.assert_array_equal(u.numpy(), [0, 8, 0, 0, 0, 0])
+
+
+def _built_by_one_setitem(t, idx, value) -> tuple[int, int, int]:
+    """(graph nodes t gains, UOp constructor calls, Tensors made) by t[idx] = value"""
+    from zeptograd.tensor import tensor as tensor_module
+    from zeptograd.uop import ops
+
+    calls = [0]
+    construct = ops.UOpMeta.__call__
+
+    def counting_construct(cls, *args, **kwargs):
+        calls[0] += 1
+        return construct(cls, *args, **kwargs)
+
+    nodes, first_id = len(t.uop.toposort()), next(tensor_module._tensor_ids)
+    ops.UOpMeta.__call__ = counting_construct
+    try:
+        t[idx] = value
+    finally:
+        ops.UOpMeta.__call__ = construct
+    return len(t.uop.toposort()) - nodes, calls[0], next(tensor_module._tensor_ids) - first_id - 1
+
+
+def test_a_scalar_setitem_builds_eight_nodes_and_no_tensor_ops():
+    """t[i] = c on a pending write adds the constants c and i broadcast (3 nodes each), the position compare, the
+    select and the ASSIGN that replaces the previous one: 8 nodes, built as UOps (the Tensor of c and the one of the
+    select are the only Tensors made, and no Tensor op runs: their checks and broadcasts cost more than the nodes)."""
+    t = Tensor.zeros(50).contiguous().realize()
+    t[0] = -1.0
+    for i in range(1, 6):
+        nodes, constructed, tensors = _built_by_one_setitem(t, i, 100.0 + i)
+        assert (nodes, tensors) == (8, 2), f"setitem {i}: {nodes} nodes, {tensors} tensors"
+        assert constructed <= 16, f"setitem {i}: {constructed} UOps constructed for 8 new nodes"
+    u = Tensor.zeros(5, 7).contiguous().realize()
+    u[0, 0] = -1.0
+    assert _built_by_one_setitem(u, (2, -3), 9.0)[0] == 13  # two compares and their AND: 5 more
+    assert _built_by_one_setitem(u, 2, 9.0)[0] == 1  # row 2's compare and the 9 exist: the select and the ASSIGN
+
+
+SETS = [  # (index, value): every form of basic index, values broadcast over the selection
+    (2, 5.0),
+    (-1, Tensor.arange(6).float()),
+    ((1, -2), 7),
+    ((slice(1, 3),), 2.5),
+    ((slice(None, None, 2), 1), -3.0),
+    ((slice(-3, None), slice(1, 5, 3)), Tensor([[1.0, 2.0]])),
+    ((Ellipsis, 4), Tensor([1.0, 2.0, 3.0, 4.0, 5.0])),
+    ((None, 3, slice(2, None)), 8),
+    ((slice(4, 0, -2), slice(None, None, -1)), Tensor(np.arange(12, dtype=np.float32).reshape(2, 6))),
+    ((0, slice(2, 2)), 1.0),  # selects nothing
+    ((Tensor([0, 3]),), 4.0),  # tensor indices: the one-hot path, in the same chain
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool", "float16"])
+def test_a_chain_of_every_index_form_matches_torch(dtype):
+    """One chain of lazy writes of every basic index form (and a tensor index) into a (5, 6) tensor of each dtype,
+    values cast to it as torch casts them: the values equal torch's."""
+    import torch
+
+    tt = torch.zeros(5, 6, dtype=getattr(torch, dtype))
+    zt = Tensor(tt.numpy()).contiguous().realize()
+
+    for idx, value in SETS:
+        zt[idx] = value
+        tv = torch.from_numpy(value.numpy()) if isinstance(value, Tensor) else value
+        items = idx if isinstance(idx, tuple) else (idx,)
+        if any(isinstance(i, slice) and (i.step or 1) < 0 for i in items):  # torch has no negative steps: numpy
+            tt.numpy()[idx] = tv.numpy() if isinstance(tv, torch.Tensor) else tv  # writes through tt's memory
+        else:
+            tt[tuple(torch.from_numpy(i.numpy()) if isinstance(i, Tensor) else i for i in items)] = tv
+    np.testing.assert_array_equal(zt.numpy(), tt.numpy())
