@@ -14,8 +14,7 @@ torch's messages and ignore_index allowed: `check_label_bounds`, `check_one_hot_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,9 +29,9 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
-@dataclass(frozen=True)
-class _DimSel:
-    """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all)."""
+class _DimSel(NamedTuple):
+    """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all). (A
+    NamedTuple: built in one call, for each dim of each index.)"""
 
     lo: int | UOp  # symbolic (an expression of bound Variables) for a Variable index or slice bound
     hi: int | UOp
@@ -349,7 +348,7 @@ class IndexMixin:
                 self.assign(self._place_reading_self(v, sels, out_shape))
                 return
             else:
-                self.assign(self._write_where(mask_uop, v, sels, out_shape))
+                self._write_where(mask_uop, v, sels, out_shape)
                 return
         else:  # tensor indices: which flat position each selected element writes; the last write wins
             pos = T.arange(self.numel(), device=self.device).reshape(self.shape)._getitem(items)
@@ -358,10 +357,10 @@ class IndexMixin:
             mask, placed = hit.any(1).reshape(self.shape), last_hit(hit, vals).reshape(self.shape)
         self.assign(mask.where(placed, self))
 
-    def _write_where(self: Tensor, mask: UOp, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> Tensor:
-        """where(mask, v placed, self) for a basic index with int bounds, v of the indexed shape and self's dtype:
-        one WHERE over UOps, since the operands are already of one shape and dtype. A constant v is placed broadcast
-        to the whole shape (the mask picks where it lands), without the inverse movement ops."""
+    def _write_where(self: Tensor, mask: UOp, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> None:
+        """self.assign(where(mask, v placed, self)) for a basic index with int bounds, v of the indexed shape and
+        self's dtype: one WHERE over UOps, since the operands are already of one shape and dtype. A constant v is
+        placed broadcast to the whole shape (the mask picks where it lands), without the inverse movement ops."""
         if (c := uniform_const(v.uop)) is not None:  # const_broadcast's form: RESHAPE to all ones, EXPAND
             ones = (1,) * len(self.shape)
             placed = c if not ones else UOp(Ops.RESHAPE, c.dtype, (c,), ones)
@@ -370,7 +369,10 @@ class IndexMixin:
             placed = self._place_reading_self(v, sels, out_shape).uop
         if v.device != self.device:  # the check and message of Tensor.where (cond._alu)
             raise ArgumentError(f"tensors on different devices: {self.device} and {v.device}")
-        return self._new(UOp(Ops.WHERE, self.dtype, (mask, placed, self.uop)))
+        if c is not None:  # positions and a constant: no memory read
+            self._assign_select(mask, placed)
+        else:
+            self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, placed, self.uop))))
 
     # ***** gather / scatter *****
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:

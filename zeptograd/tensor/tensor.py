@@ -353,6 +353,37 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             _grad_uops.add(self.uop)
         return self
 
+    def _assign_select(self, mask: UOp, value: UOp) -> Tensor:
+        """self.assign(where(mask, value, self)) for a mask and value of self's shape that read no memory (positions
+        and constants: setitem's `t[i] = c`). Where self is a pending write (a loop of setitems after the first),
+        the select over that write's value is the folded write, built without assign's walks: it reads the target
+        only elementwise at the element it writes, and none of its new nodes can hold a realized buffer (a realized
+        copy of a constant holds the same values)."""
+        from zeptograd.engine.realize import (
+            current_view,
+            note_built,
+            note_pending_write,
+            note_superseded,
+            realized_value,
+        )
+
+        pending = self.uop
+        if (
+            pending.op is not Ops.ASSIGN
+            or current_view(pending) is not pending
+            or realized_value(pending) is not pending
+            or pending in _grad_uops
+        ):
+            return self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, value, pending))))
+        folded = UOp(Ops.WHERE, self.dtype, (mask, value, pending.src[1]))
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (pending.src[0], folded), next(_assign_ids))
+        note_built(self.uop)
+        note_pending_write(self)
+        note_superseded(pending, self.uop)
+        if self.requires_grad:
+            _grad_uops.add(self.uop)
+        return self
+
     # ***** autograd *****
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         self.requires_grad = requires_grad
