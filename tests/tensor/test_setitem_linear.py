@@ -222,14 +222,14 @@ def _built_by_one_setitem(t, idx, value) -> tuple[int, int, int]:
 
 def test_a_scalar_setitem_builds_eight_nodes_and_no_tensor_ops():
     """t[i] = c on a pending write adds the constants c and i broadcast (3 nodes each), the position compare, the
-    select and the ASSIGN that replaces the previous one: 8 nodes, built as UOps folded into the pending write (the
-    Tensor of c is the only Tensor made, and no Tensor op runs: their checks and broadcasts cost more than the nodes;
-    the 14 constructions are the 8 nodes, the device and position nodes looked up, and note_built's SINK)."""
+    select and the ASSIGN that replaces the previous one: 8 nodes, built as UOps folded into the pending write. No
+    Tensor is made and no Tensor op runs (their checks and broadcasts cost more than the nodes); the 14 constructions
+    are the 8 nodes, the device and position nodes looked up, and note_built's SINK."""
     t = Tensor.zeros(50).contiguous().realize()
     t[0] = -1.0
     for i in range(1, 6):
         nodes, constructed, tensors = _built_by_one_setitem(t, i, 100.0 + i)
-        assert (nodes, tensors) == (8, 1), f"setitem {i}: {nodes} nodes, {tensors} tensors"
+        assert (nodes, tensors) == (8, 0), f"setitem {i}: {nodes} nodes, {tensors} tensors"
         assert constructed <= 14, f"setitem {i}: {constructed} UOps constructed for 8 new nodes"
     u = Tensor.zeros(5, 7).contiguous().realize()
     u[0, 0] = -1.0
@@ -270,3 +270,22 @@ def test_a_chain_of_every_index_form_matches_torch(dtype):
         else:
             tt[tuple(torch.from_numpy(i.numpy()) if isinstance(i, Tensor) else i for i in items)] = tv
     np.testing.assert_array_equal(zt.numpy(), tt.numpy())
+
+
+@pytest.mark.parametrize("pending", [False, True], ids=["realized", "pending_write"])
+def test_errors_at_the_call_on_a_pending_write_as_on_a_realized_tensor(pending):
+    """The folded path of `t[i] = c` checks what the general one does, with torch's exception types."""
+    t = Tensor.zeros(4).contiguous().realize()
+    if pending:
+        t[3] = 1.0
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 4"):
+        t[10] = 1
+    with pytest.raises(IndexError, match="too many indices"):
+        t[0, 0] = 1.0
+    with pytest.raises(TypeError, match="can't make a Tensor from str"):
+        t[0] = "a"
+    with pytest.raises(TypeError, match="indexing with a Python bool"):
+        t[True] = 0
+    with pytest.raises(ValueError, match="tensors on different devices: CPU and PYTHON"):
+        t[0] = Tensor(2.0, device="PYTHON")
+    np.testing.assert_array_equal(t.numpy(), [0, 0, 0, 1 if pending else 0])

@@ -71,6 +71,13 @@ def _positions(size: int, d: int, shape: tuple[int, ...], device: str | tuple[st
     return pos if shape == along else UOp(Ops.EXPAND, pos.dtype, (pos,), shape)
 
 
+def _broadcast_uop(c: UOp, shape: tuple[int, ...]) -> UOp:
+    """The 0-d c broadcast to `shape` in const_broadcast's form: RESHAPE to all ones, then EXPAND."""
+    ones = (1,) * len(shape)
+    c = c if not ones else UOp(Ops.RESHAPE, c.dtype, (c,), ones)
+    return c if shape == ones else UOp(Ops.EXPAND, c.dtype, (c,), shape)
+
+
 def _show(x) -> str:
     return (variable.render_sint(x) or str(x)) if isinstance(x, UOp) else str(x)
 
@@ -330,43 +337,45 @@ class IndexMixin:
 
     def _setitem(self: Tensor, indices, v) -> None:
         T = type(self)
-        v = v if isinstance(v, T) else T(v, device=self.device, dtype=self.dtype)
+        const = None  # a Python number into a one-device tensor: the CONST T(v, dtype=self.dtype) holds, no Tensor
+        if type(v) in (int, float, bool) and isinstance(self.device, str):
+            const = const_broadcast(v, self.dtype, self.device, ())
+        elif not isinstance(v, T):
+            v = T(v, device=self.device, dtype=self.dtype)
         items = self._index_items(indices)
         sels, out_shape = self._basic_plan(items)
-        mask: Tensor | None
-        if not any(isinstance(i, T) for i in items):
-            v = v.cast(self.dtype)._broadcast_to(out_shape)
-            if not all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) or any(
-                isinstance(n, UOp) for n in self.shape
-            ):
-                # a symbolic bound or size: the value and a mask of ones placed by the inverse movement (PADs)
-                placed = self._unapply_basic(v, sels)
-                mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
-            elif any(s.n == 0 for s in sels):
-                return  # nothing selected: nothing written
-            elif (mask_uop := self._selection_mask(sels)) is None:  # every element is written
-                self.assign(self._place_reading_self(v, sels, out_shape))
-                return
-            else:
-                self._write_where(mask_uop, v, sels, out_shape)
-                return
-        else:  # tensor indices: which flat position each selected element writes; the last write wins
+        if any(isinstance(i, T) for i in items):  # which flat position each selected element writes; the last wins
+            v = T(const, device=self.device) if const is not None else v
             pos = T.arange(self.numel(), device=self.device).reshape(self.shape)._getitem(items)
             vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()
             hit = pos.flatten().unsqueeze(0) == T.arange(self.numel(), device=self.device).unsqueeze(1)
-            mask, placed = hit.any(1).reshape(self.shape), last_hit(hit, vals).reshape(self.shape)
-        self.assign(mask.where(placed, self))
+            self.assign(hit.any(1).reshape(self.shape).where(last_hit(hit, vals).reshape(self.shape), self))
+            return
+        int_bounds = all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) and all(
+            isinstance(n, int) for n in self.shape
+        )
+        if const is not None and int_bounds and all(s.n for s in sels):  # t[i] = c: no Tensor op, no assign walk
+            if (mask := self._selection_mask(sels)) is not None:
+                self._assign_select(mask, _broadcast_uop(const, self.shape))
+                return
+        v = T(const, device=self.device) if const is not None else v
+        v = v.cast(self.dtype)._broadcast_to(out_shape)
+        if not int_bounds:  # a symbolic bound or size: the value and a mask of ones placed by the inverse movement
+            ones = T.ones(*out_shape, dtype=dtypes.bool, device=self.device)
+            self.assign(self._unapply_basic(ones, sels).where(self._unapply_basic(v, sels), self))
+        elif any(s.n == 0 for s in sels):
+            return  # nothing selected: nothing written
+        elif (mask_uop := self._selection_mask(sels)) is None:  # every element is written
+            self.assign(self._place_reading_self(v, sels, out_shape))
+        else:
+            self._write_where(mask_uop, v, sels, out_shape)
 
     def _write_where(self: Tensor, mask: UOp, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> None:
         """self.assign(where(mask, v placed, self)) for a basic index with int bounds, v of the indexed shape and
         self's dtype: one WHERE over UOps, since the operands are already of one shape and dtype. A constant v is
         placed broadcast to the whole shape (the mask picks where it lands), without the inverse movement ops."""
-        if (c := uniform_const(v.uop)) is not None:  # const_broadcast's form: RESHAPE to all ones, EXPAND
-            ones = (1,) * len(self.shape)
-            placed = c if not ones else UOp(Ops.RESHAPE, c.dtype, (c,), ones)
-            placed = placed if self.shape == ones else UOp(Ops.EXPAND, c.dtype, (placed,), self.shape)
-        else:
-            placed = self._place_reading_self(v, sels, out_shape).uop
+        c = uniform_const(v.uop)
+        placed = _broadcast_uop(c, self.shape) if c is not None else self._place_reading_self(v, sels, out_shape).uop
         if v.device != self.device:  # the check and message of Tensor.where (cond._alu)
             raise ArgumentError(f"tensors on different devices: {self.device} and {v.device}")
         if c is not None:  # positions and a constant: no memory read
