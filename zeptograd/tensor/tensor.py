@@ -358,14 +358,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         and constants: setitem's `t[i] = c`). Where self is a pending write (a loop of setitems after the first),
         the select over that write's value is the folded write, built without assign's walks: it reads the target
         only elementwise at the element it writes, and none of its new nodes can hold a realized buffer (a realized
-        copy of a constant holds the same values)."""
-        from zeptograd.engine.realize import (
-            current_view,
-            note_built,
-            note_pending_write,
-            note_superseded,
-            realized_value,
-        )
+        copy of a constant holds the same values). Nor are they marked clean (note_built): the next walk that meets
+        them (a later assign's, which stops at the nodes the last one marked) marks them, once, so a loop of writes
+        of both kinds walks each node a bounded number of times."""
+        from zeptograd.engine.realize import current_view, note_pending_write, note_superseded, realized_value
 
         pending = self.uop
         if (
@@ -377,7 +373,6 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             return self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, value, pending))))
         folded = UOp(Ops.WHERE, self.dtype, (mask, value, pending.src[1]))
         self.uop = UOp(Ops.ASSIGN, self.dtype, (pending.src[0], folded), next(_assign_ids))
-        note_built(self.uop)
         note_pending_write(self)
         note_superseded(pending, self.uop)
         if self.requires_grad:
