@@ -251,6 +251,9 @@ def to_numpy_dtype(d: DType) -> np.dtype:
     return _dtype_to_np[d.scalar]
 
 
+_F32 = struct.Struct("f")
+
+
 def truncate(d: DType, x):
     """A Python value as a scalar of dtype `d` would hold it (wraparound for ints, rounding for floats)."""
     if type(x) is int and (lim := _INT_LIMITS.get(d)) is not None and lim[0] <= x <= lim[1]:
@@ -267,6 +270,11 @@ def truncate(d: DType, x):
             x -= 1 << (8 * d.itemsize)
         return x
     x = float(x)
+    if d == dtypes.float32:  # C's double -> float rounding, as numpy's; struct refuses what rounds past the range
+        try:
+            return _F32.unpack(_F32.pack(x))[0]
+        except OverflowError:
+            pass  # numpy's inf, below
     if d in (dtypes.float32, dtypes.float16):
         with np.errstate(over="ignore"):
             return float(to_numpy_dtype(d).type(x))

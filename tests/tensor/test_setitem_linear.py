@@ -197,3 +197,129 @@ def test_setitems_after_another_tensor_realized_the_pending_write():
     ref[1] *= 5
     np.testing.assert_array_equal(t.numpy(), ref)
     np.testing.assert_array_equal(u.numpy(), [0, 8, 0, 0, 0, 0])
+
+
+def _built_by_one_setitem(t, idx, value) -> tuple[int, int, int]:
+    """(graph nodes t gains, UOp constructor calls, Tensors made) by t[idx] = value"""
+    from zeptograd.tensor import tensor as tensor_module
+    from zeptograd.uop import ops
+
+    calls = [0]
+    construct = ops.UOpMeta.__call__
+
+    def counting_construct(cls, *args, **kwargs):
+        calls[0] += 1
+        return construct(cls, *args, **kwargs)
+
+    nodes, first_id = len(t.uop.toposort()), next(tensor_module._tensor_ids)
+    ops.UOpMeta.__call__ = counting_construct
+    try:
+        t[idx] = value
+    finally:
+        ops.UOpMeta.__call__ = construct
+    return len(t.uop.toposort()) - nodes, calls[0], next(tensor_module._tensor_ids) - first_id - 1
+
+
+def test_a_scalar_setitem_builds_eight_nodes_and_no_tensor_ops():
+    """t[i] = c on a pending write adds the constants c and i broadcast (3 nodes each), the position compare, the
+    select and the ASSIGN that replaces the previous one: 8 nodes, built as UOps folded into the pending write. No
+    Tensor is made and no Tensor op runs (their checks and broadcasts cost more than the nodes); the 13 constructions
+    are the 8 nodes and the device and position nodes looked up."""
+    t = Tensor.zeros(50).contiguous().realize()
+    t[0] = -1.0
+    for i in range(1, 6):
+        nodes, constructed, tensors = _built_by_one_setitem(t, i, 100.0 + i)
+        assert (nodes, tensors) == (8, 0), f"setitem {i}: {nodes} nodes, {tensors} tensors"
+        assert constructed <= 13, f"setitem {i}: {constructed} UOps constructed for 8 new nodes"
+    u = Tensor.zeros(5, 7).contiguous().realize()
+    u[0, 0] = -1.0
+    assert _built_by_one_setitem(u, (2, -3), 9.0)[0] == 13  # two compares and their AND: 5 more
+    assert _built_by_one_setitem(u, 2, 9.0)[0] == 1  # row 2's compare and the 9 exist: the select and the ASSIGN
+
+
+SETS = [  # (index, value): every form of basic index, values broadcast over the selection
+    (2, 5.0),
+    (-1, Tensor.arange(6).float()),
+    ((1, -2), 7),
+    ((slice(1, 3),), 2.5),
+    ((slice(None, None, 2), 1), -3.0),
+    ((slice(-3, None), slice(1, 5, 3)), Tensor([[1.0, 2.0]])),
+    ((Ellipsis, 4), Tensor([1.0, 2.0, 3.0, 4.0, 5.0])),
+    ((None, 3, slice(2, None)), 8),
+    ((slice(4, 0, -2), slice(None, None, -1)), Tensor(np.arange(12, dtype=np.float32).reshape(2, 6))),
+    ((0, slice(2, 2)), 1.0),  # selects nothing
+    ((Tensor([0, 3]),), 4.0),  # tensor indices: the one-hot path, in the same chain
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool", "float16"])
+def test_a_chain_of_every_index_form_matches_torch(dtype):
+    """One chain of lazy writes of every basic index form (and a tensor index) into a (5, 6) tensor of each dtype,
+    values cast to it as torch casts them: the values equal torch's."""
+    import torch
+
+    tt = torch.zeros(5, 6, dtype=getattr(torch, dtype))
+    zt = Tensor(tt.numpy()).contiguous().realize()
+
+    for idx, value in SETS:
+        zt[idx] = value
+        tv = torch.from_numpy(value.numpy()) if isinstance(value, Tensor) else value
+        items = idx if isinstance(idx, tuple) else (idx,)
+        if any(isinstance(i, slice) and (i.step or 1) < 0 for i in items):  # torch has no negative steps: numpy
+            tt.numpy()[idx] = tv.numpy() if isinstance(tv, torch.Tensor) else tv  # writes through tt's memory
+        else:
+            tt[tuple(torch.from_numpy(i.numpy()) if isinstance(i, Tensor) else i for i in items)] = tv
+    np.testing.assert_array_equal(zt.numpy(), tt.numpy())
+
+
+@pytest.mark.parametrize("pending", [False, True], ids=["realized", "pending_write"])
+def test_errors_at_the_call_on_a_pending_write_as_on_a_realized_tensor(pending):
+    """The folded path of `t[i] = c` checks what the general one does, with torch's exception types."""
+    t = Tensor.zeros(4).contiguous().realize()
+    if pending:
+        t[3] = 1.0
+    with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 4"):
+        t[10] = 1
+    with pytest.raises(IndexError, match="too many indices"):
+        t[0, 0] = 1.0
+    with pytest.raises(TypeError, match="can't make a Tensor from str"):
+        t[0] = "a"
+    with pytest.raises(TypeError, match="indexing with a Python bool"):
+        t[True] = 0
+    with pytest.raises(ValueError, match="tensors on different devices: CPU and PYTHON"):
+        t[0] = Tensor(2.0, device="PYTHON")
+    np.testing.assert_array_equal(t.numpy(), [0, 0, 0, 1 if pending else 0])
+
+
+def _mixed_loop_walked(n: int) -> int:
+    """Nodes the graph walks visit in a loop of n steps, each a constant write (folded without a walk, its nodes left
+    unmarked) then a write that reads the target (assign's walks, which meet the unmarked nodes)."""
+    t = Tensor.zeros(n + 1).contiguous().realize()
+    visited = [0]
+    toposort = UOp.toposort
+
+    def counting_toposort(self, gate=None):
+        out = toposort(self, gate)
+        visited[0] += len(out)
+        return out
+
+    UOp.toposort = counting_toposort
+    try:
+        for i in range(n):
+            t[i + 1] = i
+            t[i] += 1
+    finally:
+        UOp.toposort = toposort
+    ref = np.arange(-1, n, dtype=np.float32)
+    ref[:n] += 1
+    ref[0] = 1
+    np.testing.assert_array_equal(t.numpy(), ref)
+    return visited[0]
+
+
+def test_constant_writes_between_assigns_keep_the_loop_linear():
+    """The nodes a constant write leaves unmarked are walked once, by the next assign: doubling the steps doubles
+    the walking (each assign walking back to the start would make it 4x)."""
+    small, big = _mixed_loop_walked(100), _mixed_loop_walked(200)
+    assert big <= 2.2 * small, f"nodes walked: {small} for 100 steps, {big} for 200"
+    assert small <= 150 * 100, f"{small} nodes walked for 100 steps: more than each step builds"

@@ -80,6 +80,27 @@ def test_interning_nan_constant():
     assert a is b
 
 
+def test_float32_constants_round_as_numpy():
+    """A float32 constant holds numpy's float32 of the value (dtype.truncate rounds through struct, numpy past the
+    range): random doubles of every exponent, the range's edges, subnormals, signed zeros, inf and nan."""
+    import random
+    import struct
+
+    import numpy as np
+
+    from zeptograd.dtype import truncate
+
+    rng = random.Random(0)
+    edges = [0.0, -0.0, 1e-46, -1e-46, 1.4e-45, 3.4028235e38, 3.40282357e38, 3.402823669e38, 3.5e38, -3.5e38, 1e308]
+    edges += [math.inf, -math.inf, math.nan, 2**128, 0.1, 1 / 3, 2**24 + 1, -(2**31)]
+    bits = [struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0] for _ in range(20000)]
+    for x in edges + bits:
+        with np.errstate(over="ignore"):
+            want = float(np.float32(float(x)))
+        got = truncate(dtypes.float32, x)
+        assert struct.pack("f", got) == struct.pack("f", want) or (math.isnan(got) and math.isnan(want)), x
+
+
 def test_unhashable_arg_is_rejected():
     with pytest.raises(TypeError):
         UOp(Ops.GROUP, dtypes.void, (), [1, 2])

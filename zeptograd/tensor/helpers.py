@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zeptograd.dtype import dtypes
 from zeptograd.helpers import (  # noqa: F401  (re-exported for the Tensor modules)
     ArgumentError,
     ArgumentTypeError,
@@ -14,9 +15,16 @@ from zeptograd.helpers import (  # noqa: F401  (re-exported for the Tensor modul
     flatten,
     prod,
 )
+from zeptograd.uop.ops import Ops, UOp
 
 ConstType = float | int | bool
 PY_CONST = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def iota_uop(n: int, device: str | tuple[str, ...]) -> UOp:
+    """0..n-1 on a (canonical) device, in int32 unless n needs int64: its values must not wrap."""
+    dt = dtypes.int32 if n <= dtypes.max(dtypes.int32) + 1 else dtypes.int64
+    return UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=device),), n)
 
 
 def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:

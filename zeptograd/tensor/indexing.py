@@ -14,14 +14,14 @@ torch's messages and ignore_index allowed: `check_label_bounds`, `check_one_hot_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
-from zeptograd.tensor.helpers import broadcast_shape, normalize_axis
+from zeptograd.schedule.fold import const_broadcast, uniform_const
+from zeptograd.tensor.helpers import broadcast_shape, iota_uop, normalize_axis
 from zeptograd.uop import variable
 from zeptograd.uop.ops import GroupOp, Ops, UOp
 
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
-@dataclass(frozen=True)
-class _DimSel:
-    """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all)."""
+class _DimSel(NamedTuple):
+    """What a basic index does to one input dim: keep [lo, hi), flip it, take every `step`-th (n in all). (A
+    NamedTuple: built in one call, for each dim of each index.)"""
 
     lo: int | UOp  # symbolic (an expression of bound Variables) for a Variable index or slice bound
     hi: int | UOp
@@ -62,6 +62,22 @@ def _sym_slice(it: slice, size, dim: int) -> _DimSel:
     return _DimSel(lo, hi, False, 1, variable.sint_simplify(hi - lo), False)
 
 
+def _positions(size: int, d: int, shape: tuple[int, ...], device: str | tuple[str, ...]) -> UOp:
+    """Each element's position along dim d of `shape` (of size `size`): Tensor._iota(size) reshaped to lie along d
+    and expanded to `shape`, as the UOps those Tensor ops build."""
+    pos = iota_uop(size, device)
+    along = tuple(size if i == d else 1 for i in range(len(shape)))
+    pos = pos if along == pos.shape else UOp(Ops.RESHAPE, pos.dtype, (pos,), along)
+    return pos if shape == along else UOp(Ops.EXPAND, pos.dtype, (pos,), shape)
+
+
+def _broadcast_uop(c: UOp, shape: tuple[int, ...]) -> UOp:
+    """The 0-d c broadcast to `shape` in const_broadcast's form: RESHAPE to all ones, then EXPAND."""
+    ones = (1,) * len(shape)
+    c = c if not ones else UOp(Ops.RESHAPE, c.dtype, (c,), ones)
+    return c if shape == ones else UOp(Ops.EXPAND, c.dtype, (c,), shape)
+
+
 def _show(x) -> str:
     return (variable.render_sint(x) or str(x)) if isinstance(x, UOp) else str(x)
 
@@ -73,6 +89,8 @@ class IndexMixin:
         """The index as a list of one item per input dim (plus Nones), with Ellipsis expanded and lists and bool
         masks turned into int tensors. Every int tensor the caller gave is checked against its dim's size."""
         items = list(indices) if isinstance(indices, tuple) else [indices]
+        if len(items) <= self.ndim and all(type(it) is int for it in items):  # plain ints: nothing to convert or check
+            return items + [slice(None)] * (self.ndim - len(items))  # here (_basic_plan checks their bounds)
         T = type(self)
         for i, it in enumerate(items):
             if isinstance(it, (list, tuple, np.ndarray)):  # a tuple inside the index is a list, as numpy and torch
@@ -206,26 +224,33 @@ class IndexMixin:
         v = v.pad(pads) if any(p is not None for p in pads) else v
         return v.expand(self.shape) if spread else v
 
-    def _selection_mask(self: Tensor, sels: list[_DimSel]) -> Tensor | None:
+    def _selection_mask(self: Tensor, sels: list[_DimSel]) -> UOp | None:
         """Where a basic index with int bounds selects, as comparisons of each element's position along a dim with
-        the bounds (None: everywhere). A position tensor is one graph node per dim and size, shared by every
-        setitem, so a chain of N setitems adds O(1) nodes each and the scheduler lowers them without index algebra."""
+        the bounds (None: everywhere). A position is one graph node per dim and size, shared by every setitem, so a
+        chain of N setitems adds O(1) nodes each and the scheduler lowers them without index algebra. Built as UOps
+        (the Tensor ops it stands for: `pos == lo`, `(pos > lo - 1) & (pos < hi) & (pos % step == lo % step)`), all
+        of one shape, dtype and device: the Tensor ops' checks and broadcasts would cost more than the nodes."""
+        shape, device = self.shape, self.device
         mask = None
-        for d, (s, size) in enumerate(zip(sels, self.shape)):
+        for d, (s, size) in enumerate(zip(sels, shape)):
             if (s.lo, s.hi, s.step) == (0, size, 1):
                 continue
-            pos = type(self)._iota(size, self.device).reshape(tuple(size if i == d else 1 for i in range(self.ndim)))
-            pos = pos.expand(self.shape)
+            pos = _positions(size, d, shape, device)
             if s.n == 1:
-                sel = pos == s.lo
+                sel = UOp(Ops.CMPEQ, dtypes.bool, (pos, const_broadcast(s.lo, pos.dtype, device, shape)))
             else:
-                terms = [pos > s.lo - 1] if s.lo > 0 else []
-                terms += [pos < s.hi] if s.hi < size else []
-                terms += [pos._fmod(pos.full_like(s.step)) == s.lo % s.step] if s.step > 1 else []
+                terms = [UOp(Ops.CMPLT, dtypes.bool, (const_broadcast(s.lo - 1, pos.dtype, device, shape), pos))]
+                terms = terms if s.lo > 0 else []
+                if s.hi < size:
+                    terms.append(UOp(Ops.CMPLT, dtypes.bool, (pos, const_broadcast(s.hi, pos.dtype, device, shape))))
+                if s.step > 1:
+                    step = const_broadcast(s.step, pos.dtype, device, shape)
+                    phase = const_broadcast(s.lo % s.step, pos.dtype, device, shape)
+                    terms.append(UOp(Ops.CMPEQ, dtypes.bool, (UOp(Ops.MOD, pos.dtype, (pos, step)), phase)))
                 sel = terms[0]
                 for term in terms[1:]:
-                    sel = sel & term
-            mask = sel if mask is None else mask & sel
+                    sel = UOp(Ops.AND, dtypes.bool, (sel, term))
+            mask = sel if mask is None else UOp(Ops.AND, dtypes.bool, (mask, sel))
         return mask
 
     def _place_reading_self(self: Tensor, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> Tensor:
@@ -312,32 +337,51 @@ class IndexMixin:
 
     def _setitem(self: Tensor, indices, v) -> None:
         T = type(self)
-        v = v if isinstance(v, T) else T(v, device=self.device, dtype=self.dtype)
+        const = None  # a Python number into a one-device tensor: the CONST T(v, dtype=self.dtype) holds, no Tensor
+        if type(v) in (int, float, bool) and isinstance(self.device, str):
+            const = const_broadcast(v, self.dtype, self.device, ())
+        elif not isinstance(v, T):
+            v = T(v, device=self.device, dtype=self.dtype)
         items = self._index_items(indices)
         sels, out_shape = self._basic_plan(items)
-        mask: Tensor | None
-        if not any(isinstance(i, T) for i in items):
-            v = v.cast(self.dtype)._broadcast_to(out_shape)
-            if not all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) or any(
-                isinstance(n, UOp) for n in self.shape
-            ):
-                # a symbolic bound or size: the value and a mask of ones placed by the inverse movement (PADs)
-                placed = self._unapply_basic(v, sels)
-                mask = self._unapply_basic(T.ones(*out_shape, dtype=dtypes.bool, device=self.device), sels)
-            elif any(s.n == 0 for s in sels):
-                return  # nothing selected: nothing written
-            else:
-                placed = self._place_reading_self(v, sels, out_shape)
-                mask = self._selection_mask(sels)
-                if mask is None:  # every element is written
-                    self.assign(placed)
-                    return
-        else:  # tensor indices: which flat position each selected element writes; the last write wins
+        if any(isinstance(i, T) for i in items):  # which flat position each selected element writes; the last wins
+            v = T(const, device=self.device) if const is not None else v
             pos = T.arange(self.numel(), device=self.device).reshape(self.shape)._getitem(items)
             vals = v.cast(self.dtype)._broadcast_to(pos.shape).flatten()
             hit = pos.flatten().unsqueeze(0) == T.arange(self.numel(), device=self.device).unsqueeze(1)
-            mask, placed = hit.any(1).reshape(self.shape), last_hit(hit, vals).reshape(self.shape)
-        self.assign(mask.where(placed, self))
+            self.assign(hit.any(1).reshape(self.shape).where(last_hit(hit, vals).reshape(self.shape), self))
+            return
+        int_bounds = all(isinstance(b, int) for s in sels for b in (s.lo, s.hi)) and all(
+            isinstance(n, int) for n in self.shape
+        )
+        if const is not None and int_bounds and all(s.n for s in sels):  # t[i] = c: no Tensor op, no assign walk
+            if (mask := self._selection_mask(sels)) is not None:
+                self._assign_select(mask, _broadcast_uop(const, self.shape))
+                return
+        v = T(const, device=self.device) if const is not None else v
+        v = v.cast(self.dtype)._broadcast_to(out_shape)
+        if not int_bounds:  # a symbolic bound or size: the value and a mask of ones placed by the inverse movement
+            ones = T.ones(*out_shape, dtype=dtypes.bool, device=self.device)
+            self.assign(self._unapply_basic(ones, sels).where(self._unapply_basic(v, sels), self))
+        elif any(s.n == 0 for s in sels):
+            return  # nothing selected: nothing written
+        elif (mask_uop := self._selection_mask(sels)) is None:  # every element is written
+            self.assign(self._place_reading_self(v, sels, out_shape))
+        else:
+            self._write_where(mask_uop, v, sels, out_shape)
+
+    def _write_where(self: Tensor, mask: UOp, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> None:
+        """self.assign(where(mask, v placed, self)) for a basic index with int bounds, v of the indexed shape and
+        self's dtype: one WHERE over UOps, since the operands are already of one shape and dtype. A constant v is
+        placed broadcast to the whole shape (the mask picks where it lands), without the inverse movement ops."""
+        c = uniform_const(v.uop)
+        placed = _broadcast_uop(c, self.shape) if c is not None else self._place_reading_self(v, sels, out_shape).uop
+        if v.device != self.device:  # the check and message of Tensor.where (cond._alu)
+            raise ArgumentError(f"tensors on different devices: {self.device} and {v.device}")
+        if c is not None:  # positions and a constant: no memory read
+            self._assign_select(mask, placed)
+        else:
+            self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, placed, self.uop))))
 
     # ***** gather / scatter *****
     def gather(self: Tensor, dim: int, index: Tensor) -> Tensor:

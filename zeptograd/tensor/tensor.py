@@ -18,7 +18,7 @@ from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor import multi
 from zeptograd.tensor.elementwise import ElementwiseMixin
-from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
+from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, iota_uop, normalize_axis, prod
 from zeptograd.tensor.indexing import IndexMixin
 from zeptograd.tensor.movement import MovementMixin
 from zeptograd.tensor.nn_ops import NNMixin
@@ -337,16 +337,45 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if buffer_under(target) is None:
             self.uop = value  # (pending is None: an ASSIGN's target has a buffer)
         else:
-            if _reads_target_elsewhere(target, value, pending):
+            stops = {target} if pending is None else {target, pending}
+            nodes = value.toposort(gate=lambda u: u not in stops)  # what was built since `pending` (and no further)
+            reads_elsewhere = _reads_target_elsewhere(target, value, nodes, stops)
+            if pending is not None:  # fold into one write whose value reads the previous value
+                value = _substitute_walked(value, nodes, pending, pending.src[1])
+            if reads_elsewhere:  # computed before the write: (substituted first, so the CONTIGUOUS is the same node)
                 value = UOp(Ops.CONTIGUOUS, value.dtype, (value,))
-            if pending is not None:  # fold into one write whose value reads the previous value (substitute only
-                value = value.substitute({pending: pending.src[1]})  # walks the nodes above `pending`: the new ones)
             self.uop = UOp(Ops.ASSIGN, self.dtype, (target, value), next(_assign_ids))
             note_built(self.uop)
             note_pending_write(self)
             if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
                 note_superseded(pending, self.uop)
         if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
+            _grad_uops.add(self.uop)
+        return self
+
+    def _assign_select(self, mask: UOp, value: UOp) -> Tensor:
+        """self.assign(where(mask, value, self)) for a mask and value of self's shape that read no memory (positions
+        and constants: setitem's `t[i] = c`). Where self is a pending write (a loop of setitems after the first),
+        the select over that write's value is the folded write, built without assign's walks: it reads the target
+        only elementwise at the element it writes, and none of its new nodes can hold a realized buffer (a realized
+        copy of a constant holds the same values). Nor are they marked clean (note_built): the next walk that meets
+        them (a later assign's, which stops at the nodes the last one marked) marks them, once, so a loop of writes
+        of both kinds walks each node a bounded number of times."""
+        from zeptograd.engine.realize import current_view, note_pending_write, note_superseded, realized_value
+
+        pending = self.uop
+        if (
+            pending.op is not Ops.ASSIGN
+            or current_view(pending) is not pending
+            or realized_value(pending) is not pending
+            or pending in _grad_uops
+        ):
+            return self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, value, pending))))
+        folded = UOp(Ops.WHERE, self.dtype, (mask, value, pending.src[1]))
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (pending.src[0], folded), next(_assign_ids))
+        note_pending_write(self)
+        note_superseded(pending, self.uop)
+        if self.requires_grad:
             _grad_uops.add(self.uop)
         return self
 
@@ -488,8 +517,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     @staticmethod
     def _iota(n: int, device: str | tuple[str, ...] | None) -> Tensor:
         device = multi.canonical_devices(device) if isinstance(device, (tuple, list)) else Device.canonicalize(device)
-        dt = dtypes.int32 if n <= dtypes.max(dtypes.int32) + 1 else dtypes.int64  # 0..n-1 must not wrap
-        return Tensor(UOp(Ops.IOTA, dt, (UOp(Ops.DEVICE, arg=device),), n), device=device)
+        return Tensor(iota_uop(n, device), device=device)
 
     @staticmethod
     def arange(
@@ -827,15 +855,13 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
-def _reads_target_elsewhere(target: UOp, value: UOp, pending: UOp | None = None) -> bool:
+def _reads_target_elsewhere(target: UOp, value: UOp, nodes: dict[UOp, None], stops: set[UOp]) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
-    one kernel that writes the buffer would read values it has already overwritten. `pending`, the ASSIGN to the
-    target that value's write folds into, counts as a read of the target: its own value was checked when it was
-    built (it reads the target elementwise, or is CONTIGUOUS), so the walk stops there and costs what was built since.
-    """
+    one kernel that writes the buffer would read values it has already overwritten. `nodes` are value's nodes walked
+    down to `stops`: the target, and the pending ASSIGN to it that value's write folds into, which counts as a read of
+    the target: its own value was checked when it was built (it reads the target elementwise, or is CONTIGUOUS), so
+    the walk stops there and costs what was built since."""
     buf = buffer_under(target)
-    stops = {target} if pending is None else {target, pending}
-    nodes = value.toposort(gate=lambda u: u not in stops)
     if buf not in nodes and stops.isdisjoint(nodes):
         return False
     elementwise, stack = set(), [value]
@@ -847,3 +873,13 @@ def _reads_target_elsewhere(target: UOp, value: UOp, pending: UOp | None = None)
     return (buf is not target and buf in nodes) or any(
         u not in elementwise and u not in stops and not stops.isdisjoint(u.src) for u in nodes
     )
+
+
+def _substitute_walked(root: UOp, nodes: dict[UOp, None], old: UOp, new: UOp) -> UOp:
+    """root with `old` replaced by `new`, where `nodes` is root's toposort down to at least `old` (graph_substitute
+    without a second walk): only the nodes above `old` are rebuilt."""
+    done = {old: new}
+    for n in nodes:
+        if n is not old and not done.keys().isdisjoint(n.src):
+            done[n] = UOp(n.op, n.dtype, tuple(done.get(s, s) for s in n.src), n.arg)
+    return done.get(root, root)

@@ -226,14 +226,23 @@ class MathMixin:
 
 # ***** UOp *****
 
+
 # key -> a weak reference to the live UOp of that key (what a WeakValueDictionary holds, without its Python-level
 # get/set: interning runs on every node built). A reference's callback removes its entry once the UOp is gone, unless
 # a new UOp of the same key replaced it meanwhile (_remove_dead_weakref checks that atomically).
-_uop_cache: dict[tuple, weakref.KeyedRef] = {}
+class _CacheRef(weakref.ref):
+    """A weak reference that knows its cache key: weakref.KeyedRef without KeyedRef's Python-level __new__ and
+    __init__ (two Python calls for each node built; this one is built in C and given its key after)."""
+
+    __slots__ = ("key",)
+    key: tuple
+
+
+_uop_cache: dict[tuple, _CacheRef] = {}
 _uop_cache_lock = threading.Lock()
 
 
-def _uncache(ref: weakref.KeyedRef, _cache: dict = _uop_cache, _remove: Callable = _remove_dead_weakref) -> None:
+def _uncache(ref: _CacheRef, _cache: dict = _uop_cache, _remove: Callable = _remove_dead_weakref) -> None:
     _remove(_cache, ref.key)
 
 
@@ -257,7 +266,9 @@ class UOpMeta(type):
         with _uop_cache_lock:  # two threads building the same new UOp must publish one object: `is` is equality
             if (ref := _uop_cache.get(key)) is not None and (known := ref()) is not None:
                 return known
-            _uop_cache[key] = weakref.KeyedRef(ret, _uncache, key)
+            ref = _CacheRef(ret, _uncache)
+            ref.key = key  # (before it is published: the callback reads it)
+            _uop_cache[key] = ref
         return ret
 
 
