@@ -5,6 +5,7 @@
 # passing and failing examples at the end. A failure prints its shrunk program there, as in a single run.
 # Usage, from the repository root: bash bench/property_profile.sh TEST_FILTER PROCS EXAMPLES [BASE_SEED]
 #   e.g. bash bench/property_profile.sh programs_on_every 14 715   (10,010 examples)
+# PROFILE_LIMIT_S=N stops each part after N seconds (a part stopped so prints no statistics and counts as not passed).
 set -u
 OUT=${OUT:-profile_out}
 mkdir -p "$OUT"
@@ -14,7 +15,7 @@ PY=${PYTHON:-python3}
 parts=$(mktemp -d)
 for i in $(seq 0 $((PROCS - 1))); do
   # the project's addopts hide hypothesis's plugin (and with it --hypothesis-seed): replaced here
-  ZG_PROPERTY_EXAMPLES=$EXAMPLES $PY -m pytest -o addopts="-p no:anyio" -q -p no:cacheprovider \
+  ZG_PROPERTY_EXAMPLES=$EXAMPLES timeout "${PROFILE_LIMIT_S:-0}" $PY -m pytest -o addopts="-p no:anyio" -q -p no:cacheprovider \
     tests/test_property.py -k "$FILTER" --hypothesis-seed=$((BASE + i)) --hypothesis-show-statistics \
     >"$parts/$i.txt" 2>&1 &
 done
