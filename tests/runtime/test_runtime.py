@@ -52,3 +52,24 @@ def test_freed_buffers_are_reused():
     for _ in range(5):
         (x + 1).realize()  # each result dies at once: its memory goes back to the allocator
     assert GlobalCounters.mem_used == used
+
+
+def test_reused_host_memory_keeps_its_address_without_reading_it_again(monkeypatch):
+    """A buffer freed to the host allocator's cache keeps its address beside it: the next buffer of that size gets
+    the memory and its address together (numpy's .ctypes builds an object per read), and the address is right."""
+    from zeptograd.device import Buffer, Device
+    from zeptograd.dtype import dtypes
+
+    allocator = Device["CPU"].allocator
+    first = Buffer("CPU", 1000003, dtypes.float32)  # a size no other test frees
+    address = first.ptr
+    del first
+    assert len(allocator.free_cache[1000003 * 4]) == 1 and allocator.cached_handles
+    monkeypatch.setattr(type(allocator), "handle", lambda self, mem: pytest.fail("the address was read again"))
+    second = Buffer("CPU", 1000003, dtypes.float32)
+    assert second.ptr == address
+    monkeypatch.undo()
+    assert second.ptr == second._mem.ctypes.data
+    assert id(second._mem) not in allocator.cached_handles  # only memory in the cache has an entry
+    second.copyin(np.arange(1000003, dtype=np.float32))
+    assert second.numpy()[-1] == 1000002

@@ -218,6 +218,12 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
         from zeptograd.engine.realize import realize_tensors
 
+        if not lst and self.uop.op is not Ops.MULTI:  # one tensor on one device (the common case, fewer steps)
+            grad_graph = self.uop if self.requires_grad else None
+            realize_tensors([self])
+            if grad_graph is not None:
+                self.uop = grad_graph
+            return self
         tensors = [self, *lst]
         keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
         sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
