@@ -416,3 +416,18 @@ def test_views_realized_in_a_loop_keep_the_readers_list_bounded():
     assert len(realize._readers[base]) <= 32  # (300 without dropping the dead)
     x.assign(x * 2).realize()
     np.testing.assert_array_equal(x.detach()[:5].numpy(), np.arange(5, dtype=np.float32) * 2)
+
+
+def test_realizing_a_realized_tensor_again_keeps_no_reference_to_it():
+    """A buffer realized again is its own value: noting it so would hold its weak key alive (and its memory) forever."""
+    from zeptograd import GlobalCounters
+    from zeptograd.engine import realize
+
+    before = GlobalCounters.mem_used
+    for _ in range(20):
+        x = Tensor(np.ones(1 << 14, np.float32)).realize()
+        x.realize()
+        Tensor.realize(x, x + 1)
+        del x
+    assert GlobalCounters.mem_used == before
+    assert not [u for u in list(realize._realized.keys()) if realize._realized.get(u) is u]

@@ -418,6 +418,8 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 
 def remember_realized(node: UOp, value: UOp):
+    if value is node:  # (a buffer realized again): the entry would hold its own weak key alive, and say nothing
+        return
     _realized_data[weakref.ref(node, _realized_remove)] = value  # _realized[node] = value, without its Python frame
     _realized_count[0] += 1
     if _clean_data:  # (the set itself: WeakSet's len is a Python call)
