@@ -1,6 +1,7 @@
 """TinyJit: call 1 runs, call 2 captures, calls 3+ replay the captured kernels with the new inputs' buffers."""
 
 import functools
+import weakref
 
 import numpy as np
 import pytest
@@ -524,3 +525,29 @@ def test_replay_fast_path_leaves_unusual_calls_to_the_general_one():
     with pytest.raises(JitError, match="same buffer"):
         f(a, a)
     assert f.runs[0] == 2
+
+
+def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
+    """A replay whose last output nothing refers to any more writes the same buffer and hands out the same BUFFER
+    node again (no node built); one still referred to (a tensor, or a lazy graph on it) keeps its values."""
+    from zeptograd.uop import ops
+
+    f = counted(lambda a, b: a * b)
+    a, b = Tensor(rnd(16, seed=1)).realize(), Tensor(rnd(16, seed=2)).realize()
+    expected = a.numpy() * b.numpy()
+    for _ in range(3):
+        f(a, b)
+    made = []
+    real_call = ops.UOpMeta.__call__
+    monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    first = f(a, b)
+    node = weakref.ref(first.uop)  # (a reference would be a use)
+    del first
+    second = f(a, b)
+    monkeypatch.undo()
+    assert second.uop is node() and made == []
+    lazy = second * 1.0  # refers to the node: the next replay writes elsewhere
+    del second
+    third = f(Tensor(rnd(16, seed=3)).realize(), b)
+    assert third.uop is not node()
+    np.testing.assert_allclose(lazy.numpy(), expected, rtol=1e-6)

@@ -8,8 +8,9 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 `capturing` hook records every ScheduleItem that runs; in it, a value realized before the capture is computed
 again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
 Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
-calls in which only the pointers of the input buffers change. So the function body runs exactly twice, whatever
-the number of calls.
+calls in which only the pointers of the input buffers change (each call made once as the compiled function and its
+prepared arguments, Program.direct_call; positional Tensor arguments take TinyJit._fast_replay). So the function
+body runs exactly twice, whatever the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
@@ -34,7 +35,7 @@ object takes one call at a time; a replay runs under realize.engine_lock like a 
 Outputs keep their values, as an eager call's results do (tinygrad instead overwrites call N's outputs in call
 N+1): the returned tensors are realized; on replay they are fresh Tensor objects on the output buffers the replay
 wrote. A replay writes an output buffer the capture allocated again only once nothing refers to what the previous
-call returned there (no tensor, no lazy graph: a weak reference to its BUFFER uop tells); otherwise the replay is
+call returned there (no tensor, no lazy graph: the reference count of its BUFFER uop tells); otherwise the replay is
 pointed at a new buffer of the same size (the allocator's free cache makes `out = step(x)` in a loop alternate
 between two). A buffer that existed before the capture (a weight the function assigns to) is state: every call
 updates it in place and what was returned on it shows the update, as a returned parameter does in torch. Passing a
@@ -59,6 +60,7 @@ import ctypes
 import functools
 import math
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -404,40 +406,48 @@ def _skip_readers_only(items: _Capture, replayed: list[bool], outs: list) -> Non
         read_later |= {id(b) for pos, b in enumerate(item.bufs) if pos not in out_pos or pos in loaded}
 
 
+def _referred_to(uops: list[UOp]) -> bool:
+    """Whether anything but the list refers to one of `uops` (CPython's reference count: a tensor, a lazy graph or a
+    realized value that holds a uop holds a reference to it; the engine's weak maps do not)."""
+    for u in uops:
+        if sys.getrefcount(u) > 3:  # the list, this loop's variable and getrefcount's argument
+            return True
+    return False
+
+
 @dataclass
 class _FreshOutput:
     """An output buffer the capture allocated and a replayed kernel writes. What a call returned on it keeps its
-    values: a replay writes `buf` again only once no BUFFER uop handed out on it is alive, else the spare (the buffer
-    of the call before, once nothing refers to it) or a new buffer. So `out = step(x)` in a loop alternates two."""
+    values: a replay writes `buf` again only once nothing but this object refers to the BUFFER uops handed out on it
+    (then the next call hands out the same uop again: no new node, as nothing can tell it from a new one), else the
+    spare (the buffer of the call before, once nothing refers to it) or a new buffer. So `out = step(x)` in a loop
+    alternates two."""
 
     buf: Buffer  # what the next replay writes (unless what was handed out on it is still referred to)
     slots: list[tuple[int, int]]  # (call index, argument position) of every use of the buffer in the replay
-    handed_out: list[weakref.ref]  # the BUFFER uops the last call returned on `buf`
+    handed: list[UOp]  # the BUFFER uops the last call returned on `buf`
     spare: Buffer | None = None
-    spare_handed_out: list[weakref.ref] = field(default_factory=list)
+    spare_handed: list[UOp] = field(default_factory=list)
 
     def prepare(self, cap: CapturedJit):
         """Point the replay at another buffer if the last call's values on this one are still referred to."""
-        for ref in self.handed_out:  # (a loop: this runs on every replay)
-            if ref() is not None:
-                break
-        else:
+        if not _referred_to(self.handed):
             return
-        if self.spare is not None and all(ref() is None for ref in self.spare_handed_out):
+        if self.spare is not None and not _referred_to(self.spare_handed):
             self.buf, self.spare = self.spare, self.buf
-            self.handed_out, self.spare_handed_out = self.spare_handed_out, self.handed_out
+            self.handed, self.spare_handed = self.spare_handed, self.handed
         else:  # a spare still referred to stays with its readers
-            self.spare, self.spare_handed_out = self.buf, self.handed_out
-            self.buf = Buffer(self.buf.device, self.buf.size, self.buf.dtype)
+            self.spare, self.spare_handed = self.buf, self.handed
+            self.buf, self.handed = Buffer(self.buf.device, self.buf.size, self.buf.dtype), []
         ptr = self.buf.ptr
         for ci, pos in self.slots:
             cap.set_ptr(ci, pos, ptr)
 
     def hand_out(self) -> UOp:
         """A BUFFER uop on this call's values (one per call: the tensors returned on the buffer share it)."""
-        u = new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)
-        self.handed_out = [weakref.ref(u)]
-        return u
+        if len(self.handed) != 1:
+            self.handed = [new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)]
+        return self.handed[0]
 
 
 @dataclass
@@ -705,7 +715,7 @@ class TinyJit:
                     fresh[id(b)] = _FreshOutput(b, uses[id(b)], [])
                     held.pop(id(b))
                     written.discard(id(b))
-                fresh[id(b)].handed_out.append(weakref.ref(base))
+                fresh[id(b)].handed.append(base)
                 out_specs.append(("fresh", list(fresh).index(id(b)), unbound_shape(t.shape), t.device))
             else:
                 held[id(b)] = b
@@ -792,13 +802,19 @@ class TinyJit:
             if (b := _buffers_data.get(weakref.ref(u)) if u.op is Ops.BUFFER else _whole_buffer(u)) is None:
                 return _NOT_FAST
             bufs.append(b)
-        if len(bufs) > 1 and len({id(b) for b in bufs}) < len(bufs):
+        if len(bufs) == 2:
+            if bufs[0] is bufs[1]:
+                return _NOT_FAST
+        elif len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
             return _NOT_FAST
-        fresh = cap.fresh
+        fresh, written = cap.fresh, cap.written
         for out in fresh:
             out.prepare(cap)
         for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
-            if id(b) in cap.written or any(b is out.buf for out in fresh):
+            aliased = id(b) in written
+            for out in fresh:
+                aliased = aliased or out.buf is b
+            if aliased:
                 bufs[i] = _copy_buffer(b)
         for ptrs, args_, wrap, pos, i in cap.fast_slots:
             ptrs[pos] = p = bufs[i].ptr
