@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Hashable
 
 import numpy as np
@@ -246,6 +246,12 @@ class CompiledKernel:
     n_ops: int  # estimated operations per run, for GFLOPS
     src: str
     vars: tuple[str, ...] = ()  # the Variables it takes as int arguments after the buffers, by name
+    # (fn, wrap, program): program.direct_call(), the compiled function a run calls without the Program's frame
+    direct: tuple | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        if (shortcut := getattr(self.program, "direct_call", lambda: None)()) is not None:
+            self.direct = (*shortcut, self.program)
 
 
 # keyed by the device's program_key, not its name: devices of one backend, renderer and compiler (CPU:0, CPU:1, ...)
@@ -358,6 +364,12 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
                     f"values (var_vals), got {var_vals}"
                 )
             kernel.program(*ptrs, vals=tuple(var_vals[v] for v in kernel.vars))
+        elif (direct := kernel.direct) is not None and direct[2] is kernel.program:
+            fn, wrap, _ = direct
+            if wrap is None:
+                fn(*ptrs)
+            else:
+                fn(*map(wrap, ptrs))
         else:
             kernel.program(*ptrs)
         dt = time.perf_counter() - t0
@@ -382,7 +394,7 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
     uops = [t.uop for t in tensors]
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if DEBUG.value >= 1 else 0.0
     realized = _realized if not _capturing.stack else _capturing[-1].realized
     if _superseded_data:  # (the dict itself: WeakKeyDictionary's len is a Python call)
         uops = _without_superseded(uops, realized)

@@ -80,8 +80,10 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
     index: dict[int, int] = {}
     n_assign = 0
     symbolic, look_for_symbols = False, variable.in_use  # until a Variable is bound, there is none to find
-    held = _own_dict(buffers)  # a lookup without a Python-level call
-    fast_realized = _own_dict(realized) if isinstance(realized, weakref.WeakKeyDictionary) else None
+    held = _buffers_data  # a lookup without a Python-level call
+    fast_realized = _own_dict(realized) if type(realized) is weakref.WeakKeyDictionary else None
+    if fast_realized is not None and not fast_realized:  # nothing realized is alive: no node to look up
+        realized = fast_realized = None
     stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
     while stack:
         u, expanded = stack.pop()
@@ -118,7 +120,7 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
         for s in reversed(u.src):
             if s not in position:
                 stack.append((s, False))
-    key.append((Ops.SINK, tuple(position[u] for u in outs)))
+    key.append((Ops.SINK, tuple([position[u] for u in outs])))
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
 
 
@@ -130,6 +132,8 @@ def _own_dict(d: weakref.WeakKeyDictionary[K, V]) -> dict[weakref.ref[K], V]:
     """The WeakKeyDictionary's own dict of weak references (CPython's `data` attribute, used as walk's fast path)."""
     return d.data  # type: ignore[attr-defined]  # an implementation attribute typeshed does not declare
 
+
+_buffers_data = _own_dict(buffers)
 
 # every knob, a live view of ContextVar._cache (knobs are only ever added to it, so their values name them)
 _knob_vars = ContextVar._cache.values()
