@@ -209,11 +209,13 @@ class Buffer:
         numpy's .ctypes makes an object per read."""
         if (p := self._ptr) is None:
             if self._allocator is None:  # allocated with its handle (a host allocator's cache keeps the addresses)
-                allocator = Device[self.device].allocator
-                self._mem, p = allocator.alloc_with_handle(self.nbytes)
+                allocator = (Device._opened.get(self.device) or Device[self.device]).allocator
+                nbytes = self.size * self.dtype.itemsize
+                self._mem, p = allocator.alloc_with_handle(nbytes)
                 self._allocator = allocator
-                GlobalCounters.mem_used += self.nbytes
-                GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)
+                used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
+                if used > GlobalCounters.mem_peak:
+                    GlobalCounters.mem_peak = used
             else:
                 p = self._allocator.handle(self._mem)
             self._ptr = p

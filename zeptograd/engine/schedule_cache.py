@@ -191,9 +191,16 @@ def _copy_item(item: ScheduleItem, bufs: list[Buffer]) -> ScheduleItem:
 
 
 def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-    new = [Buffer(dev, size, dtype) for dev, size, dtype in t.new_bufs]
+    new = []
+    for dev, size, dtype in t.new_bufs:
+        new.append(Buffer(dev, size, dtype))
     in_bufs, in_uops, nodes = w.in_bufs, w.in_uops, w.nodes
-    items = [_copy_item(item, [in_bufs[i] if kind == 0 else new[i] for kind, i in slots]) for item, slots in t.items]
+    items = []
+    for item, slots in t.items:  # (loops, not comprehensions: each is a call before Python 3.12)
+        bufs = []
+        for kind, i in slots:
+            bufs.append(in_bufs[i] if kind == 0 else new[i])
+        items.append(_copy_item(item, bufs))
     new_uops: dict[int, UOp] = {}
 
     def real(p: UOp) -> UOp:
