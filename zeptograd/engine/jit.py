@@ -557,6 +557,7 @@ class CapturedJit:
 
 _all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
 _NOT_FAST = object()  # TinyJit._fast_replay: the general path must take this call
+_NO_VALUES: dict[str, int] = {}  # the Variable values of a replay that takes none (never written)
 _buffers_data = _own_dict(buffers)  # buffers' own dict of weak references: a lookup without a Python frame
 
 
@@ -821,9 +822,12 @@ class TinyJit:
             if wrap is not None:
                 args_[pos] = wrap(p)
         try:
-            cap.run({})
-        finally:
-            cap.drop_inputs()
+            cap.run(_NO_VALUES)
+        finally:  # (drop_inputs, inline)
+            for ptrs, args_, wrap, pos, _ in cap.fast_slots:
+                ptrs[pos] = 0
+                if wrap is not None:
+                    args_[pos] = wrap(0)
         outs = []
         handed = [out.hand_out() for out in fresh]
         for spec in cap.outputs:
