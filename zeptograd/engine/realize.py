@@ -46,6 +46,7 @@ _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
 _realized_data = schedule_cache._own_dict(_realized)
 _realized_remove = _realized._remove  # type: ignore[attr-defined]  # the callback its references carry
 _readers_data = schedule_cache._own_dict(_readers)
+_readers_remove = _readers._remove  # type: ignore[attr-defined]
 _clean_data = _clean.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
 _realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
 # a pending ASSIGN that a later assign to the same target folded into (Tensor.assign) -> that later ASSIGN. It never
@@ -440,7 +441,7 @@ def remember_realized(node: UOp, value: UOp):
         _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
         if (readers := _readers_data.get(weakref.ref(buf))) is None:
-            _readers[buf] = [weakref.ref(node)]
+            _readers_data[weakref.ref(buf, _readers_remove)] = [weakref.ref(node)]  # (_readers[buf] = ...)
             return
         readers.append(weakref.ref(node))
         if len(readers) >= 8 and not len(readers) & (len(readers) - 1):
@@ -463,7 +464,8 @@ def _realize_tensors(tensors: list[Tensor]):
     if _superseded_data:
         for t in tensors:
             t.uop = current_view(t.uop)
-    if writes := _writes_seen_by_views(tensors):  # they run first; the views move to the memory's new contents
+    # writes into memory a tensor is a view of run first; the views move to the memory's new contents
+    if _pending_writes and (writes := _writes_seen_by_views(tensors)):
         _realize_tensors(writes)
     items, outs, becomes, var_vals = _schedule(tensors)
     written = _written(becomes)
