@@ -81,7 +81,8 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
     n_assign = 0
     symbolic, look_for_symbols = False, variable.in_use  # until a Variable is bound, there is none to find
     held = _buffers_data  # a lookup without a Python-level call
-    fast_realized = _own_dict(realized) if type(realized) is weakref.WeakKeyDictionary else None
+    # (its own dict, as _own_dict gives, without the call)
+    fast_realized = realized.data if type(realized) is weakref.WeakKeyDictionary else None  # type: ignore[attr-defined]
     if fast_realized is not None and not fast_realized:  # nothing realized is alive: no node to look up
         realized = fast_realized = None
     stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
@@ -231,7 +232,7 @@ def cached_schedule(
 ) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule(outs), from the template of an equal-structure graph when one was scheduled before. `w`: the
     walk of outs, where the caller made it already."""
-    if not SCHEDULE_CACHE:
+    if not SCHEDULE_CACHE.value:
         return create_schedule(outs)
     if w is None:
         try:
