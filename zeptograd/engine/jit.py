@@ -484,6 +484,7 @@ class CapturedJit:
     # per input slot: (the call's pointers, its direct arguments, their wrap, argument position, input position)
     fast_slots: list[tuple[list, list, Callable[[Any], Any] | None, int, Any]] = field(init=False)
     tensor_type: Any = field(init=False)  # the Tensor class (imported at the capture: no import per replay)
+    single_output: bool = field(init=False)  # the function returned one Tensor (not sharded): _wrap is outs[0]
 
     def __post_init__(self):
         self.direct, self.wraps = [], []
@@ -507,6 +508,7 @@ class CapturedJit:
         from zeptograd.tensor import Tensor
 
         self.tensor_type = Tensor
+        self.single_output = isinstance(self.ret, Tensor) and len(self.outputs) == 1 and not any(self.out_groups)
 
     def set_ptr(self, ci: int, pos: int, ptr: Any):
         """Point argument `pos` of call `ci` at `ptr` (a buffer's handle)."""
@@ -809,8 +811,9 @@ class TinyJit:
         elif len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
             return _NOT_FAST
         fresh, written = cap.fresh, cap.written
-        for out in fresh:
-            out.prepare(cap)
+        for out in fresh:  # (the check of prepare, inline: the last call's one uop, referred to by the list alone)
+            if len(out.handed) != 1 or sys.getrefcount(out.handed[0]) > 2:
+                out.prepare(cap)
         for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
             aliased = id(b) in written
             for out in fresh:
@@ -822,23 +825,33 @@ class TinyJit:
             if wrap is not None:
                 args_[pos] = wrap(p)
         try:
-            cap.run(_NO_VALUES)
+            if cap.plain and DEBUG.value < 2:  # (run, inline)
+                for fn, fn_args in cap.direct:
+                    fn(*fn_args)
+                GlobalCounters.kernel_count += len(cap.calls)
+                GlobalCounters.global_ops += cap.n_ops
+                GlobalCounters.global_mem += cap.mem
+            else:
+                cap.run(_NO_VALUES)
         finally:  # (drop_inputs, inline)
             for ptrs, args_, wrap, pos, _ in cap.fast_slots:
                 ptrs[pos] = 0
                 if wrap is not None:
                     args_[pos] = wrap(0)
         outs = []
-        handed = [out.hand_out() for out in fresh]
+        handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in fresh]
         for spec in cap.outputs:
             if spec[0] == "fresh":
-                outs.append(Tensor(reshape_uop(handed[spec[1]], spec[2]), device=spec[3]))
+                u = handed[spec[1]]
+                outs.append(Tensor(u if u.shape == spec[2] else reshape_uop(u, spec[2]), device=spec[3]))
             elif spec[0] == "buf":
                 outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
             elif spec[0] == "in":
                 outs.append(args[spec[1][1]])
             else:
                 outs.append(Tensor(rebind(spec[1], {}), device=spec[2]))
+        if cap.single_output:
+            return outs[0]
         return _wrap(cap.ret, _regroup(outs, cap.out_groups) if cap.out_groups and any(cap.out_groups) else outs)
 
     @staticmethod
