@@ -65,6 +65,15 @@ class Allocator(Generic[MemT]):
     def free(self, mem: MemT) -> None:
         raise NotImplementedError
 
+    def alloc_with_handle(self, nbytes: int) -> tuple[MemT, Any]:
+        """alloc and its handle (HostAllocator remembers the handles of the memory it caches)."""
+        mem = self.alloc(nbytes)
+        return mem, self.handle(mem)
+
+    def free_with_handle(self, mem: MemT, handle: Any) -> None:
+        """free, given the memory's handle if it was read (None if not)."""
+        self.free(mem)
+
     def capacity(self) -> int:
         """The most bytes one buffer can have."""
         raise NotImplementedError
@@ -89,17 +98,44 @@ class Allocator(Generic[MemT]):
 class HostAllocator(Allocator[np.ndarray]):
     """Host memory (CPU, PYTHON, NULL): aligned numpy arrays; a kernel receives the address."""
 
+    def __init__(self):
+        super().__init__()
+        # id of an array in free_cache -> its address (numpy's .ctypes.data builds an object per read); an entry is
+        # added before its array enters the cache and removed when the array leaves it, so the id is never reused
+        self.cached_handles: dict[int, int] = {}
+
     def alloc(self, nbytes: int) -> np.ndarray:
         if cached := self.free_cache.get(nbytes):
             try:
-                return cached.pop()
+                mem = cached.pop()
             except IndexError:  # another thread took the last one since the check
                 pass
+            else:
+                self.cached_handles.pop(id(mem), None)
+                return mem
         raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
         off = (-raw.ctypes.data) % ALIGN
         return raw[off : off + nbytes]
 
+    def alloc_with_handle(self, nbytes: int) -> tuple[np.ndarray, int]:
+        if cached := self.free_cache.get(nbytes):
+            try:
+                mem = cached.pop()
+            except IndexError:  # another thread took the last one since the check
+                pass
+            else:
+                if (handle := self.cached_handles.pop(id(mem), None)) is None:
+                    handle = mem.ctypes.data
+                return mem, handle
+        mem = self.alloc(nbytes)
+        return mem, mem.ctypes.data
+
     def free(self, mem: np.ndarray) -> None:
+        self.free_cache.setdefault(mem.nbytes, []).append(mem)
+
+    def free_with_handle(self, mem: np.ndarray, handle: int | None) -> None:
+        if handle is not None:
+            self.cached_handles[id(mem)] = handle
         self.free_cache.setdefault(mem.nbytes, []).append(mem)
 
     def capacity(self) -> int:
@@ -126,7 +162,11 @@ def check_capacity(buffers: list[Buffer]):
     """A MemoryError naming the bytes and the device for a buffer not yet allocated that its device can't hold,
     before anything is compiled or run (a loop over 10**12 elements would otherwise be compiled first)."""
     for b in buffers:  # every device holds 128 MiB (OpenCL's least max_mem_alloc_size): only larger ones are asked
-        if b.nbytes > 1 << 27 and not b.is_allocated and b.nbytes > (cap := Device[b.device].allocator.capacity()):
+        if (
+            b.size * b.dtype.itemsize > 1 << 27
+            and not b.is_allocated
+            and b.nbytes > (cap := Device[b.device].allocator.capacity())
+        ):
             raise MemoryError(
                 f"can't allocate {b.nbytes} bytes ({b.size} x {b.dtype}) on {b.device}: it holds at most {cap} bytes"
             )
@@ -168,8 +208,17 @@ class Buffer:
         """What a kernel call receives for this buffer (Allocator.handle): for host memory its address. Read once:
         numpy's .ctypes makes an object per read."""
         if (p := self._ptr) is None:
-            allocator, mem = self._memory()
-            p = self._ptr = mem.ctypes.data if type(mem) is np.ndarray else allocator.handle(mem)
+            if self._allocator is None:  # allocated with its handle (a host allocator's cache keeps the addresses)
+                allocator = (Device._opened.get(self.device) or Device[self.device]).allocator
+                nbytes = self.size * self.dtype.itemsize
+                self._mem, p = allocator.alloc_with_handle(nbytes)
+                self._allocator = allocator
+                used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
+                if used > GlobalCounters.mem_peak:
+                    GlobalCounters.mem_peak = used
+            else:
+                p = self._allocator.handle(self._mem)
+            self._ptr = p
         return p
 
     def copyin(self, data: np.ndarray) -> Buffer:
@@ -189,7 +238,7 @@ class Buffer:
         if self._allocator is not None:
             GlobalCounters.mem_used -= self.nbytes
             try:
-                self._allocator.free(self._mem)
+                self._allocator.free_with_handle(self._mem, self._ptr)
             except Exception:  # interpreter shutdown
                 pass
 
@@ -279,6 +328,12 @@ class Program:
 
     def __call__(self, *bufs: Any, vals: tuple[int, ...] = ()) -> None:
         raise NotImplementedError
+
+    def direct_call(self) -> tuple[Callable[..., None], Callable[[Any], Any] | None] | None:
+        """(fn, arg) where `fn(*[arg(h) for h in handles])` runs the kernel as `self(*handles)` does (no `vals`),
+        without this object's Python frame: a TinyJit replay prepares the arguments once and calls fn (arg None:
+        the handles as they are). None where a call needs more than that (cores, Variables)."""
+        return None
 
 
 @dataclass

@@ -398,3 +398,36 @@ def test_sharded_reader_keeps_old_values(axis):
     tw[1] = 7
     _eq(w, tw)
     _eq(y, ty)
+
+
+def test_views_realized_in_a_loop_keep_the_readers_list_bounded():
+    """Each node realized to a view of a buffer is noted as a reader of it (an assign into the buffer forgets what they
+    were realized to); dead ones are dropped as the list grows."""
+    from zeptograd.engine import realize
+
+    x = Tensor(np.arange(16, dtype=np.float32)).realize()
+    base = x.uop
+    kept = []
+    for i in range(300):
+        v = x.detach()[: i % 16 + 1]  # a node not alive before: noted as a reader of x's buffer
+        v.realize()
+        if i % 100 == 0:
+            kept.append(v)
+    assert len(realize._readers[base]) <= 32  # (300 without dropping the dead)
+    x.assign(x * 2).realize()
+    np.testing.assert_array_equal(x.detach()[:5].numpy(), np.arange(5, dtype=np.float32) * 2)
+
+
+def test_realizing_a_realized_tensor_again_keeps_no_reference_to_it():
+    """A buffer realized again is its own value: noting it so would hold its weak key alive (and its memory) forever."""
+    from zeptograd import GlobalCounters
+    from zeptograd.engine import realize
+
+    before = GlobalCounters.mem_used
+    for _ in range(20):
+        x = Tensor(np.ones(1 << 14, np.float32)).realize()
+        x.realize()
+        Tensor.realize(x, x + 1)
+        del x
+    assert GlobalCounters.mem_used == before
+    assert not [u for u in list(realize._realized.keys()) if realize._realized.get(u) is u]

@@ -1,6 +1,7 @@
 """TinyJit: call 1 runs, call 2 captures, calls 3+ replay the captured kernels with the new inputs' buffers."""
 
 import functools
+import weakref
 
 import numpy as np
 import pytest
@@ -470,3 +471,83 @@ def test_prune_with_index_checks():
         np.testing.assert_allclose(g(Tensor(ids)).numpy(), table.numpy()[ids] * 2, rtol=1e-6)
     with pytest.raises(IndexError, match="index 10 is out of bounds for dimension 0 with size 10"):
         g(Tensor([10, 0]))
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C"])
+def test_replay_calls_prebuilt_kernel_calls_and_schedules_nothing(device, monkeypatch):
+    """A replay of positional tensors runs the captured kernels through calls built once at the capture (the compiled
+    function itself, with its pointer arguments prepared: Program.direct_call), swapping only the input pointers: it
+    schedules nothing, looks no kernel up and builds no UOp but its output's BUFFER."""
+    from zeptograd.engine import jit as jit_module
+    from zeptograd.engine import realize
+    from zeptograd.uop import ops
+
+    f = counted(lambda a, b: (a * b + a).relu())
+    for i in range(2):
+        f(Tensor(rnd(16, seed=i), device=device), Tensor(rnd(16, seed=i + 5), device=device))
+    cap = f.captured
+    programs = [program for program, _, _ in cap.calls]
+    assert [fn for fn, _ in cap.direct] == [program.fxn for program in programs]  # not the Program's __call__
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a replay must not schedule, look up kernels or split its arguments")
+
+    for name in ("_schedule", "get_kernel", "realize_tensors"):
+        monkeypatch.setattr(realize, name, refuse)
+    monkeypatch.setattr(jit_module, "_split_args", refuse)
+    made = []
+    real_call = ops.UOpMeta.__call__
+    monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    results = []
+    for seed in (10, 20):
+        x, y = rnd(16, seed=seed), rnd(16, seed=seed + 1)
+        a, b = Tensor(x, device=device), Tensor(y, device=device)
+        made.clear()
+        results.append((f(a, b), np.maximum(x * y + x, 0)))
+        assert made == [ops.Ops.BUFFER]  # the output's, on the device's one DEVICE node
+    monkeypatch.undo()
+    for out, expected in results:
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    assert f.runs[0] == 2
+
+
+def test_replay_fast_path_leaves_unusual_calls_to_the_general_one():
+    """Lazy inputs, an output passed back in and one buffer passed twice take the general path: the same results and
+    errors as before there was a fast one."""
+    f = counted(lambda a, b: a + b)
+    a, b = Tensor(rnd(8, seed=1)).realize(), Tensor(rnd(8, seed=2)).realize()
+    for _ in range(3):
+        out = f(a, b)
+    lazy = f(a * 2, b)  # realized first by the general path
+    np.testing.assert_allclose(lazy.numpy(), a.numpy() * 2 + b.numpy(), rtol=1e-6)
+    again = f(out, b)  # out's buffer is what the replay writes: copied first
+    np.testing.assert_allclose(again.numpy(), a.numpy() + 2 * b.numpy(), rtol=1e-6)
+    with pytest.raises(JitError, match="same buffer"):
+        f(a, a)
+    assert f.runs[0] == 2
+
+
+def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
+    """A replay whose last output nothing refers to any more writes the same buffer and hands out the same BUFFER
+    node again (no node built); one still referred to (a tensor, or a lazy graph on it) keeps its values."""
+    from zeptograd.uop import ops
+
+    f = counted(lambda a, b: a * b)
+    a, b = Tensor(rnd(16, seed=1)).realize(), Tensor(rnd(16, seed=2)).realize()
+    expected = a.numpy() * b.numpy()
+    for _ in range(3):
+        f(a, b)
+    made = []
+    real_call = ops.UOpMeta.__call__
+    monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    first = f(a, b)
+    node = weakref.ref(first.uop)  # (a reference would be a use)
+    del first
+    second = f(a, b)
+    monkeypatch.undo()
+    assert second.uop is node() and made == []
+    lazy = second * 1.0  # refers to the node: the next replay writes elsewhere
+    del second
+    third = f(Tensor(rnd(16, seed=3)).realize(), b)
+    assert third.uop is not node()
+    np.testing.assert_allclose(lazy.numpy(), expected, rtol=1e-6)

@@ -65,3 +65,43 @@ def test_freed_buffers_are_reused():
     for _ in range(5):
         (x + 1).realize()  # each result dies at once: its memory goes back to the allocator
     assert GlobalCounters.mem_used == used
+
+
+def test_reused_host_memory_keeps_its_address_without_reading_it_again(monkeypatch):
+    """A buffer freed to the host allocator's cache keeps its address beside it: the next buffer of that size gets
+    the memory and its address together (numpy's .ctypes builds an object per read), and the address is right."""
+    from zeptograd.device import Buffer, Device
+    from zeptograd.dtype import dtypes
+
+    allocator = Device["CPU"].allocator
+    first = Buffer("CPU", 1000003, dtypes.float32)  # a size no other test frees
+    address = first.ptr
+    del first
+    assert len(allocator.free_cache[1000003 * 4]) == 1 and allocator.cached_handles
+    monkeypatch.setattr(type(allocator), "handle", lambda self, mem: pytest.fail("the address was read again"))
+    second = Buffer("CPU", 1000003, dtypes.float32)
+    assert second.ptr == address
+    monkeypatch.undo()
+    assert second.ptr == second._mem.ctypes.data
+    assert id(second._mem) not in allocator.cached_handles  # only memory in the cache has an entry
+    second.copyin(np.arange(1000003, dtype=np.float32))
+    assert second.numpy()[-1] == 1000002
+
+
+def test_eager_kernels_are_called_without_the_programs_frame(monkeypatch):
+    """run_schedule calls a kernel that needs no cores or Variables through Program.direct_call (the compiled function
+    itself), kept on the CompiledKernel: the Program's __call__ is not on the path."""
+    from zeptograd.device import Program
+    from zeptograd.engine import realize
+
+    program_type = type(realize.get_kernel("CPU", (Tensor([1.0], device="CPU") + 1).schedule()[0].ast).program)
+    if program_type.direct_call is Program.direct_call:
+        pytest.skip("this CPU backend has no direct call")
+    x, y = np.arange(16, dtype=np.float32), np.full(16, 3.0, np.float32)
+    a, b = Tensor(x, device="CPU").realize(), Tensor(y, device="CPU").realize()
+    monkeypatch.setattr(program_type, "__call__", lambda *args, **kw: pytest.fail("called through the Program"))
+    GlobalCounters.reset()
+    out = (a * b + a).realize()
+    assert GlobalCounters.kernel_count == 1
+    monkeypatch.undo()
+    np.testing.assert_allclose(out.numpy(), x * y + x)

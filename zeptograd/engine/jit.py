@@ -8,8 +8,9 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 `capturing` hook records every ScheduleItem that runs; in it, a value realized before the capture is computed
 again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
 Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
-calls in which only the pointers of the input buffers change. So the function body runs exactly twice, whatever
-the number of calls.
+calls in which only the pointers of the input buffers change (each call made once as the compiled function and its
+prepared arguments, Program.direct_call; positional Tensor arguments take TinyJit._fast_replay). So the function
+body runs exactly twice, whatever the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
@@ -34,7 +35,7 @@ object takes one call at a time; a replay runs under realize.engine_lock like a 
 Outputs keep their values, as an eager call's results do (tinygrad instead overwrites call N's outputs in call
 N+1): the returned tensors are realized; on replay they are fresh Tensor objects on the output buffers the replay
 wrote. A replay writes an output buffer the capture allocated again only once nothing refers to what the previous
-call returned there (no tensor, no lazy graph: a weak reference to its BUFFER uop tells); otherwise the replay is
+call returned there (no tensor, no lazy graph: the reference count of its BUFFER uop tells); otherwise the replay is
 pointed at a new buffer of the same size (the allocator's free cache makes `out = step(x)` in a loop alternate
 between two). A buffer that existed before the capture (a weight the function assigns to) is state: every call
 updates it in place and what was returned on it shows the update, as a returned parameter does in torch. Passing a
@@ -59,6 +60,7 @@ import ctypes
 import functools
 import math
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -67,6 +69,7 @@ from typing import Any, Callable
 from zeptograd.buffers import buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
+from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
@@ -403,40 +406,48 @@ def _skip_readers_only(items: _Capture, replayed: list[bool], outs: list) -> Non
         read_later |= {id(b) for pos, b in enumerate(item.bufs) if pos not in out_pos or pos in loaded}
 
 
+def _referred_to(uops: list[UOp]) -> bool:
+    """Whether anything but the list refers to one of `uops` (CPython's reference count: a tensor, a lazy graph or a
+    realized value that holds a uop holds a reference to it; the engine's weak maps do not)."""
+    for u in uops:
+        if sys.getrefcount(u) > 3:  # the list, this loop's variable and getrefcount's argument
+            return True
+    return False
+
+
 @dataclass
 class _FreshOutput:
     """An output buffer the capture allocated and a replayed kernel writes. What a call returned on it keeps its
-    values: a replay writes `buf` again only once no BUFFER uop handed out on it is alive, else the spare (the buffer
-    of the call before, once nothing refers to it) or a new buffer. So `out = step(x)` in a loop alternates two."""
+    values: a replay writes `buf` again only once nothing but this object refers to the BUFFER uops handed out on it
+    (then the next call hands out the same uop again: no new node, as nothing can tell it from a new one), else the
+    spare (the buffer of the call before, once nothing refers to it) or a new buffer. So `out = step(x)` in a loop
+    alternates two."""
 
     buf: Buffer  # what the next replay writes (unless what was handed out on it is still referred to)
     slots: list[tuple[int, int]]  # (call index, argument position) of every use of the buffer in the replay
-    handed_out: list[weakref.ref]  # the BUFFER uops the last call returned on `buf`
+    handed: list[UOp]  # the BUFFER uops the last call returned on `buf`
     spare: Buffer | None = None
-    spare_handed_out: list[weakref.ref] = field(default_factory=list)
+    spare_handed: list[UOp] = field(default_factory=list)
 
-    def prepare(self, calls: list):
+    def prepare(self, cap: CapturedJit):
         """Point the replay at another buffer if the last call's values on this one are still referred to."""
-        for ref in self.handed_out:  # (a loop: this runs on every replay)
-            if ref() is not None:
-                break
-        else:
+        if not _referred_to(self.handed):
             return
-        if self.spare is not None and all(ref() is None for ref in self.spare_handed_out):
+        if self.spare is not None and not _referred_to(self.spare_handed):
             self.buf, self.spare = self.spare, self.buf
-            self.handed_out, self.spare_handed_out = self.spare_handed_out, self.handed_out
+            self.handed, self.spare_handed = self.spare_handed, self.handed
         else:  # a spare still referred to stays with its readers
-            self.spare, self.spare_handed_out = self.buf, self.handed_out
-            self.buf = Buffer(self.buf.device, self.buf.size, self.buf.dtype)
+            self.spare, self.spare_handed = self.buf, self.handed
+            self.buf, self.handed = Buffer(self.buf.device, self.buf.size, self.buf.dtype), []
         ptr = self.buf.ptr
         for ci, pos in self.slots:
-            calls[ci][1][pos] = ptr
+            cap.set_ptr(ci, pos, ptr)
 
     def hand_out(self) -> UOp:
         """A BUFFER uop on this call's values (one per call: the tensors returned on the buffer share it)."""
-        u = new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)
-        self.handed_out = [weakref.ref(u)]
-        return u
+        if len(self.handed) != 1:
+            self.handed = [new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)]
+        return self.handed[0]
 
 
 @dataclass
@@ -462,13 +473,66 @@ class CapturedJit:
     # buffers that existed before the capture and that a replay writes in place (weights the function assigns to):
     # before a replay, lazy tensors that read them are computed and views of them moved on (realize.prepare_overwrite)
     state: list[Buffer] = field(default_factory=list)
+    # per call, (fn, args): fn(*args) runs it as program(*pointers) does, args prepared once (Program.direct_call);
+    # the pointers of inputs and of swapped fresh outputs are written into both lists (set_ptr)
+    direct: list[tuple[Callable[..., None], list]] = field(init=False)
+    wraps: list[Callable[[Any], Any] | None] = field(init=False)  # per call: what turns a pointer into its argument
+    plain: bool = field(init=False)  # no call takes a Variable and no check runs between them: the direct loop
+    # the inputs' signatures by position, where the capture's arguments were positional Tensors only (no other
+    # argument, no Variable, no state): TinyJit's replay fast path; None otherwise
+    fast_sig: list[tuple] | None = field(init=False)
+    # per input slot: (the call's pointers, its direct arguments, their wrap, argument position, input position)
+    fast_slots: list[tuple[list, list, Callable[[Any], Any] | None, int, Any]] = field(init=False)
+    tensor_type: Any = field(init=False)  # the Tensor class (imported at the capture: no import per replay)
+    single_output: bool = field(init=False)  # the function returned one Tensor (not sharded): _wrap is outs[0]
+
+    def __post_init__(self):
+        self.direct, self.wraps = [], []
+        for program, ptrs, var_names in self.calls:
+            shortcut = getattr(program, "direct_call", lambda: None)() if not var_names else None
+            if shortcut is None:
+                self.direct.append((program, ptrs))
+                self.wraps.append(None)
+            else:
+                fn, wrap = shortcut
+                self.direct.append((fn, ptrs if wrap is None else [wrap(p) for p in ptrs]))
+                self.wraps.append(wrap)
+        self.plain = not self.checks and not any(var_names for _, _, var_names in self.calls)
+        keys = list(self.signature)
+        positional = keys == [("arg", i) for i in range(len(keys))]
+        simple = positional and not self.others and not self.symbolic and not self.state
+        self.fast_sig = [self.signature[k] for k in keys] if simple else None
+        self.fast_slots = [
+            (self.calls[ci][1], self.direct[ci][1], self.wraps[ci], pos, key[1]) for ci, pos, key in self.input_slots
+        ]
+        from zeptograd.tensor import Tensor
+
+        self.tensor_type = Tensor
+        self.single_output = isinstance(self.ret, Tensor) and len(self.outputs) == 1 and not any(self.out_groups)
+
+    def set_ptr(self, ci: int, pos: int, ptr: Any):
+        """Point argument `pos` of call `ci` at `ptr` (a buffer's handle)."""
+        self.calls[ci][1][pos] = ptr
+        if (wrap := self.wraps[ci]) is not None:
+            self.direct[ci][1][pos] = wrap(ptr)
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
-        calls = self.calls
         for ci, pos, key in self.input_slots:
-            calls[ci][1][pos] = in_bufs[key].ptr
+            self.set_ptr(ci, pos, in_bufs[key].ptr)
+        self.run(var_vals)
+
+    def run(self, var_vals: dict[str, int]):
+        """The captured kernels, with the input pointers in place."""
+        calls = self.calls
         if DEBUG.value >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
+        if self.plain:
+            for fn, args in self.direct:
+                fn(*args)
+            GlobalCounters.kernel_count += len(calls)
+            GlobalCounters.global_ops += self.n_ops
+            GlobalCounters.global_mem += self.mem
+            return
         checks = self.checks
         if checks and -1 in checks:  # those after pruned kernels: their values are the capture's
             for check in checks[-1]:
@@ -487,11 +551,16 @@ class CapturedJit:
 
     def drop_inputs(self):
         """Forget the input pointers between calls (the inputs' memory may be freed and reused)."""
-        for ci, pos, _ in self.input_slots:
-            self.calls[ci][1][pos] = 0
+        for ptrs, args, wrap, pos, _ in self.fast_slots:
+            ptrs[pos] = 0
+            if wrap is not None:
+                args[pos] = wrap(0)
 
 
 _all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
+_NOT_FAST = object()  # TinyJit._fast_replay: the general path must take this call
+_NO_VALUES: dict[str, int] = {}  # the Variable values of a replay that takes none (never written)
+_buffers_data = _own_dict(buffers)  # buffers' own dict of weak references: a lookup without a Python frame
 
 
 def _unlock_jits_in_child():
@@ -524,6 +593,14 @@ class TinyJit:
         return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and (cap := self.captured) is not None and cap.fast_sig is not None:
+            with self._lock:  # a replay of positional Tensor arguments: no argument dicts, no checks of other values
+                if self.captured is cap and self.cnt >= 2 and not _realize._capturing.stack and not VIZ.value:
+                    with _realize.engine_lock:
+                        ret = self._fast_replay(cap, args)
+                    if ret is not _NOT_FAST:
+                        self.cnt += 1
+                        return ret
         tensors, others = _split_args(args, kwargs)
         with self._lock:
             if self.cnt == 0 or _realize._capturing.stack:
@@ -641,7 +718,7 @@ class TinyJit:
                     fresh[id(b)] = _FreshOutput(b, uses[id(b)], [])
                     held.pop(id(b))
                     written.discard(id(b))
-                fresh[id(b)].handed_out.append(weakref.ref(base))
+                fresh[id(b)].handed.append(base)
                 out_specs.append(("fresh", list(fresh).index(id(b)), unbound_shape(t.shape), t.device))
             else:
                 held[id(b)] = b
@@ -681,7 +758,7 @@ class TinyJit:
         var_vals = _var_vals(tensors, others) if cap.symbolic else {}  # (_check: no Variable now if none then)
         in_bufs = _realized_inputs(tensors)
         for out in cap.fresh:
-            out.prepare(cap.calls)
+            out.prepare(cap)
         for k, b in in_bufs.items():  # an input aliasing memory the replay writes (a returned tensor) is copied
             if id(b) in cap.written or any(b is out.buf for out in cap.fresh):
                 in_bufs[k] = _copy_buffer(b)
@@ -707,6 +784,75 @@ class TinyJit:
                 else:
                     outs.append(_buffer_tensor(spec[1], shape, spec[3]))
         return _wrap(cap.ret, _regroup(outs, cap.out_groups))
+
+    @staticmethod
+    def _fast_replay(cap: CapturedJit, args: tuple) -> Any:
+        """_replay for a capture of positional Tensor arguments (cap.fast_sig): the same kernels and outputs, or
+        _NOT_FAST where an argument is not a realized Tensor of the captured signature, or one buffer is passed
+        twice (the general path then raises, or realizes the lazy input)."""
+        Tensor = cap.tensor_type
+        sig = cap.fast_sig
+        assert sig is not None
+        if len(args) != len(sig):
+            return _NOT_FAST
+        bufs = []
+        for t, (shape, dtype, device) in zip(args, sig):
+            if type(t) is not Tensor:
+                return _NOT_FAST
+            u = t.uop
+            if u.shape != shape or u.dtype is not dtype or t.device != device:
+                return _NOT_FAST
+            if (b := _buffers_data.get(weakref.ref(u)) if u.op is Ops.BUFFER else _whole_buffer(u)) is None:
+                return _NOT_FAST
+            bufs.append(b)
+        if len(bufs) == 2:
+            if bufs[0] is bufs[1]:
+                return _NOT_FAST
+        elif len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
+            return _NOT_FAST
+        fresh, written = cap.fresh, cap.written
+        for out in fresh:  # (the check of prepare, inline: the last call's one uop, referred to by the list alone)
+            if len(out.handed) != 1 or sys.getrefcount(out.handed[0]) > 2:
+                out.prepare(cap)
+        for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
+            aliased = id(b) in written
+            for out in fresh:
+                aliased = aliased or out.buf is b
+            if aliased:
+                bufs[i] = _copy_buffer(b)
+        for ptrs, args_, wrap, pos, i in cap.fast_slots:
+            ptrs[pos] = p = bufs[i].ptr
+            if wrap is not None:
+                args_[pos] = wrap(p)
+        try:
+            if cap.plain and DEBUG.value < 2:  # (run, inline)
+                for fn, fn_args in cap.direct:
+                    fn(*fn_args)
+                GlobalCounters.kernel_count += len(cap.calls)
+                GlobalCounters.global_ops += cap.n_ops
+                GlobalCounters.global_mem += cap.mem
+            else:
+                cap.run(_NO_VALUES)
+        finally:  # (drop_inputs, inline)
+            for ptrs, args_, wrap, pos, _ in cap.fast_slots:
+                ptrs[pos] = 0
+                if wrap is not None:
+                    args_[pos] = wrap(0)
+        outs = []
+        handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in fresh]
+        for spec in cap.outputs:
+            if spec[0] == "fresh":
+                u = handed[spec[1]]
+                outs.append(Tensor(u if u.shape == spec[2] else reshape_uop(u, spec[2]), device=spec[3]))
+            elif spec[0] == "buf":
+                outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
+            elif spec[0] == "in":
+                outs.append(args[spec[1][1]])
+            else:
+                outs.append(Tensor(rebind(spec[1], {}), device=spec[2]))
+        if cap.single_output:
+            return outs[0]
+        return _wrap(cap.ret, _regroup(outs, cap.out_groups) if cap.out_groups and any(cap.out_groups) else outs)
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):

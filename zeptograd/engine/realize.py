@@ -6,7 +6,7 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Hashable
 
 import numpy as np
@@ -31,18 +31,28 @@ if TYPE_CHECKING:
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
 _realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-# a BUFFER -> the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer changes the memory
-# under them, so they are forgotten (a later equal graph is computed again, not read from the changed buffer)
-_readers: weakref.WeakKeyDictionary[UOp, weakref.WeakSet] = weakref.WeakKeyDictionary()
+# a BUFFER -> weak references to the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer
+# changes the memory under them, so they are forgotten (a later equal graph is computed again, not read from the
+# changed buffer). Plain references without callbacks (a WeakSet per buffer cost more than the rest of a small
+# realize): the dead ones are dropped when the list reaches a power of two, so it stays within twice the live ones.
+_readers: weakref.WeakKeyDictionary[UOp, list[weakref.ref[UOp]]] = weakref.WeakKeyDictionary()
 # nodes whose graph holds no node of `_realized` (substituting realized values leaves them as they are): the walks
 # below stop at them, so an assign walks only what was built since the last one (a loop of N setitems on one tensor
 # is O(N) in all, not a walk of the whole growing chain per setitem). Emptied whenever a node is realized: it may
 # sit under any of them.
 _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
+# the WeakKeyDictionaries' own dicts of weak references, for lookups and stores on every realize without a Python
+# frame (schedule_cache._own_dict)
+_realized_data = schedule_cache._own_dict(_realized)
+_realized_remove = _realized._remove  # type: ignore[attr-defined]  # the callback its references carry
+_readers_data = schedule_cache._own_dict(_readers)
+_readers_remove = _readers._remove  # type: ignore[attr-defined]
+_clean_data = _clean.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
 _realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
 # a pending ASSIGN that a later assign to the same target folded into (Tensor.assign) -> that later ASSIGN. It never
 # runs: a graph that reads it computes its value instead (`_without_superseded`), a view of it follows the chain.
 _superseded: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+_superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakKeyDictionary's len is a Python call)
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
@@ -237,6 +247,12 @@ class CompiledKernel:
     n_ops: int  # estimated operations per run, for GFLOPS
     src: str
     vars: tuple[str, ...] = ()  # the Variables it takes as int arguments after the buffers, by name
+    # (fn, wrap, program): program.direct_call(), the compiled function a run calls without the Program's frame
+    direct: tuple | None = field(init=False, default=None)
+
+    def __post_init__(self):
+        if (shortcut := getattr(self.program, "direct_call", lambda: None)()) is not None:
+            self.direct = (*shortcut, self.program)
 
 
 # keyed by the device's program_key, not its name: devices of one backend, renderer and compiler (CPU:0, CPU:1, ...)
@@ -251,8 +267,8 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if (scope := _program_keys.get(device)) is None:
         scope = _program_keys[device] = Device[device].program_key
     key = (scope, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
-    if key in _kernel_cache:
-        return _kernel_cache[key]
+    if (known := _kernel_cache.get(key)) is not None:
+        return known
     if ast.op is Ops.COPY:  # a copy item: no code, a call that copies through the allocators (schedule/copy.py)
         _kernel_cache[key] = CompiledKernel(copy_name(ast), CopyProgram(ast), 0, "")
         return _kernel_cache[key]
@@ -336,12 +352,13 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
     check_capacity([b for item in items for b in item.bufs])
+    viz, debug = VIZ.value, DEBUG.value
     for item in items:
         if _capturing.stack:
             _capturing[-1].append(item)
         kernel = get_kernel(item.device, item.ast, item.bufs)
-        for b in item.bufs:
-            b.ensure_allocated()
+        bufs = item.bufs
+        ptrs = [b.ptr for b in bufs]  # (allocates each buffer not yet allocated, before the clock starts)
         t0 = time.perf_counter()
         if kernel.vars:
             if var_vals is None or any(v not in var_vals for v in kernel.vars):
@@ -349,20 +366,28 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
                     f"kernel {kernel.name} takes the Variables {kernel.vars}: run_schedule needs their "
                     f"values (var_vals), got {var_vals}"
                 )
-            kernel.program(*[b.ptr for b in item.bufs], vals=tuple(var_vals[v] for v in kernel.vars))
+            kernel.program(*ptrs, vals=tuple(var_vals[v] for v in kernel.vars))
+        elif (direct := kernel.direct) is not None and direct[2] is kernel.program:
+            fn, wrap, _ = direct
+            if wrap is None:
+                fn(*ptrs)
+            else:
+                fn(*map(wrap, ptrs))
         else:
-            kernel.program(*[b.ptr for b in item.bufs])
+            kernel.program(*ptrs)
         dt = time.perf_counter() - t0
         GlobalCounters.kernel_count += 1
         GlobalCounters.time_sum_s += dt
         GlobalCounters.global_ops += kernel.n_ops
-        mem = sum(b.nbytes for b in item.bufs)
+        mem = 0
+        for b in bufs:
+            mem += b.size * b.dtype.itemsize
         GlobalCounters.global_mem += mem
-        if VIZ.value:
+        if viz:
             from zeptograd.viz import record as viz_record
 
             viz_record.kernel_ran(item.device, item.ast, kernel.name, dt, mem)
-        if DEBUG.value >= 2:
+        if debug >= 2:
             print(
                 f"*** {item.device:<7} {GlobalCounters.kernel_count:5d} {kernel.name:<28} "
                 f"{dt * 1e6:9.1f} us  {kernel.n_ops / dt * 1e-9 if dt else 0:8.2f} GFLOPS "
@@ -372,9 +397,9 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
 
 def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
     uops = [t.uop for t in tensors]
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() if DEBUG.value >= 1 else 0.0
     realized = _realized if not _capturing.stack else _capturing[-1].realized
-    if _superseded:
+    if _superseded_data:  # (the dict itself: WeakKeyDictionary's len is a Python call)
         uops = _without_superseded(uops, realized)
     try:  # one walk: the schedule cache's key, and whether a node was realized before
         w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
@@ -408,22 +433,28 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 
 
 def remember_realized(node: UOp, value: UOp):
-    _realized[node] = value
+    if value is node:  # (a buffer realized again): the entry would hold its own weak key alive, and say nothing
+        return
+    _realized_data[weakref.ref(node, _realized_remove)] = value  # _realized[node] = value, without its Python frame
     _realized_count[0] += 1
-    if _clean:
+    if _clean_data:  # (the set itself: WeakSet's len is a Python call)
         _clean.clear()
     if _capturing.stack:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
     if (buf := buffer_under(value)) is not None:
-        if (readers := _readers.get(buf)) is None:
-            readers = _readers[buf] = weakref.WeakSet()
-        readers.add(node)
+        if (readers := _readers_data.get(weakref.ref(buf))) is None:
+            _readers_data[weakref.ref(buf, _readers_remove)] = [weakref.ref(node)]  # (_readers[buf] = ...)
+            return
+        readers.append(weakref.ref(node))
+        if len(readers) >= 8 and not len(readers) & (len(readers) - 1):
+            readers[:] = [r for r in readers if r() is not None]
 
 
 def forget_written(buf: UOp):
     """Buffer `buf` was written by an ASSIGN: the graphs realized into it no longer hold their value there."""
-    for node in list(_readers.pop(buf, ())):
-        _realized.pop(node, None)
+    for ref in _readers.pop(buf, ()):
+        if (node := ref()) is not None:
+            _realized.pop(node, None)
 
 
 def realize_tensors(tensors: list[Tensor]):
@@ -432,10 +463,11 @@ def realize_tensors(tensors: list[Tensor]):
 
 
 def _realize_tensors(tensors: list[Tensor]):
-    if _superseded:
+    if _superseded_data:
         for t in tensors:
             t.uop = current_view(t.uop)
-    if writes := _writes_seen_by_views(tensors):  # they run first; the views move to the memory's new contents
+    # writes into memory a tensor is a view of run first; the views move to the memory's new contents
+    if _pending_writes and (writes := _writes_seen_by_views(tensors)):
         _realize_tensors(writes)
     items, outs, becomes, var_vals = _schedule(tensors)
     written = _written(becomes)
@@ -470,7 +502,7 @@ def _realize_tensors(tensors: list[Tensor]):
             forget_written(target)
     noted = {}  # node -> value remembered in the first loop, not noted twice
     capture_readers = getattr(_capturing[-1], "reader_bufs", None) if _capturing.stack and readers else None
-    reader_ids = {id(r) for r in readers}
+    reader_ids = {id(r) for r in readers} if capture_readers is not None else ()
     for t, out in zip(tensors, outs):
         new = becomes.get(out, out)
         if capture_readers is not None and id(t) in reader_ids and (b := view_base(new)) is not None:
@@ -484,9 +516,11 @@ def _realize_tensors(tensors: list[Tensor]):
             remember_realized(old, new)
     for t, u in keep:
         t.uop = u
-    _move_views(aliases, written)
-    for mem in written.keys() & _pending_writes.keys():  # the writes that ran leave the pending ones
-        _writes_into(mem)
+    if aliases:
+        _move_views(aliases, written)
+    if written and _pending_writes:
+        for mem in written.keys() & _pending_writes.keys():  # the writes that ran leave the pending ones
+            _writes_into(mem)
     for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
         t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
 

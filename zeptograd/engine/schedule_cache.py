@@ -80,8 +80,11 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
     index: dict[int, int] = {}
     n_assign = 0
     symbolic, look_for_symbols = False, variable.in_use  # until a Variable is bound, there is none to find
-    held = _own_dict(buffers)  # a lookup without a Python-level call
-    fast_realized = _own_dict(realized) if isinstance(realized, weakref.WeakKeyDictionary) else None
+    held = _buffers_data  # a lookup without a Python-level call
+    # (its own dict, as _own_dict gives, without the call)
+    fast_realized = realized.data if type(realized) is weakref.WeakKeyDictionary else None  # type: ignore[attr-defined]
+    if fast_realized is not None and not fast_realized:  # nothing realized is alive: no node to look up
+        realized = fast_realized = None
     stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
     while stack:
         u, expanded = stack.pop()
@@ -99,7 +102,9 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
             elif u.op is Ops.ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
                 arg, n_assign = ("assign", n_assign), n_assign + 1
             else:
-                arg = _arg_key(u.arg)  # as UOp interning tells args apart: -0.0 is not 0.0
+                arg = u.arg
+                if isinstance(arg, float):
+                    arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
             if look_for_symbols and not symbolic:
                 symbolic = u.op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
             position[u] = len(nodes)
@@ -116,7 +121,7 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
         for s in reversed(u.src):
             if s not in position:
                 stack.append((s, False))
-    key.append((Ops.SINK, tuple(position[u] for u in outs)))
+    key.append((Ops.SINK, tuple([position[u] for u in outs])))
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
 
 
@@ -129,9 +134,10 @@ def _own_dict(d: weakref.WeakKeyDictionary[K, V]) -> dict[weakref.ref[K], V]:
     return d.data  # type: ignore[attr-defined]  # an implementation attribute typeshed does not declare
 
 
-def _knobs() -> tuple:
-    """The value of every knob (knobs are only ever added to ContextVar._cache, so the values name them)."""
-    return tuple([v.value for v in ContextVar._cache.values()])
+_buffers_data = _own_dict(buffers)
+
+# every knob, a live view of ContextVar._cache (knobs are only ever added to it, so their values name them)
+_knob_vars = ContextVar._cache.values()
 
 
 def _make_template(items: list[ScheduleItem], becomes: dict[UOp, UOp], w: Walk) -> Template | None:
@@ -186,22 +192,30 @@ def _copy_item(item: ScheduleItem, bufs: list[Buffer]) -> ScheduleItem:
 
 
 def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
-    new = [Buffer(dev, size, dtype) for dev, size, dtype in t.new_bufs]
-    in_bufs, in_uops = w.in_bufs, w.in_uops
-    items = [_copy_item(item, [in_bufs[i] if kind == 0 else new[i] for kind, i in slots]) for item, slots in t.items]
+    new = []
+    for dev, size, dtype in t.new_bufs:
+        new.append(Buffer(dev, size, dtype))
+    in_bufs, in_uops, nodes = w.in_bufs, w.in_uops, w.nodes
+    items = []
+    for item, slots in t.items:  # (loops, not comprehensions: each is a call before Python 3.12)
+        bufs = []
+        for kind, i in slots:
+            bufs.append(in_bufs[i] if kind == 0 else new[i])
+        items.append(_copy_item(item, bufs))
     new_uops: dict[int, UOp] = {}
 
     def real(p: UOp) -> UOp:
         kind, i = p.arg[0]
         if kind == "in":
             return in_uops[i]
-        if i not in new_uops:
-            new_uops[i] = new_buffer_uop(new[i].device, new[i].size, new[i].dtype, new[i])
-        return new_uops[i]
+        if (u := new_uops.get(i)) is None:
+            b = new[i]
+            u = new_uops[i] = new_buffer_uop(b.device, b.size, b.dtype, b)
+        return u
 
     becomes = {}
     for pos, value in t.becomes.items():
-        node = w.nodes[pos]
+        node = nodes[pos]
         if value.op is Ops.BUFFER:
             becomes[node] = real(value)
         elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
@@ -218,7 +232,7 @@ def cached_schedule(
 ) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """create_schedule(outs), from the template of an equal-structure graph when one was scheduled before. `w`: the
     walk of outs, where the caller made it already."""
-    if not SCHEDULE_CACHE:
+    if not SCHEDULE_CACHE.value:
         return create_schedule(outs)
     if w is None:
         try:
@@ -227,7 +241,7 @@ def cached_schedule(
             Stats.uncacheable += 1
             return create_schedule(outs)
         assert w is not None
-    key = (w.key, _knobs())
+    key = (w.key, tuple([v.value for v in _knob_vars]))  # the graph and the value of every knob
     if (t := _cache.get(key)) is not None:
         Stats.hits += 1
         return _instantiate(t, w)

@@ -106,6 +106,9 @@ class CPUProgram(Program):
         self.fxn.restype = None
         self.small = small_work(spec)
 
+    def direct_call(self):
+        return None if self.spec.cores != 1 or self.spec.vars else (self.fxn, ctypes.c_void_p)
+
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         args = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(v) for v in vals]
         if self.spec.cores == 1:

@@ -138,6 +138,9 @@ class LLVMProgram(Program):
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
         self.small = small_work(spec)
 
+    def direct_call(self):
+        return None if self.has_core_id or self.spec.vars else (self.fxn, None)
+
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         if not self.has_core_id:
             self.fxn(*ptrs, *vals)

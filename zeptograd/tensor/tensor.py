@@ -37,6 +37,7 @@ _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal 
 # (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
 live_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _tensor_ids = itertools.count()
+_device_spellings = Device._spellings  # a valid device name -> its one spelling
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -79,10 +80,13 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         requires_grad: bool | None = None,
     ):
         live_tensors[next(_tensor_ids)] = self
-        if isinstance(device, (tuple, list)):  # on several devices at once (tensor/multi.py)
+        if type(device) is str and (known := _device_spellings.get(device)) is not None:
+            device = known  # (Device.canonicalize's first step, without its call: every op makes a Tensor)
+        elif isinstance(device, (tuple, list)):  # on several devices at once (tensor/multi.py)
             self._init_multi(data, multi.canonical_devices(device), dtype, requires_grad)
             return
-        device = Device.canonicalize(device)
+        else:
+            device = Device.canonicalize(device)
         dt = to_dtype(dtype) if dtype is not None else None
         self.grad: Tensor | None = None
         self.requires_grad, self.device = requires_grad, device
@@ -218,6 +222,12 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
         from zeptograd.engine.realize import realize_tensors
 
+        if not lst and self.uop.op is not Ops.MULTI:  # one tensor on one device (the common case, fewer steps)
+            grad_graph = self.uop if self.requires_grad else None
+            realize_tensors([self])
+            if grad_graph is not None:
+                self.uop = grad_graph
+            return self
         tensors = [self, *lst]
         keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
         sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
