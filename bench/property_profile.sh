@@ -26,8 +26,9 @@ wait
     cat "$parts/$i.txt"
   done
   echo "== total over $PROCS seeds"
-  cat "$parts"/*.txt | grep -Eo "[0-9]+ passing examples, [0-9]+ failing examples" |
-    awk '{p += $1; f += $4} END {print p " passing examples, " f " failing examples"}'
+  # hypothesis prints "N passing examples, M failing examples" or (newer) "N passing, M failing, and K invalid"
+  cat "$parts"/*.txt | grep -Eo "[0-9]+ passing( examples)?, [0-9]+ failing" | tr -d ',' |
+    awk '{p += $1; f += $(NF - 1)} END {print p " passing examples, " f " failing examples (all phases)"}'
   echo "results: $(cat "$parts"/*.txt | grep -Ec '[0-9]+ passed') parts passed, $(cat "$parts"/*.txt | grep -Ec 'failed') failed"
 } >"$OUT/property_profile.txt"
 rm -rf "$parts"

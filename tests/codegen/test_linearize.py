@@ -141,3 +141,45 @@ def test_a_loop_with_an_accumulator_of_another_kind_is_hoisted_like_a_reduce():
     xn = np.random.default_rng(5).standard_normal((4, 5)).astype(np.float32)
     mask = np.array([True, False, True, True])
     np.testing.assert_array_equal(Tensor(xn)[Tensor(mask)].numpy(), xn[mask])
+
+
+X23 = np.array([[0.54784673, -0.92085314, -1.836106], [-1.9338895, 1.253081, 1.6510223]], np.float32)
+M22 = np.array([[0.54784673, -0.92085314], [-1.836106, -1.9338895]], np.float32)
+X222 = np.stack([M22, M22[::-1] * 0.5])
+CAT_AND_PAD_PROGRAMS = {  # zeptograd, numpy
+    "cat_of_padded_sum": (
+        lambda x, T: (s := x.pad(((0, 0), (2, 1))).sum(axis=0)).cat(2 * s, dim=0),
+        lambda: np.concatenate([s := np.pad(X23, ((0, 0), (2, 1))).sum(0), 2 * s]),
+        X23,
+    ),
+    "sum_of_cat_of_padded_sum": (
+        lambda x, T: (s := x.pad(((0, 0), (2, 1))).sum(axis=0).abs()).cat(2 * s, dim=0).sum(axis=0),
+        lambda: np.concatenate([s := np.abs(np.pad(X23, ((0, 0), (2, 1))).sum(0)), 2 * s]).sum(0),
+        X23,
+    ),
+    "padded_matmul_matmul": (
+        lambda x, T: (x @ T(M22[:, :1])).pad(((1, 0), (0, 0), (0, 1))) @ T(M22),
+        lambda: np.pad(X222 @ M22[:, :1], ((1, 0), (0, 0), (0, 1))) @ M22,
+        X222,
+    ),
+    "padded_row_matmul": (
+        lambda x, T: x.reshape(1, 1, 2).pad(((1, 0), (0, 1), (0, 0))) @ T(M22),
+        lambda: np.pad(X23[0, :2].reshape(1, 1, 2), ((1, 0), (0, 1), (0, 0))) @ M22,
+        X23[0, :2],
+    ),
+}
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON", "CL"])
+@pytest.mark.parametrize("name", list(CAT_AND_PAD_PROGRAMS))
+def test_reduces_sharing_a_loop_run_where_any_of_them_varies(name, device):
+    """Found by the property profile on a 16-core machine: after an upcast, two reduces over the same ranges (a cat's
+    halves, a padded matmul's parts) share one loop, and one of them does not vary along an output loop the other
+    reads. The accumulator pass keyed each reduce's loops by its ranges, so the second one's scope replaced the
+    first's: the shared loop's accumulators were set up outside that output loop while one of them read it (a cycle,
+    or an END closing a loop that was not innermost). The shared loop now runs in the loops any of them varies along."""
+    if (why := unavailable(device)) is not None:
+        pytest.skip(why)
+    zg, ref, x = CAT_AND_PAD_PROGRAMS[name]
+    got = zg(Tensor(x, device=device), lambda a: Tensor(a, device=device)).numpy()
+    np.testing.assert_allclose(got, ref(), rtol=1e-5, atol=1e-5)

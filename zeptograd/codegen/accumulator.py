@@ -37,7 +37,11 @@ def range_scopes(sink: UOp) -> dict[tuple[UOp, ...], tuple[UOp, ...]]:
             first = here | set(u.src[1:])
             if u.op is Ops.REDUCE:  # only the loops its value varies along: it runs before the others open
                 used = {r for r in u.src[0].toposort() if r.op is Ops.RANGE}
-                out[u.src[1:]] = tuple(sorted(here & used, key=lambda r: r.arg[0]))
+                # reduces over the same ranges share one loop: it runs in the loops any of them varies along (a cat's
+                # halves, one hoisted out of an output loop and one not: the shared loop's accumulators were set up
+                # outside that loop while one of them read it)
+                loops = (here & used) | set(out.get(u.src[1:], ()))
+                out[u.src[1:]] = tuple(sorted(loops, key=lambda r: r.arg[0]))
         elif u.op is Ops.AFTER:
             first = here - {s for s in u.src[1:] if s.op is Ops.RANGE}
         elif u.op is Ops.RANGE:
