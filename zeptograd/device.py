@@ -104,29 +104,27 @@ class HostAllocator(Allocator[np.ndarray]):
         # added before its array enters the cache and removed when the array leaves it, so the id is never reused
         self.cached_handles: dict[int, int] = {}
 
-    def alloc(self, nbytes: int) -> np.ndarray:
+    def _reuse(self, nbytes: int) -> tuple[np.ndarray, int | None] | None:
+        """A freed array of nbytes from the cache with its address if it was kept, or None."""
         if cached := self.free_cache.get(nbytes):
             try:
                 mem = cached.pop()
             except IndexError:  # another thread took the last one since the check
-                pass
-            else:
-                self.cached_handles.pop(id(mem), None)
-                return mem
+                return None
+            return mem, self.cached_handles.pop(id(mem), None)
+        return None
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        if (reused := self._reuse(nbytes)) is not None:
+            return reused[0]
         raw = np.empty(nbytes + ALIGN, dtype=np.uint8)
         off = (-raw.ctypes.data) % ALIGN
         return raw[off : off + nbytes]
 
     def alloc_with_handle(self, nbytes: int) -> tuple[np.ndarray, int]:
-        if cached := self.free_cache.get(nbytes):
-            try:
-                mem = cached.pop()
-            except IndexError:  # another thread took the last one since the check
-                pass
-            else:
-                if (handle := self.cached_handles.pop(id(mem), None)) is None:
-                    handle = mem.ctypes.data
-                return mem, handle
+        if (reused := self._reuse(nbytes)) is not None:
+            mem, handle = reused
+            return mem, mem.ctypes.data if handle is None else handle
         mem = self.alloc(nbytes)
         return mem, mem.ctypes.data
 

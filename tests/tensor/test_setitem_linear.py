@@ -2,6 +2,8 @@
 the Python work is linear in the number of setitems (each assign walks what was built since the previous one, never
 the whole chain). Work is counted in graph nodes visited, never timed."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -140,23 +142,30 @@ def test_a_loop_of_scalar_setitems_is_one_kernel_of_two_ops_each():
     assert GlobalCounters.kernel_count == 1
 
 
-def _setitem_loop_work(n: int) -> tuple[int, int, int]:
-    """(nodes the loop's graph walks visit, the graph's size, the scheduler's rewrite steps) for n setitems."""
-    t = Tensor.zeros(n).contiguous().realize()
+@contextlib.contextmanager
+def counting_toposort():
+    """Counts the nodes every graph walk (UOp.toposort) visits inside the block: yields a one-item list."""
     visited = [0]
     toposort = UOp.toposort
 
-    def counting_toposort(self, gate=None):
+    def counting(self, gate=None):
         out = toposort(self, gate)
         visited[0] += len(out)
         return out
 
-    UOp.toposort = counting_toposort
+    UOp.toposort = counting
     try:
-        for i in range(n):
-            t[i] = i
+        yield visited
     finally:
         UOp.toposort = toposort
+
+
+def _setitem_loop_work(n: int) -> tuple[int, int, int]:
+    """(nodes the loop's graph walks visit, the graph's size, the scheduler's rewrite steps) for n setitems."""
+    t = Tensor.zeros(n).contiguous().realize()
+    with counting_toposort() as visited:
+        for i in range(n):
+            t[i] = i
     steps = upat.rewrite_steps[0]
     with Context(SCHEDULE_CACHE=0):  # the scheduler's own steps, also where an equal loop was scheduled before
         schedule_tensors([t])
@@ -295,21 +304,10 @@ def _mixed_loop_walked(n: int) -> int:
     """Nodes the graph walks visit in a loop of n steps, each a constant write (folded without a walk, its nodes left
     unmarked) then a write that reads the target (assign's walks, which meet the unmarked nodes)."""
     t = Tensor.zeros(n + 1).contiguous().realize()
-    visited = [0]
-    toposort = UOp.toposort
-
-    def counting_toposort(self, gate=None):
-        out = toposort(self, gate)
-        visited[0] += len(out)
-        return out
-
-    UOp.toposort = counting_toposort
-    try:
+    with counting_toposort() as visited:
         for i in range(n):
             t[i + 1] = i
             t[i] += 1
-    finally:
-        UOp.toposort = toposort
     ref = np.arange(-1, n, dtype=np.float32)
     ref[:n] += 1
     ref[0] = 1

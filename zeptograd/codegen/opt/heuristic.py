@@ -107,6 +107,12 @@ def vector_registers(simd_bytes: int) -> int:
     return 32 if simd_bytes >= 64 else 16
 
 
+def accumulator_budget(simd_bytes: int) -> int:
+    """A register tile's accumulators: 16 of AVX-512's 32 registers; 12 of AVX2's 16, leaving room for the operands'
+    vectors and broadcast values."""
+    return 16 if vector_registers(simd_bytes) == 32 else 12
+
+
 def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple[int, ...], bool]:
     """A register tile over n_rows rows and an output axis of n_vectors vectors: (vectors of columns, row options
     largest first, whether a row count that divides the axis comes first). Its accumulators leave registers for a
@@ -117,8 +123,7 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
-    accumulators = 16 if vector_registers(simd_bytes) == 32 else 12
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulators), True
+    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), True
 
 
 def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
@@ -129,7 +134,7 @@ def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
     if vector_registers(simd_bytes) == 32:
         return amount_with_tail(n_cols, (2,), divisors_first=True), (8, 6, 4, 2)
     cols = n_cols if n_cols <= 3 else amount_with_tail(n_cols, (2,), divisors_first=True)
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= 12)
+    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
 
 
 def column_panel_loop(axes: list[UOp], row_i: int, main_ids: AbstractSet[int], broadcast: list[UOp]) -> int | None:
