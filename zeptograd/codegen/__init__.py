@@ -10,7 +10,7 @@ from zeptograd.codegen.lower import lower_index_dtypes, pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.peel import peel_borders
-from zeptograd.codegen.simplify import simplify_ranges
+from zeptograd.codegen.simplify import pm_index_given_valid, simplify_ranges
 from zeptograd.helpers import NOOPT
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import GroupOp, Ops, UOp
@@ -22,6 +22,7 @@ from zeptograd.uop.upat import graph_rewrite
 def ranges_simplified(ast: UOp) -> UOp:
     """The kernel the optimizer's actions apply to (their axis numbers are its loops)."""
     sink = graph_rewrite(ast, symbolic)  # index arithmetic as small as the value ranges allow
+    sink = graph_rewrite(sink, pm_index_given_valid)  # and as small as a gated read's gate allows
     return simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
 
 

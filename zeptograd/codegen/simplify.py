@@ -1,5 +1,8 @@
 """Range and reduce rewrites on the kernel graph, run after the first symbolic pass, before the optimizer.
 
+`pm_index_given_valid` runs first (codegen/__init__.py: ranges_simplified): a gated INDEX's index simplified with
+the bounds its gate puts on the index's parts.
+
 `simplify_ranges(sink)` runs, in order:
 
 1. flattening: `END(END(x, r1), r0)` -> `END(x, r0, r1)`; an END/REDUCE whose range list holds an expression of
@@ -103,6 +106,61 @@ pm_flatten_range = PatternMatcher(
 
 
 pm_symbolic_flatten = symbolic + pm_flatten_range
+
+
+# ***** 1b. an index simplified where its gate holds *****
+
+
+def gate_intervals(valid: UOp) -> dict[UOp, tuple[int, int]]:
+    """The bounds [lo, hi] the gate valid puts on int expressions: each clause of its AND tree that compares an
+    expression with a constant (x < c, c < x, and their negations) narrows that expression's interval."""
+    bounds: dict[UOp, tuple[int, int]] = {}
+    stack = [valid]
+    while stack:
+        g = stack.pop()
+        if g.op is Ops.AND and g.dtype == dtypes.bool:
+            stack.extend(g.src)
+            continue
+        neg = (inner := negated(g)) is not None
+        cmp = inner if inner is not None else g
+        if cmp.op is not Ops.CMPLT or not all(is_int(s) for s in cmp.src):
+            continue
+        (a, b), lo, hi = cmp.src, None, None
+        if b.op is Ops.CONST and a.op is not Ops.CONST:  # a < c: a <= c-1; not: a >= c
+            x, (lo, hi) = a, ((b.arg, None) if neg else (None, b.arg - 1))
+        elif a.op is Ops.CONST and b.op is not Ops.CONST:  # c < b: b >= c+1; not: b <= c
+            x, (lo, hi) = b, ((None, a.arg) if neg else (a.arg + 1, None))
+        else:
+            continue
+        old_lo, old_hi = bounds.get(x, (x.vmin, x.vmax))
+        bounds[x] = (old_lo if lo is None else max(old_lo, lo), old_hi if hi is None else min(old_hi, hi))
+    return bounds
+
+
+def index_given_valid(x: UOp) -> UOp | None:
+    """INDEX(buf, i, valid) -> INDEX(buf, i', valid), i' = i where valid holds, simplified with the bounds valid puts
+    on i's parts: the index of a padded read, c*12544 + h*112 + w - 113 with 1 <= h, w <= 112, gives
+    (.. // 112) % 112 -> h - 1 and .. % 112 -> w - 1. Where valid is false the load reads nothing, so i' may differ."""
+    buf, idx, valid = x.src
+    nodes = set(idx.toposort())
+    narrowed = {e: b for e, b in gate_intervals(valid).items() if e in nodes and b != (e.vmin, e.vmax) and b[0] <= b[1]}
+    if not narrowed or not any(u.op in (Ops.IDIV, Ops.MOD) for u in nodes):
+        return None
+    # each narrowed expression stands in as a variable of its interval while simplifying, then is put back
+    stand_in = {e: UOp.variable(f"\x00valid{k}", lo, hi, e.dtype) for k, (e, (lo, hi)) in enumerate(narrowed.items())}
+    simplified = graph_rewrite(graph_substitute(idx, stand_in), symbolic)
+    new = graph_substitute(simplified, {v: e for e, v in stand_in.items()})
+    if new is idx or count_divmod(new) >= count_divmod(idx):
+        return None
+    return UOp(Ops.INDEX, x.dtype, (buf, new, valid), x.arg)
+
+
+pm_index_given_valid = PatternMatcher(
+    [
+        # INDEX(buf, i, valid) -> INDEX(buf, i simplified where valid holds, valid)
+        (UPat(Ops.INDEX, src=(UPat(), UPat(), UPat()), name="x"), index_given_valid),
+    ]
+)
 
 
 # ***** 2. reduce collapse: closed forms of gated ADD reductions *****
