@@ -369,6 +369,8 @@ def build_conv_bn_relu(d, conv, bn, act, position):
     kk, pad, stride = {"3x3": (3, 1, 1), "1x1": (1, 0, 1), "3x3/2": (3, 1, 2)}[conv]
     if act == "residual" and (stride != 1 or position == "pre"):
         return None
+    if act == "pool" and position == "pre":  # the pool ends a stem: no pre-activation form
+        return None
     if position == "pre" and bn == "none" and act == "none":
         return None  # nothing before the conv: the "post" program
     s = f", stride={stride}" if stride != 1 else ""
@@ -386,7 +388,9 @@ def build_conv_bn_relu(d, conv, bn, act, position):
     else:
         bn_t = None
     e = Ex("x")
-    steps = [conv_t] + ([bn_t] if bn_t else []) + ([RELU] if act in ("relu", "residual") else [])
+    steps = [conv_t] + ([bn_t] if bn_t else []) + ([RELU] if act in ("relu", "residual", "pool") else [])
+    if act == "pool":  # a ResNet stem: conv, batchnorm, relu, then a padded 3x3 max pool of stride 2
+        steps.append(("{}.max_pool2d(3, stride=2, padding=1)", "F.max_pool2d({}, 3, stride=2, padding=1)"))
     if position == "pre":  # pre-activation: bn and relu, then the conv
         steps = steps[1:] + steps[:1]
     for st in steps:
@@ -499,7 +503,7 @@ FAMILIES = [
             "medium": {"N": 8, "C": 32, "H": 32},
             "large": {"N": 8, "C": 64, "H": 56},
         },
-        [["3x3", "1x1", "3x3/2"], ["none", "eval", "train"], ["none", "relu", "residual"], ["post", "pre"]],
+        [["3x3", "1x1", "3x3/2"], ["none", "eval", "train"], ["none", "relu", "residual", "pool"], ["post", "pre"]],
         build_conv_bn_relu,
     ),
     Family(
