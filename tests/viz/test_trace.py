@@ -93,6 +93,98 @@ def test_load_collapse_step_replaces_the_reduce():
     assert step["made"] and all("reduce_collapse" in rule for rule in step["made"].values())
 
 
+def new_nodes(nodes: list, step: dict) -> set[int]:
+    """the nodes of a step's graph after that its graph before lacks: what the page highlights"""
+
+    def reach(sink: int) -> set[int]:
+        seen, stack = {sink}, [sink]
+        while stack:
+            for s in nodes[stack.pop()][3]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return seen
+
+    return reach(step["after"]) - reach(step["before"])
+
+
+def assert_steps_chain(k: dict) -> None:
+    """Every change is a named step: each step at the top level starts from the graph the one before it left, the
+    steps under a pass (optimize's) chain from the pass's input to its output, and no step is an unnamed gap."""
+    steps = k["steps"]
+    assert not [s["name"] for s in steps if s["kind"] == "code" or "changed outside" in s["name"]]
+    last = {0: steps[0]["after"]}  # depth -> the graph the last step at that depth left
+    for i, s in enumerate(steps[1:], 1):
+        d = s["depth"]
+        start = steps[i - 1]["before"] if d > steps[i - 1]["depth"] else last[d]  # a pass's first child: its input
+        assert s["before"] == start, (k["name"], s["name"])
+        last[d] = s["after"]
+        if d > 0 and (i + 1 == len(steps) or steps[i + 1]["depth"] < d):  # the pass's last child: its output
+            (parent,) = [p for p in steps[:i][::-1] if p["depth"] == d - 1][:1]
+            assert parent["kind"] == "pass" and parent["after"] == s["after"], (parent["name"], s["name"])
+
+
+def test_passes_that_are_not_a_graph_rewrite_are_named_steps():
+    """The expander, the accumulators, the optimizer's actions: each a step of its own name with what it does, its
+    graphs (the nodes it made differ), its time and the rules of the rewrites it runs; none is left unnamed."""
+    x = np.random.default_rng(1).standard_normal((3, 296)).astype(np.float32)
+    a = np.random.default_rng(2).standard_normal((24, 44)).astype(np.float32)
+    b = np.random.default_rng(3).standard_normal((44, 20)).astype(np.float32)
+    with record.recording() as rec:
+        soft = Tensor(x).softmax(-1).numpy()
+        mm = (Tensor(a) @ Tensor(b)).numpy()
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(soft, ref / ref.sum(-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(mm, a @ b, rtol=1e-4, atol=1e-4)
+    kernels = {k["name"]: k for k in rec.trace["kernels"] if k["kind"] == "kernel"}
+    assert set(kernels) == {"r_3_296_296_296", "r_24_20_44"}
+    matmul = kernels["r_24_20_44"]
+    assert any(o.startswith("Opt(UPCAST") for o in matmul["opts"])  # a kernel the optimizer made vector lanes in
+    for k in kernels.values():
+        assert_steps_chain(k)
+        steps = {s["name"]: s for s in k["steps"]}
+        for name in ("optimize", "expand", "lower_reduces"):
+            s = steps[name]
+            assert s["kind"] == "pass" and s["depth"] == 0 and s["about"] and s["ms"] > 0
+            assert new_nodes(k["nodes"], s), (k["name"], name)  # the pass changed the graph: the page highlights
+        assert steps["expand"]["where"].startswith("codegen/expander.py:")
+        assert "REDUCE" in reachable_ops(k["nodes"], steps["lower_reduces"]["before"])
+        assert "REDUCE" not in reachable_ops(k["nodes"], steps["lower_reduces"]["after"])
+        # the optimizer's actions, one step each under optimize, in the order they were taken
+        actions = [s for s in k["steps"] if s["name"].startswith("apply_opt ")]
+        assert [s["name"].removeprefix("apply_opt ") for s in actions] == k["opts"]
+        assert all(s["depth"] == 1 and new_nodes(k["nodes"], s) for s in actions)
+        assert any(s["rules"] for s in actions)  # the rules of pm_fix_range_lists's rewrite, folded into the action
+        ranges = [s for s in k["steps"] if s["name"].startswith("simplify_ranges: ")]
+        assert ranges and all(s["depth"] == 1 for s in ranges)  # optimize's rewrites: steps of their own under it
+        assert steps["full_rewrite: pm_lower"]["depth"] == 0
+    # the vector lanes the expander made of the matmul's UPCAST ranges
+    expand = next(s for s in matmul["steps"] if s["name"] == "expand")
+    lanes = {matmul["nodes"][i][1] for i in new_nodes(matmul["nodes"], expand)}
+    assert "float8" in lanes, lanes  # Opt(UPCAST, _, 8)
+
+
+def test_scheduler_passes_are_named_steps():
+    """create_schedule's split_reduces and bufferize are steps of the schedule, after tensor_fold."""
+    x = np.random.default_rng(4).standard_normal(2**18 + 64).astype(np.float32)
+    with record.recording() as rec:
+        total = Tensor(x).sum().numpy()
+    np.testing.assert_allclose(total, x.sum(dtype=np.float64), rtol=1e-4)
+    (sched,) = rec.trace["schedules"]
+    names = [s["name"] for s in sched["steps"]]
+    assert names == ["input: the tensor graph", "create_schedule: tensor_fold", "split_reduces", "bufferize"]
+    split, buf = sched["steps"][2], sched["steps"][3]
+    assert split["kind"] == "pass" and "two reduces" in split["about"]
+    assert reachable_ops(sched["nodes"], split["before"]) >= {"REDUCE_AXIS"}
+    n_reduces = [
+        sum(sched["nodes"][i][0] == "REDUCE_AXIS" for i in new_nodes(sched["nodes"], s) | {s["after"]})
+        for s in (split,)
+    ]
+    assert n_reduces[0] >= 2  # one big reduce -> a parallel one and the one that sums its parts
+    assert buf["before"] == split["after"] and "BUFFERIZE" in reachable_ops(sched["nodes"], buf["after"])
+    assert not [n for n in names if "changed outside" in n]
+
+
 def test_a_kernel_is_recorded_once():
     x = np.ones((3, 29), np.float32)
     with record.recording() as rec:

@@ -23,6 +23,7 @@ const fmtNum = (n) => (n >= 1e9 ? (n / 1e9).toFixed(2) + "G" : n >= 1e6 ? (n / 1
   n >= 1e4 ? (n / 1e3).toFixed(1) + "k" : String(n));
 const fmtBytes = (n) => (n >= 1e6 ? (n / 1e6).toFixed(2) + " MB" : n >= 1e3 ? (n / 1e3).toFixed(1) + " kB" : n + " B");
 const fmtTime = (s) => (s >= 1 ? s.toFixed(2) + " s" : s >= 1e-3 ? (s * 1e3).toFixed(2) + " ms" : (s * 1e6).toFixed(1) + " us");
+const fmtMs = (ms) => (ms >= 100 ? ms.toFixed(0) : ms.toFixed(1)) + " ms";  // a step's compile time
 
 // ***** graph: reachable nodes, layout, drawing *****
 
@@ -270,9 +271,12 @@ function decisionTable(s) {  // the scheduler's keep-or-inline decisions, with t
 function pickNode(id) {  // a decision's node: marked in the graph and brought to the middle of the view
   let g = document.querySelector(`#graph g.node[data-id="${id}"]`);
   const steps = S.view && S.view.kind === "schedule" ? S.view.s.steps : null;
-  if (!g && steps && S.step !== steps.length - 1) {  // decided on the graph after the scheduler's own rewrites
-    selectStep(steps.length - 1);
-    g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+  if (!g && steps) {  // decided on the tensor graph after the scheduler's own rewrites: the last step that has it
+    const at = steps.findLastIndex((st) => reachable(S.view.s.nodes, st.after).includes(id));
+    if (at >= 0 && at !== S.step) {
+      selectStep(at);
+      g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+    }
   }
   for (const p of document.querySelectorAll("#graph g.node.picked")) p.classList.remove("picked");
   if (!g) return false;
@@ -331,10 +335,14 @@ function setSteps(steps, current) {
     return;
   }
   const ol = $("#steps");
-  ol.innerHTML = steps.map((st, i) => {
+  ol.innerHTML = steps.map((st, i) => {  // a named pass's own rewrites (optimize's) indented under it
     const same = st.before !== null && st.before === st.after;
-    return `<li class="step${same ? " same" : ""}" data-i="${i}" title="${esc(st.where || "")}">${esc(st.name)}` +
-      `${st.rules.length ? " (" + st.rules.reduce((a, r) => a + r[1], 0) + ")" : ""}</li>`;
+    const cls = `step${same ? " same" : ""}${st.kind ? " " + st.kind : ""}`;
+    const title = [st.about, st.where].filter((x) => x).join(" \u00b7 ");
+    // the time first: floated right, it stays on the name's first line
+    const ms = st.ms !== undefined && st.kind !== "code" ? `<span class="ms">${fmtMs(st.ms)}</span>` : "";
+    return `<li class="${cls}" data-i="${i}" style="margin-left:${14 * (st.depth || 0)}px" title="${esc(title)}">` +
+      `${ms}${esc(st.name)}${st.rules.length ? " (" + st.rules.reduce((a, r) => a + r[1], 0) + ")" : ""}</li>`;
   }).join("");
   for (const li of ol.children) li.onclick = () => selectStep(+li.dataset.i);
   const slider = $("#step-slider");
@@ -365,7 +373,12 @@ function selectStep(i) {
   drawGraph(rec.nodes, st.after, opts);
   const rules = st.rules.map((r) => `<div title="${esc(S.trace.rules[r[0]] || "")}">${esc(r[0])} \u00d7${r[1]}` +
     ` <span style="color:#57606a">${r[2]} ms</span></div>`);
-  $("#rules").innerHTML = rules.length ? `<b>rules that fired</b>${rules.join("")}` : "";
+  const about = st.kind === "pass" || st.kind === "code"  // a pass that is not one graph_rewrite: what it does
+    ? `<div class="about"><b>${esc(st.name)}</b>: ${esc(st.about || "not a graph_rewrite: " + st.where)}` +
+      `${st.kind === "pass" ? ` <span style="color:#57606a">${fmtMs(st.ms)} \u00b7 ${esc(st.where)}</span>` : ""}` +
+      ` \u00b7 ${changed.size} nodes new</div>`
+    : "";
+  $("#rules").innerHTML = about + (rules.length ? `<b>rules that fired</b>${rules.join("")}` : "");
   // a link to this view (no history entry per step)
   history.replaceState(null, "", "#" + (v.kind === "kernel" ? `kernel=${v.k.id}&step=${i}` : `schedule=${v.s.id}&step=${i}`));
 }
