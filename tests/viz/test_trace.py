@@ -124,6 +124,7 @@ def assert_steps_chain(k: dict) -> None:
             assert parent["kind"] == "pass" and parent["after"] == s["after"], (parent["name"], s["name"])
 
 
+@pytest.mark.slow  # two programs compiled with every rule tracked
 def test_passes_that_are_not_a_graph_rewrite_are_named_steps():
     """The expander, the accumulators, the optimizer's actions: each a step of its own name with what it does, its
     graphs (the nodes it made differ), its time and the rules of the rewrites it runs; none is left unnamed."""
@@ -164,6 +165,7 @@ def test_passes_that_are_not_a_graph_rewrite_are_named_steps():
     assert "float8" in lanes, lanes  # Opt(UPCAST, _, 8)
 
 
+@pytest.mark.slow  # two programs compiled with every rule tracked
 def test_scheduler_passes_are_named_steps():
     """create_schedule's split_reduces and bufferize are steps of the schedule, after tensor_fold."""
     x = np.random.default_rng(4).standard_normal(2**18 + 64).astype(np.float32)
