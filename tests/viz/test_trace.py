@@ -220,10 +220,20 @@ def test_tinyjit_replays_are_timeline_entries_not_new_kernels():
     for i, out in enumerate(outs):
         np.testing.assert_allclose(out, np.full(2, (3 * i + 1) * 41, np.float32))
     kernels = [k for k in rec.trace["kernels"] if k["kind"] == "kernel" and k["name"] == "r_2_41"]
-    assert len(kernels) == 1 and kernels[0]["runs"] == 2  # compiled once; the plain call and the capture ran it
+    # compiled (and recorded) once; the plain call, the capture and the three replays ran it
+    assert len(kernels) == 1 and kernels[0]["runs"] == 5
     (jit,) = [k for k in rec.trace["kernels"] if k["kind"] == "jit"]
     assert jit["runs"] == 3 and jit["name"] == "TinyJit replay: 1 kernel" and "r_2_41" in jit["src"]
-    assert [r[0] for r in rec.trace["runs"]].count(jit["id"]) == 3
+    runs = rec.trace["runs"]
+    replays = [r for r in runs if r[0] == jit["id"]]
+    assert len(replays) == 3
+    # each replay's kernel run lies inside the replay's span, with the bytes of the kernel's other runs
+    in_replays = [r for r in runs if r[0] == kernels[0]["id"]][2:]
+    assert len(in_replays) == 3 and len({r[3] for r in runs if r[0] == kernels[0]["id"]}) == 1
+    for rep, run in zip(replays, in_replays):
+        assert rep[1] <= run[1] and run[1] + run[2] <= rep[1] + rep[2] + 1e-6
+    # the list's time of the replay is its own (its kernel's counted with the kernel): less than its spans
+    assert 0 <= jit["time_s"] < sum(r[2] for r in replays) and jit["bytes"] == 0
 
 
 def test_trace_round_trip_and_version_check(saved, tmp_path):

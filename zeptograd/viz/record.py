@@ -213,6 +213,9 @@ class Recorder:
         self.kernel_ids: dict[tuple[str, Any], int] = {}
         self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
         self.beams: dict[tuple[str, UOp], dict] = {}  # BEAM's search of a kernel graph, until that kernel compiles
+        # id(compiled program) -> (it, its kernel's entry): a TinyJit replay calls programs, not kernel graphs (the
+        # program is held so that its id is not reused)
+        self.programs: dict[int, tuple[Any, dict]] = {}
 
     def _kernel_entry(self, key: tuple[str, Any], name: str, kind: str) -> dict:
         entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
@@ -247,9 +250,11 @@ class Recorder:
             beam["best_s"] = best[2] if best is not None else None
         self.beams[(device, ast)] = beam
 
-    def kernel_end(self, name: str, src: str, opts: list, n_ops: int) -> None:
+    def kernel_end(self, name: str, src: str, opts: list, n_ops: int, program: Any = None) -> None:
         if self.open is not None:
             self.open.entry |= {"name": name, "src": src, "opts": [str(o) for o in opts], "n_ops": n_ops}
+            if program is not None:
+                self.programs[id(program)] = (program, self.open.entry)
         self.open = None
 
     def kernel_ran(self, device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:
@@ -261,18 +266,43 @@ class Recorder:
         )
         self._ran(entry, seconds, nbytes)
 
-    def _ran(self, entry: dict, seconds: float, nbytes: int) -> None:
+    def _ran(self, entry: dict, seconds: float, nbytes: int, t: float | None = None, own: float | None = None) -> None:
+        """A run: `seconds` from perf_counter's `t` (default: it ended now) on the timeline, `own` of them (default:
+        all) the entry's time in the list"""
         entry["runs"] += 1
-        entry["time_s"] += seconds
+        entry["time_s"] += seconds if own is None else max(0.0, own)
         entry["bytes"] += nbytes
         if len(runs := self.trace["runs"]) < MAX_RUNS:
-            start = time.perf_counter() - self.t0 - seconds
+            start = (time.perf_counter() - seconds if t is None else t) - self.t0
             runs.append([entry["id"], round(start, 7), round(seconds, 9), nbytes])
 
     def jit_replay(self, captured: Any, replay: Callable) -> Any:
-        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): one timeline entry."""
+        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): each call is timed and
+        counted with its kernel (a run, its seconds and bytes, a timeline entry) where this recorder saw the kernel
+        compiled; the replay is an entry of its own, its span on the timeline and, in the list, its own time (the
+        replay's less its kernels': pointers patched, checks) plus that of the kernels compiled before recording."""
+        entries = [self.programs.get(id(program), (None, None))[1] for program, _, _ in captured.calls]
+        spans: list[list[tuple[float, float]]] = [[] for _ in entries]
+
+        def timed(i: int, fn: Callable) -> Callable:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                t = time.perf_counter()
+                ret = fn(*args, **kwargs)
+                spans[i].append((t, time.perf_counter() - t))
+                return ret
+
+            return call
+
+        # the replay calls `direct` (its plain loop) or `calls`: timed wrappers over the same argument lists (the
+        # pointers the replay writes into them are the ones the wrapped calls read), put back after the replay
+        direct, calls = captured.direct, captured.calls
+        captured.direct = [(timed(i, fn), args) for i, (fn, args) in enumerate(direct)]
+        captured.calls = [(timed(i, program), ptrs, names) for i, (program, ptrs, names) in enumerate(calls)]
         t0 = time.perf_counter()
-        ret = replay()
+        try:
+            ret = replay()
+        finally:
+            captured.direct, captured.calls = direct, calls
         seconds = time.perf_counter() - t0
         key = ("TinyJit", tuple(captured.names))  # an entry per captured kernel list
         kid = self.kernel_ids.get(key)
@@ -281,7 +311,15 @@ class Recorder:
             n = len(captured.names)
             entry = self._kernel_entry(key, f"TinyJit replay: {n} kernel{'s' if n != 1 else ''}", "jit")
             entry["src"] = "\n".join(captured.names)
-        self._ran(entry, seconds, captured.mem)
+        counted, counted_bytes = 0.0, 0
+        for kernel, ran in zip(entries, spans):
+            if kernel is None:
+                continue
+            per_run = kernel["bytes"] // kernel["runs"] if kernel["runs"] else 0  # the capture ran each kernel
+            for start, secs in ran:
+                self._ran(kernel, secs, per_run, start)
+                counted, counted_bytes = counted + secs, counted_bytes + per_run
+        self._ran(entry, seconds, max(0, captured.mem - counted_bytes), t0, own=seconds - counted)
         return ret
 
     def schedule(self, create_schedule: Callable, outs: list) -> tuple[list, dict]:
@@ -447,8 +485,8 @@ def kernel_begin(device: str, ast: UOp) -> None:
     _get().kernel_begin(device, ast)
 
 
-def kernel_end(name: str, src: str, opts: list, n_ops: int) -> None:
-    _get().kernel_end(name, src, opts, n_ops)
+def kernel_end(name: str, src: str, opts: list, n_ops: int, program: Any = None) -> None:
+    _get().kernel_end(name, src, opts, n_ops, program)
 
 
 def kernel_ran(device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:

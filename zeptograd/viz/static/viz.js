@@ -245,7 +245,10 @@ function showKernel(k, step) {
     `${gflops} GFLOPS \u00b7 ${gbs} GB/s \u00b7 opts: ${k.opts.length ? k.opts.join(", ") : "none"}`;
   const code = $("#source code");
   code.textContent = k.src || "(no source: a copy, or compiled before VIZ was on)";
-  if (k.kind === "jit") code.textContent = "a TinyJit replay runs these captured kernels, in order:\n" + k.src;
+  if (k.kind === "jit") {  // its kernels' runs are counted with them: its own time is what the replay adds
+    code.textContent = "a TinyJit replay runs these captured kernels, in order (their runs and times are counted" +
+      " with each kernel; the replay's time is its own, and that of kernels compiled before recording):\n" + k.src;
+  }
   code.className = k.src.startsWith("; ") || k.src.includes("define ") ? "language-llvm" : "language-c";
   delete code.dataset.highlighted;
   // highlighted after the graph is drawn: highlight.js takes a second over a large kernel's 25 KB of LLVM IR
@@ -482,7 +485,7 @@ function showTimeline() {
     .append("title").text((r) => `${kernels[r[0]].name}: ${fmtTime(r[2])}, ${r[3]} bytes, ` +
       `${r[2] ? (r[3] / r[2] * 1e-9).toFixed(2) : "-"} GB/s`);
   el.innerHTML = `<div>${runs.length} runs in ${fmtTime(end)} (kernels ${kernels.filter((k) => k.kind === "kernel").length},` +
-    ` copies ${kernels.filter((k) => k.kind === "copy").length}, TinyJit replays as one bar each)</div>`;
+    ` copies ${kernels.filter((k) => k.kind === "copy").length}; a TinyJit replay: a bar over its kernels' runs)</div>`;
   el.appendChild(svg.node());
 }
 
