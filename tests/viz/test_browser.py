@@ -168,6 +168,45 @@ def test_stepping_through_rewrites_changes_the_highlighted_nodes(driver, softmax
     assert console_errors(driver) == []
 
 
+def test_a_named_pass_is_a_step_that_highlights_what_it_made(driver, serve):
+    """The expander (not a graph_rewrite) is a step of its own name in a matmul kernel's list; clicking it highlights
+    the nodes it made (the vector lanes of the UPCAST ranges) and says what it does; the optimizer's actions are
+    steps under optimize."""
+    a = np.random.default_rng(5).standard_normal((16, 36)).astype(np.float32)
+    b = np.random.default_rng(6).standard_normal((36, 24)).astype(np.float32)
+    with record.recording() as rec:
+        (Tensor(a) @ Tensor(b)).numpy()
+    open_page(driver, serve(rec.trace))
+    click_kernel(driver, "r_16_24_36")
+    items = driver.find_elements(By.CSS_SELECTOR, "#steps li.step")
+    names = driver.execute_script("return S.view.k.steps.map(s => s.name)")  # the list's items, in order
+    assert len(names) == len(items) and all(n in li.text for li, n in zip(items, names))
+    assert "expand" in names and "lower_reduces" in names and "optimize" in names
+    assert not [n for n in names if "changed outside" in n]
+    actions = [li for li, n in zip(items, names) if n.startswith("apply_opt Opt(UPCAST")]
+    optimize = items[names.index("optimize")]
+    assert actions and all(li.location["x"] > optimize.location["x"] for li in actions)  # indented under optimize
+    items[names.index("full_rewrite: pm_lower")].click()
+    assert changed_ids(driver) == []  # a pass that changed nothing highlights nothing
+    expand = items[names.index("expand")]
+    assert "pass" in expand.get_attribute("class").split()
+    expand.click()
+    assert driver.find_element(By.CSS_SELECTOR, "#steps li.current").get_attribute("data-i") == str(
+        names.index("expand")
+    )
+    changed = changed_ids(driver)
+    assert changed
+    dtypes_changed = driver.execute_script(
+        "return [...document.querySelectorAll('#graph g.node.changed')].map(g => S.view.k.nodes[+g.dataset.id][1])"
+    )
+    assert "float4" in dtypes_changed or "float8" in dtypes_changed  # the vector lanes it made
+    about = driver.find_element(By.CSS_SELECTOR, "#rules .about").text
+    assert about.startswith("expand: UPCAST/UNROLL ranges") and "codegen/expander.py:" in about
+    assert int(about.split(" nodes new")[0].rsplit(" ", 1)[1]) >= len(changed)  # those drawn highlighted
+    driver.save_screenshot(os.path.join(ARTIFACTS, "named_pass.png"))
+    assert console_errors(driver) == []
+
+
 def test_schedule_shows_fused_groups_and_the_timeline_its_runs(driver, softmax_url):
     open_page(driver, softmax_url)
     driver.find_element(By.CSS_SELECTOR, '#tabs button[data-tab="schedules"]').click()
@@ -216,6 +255,26 @@ def test_a_5000_node_graph_renders_every_node(driver, serve):
     print(f"\n5,000-node graph: all nodes present {secs:.2f} s after the click (layout + drawing {page_ms:.0f} ms)")
     assert secs < WAIT_S
     driver.save_screenshot(os.path.join(ARTIFACTS, "graph_5000.png"))
+    # collapse: a double-click on one half of the sum folds what only it reads into it (the buffer, read by the
+    # other half too, stays); again, and every node is back
+    top = driver.execute_script("const n = S.view.k.nodes; return n[n.length - 1][3][0]")  # the first half's ADD
+    half = driver.execute_script(f"return reachable(S.view.k.nodes, {top}).length")
+    count = "return document.querySelectorAll('#graph g.node').length"
+
+    def double_click_node(i: int) -> None:  # d3 fitted the 5,000 nodes far too small to aim at: the event itself
+        driver.execute_script(
+            f"document.querySelector('#graph g.node[data-id=\"{i}\"] rect')"
+            ".dispatchEvent(new MouseEvent('dblclick', {bubbles: true}))"
+        )
+
+    double_click_node(top)
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.execute_script(count) == n - half + 2)  # + it and the buffer
+    label = driver.find_element(By.CSS_SELECTOR, f'#graph g.node.collapsed[data-id="{top}"] text.op')
+    assert label.get_attribute("textContent") == f"ADD +{half - 2}"
+    driver.save_screenshot(os.path.join(ARTIFACTS, "graph_collapsed.png"))
+    double_click_node(top)
+    WebDriverWait(driver, WAIT_S).until(lambda d: d.execute_script(count) == n)
+    assert not driver.find_elements(By.CSS_SELECTOR, "#graph g.node.collapsed")
     assert console_errors(driver) == []
 
 

@@ -93,6 +93,111 @@ def test_load_collapse_step_replaces_the_reduce():
     assert step["made"] and all("reduce_collapse" in rule for rule in step["made"].values())
 
 
+def new_nodes(nodes: list, step: dict) -> set[int]:
+    """the nodes of a step's graph after that its graph before lacks: what the page highlights"""
+
+    def reach(sink: int) -> set[int]:
+        seen, stack = {sink}, [sink]
+        while stack:
+            for s in nodes[stack.pop()][3]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return seen
+
+    return reach(step["after"]) - reach(step["before"])
+
+
+def assert_steps_chain(k: dict) -> None:
+    """Every change is a named step: each step at the top level starts from the graph the one before it left, the
+    steps under a pass (optimize's) chain from the pass's input to its output, and no step is an unnamed gap."""
+    steps = k["steps"]
+    assert not [s["name"] for s in steps if s["kind"] == "code" or "changed outside" in s["name"]]
+    last = {0: steps[0]["after"]}  # depth -> the graph the last step at that depth left
+    for i, s in enumerate(steps[1:], 1):
+        d = s["depth"]
+        start = steps[i - 1]["before"] if d > steps[i - 1]["depth"] else last[d]  # a pass's first child: its input
+        assert s["before"] == start, (k["name"], s["name"])
+        last[d] = s["after"]
+        if d > 0 and (i + 1 == len(steps) or steps[i + 1]["depth"] < d):  # the pass's last child: its output
+            (parent,) = [p for p in steps[:i][::-1] if p["depth"] == d - 1][:1]
+            assert parent["kind"] == "pass" and parent["after"] == s["after"], (parent["name"], s["name"])
+
+
+@pytest.mark.slow  # two programs compiled with every rule tracked
+def test_passes_that_are_not_a_graph_rewrite_are_named_steps():
+    """The expander, the accumulators, the optimizer's actions: each a step of its own name with what it does, its
+    graphs (the nodes it made differ), its time and the rules of the rewrites it runs; none is left unnamed."""
+    x = np.random.default_rng(1).standard_normal((3, 296)).astype(np.float32)
+    a = np.random.default_rng(2).standard_normal((24, 44)).astype(np.float32)
+    b = np.random.default_rng(3).standard_normal((44, 20)).astype(np.float32)
+    with record.recording() as rec:
+        soft = Tensor(x).softmax(-1).numpy()
+        mm = (Tensor(a) @ Tensor(b)).numpy()
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(soft, ref / ref.sum(-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(mm, a @ b, rtol=1e-4, atol=1e-4)
+    kernels = {k["name"]: k for k in rec.trace["kernels"] if k["kind"] == "kernel"}
+    assert set(kernels) == {"r_3_296_296_296", "r_24_20_44"}
+    matmul = kernels["r_24_20_44"]
+    assert any(o.startswith("Opt(UPCAST") for o in matmul["opts"])  # a kernel the optimizer made vector lanes in
+    for k in kernels.values():
+        assert_steps_chain(k)
+        steps = {s["name"]: s for s in k["steps"]}
+        for name in ("optimize", "expand", "lower_reduces"):
+            s = steps[name]
+            assert s["kind"] == "pass" and s["depth"] == 0 and s["about"] and s["ms"] > 0
+            assert new_nodes(k["nodes"], s), (k["name"], name)  # the pass changed the graph: the page highlights
+        assert steps["expand"]["where"].startswith("codegen/expander.py:")
+        assert "REDUCE" in reachable_ops(k["nodes"], steps["lower_reduces"]["before"])
+        assert "REDUCE" not in reachable_ops(k["nodes"], steps["lower_reduces"]["after"])
+        # the optimizer's actions, one step each under optimize, in the order they were taken
+        actions = [s for s in k["steps"] if s["name"].startswith("apply_opt ")]
+        assert [s["name"].removeprefix("apply_opt ") for s in actions] == k["opts"]
+        assert all(s["depth"] == 1 and new_nodes(k["nodes"], s) for s in actions)
+        assert any(s["rules"] for s in actions)  # the rules of pm_fix_range_lists's rewrite, folded into the action
+        ranges = [s for s in k["steps"] if s["name"].startswith("simplify_ranges: ")]
+        assert ranges and all(s["depth"] == 1 for s in ranges)  # optimize's rewrites: steps of their own under it
+        assert steps["full_rewrite: pm_lower"]["depth"] == 0
+    # the vector lanes the expander made of the matmul's UPCAST ranges
+    expand = next(s for s in matmul["steps"] if s["name"] == "expand")
+    lanes = {matmul["nodes"][i][1] for i in new_nodes(matmul["nodes"], expand)}
+    assert "float8" in lanes, lanes  # Opt(UPCAST, _, 8)
+
+
+@pytest.mark.slow  # two programs compiled with every rule tracked
+def test_scheduler_passes_are_named_steps():
+    """create_schedule's split_reduces and bufferize are steps of the schedule, after tensor_fold."""
+    x = np.random.default_rng(4).standard_normal(2**18 + 64).astype(np.float32)
+    with record.recording() as rec:
+        total = Tensor(x).sum().numpy()
+    np.testing.assert_allclose(total, x.sum(dtype=np.float64), rtol=1e-4)
+    (sched,) = rec.trace["schedules"]
+    names = [s["name"] for s in sched["steps"]]
+    assert names == ["input: the tensor graph", "tensor_fold", "split_reduces", "bufferize"]
+    split, buf = sched["steps"][2], sched["steps"][3]
+    assert split["kind"] == "pass" and "two reduces" in split["about"]
+    assert reachable_ops(sched["nodes"], split["before"]) >= {"REDUCE_AXIS"}
+    made = [sched["nodes"][i][0] for i in new_nodes(sched["nodes"], split)]
+    assert made.count("REDUCE_AXIS") == 2  # one big reduce -> a parallel one and the one that sums its parts
+    assert buf["before"] == split["after"] and "BUFFERIZE" in reachable_ops(sched["nodes"], buf["after"])
+    # a contiguous() inside the graph is folded alongside the outputs (tensor_fold's own sink): still one step, from
+    # the tensor graph handed to the scheduler to the folded outputs, with the rules that fired
+    y = np.random.default_rng(5).standard_normal((5, 7)).astype(np.float32)
+    with record.recording() as rec:
+        mid = (Tensor(y) * 3).contiguous()
+        out = ((mid + 1).exp() * mid.detach().reshape(7, 5).T.sum(0)).numpy()  # detach: a fold
+    np.testing.assert_allclose(out, np.exp(y * 3 + 1) * (y * 3).reshape(7, 5).T.sum(0), rtol=1e-5)
+    for sched in rec.trace["schedules"]:
+        steps = sched["steps"]
+        names = [s["name"] for s in steps]
+        assert names[:4] == ["input: the tensor graph", "tensor_fold", "split_reduces", "bufferize"]
+        assert names[4:] in ([], ["create_schedule: bufferize_folds"])  # a rewrite: the buffers no kernel needs
+        assert steps[1]["kind"] == "pass" and steps[1]["before"] == steps[0]["after"]
+        assert all(b["before"] == a["after"] for a, b in zip(steps[1:], steps[2:]))
+    assert any(s["steps"][1]["rules"] for s in rec.trace["schedules"])
+
+
 def test_a_kernel_is_recorded_once():
     x = np.ones((3, 29), np.float32)
     with record.recording() as rec:
@@ -115,10 +220,20 @@ def test_tinyjit_replays_are_timeline_entries_not_new_kernels():
     for i, out in enumerate(outs):
         np.testing.assert_allclose(out, np.full(2, (3 * i + 1) * 41, np.float32))
     kernels = [k for k in rec.trace["kernels"] if k["kind"] == "kernel" and k["name"] == "r_2_41"]
-    assert len(kernels) == 1 and kernels[0]["runs"] == 2  # compiled once; the plain call and the capture ran it
+    # compiled (and recorded) once; the plain call, the capture and the three replays ran it
+    assert len(kernels) == 1 and kernels[0]["runs"] == 5
     (jit,) = [k for k in rec.trace["kernels"] if k["kind"] == "jit"]
     assert jit["runs"] == 3 and jit["name"] == "TinyJit replay: 1 kernel" and "r_2_41" in jit["src"]
-    assert [r[0] for r in rec.trace["runs"]].count(jit["id"]) == 3
+    runs = rec.trace["runs"]
+    replays = [r for r in runs if r[0] == jit["id"]]
+    assert len(replays) == 3
+    # each replay's kernel run lies inside the replay's span, with the bytes of the kernel's other runs
+    in_replays = [r for r in runs if r[0] == kernels[0]["id"]][2:]
+    assert len(in_replays) == 3 and len({r[3] for r in runs if r[0] == kernels[0]["id"]}) == 1
+    for rep, run in zip(replays, in_replays):
+        assert rep[1] <= run[1] and run[1] + run[2] <= rep[1] + rep[2] + 1e-6
+    # the list's time of the replay is its own (its kernel's counted with the kernel): less than its spans
+    assert 0 <= jit["time_s"] < sum(r[2] for r in replays) and jit["bytes"] == 0
 
 
 def test_trace_round_trip_and_version_check(saved, tmp_path):

@@ -17,6 +17,7 @@ from zeptograd.uop.ops import GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_kernel, check_linear
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import graph_rewrite
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 
 def ranges_simplified(ast: UOp) -> UOp:
@@ -26,6 +27,7 @@ def ranges_simplified(ast: UOp) -> UOp:
     return simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
 
 
+@named_pass("optimize", "range rewrites, then the optimizer's actions (given, the heuristic's, or none)", nest=True)
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
     sink = ranges_simplified(ast)

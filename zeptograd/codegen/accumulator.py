@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 
 def reduce_identity(op: Ops, dtype) -> object:
@@ -114,6 +115,7 @@ def ordered_groups(groups: dict) -> list[Group]:
     return out
 
 
+@named_pass("lower_reduces", "REDUCE -> accumulators; reduces over the same loops share them")
 def lower_reduces(sink: UOp) -> UOp:
     """Every REDUCE -> an accumulator. REDUCEs over the same loops inside the same enclosing loops share one loop
     nest (one END over a GROUP of their updates); sibling loop nests run one after another in first-seen order

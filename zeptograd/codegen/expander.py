@@ -26,6 +26,7 @@ from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import simplify, split_sum
 from zeptograd.uop.upat import PatternMatcher, UPat
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
@@ -419,6 +420,7 @@ def _fold(xs: list[UOp], op: Ops) -> UOp:
     return ret
 
 
+@named_pass("expand", "UPCAST/UNROLL ranges -> vector lanes and unrolled copies")
 def expand(ast: UOp, max_vec_bytes: int = 64) -> UOp:
     """# SINK(nest, ...) -> SINK(*expanded nest, ...): each loop nest (a tail is one) takes its own vector range, so
     a tail's 4 remaining columns of a 28-wide axis run as a 4-lane vector, not as 4 scalar copies"""

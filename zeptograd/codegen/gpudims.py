@@ -27,6 +27,7 @@ from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 REG_BASE = 1 << 20  # register ids of the partial accumulators made here (the accumulator pass counts from 0)
 
@@ -119,6 +120,7 @@ pm_strip_ranges = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _strip
 pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
 
 
+@named_pass("add_gpudims", "loops -> GPU thread ids, GROUP reduces through shared memory")
 def add_gpudims(sink: UOp, renderer: Renderer) -> UOp:
     nodes = list(sink.toposort())
     # the loops of the kernel's first loop nest become ids; a tail's nest (codegen/opt/tail.py) stays loops and is

@@ -7,6 +7,7 @@ import struct
 from zeptograd.dtype import PtrDType, dtypes, truncate
 from zeptograd.uop.ops import GroupOp, Ops, UOp, _alu_range
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 _HALF = (dtypes.float16, dtypes.bfloat16)
 _TRANSCENDENTAL = GroupOp.Transcendental | {Ops.TRUNC}
@@ -205,6 +206,7 @@ def _may_leave_int32(u: UOp) -> bool:
     return scalar is _I64 or (scalar is _I32 and u.op is not Ops.RANGE and (u.vmin == _I32_MIN or u.vmax == _I32_MAX))
 
 
+@named_pass("lower_index_dtypes", "index math in int64 where its value range leaves int32")
 def lower_index_dtypes(sink: UOp) -> UOp:
     """pm_index_dtype where some value may leave int32; most kernels have none and skip the rewrite"""
     if not any(_may_leave_int32(u) for u in sink.toposort()):

@@ -41,6 +41,7 @@ from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import and_terms, build_sum, split_sum, symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 MAX_PEELS = 2  # ranges peeled per loop nest (each one adds two border copies of the nest)
 MAX_LANES = 32  # a nest expanded to more lanes (a register tile) is not copied: compile time, for little gain
@@ -155,6 +156,7 @@ def _drop_true_gate(idx: UOp) -> UOp | None:
 pm_peeled = symbolic + PatternMatcher([(UPat(Ops.INDEX, src=(UPat(), UPat(), UPat()), name="idx"), _drop_true_gate)])
 
 
+@named_pass("peel_borders", "window reads gated by a pad: border and interior parts, the interior ungated")
 def peel_borders(sink: UOp, max_vec_bytes: int = 64) -> UOp:
     """Each loop nest whose window gates hold in the interior of an output range: border and interior parts."""
     if sink.op is not Ops.SINK or not any(u.op is Ops.LOAD and len(u.src[0].src) > 2 for u in sink.toposort()):

@@ -27,6 +27,7 @@ from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count, trip_count
 from zeptograd.uop.symbolic import symbolic
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 # ***** helpers *****
 
@@ -573,6 +574,7 @@ def merge_candidates(sink: UOp) -> list[tuple[UOp, UOp]]:
     return out
 
 
+@named_pass("merge_ranges", "adjacent loops merged into one where the divmods do not grow")
 def merge_ranges(sink: UOp) -> UOp:
     """# RANGE(n0), RANGE(n1) -> RANGE(n0*n1) read as R//n1, R%n1: kept if the kernel's divmod count does not grow"""
     tried: set[tuple[UOp, UOp]] = set()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Iterator
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 if TYPE_CHECKING:
     from zeptograd.renderer import Renderer
@@ -324,6 +325,7 @@ pm_transcendental = PatternMatcher(
 )
 
 
+@named_pass("rewrite_transcendentals", "exp2/log2/sin/cos/tan the target lacks -> range reductions and polynomials")
 def rewrite_transcendentals(sink: UOp, renderer: Renderer) -> UOp:
     """pm_transcendental on a kernel: what `renderer` asks for as ALU ops; new loops numbered after the kernel's"""
     axes = [u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE]

@@ -305,7 +305,7 @@ def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKerne
     if VIZ.value:
         from zeptograd.viz import record as viz_record
 
-        viz_record.kernel_end(name, spec.src, opts, ck.n_ops)
+        viz_record.kernel_end(name, spec.src, opts, ck.n_ops, ck.program)  # a TinyJit replay calls the program
     _kernel_cache[key] = ck
     return ck
 

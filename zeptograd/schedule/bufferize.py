@@ -27,6 +27,7 @@ from zeptograd.schedule.indexing import Rangeify, Request, flat_index, pad_valid
 from zeptograd.uop.ops import GroupOp, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import and_terms
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Stored:
     row: bool = False  # a row buffer inside the consumer's kernel (`row_buffer`), not a buffer in memory
 
 
+@named_pass("bufferize", "the kept nodes -> BUFFERIZE over their loops, the others inlined into their readers")
 def bufferize(rf: Rangeify, keep: set[UOp]) -> UOp:
     """SINK of the kept BUFFERIZEs; the others are reached through the INDEX reads of their consumers."""
     made: dict[UOp, UOp] = {}

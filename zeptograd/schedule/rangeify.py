@@ -29,18 +29,25 @@ from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.spec import check_rangeified, check_tensor_graph
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 __all__ = ["ScheduleItem", "create_schedule", "substitute_realized"]
 
 
+@named_pass("tensor_fold", "constants folded, reduces over empty axes -> their identity (and the contiguous() inside)")
+def fold_tensor_graph(sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+    """SINK(outputs) folded, and what each CONTIGUOUS node inside the graph became: those are folded alongside the
+    outputs, so that the buffer each is stored in is remembered for the node the caller's graph holds (a backward that
+    reads it reads those very values)"""
+    outs = sink.src
+    inner = [u for u in sink.toposort() if u.op is Ops.CONTIGUOUS and u not in outs]
+    folded = graph_rewrite(UOp(Ops.SINK, dtypes.void, (*outs, *inner)), tensor_fold)
+    return UOp(Ops.SINK, dtypes.void, folded.src[: len(outs)]), dict(zip(inner, folded.src[len(outs) :]))
+
+
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Kernels, in an order that respects their dependencies, and the buffer view that replaces each realized node."""
-    # the CONTIGUOUS nodes inside the graph are folded alongside the outputs, so that the buffer each is stored in
-    # is remembered for the node the caller's graph holds (a backward that reads it reads those very values)
-    inner = [u for u in UOp(Ops.SINK, dtypes.void, tuple(outs)).toposort() if u.op is Ops.CONTIGUOUS and u not in outs]
-    sink = graph_rewrite(UOp(Ops.SINK, dtypes.void, (*outs, *inner)), tensor_fold)
-    folded_inner = dict(zip(inner, sink.src[len(outs) :]))
-    sink = UOp(Ops.SINK, dtypes.void, sink.src[: len(outs)])
+    sink, folded_inner = fold_tensor_graph(UOp(Ops.SINK, dtypes.void, tuple(outs)))
     sink = split_reduces(sink)  # a big reduce to a small output: two kernels, the first parallel
     check_tensor_graph(sink)
     folded = dict(zip(outs, sink.src))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from zeptograd.helpers import SPLIT_REDUCEOP, prod
 from zeptograd.uop.ops import Ops, UOp
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 SPLIT_THRESHOLD = 32768  # input elements per output element before a reduce is split
 
@@ -31,6 +32,7 @@ def split_once(x: UOp) -> UOp | None:
     return None
 
 
+@named_pass("split_reduces", "a big reduce to a small output -> two reduces, the first parallel")
 def split_reduces(sink: UOp) -> UOp:
     if not SPLIT_REDUCEOP:
         return sink

@@ -1,4 +1,4 @@
-"""The recorder behind VIZ=1. The core calls in at five places, each behind `if VIZ.value`:
+"""The recorder behind VIZ=1. The core calls in at these places, each behind `if VIZ.value`:
 
 - `uop/upat.py: graph_rewrite` -> `rewrite`: while a kernel compiles or a schedule is made (in that thread), a
   rewrite of a whole graph (a SINK) runs with its rules tried one at a time, counted and timed, and the graphs
@@ -11,6 +11,10 @@
   next from that graph.
 - `schedule/policy.py`, through `viz/hook.py` -> `schedule_decision`, `schedule_kept_all`, `schedule_inline_again`:
   each keep-or-inline decision of the schedule being made, with its rule and the cost model's estimates.
+- each pass that is not one graph_rewrite (codegen's expand, lower_reduces, optimize and its actions, ...; the
+  scheduler's split_reduces, bufferize), through `viz/hook.py: named_pass` -> `named_pass`: a named step with its
+  graphs and time; the whole-graph rewrites it runs fold into it (their rules listed there), or with nest (optimize)
+  are steps of their own under it.
 - `engine/realize.py: _run_schedule` -> `kernel_ran`: the timeline.
 - `engine/jit.py: TinyJit.__call__` -> `jit_replay`: a replay (its kernels called directly) as one timeline entry.
 
@@ -40,38 +44,105 @@ from zeptograd.viz.trace import NodeTable, new_trace, write_trace
 MAX_RUNS = 100_000  # timeline entries kept; a long training loop keeps its first runs (totals stay exact)
 
 
+class OpenPass:
+    """A named pass running (viz/hook.py: named_pass): where its step goes, and the rules of the rewrites it folds."""
+
+    def __init__(self, name: str, about: str, nest: bool, where: str, at: int, before: int, depth: int):
+        self.name, self.about, self.nest, self.where = name, about, nest, where
+        self.at, self.before, self.depth = at, before, depth  # its step's index, its input graph, its indent
+        self.counts: dict[str, list] = {}  # the rules of the whole-graph rewrites it folds: rule -> [matches, secs]
+        self.made: dict[UOp, str] = {}
+        self.t0 = time.perf_counter()
+
+
 class GraphRecord:
     """A kernel or a schedule being recorded: its node table and steps, open in one thread."""
 
     def __init__(self, entry: dict, first: UOp, first_name: str):
         self.entry, self.table, self.thread = entry, NodeTable(), threading.get_ident()
         self.inside = False  # a tracked rewrite runs: rewrites its rules start are fragments, not steps
+        self.passes: list[OpenPass] = []  # the named passes running, outermost first
         entry["nodes"], entry["steps"] = self.table.nodes, []
         self.last = self.table.add(first)
-        entry["steps"].append({"name": first_name, "where": "", "before": None, "after": self.last, "rules": []})
+        entry["steps"].append(
+            {
+                "name": first_name,
+                "kind": "input",
+                "where": "",
+                "before": None,
+                "after": self.last,
+                "rules": [],
+                "depth": 0,
+            }
+        )
 
-    def add_step(self, name: str, where: str, before: UOp, after: UOp, tracked: _TrackedMatcher) -> None:
-        table, steps = self.table, self.entry["steps"]
+    def folding(self) -> OpenPass | None:
+        """The named pass that takes this rewrite's rules into its own step (nothing inside it is a step)."""
+        return next((p for p in self.passes if not p.nest), None)
+
+    def _step(self, name: str, kind: str, where: str, before: int, after: int, ms: float, depth: int) -> dict:
+        return {"name": name, "kind": kind, "where": where, "before": before, "after": after, "ms": ms, "depth": depth}
+
+    def _catch_up(self, graph: int, next_name: str) -> None:
+        """A change between the last step and `graph` that no named pass or rewrite made: the enclosing pass's own
+        code (optimize between its actions), or, outside any, a step saying where it happened."""
+        if graph == self.last:
+            return
+        steps, depth = self.entry["steps"], len(self.passes)
+        if self.passes:
+            name, where = f"{self.passes[-1].name}: its own code", f"in {self.passes[-1].name}, before {next_name}"
+        else:
+            name, where = "(changed outside graph_rewrite)", f"between {steps[-1]['name']} and {next_name}"
+        steps.append(self._step(name, "code", where, self.last, graph, 0.0, depth) | {"rules": []})
+        self.last = graph
+
+    def add_step(self, name: str, where: str, before: UOp, after: UOp, tracked: _TrackedMatcher, ms: float) -> None:
+        table = self.table
         b = table.add(before)
-        if b != self.last:  # a pass that is not a graph_rewrite (the expander, accumulators) changed the graph
-            name_gap, between = "(changed outside graph_rewrite)", f"between {steps[-1]['name']} and {name}"
-            steps.append({"name": name_gap, "where": between, "before": self.last, "after": b, "rules": []})
+        self._catch_up(b, name)
         a = table.add(after)
-        rules = sorted(tracked.counts.items(), key=lambda kv: -kv[1][0])
-        step = {"name": name, "where": where, "before": b, "after": a}
-        step["rules"] = [[rule, n, round(secs * 1e3, 3)] for rule, (n, secs) in rules if n]
+        step = self._step(name, "rewrite", where, b, a, round(ms, 3), len(self.passes))
+        step["rules"] = _rules(tracked.counts)
         step["made"] = {str(table.ids[u]): rule for u, rule in tracked.made.items() if u in table.ids}
-        steps.append(step)
+        self.entry["steps"].append(step)
         self.last = a
+
+    def pass_begin(self, name: str, about: str, nest: bool, where: str, before: UOp | None) -> OpenPass:
+        if before is not None:  # a pass of a graph (else its input is what the last step made: bufferize's Rangeify)
+            self._catch_up(self.table.add(before), name)
+        p = OpenPass(name, about, nest, where, len(self.entry["steps"]), self.last, len(self.passes))
+        self.passes.append(p)
+        return p
+
+    def pass_end(self, p: OpenPass, after: UOp) -> None:
+        """The pass's step: before its children where it has some (nest), the net change of the whole pass."""
+        ms = round((time.perf_counter() - p.t0) * 1e3, 3)
+        a = self.table.add(after)
+        if p.nest:
+            self._catch_up(a, "its end")  # its own code after its last named step
+        self.passes.pop()
+        step = self._step(p.name, "pass", p.where, p.before, a, ms, p.depth) | {"about": p.about}
+        step["rules"] = _rules(p.counts)
+        step["made"] = {str(self.table.ids[u]): rule for u, rule in p.made.items() if u in self.table.ids}
+        self.entry["steps"].insert(p.at, step)
+        self.last = a
+
+
+def _rules(counts: dict[str, list]) -> list[list]:
+    """[rule, matches, ms] of the rules that fired, most matches first"""
+    return [
+        [rule, n, round(secs * 1e3, 3)] for rule, (n, secs) in sorted(counts.items(), key=lambda kv: -kv[1][0]) if n
+    ]
 
 
 class _TrackedMatcher:
     """A PatternMatcher whose rules are tried one at a time, each match counted and timed and its result noted."""
 
-    def __init__(self, pm: Any, rules: dict[str, str]):
+    def __init__(self, pm: Any, rules: dict[str, str], into: OpenPass | None = None):
         self.pm, self.rule_source = pm, rules
-        self.counts: dict[str, list] = {}  # rule -> [matches, seconds of its tries]
-        self.made: dict[UOp, str] = {}  # node a rule returned -> that rule
+        # rule -> [matches, seconds of its tries]; node a rule returned -> that rule (a folding pass's: summed there)
+        self.counts: dict[str, list] = into.counts if into is not None else {}
+        self.made: dict[UOp, str] = into.made if into is not None else {}
 
     def rewrite(self, u: UOp, ctx: Any = None) -> UOp | None:
         from zeptograd.uop.upat import _compile_rules
@@ -109,6 +180,16 @@ def _rule_name(fn: Callable) -> tuple[str, str]:
     return name, linecache.getline(path, line).strip()[:200]
 
 
+def _code_where(fn: Callable) -> str:
+    """file:line of a function, from the package's root"""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    path = code.co_filename
+    where = path[path.rfind("zeptograd/") + len("zeptograd/") :] if "zeptograd/" in path else os.path.basename(path)
+    return f"{where}:{code.co_firstlineno}"
+
+
 def _pass_name(pm: Any) -> tuple[str, str]:
     """(the function that called graph_rewrite: the matcher's name where a module or the caller names it, file:line)"""
     frame = sys._getframe(4)  # graph_rewrite's caller: _pass_name <- Recorder.rewrite <- rewrite <- graph_rewrite <- it
@@ -132,6 +213,9 @@ class Recorder:
         self.kernel_ids: dict[tuple[str, Any], int] = {}
         self.waiting: dict[tuple[str, UOp], list[dict]] = {}  # realized entries whose kernel is not compiled yet
         self.beams: dict[tuple[str, UOp], dict] = {}  # BEAM's search of a kernel graph, until that kernel compiles
+        # id(compiled program) -> (it, its kernel's entry): a TinyJit replay calls programs, not kernel graphs (the
+        # program is held so that its id is not reused)
+        self.programs: dict[int, tuple[Any, dict]] = {}
 
     def _kernel_entry(self, key: tuple[str, Any], name: str, kind: str) -> dict:
         entry: dict[str, Any] = {"id": len(self.trace["kernels"]), "name": name, "kind": kind, "device": key[0]}
@@ -166,9 +250,11 @@ class Recorder:
             beam["best_s"] = best[2] if best is not None else None
         self.beams[(device, ast)] = beam
 
-    def kernel_end(self, name: str, src: str, opts: list, n_ops: int) -> None:
+    def kernel_end(self, name: str, src: str, opts: list, n_ops: int, program: Any = None) -> None:
         if self.open is not None:
             self.open.entry |= {"name": name, "src": src, "opts": [str(o) for o in opts], "n_ops": n_ops}
+            if program is not None:
+                self.programs[id(program)] = (program, self.open.entry)
         self.open = None
 
     def kernel_ran(self, device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:
@@ -180,18 +266,43 @@ class Recorder:
         )
         self._ran(entry, seconds, nbytes)
 
-    def _ran(self, entry: dict, seconds: float, nbytes: int) -> None:
+    def _ran(self, entry: dict, seconds: float, nbytes: int, t: float | None = None, own: float | None = None) -> None:
+        """A run: `seconds` from perf_counter's `t` (default: it ended now) on the timeline, `own` of them (default:
+        all) the entry's time in the list"""
         entry["runs"] += 1
-        entry["time_s"] += seconds
+        entry["time_s"] += seconds if own is None else max(0.0, own)
         entry["bytes"] += nbytes
         if len(runs := self.trace["runs"]) < MAX_RUNS:
-            start = time.perf_counter() - self.t0 - seconds
+            start = (time.perf_counter() - seconds if t is None else t) - self.t0
             runs.append([entry["id"], round(start, 7), round(seconds, 9), nbytes])
 
     def jit_replay(self, captured: Any, replay: Callable) -> Any:
-        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): one timeline entry."""
+        """A TinyJit replay runs its captured kernels directly (none is compiled or scheduled): each call is timed and
+        counted with its kernel (a run, its seconds and bytes, a timeline entry) where this recorder saw the kernel
+        compiled; the replay is an entry of its own, its span on the timeline and, in the list, its own time (the
+        replay's less its kernels': pointers patched, checks) plus that of the kernels compiled before recording."""
+        entries = [self.programs.get(id(program), (None, None))[1] for program, _, _ in captured.calls]
+        spans: list[list[tuple[float, float]]] = [[] for _ in entries]
+
+        def timed(i: int, fn: Callable) -> Callable:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                t = time.perf_counter()
+                ret = fn(*args, **kwargs)
+                spans[i].append((t, time.perf_counter() - t))
+                return ret
+
+            return call
+
+        # the replay calls `direct` (its plain loop) or `calls`: timed wrappers over the same argument lists (the
+        # pointers the replay writes into them are the ones the wrapped calls read), put back after the replay
+        direct, calls = captured.direct, captured.calls
+        captured.direct = [(timed(i, fn), args) for i, (fn, args) in enumerate(direct)]
+        captured.calls = [(timed(i, program), ptrs, names) for i, (program, ptrs, names) in enumerate(calls)]
         t0 = time.perf_counter()
-        ret = replay()
+        try:
+            ret = replay()
+        finally:
+            captured.direct, captured.calls = direct, calls
         seconds = time.perf_counter() - t0
         key = ("TinyJit", tuple(captured.names))  # an entry per captured kernel list
         kid = self.kernel_ids.get(key)
@@ -200,7 +311,15 @@ class Recorder:
             n = len(captured.names)
             entry = self._kernel_entry(key, f"TinyJit replay: {n} kernel{'s' if n != 1 else ''}", "jit")
             entry["src"] = "\n".join(captured.names)
-        self._ran(entry, seconds, captured.mem)
+        counted, counted_bytes = 0.0, 0
+        for kernel, ran in zip(entries, spans):
+            if kernel is None:
+                continue
+            per_run = kernel["bytes"] // kernel["runs"] if kernel["runs"] else 0  # the capture ran each kernel
+            for start, secs in ran:
+                self._ran(kernel, secs, per_run, start)
+                counted, counted_bytes = counted + secs, counted_bytes + per_run
+        self._ran(entry, seconds, max(0, captured.mem - counted_bytes), t0, own=seconds - counted)
         return ret
 
     def schedule(self, create_schedule: Callable, outs: list) -> tuple[list, dict]:
@@ -296,14 +415,37 @@ class Recorder:
             return None
         from zeptograd.uop.upat import graph_rewrite
 
-        name, where = _pass_name(pm)
-        tracked = _TrackedMatcher(pm, self.trace["rules"])
-        g.inside = True
+        folding = g.folding()
+        tracked = _TrackedMatcher(pm, self.trace["rules"], folding)
+        name, where = _pass_name(pm) if folding is None else ("", "")
+        g.inside, t0 = True, time.perf_counter()
         try:
             out = graph_rewrite(sink, tracked, ctx, bottom_up)  # type: ignore[arg-type]  # duck-typed: its rewrite()
         finally:
             g.inside = False
-        g.add_step(name, where, sink, out, tracked)
+        if folding is None:  # else its rules are the folding pass's
+            g.add_step(name, where, sink, out, tracked, (time.perf_counter() - t0) * 1e3)
+        return out
+
+    def named_pass(self, name: str, about: str, nest: bool, fn: Callable, args: tuple, kwargs: dict) -> Any:
+        g = self.open
+        if g is None or g.inside or g.thread != threading.get_ident() or g.folding() is not None:
+            return fn(*args, **kwargs)  # not recording here, or inside a pass that is one step
+        first = args[0] if args else None
+        before = first if isinstance(first, UOp) and first.op is Ops.SINK else None
+        if "{" in name:  # the action of apply_opt, ...: its arguments after the graph
+            name = name.format(*args[1:])
+        p = g.pass_begin(name, about, nest, _code_where(fn), before)
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException:
+            g.passes.remove(p)  # an action the optimizer tried and refused: no step, its graph is not kept
+            raise
+        after = out[0] if isinstance(out, tuple) else out  # optimize: (kernel, actions)
+        if isinstance(after, UOp) and after.op is Ops.SINK:
+            g.pass_end(p, after)
+        else:
+            g.passes.remove(p)
         return out
 
 
@@ -326,6 +468,11 @@ def rewrite(sink: UOp, pm: Any, ctx: Any, bottom_up: bool) -> UOp | None:
     return _get().rewrite(sink, pm, ctx, bottom_up)
 
 
+def named_pass(name: str, about: str, nest: bool, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """The pass's result; with a kernel or a schedule being recorded in this thread, also its step."""
+    return _get().named_pass(name, about, nest, fn, args, kwargs)
+
+
 def jit_replay(captured: Any, replay: Callable) -> Any:
     return _get().jit_replay(captured, replay)
 
@@ -338,8 +485,8 @@ def kernel_begin(device: str, ast: UOp) -> None:
     _get().kernel_begin(device, ast)
 
 
-def kernel_end(name: str, src: str, opts: list, n_ops: int) -> None:
-    _get().kernel_end(name, src, opts, n_ops)
+def kernel_end(name: str, src: str, opts: list, n_ops: int, program: Any = None) -> None:
+    _get().kernel_end(name, src, opts, n_ops, program)
 
 
 def kernel_ran(device: str, ast: UOp, name: str, seconds: float, nbytes: int) -> None:

@@ -6,7 +6,9 @@ Top level: `format`, `version`, `program` (argv), `kernels`, `schedules`, `runs`
   the nodes a rewrite kept are stored once.
 - kernel: `id name kind device src opts n_ops nodes steps runs time_s bytes` (kind: kernel or copy); a step: `name`
   (the pass: the function that called graph_rewrite and its matcher), `where`, `before`/`after` sink ids, `rules`
-  ([rule, matches, ms], most first), `made` ({node id: rule} for each node a rule returned). `runs`, `time_s`,
+  ([rule, matches, ms], most first), `made` ({node id: rule} for each node a rule returned), `kind` (input,
+  rewrite, pass: a named pass that is not one graph_rewrite, with `about`; code: a change no named step made),
+  `depth` (1 for the steps under a pass that nests them: optimize's, listed after it), `ms`. `runs`, `time_s`,
   `bytes`: how often it ran, and the seconds and the bytes of its buffers summed over those runs.
 - schedule: `id nodes sink steps realized decisions`; `realized` is [{node, kernel (kernel id or null), why}]: the
   node's value was stored by that kernel. The page draws each kernel's fused group: the nodes below a realized node

@@ -30,6 +30,7 @@ from zeptograd.codegen.opt.tail import core_id, gate_single_core, split_tail, th
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 
 class OptOps(Enum):
@@ -131,6 +132,7 @@ def shares_row_buffer(ast: UOp, r: UOp) -> bool:
     )
 
 
+@named_pass("apply_opt {0}", "an optimizer action: a loop split, swapped or made vector lanes, unrolled or threads")
 def apply_opt(ast: UOp, opt: Opt) -> UOp:
     axes = kernel_axes(ast)
     if not 0 <= opt.axis < len(axes):

@@ -35,6 +35,7 @@ from typing import Callable
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 
@@ -144,6 +145,7 @@ def core_id(ast: UOp) -> UOp | None:
     return next((u for u in ast.toposort() if u.op is Ops.SPECIAL and u.arg == "core_id"), None)
 
 
+@named_pass("gate_single_core", "a loop nest no THREAD split divides stores from core 0 only")
 def gate_single_core(ast: UOp) -> UOp:
     """# SINK(nest not using core_id, ...) -> SINK(nest with its stores gated by core_id == 0, ...)"""
     core = core_id(ast)

@@ -17,12 +17,14 @@ const familyOf = {};
 for (const [fam, ops] of Object.entries(FAMILY)) for (const op of ops) familyOf[op] = fam;
 
 const S = { trace: null, view: null, step: 0, hideConsts: false, sort: { key: "time", desc: true } };
+S.collapsed = new Set();  // nodes shown without what only they read (double-click one); kept while stepping
 const $ = (sel) => document.querySelector(sel);
 const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 const fmtNum = (n) => (n >= 1e9 ? (n / 1e9).toFixed(2) + "G" : n >= 1e6 ? (n / 1e6).toFixed(2) + "M" :
   n >= 1e4 ? (n / 1e3).toFixed(1) + "k" : String(n));
 const fmtBytes = (n) => (n >= 1e6 ? (n / 1e6).toFixed(2) + " MB" : n >= 1e3 ? (n / 1e3).toFixed(1) + " kB" : n + " B");
 const fmtTime = (s) => (s >= 1 ? s.toFixed(2) + " s" : s >= 1e-3 ? (s * 1e3).toFixed(2) + " ms" : (s * 1e6).toFixed(1) + " us");
+const fmtMs = (ms) => (ms >= 100 ? ms.toFixed(0) : ms.toFixed(1)) + " ms";  // a step's compile time
 
 // ***** graph: reachable nodes, layout, drawing *****
 
@@ -33,15 +35,15 @@ function reachable(nodes, sink) {  // ids reachable from sink, ascending (the ta
   return Array.from(seen).sort((a, b) => a - b);
 }
 
-function labelOf(n) {
-  const lines = [n[0]];
+function labelOf(n, hidden) {
+  const lines = [hidden ? `${n[0]} +${hidden}` : n[0]];  // +N: the nodes collapsed into it
   const second = [n[1] === "void" ? "" : n[1], n[2]].filter((x) => x).join(" ");
   if (second) lines.push(second.length > 44 ? second.slice(0, 43) + "\u2026" : second);
   if (n[4]) lines.push(n[4].length > 44 ? n[4].slice(0, 43) + "\u2026" : n[4]);
   return lines;
 }
 
-function layout(nodes, ids) {
+function layout(nodes, ids, hidden) {
   const rank = new Map();
   const users = new Map(ids.map((i) => [i, []]));
   let maxRank = 0;
@@ -55,7 +57,7 @@ function layout(nodes, ids) {
   for (const i of ids) rows[rank.get(i)].push(i);
   const box = new Map();
   for (const i of ids) {
-    const lines = labelOf(nodes[i]);
+    const lines = labelOf(nodes[i], hidden.get(i));
     box.set(i, { w: 14 + 6.1 * Math.max(...lines.map((l) => l.length)), h: 8 + 12 * lines.length, lines });
   }
   const pos = new Map();
@@ -96,7 +98,9 @@ function drawGraph(nodes, sink, opts) {
   const size = [svgEl.clientWidth || 800, svgEl.clientHeight || 600];  // read before the graph is in the page
   let ids = reachable(nodes, sink);
   if (S.hideConsts) ids = ids.filter((i) => nodes[i][0] !== "CONST" && nodes[i][0] !== "VCONST");
-  const L = layout(nodes, ids);
+  const hidden = new Map();  // collapsed node -> how many nodes only it reads
+  if (S.collapsed.size) ids = collapse(nodes, sink, ids, hidden);
+  const L = layout(nodes, ids, hidden);
   const idset = new Set(ids);
   const parts = [];
   if (opts.groups) {  // a schedule's kernels: a box around each fused group
@@ -126,6 +130,7 @@ function drawGraph(nodes, sink, opts) {
     let cls = "node";
     if (opts.changed && opts.changed.has(i)) cls += " changed";
     if (opts.realized && opts.realized.has(i)) cls += " realized";
+    if (hidden.has(i)) cls += " collapsed";
     const x = Math.round(L.x.get(i) - b.w / 2), y = L.y.get(i);
     let g = `<g class="${cls}" data-id="${i}" data-op="${n[0]}" transform="translate(${x},${y})">` +
       `<rect width="${Math.round(b.w)}" height="${b.h}" fill="${COLOR[familyOf[n[0]] || "alu"]}"></rect>`;
@@ -143,12 +148,39 @@ function drawGraph(nodes, sink, opts) {
     root.attr("transform", e.transform);
     svgEl.classList.toggle("far", e.transform.k < FAR);
   });
-  svg.call(zoom);
+  svg.call(zoom).on("dblclick.zoom", null);  // a double-click collapses a node (below), it does not zoom
   svg.property("__zoom", fit);  // d3-zoom's state: the next gesture starts from the fitted view
   const ms = performance.now() - t0;
   svg.attr("data-nodes", ids.length).attr("data-render-ms", ms.toFixed(1));
   applySearch();
   return ms;
+}
+
+function collapse(nodes, sink, ids, hidden) {
+  // the nodes still shown: reachable from the sink without going below a collapsed node. What a collapsed node
+  // reads that something else shown also reads stays (a shared RANGE or buffer); the rest is counted into it.
+  const shown = new Set(ids);
+  const seen = new Set([sink]), stack = [sink];
+  while (stack.length) {
+    const i = stack.pop();
+    if (S.collapsed.has(i)) continue;
+    for (const s of nodes[i][3]) if (shown.has(s) && !seen.has(s)) { seen.add(s); stack.push(s); }
+  }
+  for (const c of S.collapsed) {
+    if (!seen.has(c)) continue;
+    const n = reachable(nodes, c).filter((i) => shown.has(i) && !seen.has(i)).length;
+    if (n) hidden.set(c, n);
+  }
+  return ids.filter((i) => seen.has(i));
+}
+
+function toggleCollapse(e) {  // double-click a node: what only it reads folds into it; again: unfolds
+  const g = e.target.closest && e.target.closest("g.node");
+  if (!g || !S.drawn) return;
+  const i = +g.dataset.id;
+  if (S.collapsed.has(i)) S.collapsed.delete(i);
+  else S.collapsed.add(i);
+  selectStep(S.step);
 }
 
 function fitTransform(L, [w, h]) {
@@ -191,6 +223,8 @@ function showTip(e) {  // one tooltip for every node (a <title> per node doubles
   if (o.decisions && o.decisions.has(i)) {
     for (const d of o.decisions.get(i)) lines.push(`${d.keep ? "keep" : "inline"} (${d.stage}): ${d.rule}`);
   }
+  const folded = S.collapsed.has(i);
+  lines.push(folded ? "double-click: unfold what it reads" : "double-click: collapse what only it reads into it");
   tip.textContent = lines.join("\n");
   tip.style.display = "block";
   tip.style.left = e.clientX + 12 + "px";
@@ -201,6 +235,7 @@ function showTip(e) {  // one tooltip for every node (a <title> per node doubles
 
 function showKernel(k, step) {
   S.view = { kind: "kernel", k };
+  S.collapsed.clear();
   document.body.classList.remove("timeline");
   const steps = k.steps;
   $("#title").textContent = k.name || "(not compiled)";
@@ -210,7 +245,10 @@ function showKernel(k, step) {
     `${gflops} GFLOPS \u00b7 ${gbs} GB/s \u00b7 opts: ${k.opts.length ? k.opts.join(", ") : "none"}`;
   const code = $("#source code");
   code.textContent = k.src || "(no source: a copy, or compiled before VIZ was on)";
-  if (k.kind === "jit") code.textContent = "a TinyJit replay runs these captured kernels, in order:\n" + k.src;
+  if (k.kind === "jit") {  // its kernels' runs are counted with them: its own time is what the replay adds
+    code.textContent = "a TinyJit replay runs these captured kernels, in order (their runs and times are counted" +
+      " with each kernel; the replay's time is its own, and that of kernels compiled before recording):\n" + k.src;
+  }
   code.className = k.src.startsWith("; ") || k.src.includes("define ") ? "language-llvm" : "language-c";
   delete code.dataset.highlighted;
   // highlighted after the graph is drawn: highlight.js takes a second over a large kernel's 25 KB of LLVM IR
@@ -270,9 +308,12 @@ function decisionTable(s) {  // the scheduler's keep-or-inline decisions, with t
 function pickNode(id) {  // a decision's node: marked in the graph and brought to the middle of the view
   let g = document.querySelector(`#graph g.node[data-id="${id}"]`);
   const steps = S.view && S.view.kind === "schedule" ? S.view.s.steps : null;
-  if (!g && steps && S.step !== steps.length - 1) {  // decided on the graph after the scheduler's own rewrites
-    selectStep(steps.length - 1);
-    g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+  if (!g && steps) {  // decided on the tensor graph after the scheduler's own rewrites: the last step that has it
+    const at = steps.findLastIndex((st) => reachable(S.view.s.nodes, st.after).includes(id));
+    if (at >= 0 && at !== S.step) {
+      selectStep(at);
+      g = document.querySelector(`#graph g.node[data-id="${id}"]`);
+    }
   }
   for (const p of document.querySelectorAll("#graph g.node.picked")) p.classList.remove("picked");
   if (!g) return false;
@@ -285,6 +326,7 @@ function pickNode(id) {  // a decision's node: marked in the graph and brought t
 
 function showSchedule(s, step) {
   S.view = { kind: "schedule", s };
+  S.collapsed.clear();
   document.body.classList.remove("timeline");
   const kernels = S.trace.kernels;
   $("#title").textContent = `schedule ${s.id}`;
@@ -331,10 +373,14 @@ function setSteps(steps, current) {
     return;
   }
   const ol = $("#steps");
-  ol.innerHTML = steps.map((st, i) => {
+  ol.innerHTML = steps.map((st, i) => {  // a named pass's own rewrites (optimize's) indented under it
     const same = st.before !== null && st.before === st.after;
-    return `<li class="step${same ? " same" : ""}" data-i="${i}" title="${esc(st.where || "")}">${esc(st.name)}` +
-      `${st.rules.length ? " (" + st.rules.reduce((a, r) => a + r[1], 0) + ")" : ""}</li>`;
+    const cls = `step${same ? " same" : ""}${st.kind ? " " + st.kind : ""}`;
+    const title = [st.about, st.where].filter((x) => x).join(" \u00b7 ");
+    // the time first: floated right, it stays on the name's first line
+    const ms = st.ms !== undefined && st.kind !== "code" ? `<span class="ms">${fmtMs(st.ms)}</span>` : "";
+    return `<li class="${cls}" data-i="${i}" style="margin-left:${14 * (st.depth || 0)}px" title="${esc(title)}">` +
+      `${ms}${esc(st.name)}${st.rules.length ? " (" + st.rules.reduce((a, r) => a + r[1], 0) + ")" : ""}</li>`;
   }).join("");
   for (const li of ol.children) li.onclick = () => selectStep(+li.dataset.i);
   const slider = $("#step-slider");
@@ -365,7 +411,12 @@ function selectStep(i) {
   drawGraph(rec.nodes, st.after, opts);
   const rules = st.rules.map((r) => `<div title="${esc(S.trace.rules[r[0]] || "")}">${esc(r[0])} \u00d7${r[1]}` +
     ` <span style="color:#57606a">${r[2]} ms</span></div>`);
-  $("#rules").innerHTML = rules.length ? `<b>rules that fired</b>${rules.join("")}` : "";
+  const about = st.kind === "pass" || st.kind === "code"  // a pass that is not one graph_rewrite: what it does
+    ? `<div class="about"><b>${esc(st.name)}</b>: ${esc(st.about || "not a graph_rewrite: " + st.where)}` +
+      `${st.kind === "pass" ? ` <span style="color:#57606a">${fmtMs(st.ms)} \u00b7 ${esc(st.where)}</span>` : ""}` +
+      ` \u00b7 ${changed.size} nodes new</div>`
+    : "";
+  $("#rules").innerHTML = about + (rules.length ? `<b>rules that fired</b>${rules.join("")}` : "");
   // a link to this view (no history entry per step)
   history.replaceState(null, "", "#" + (v.kind === "kernel" ? `kernel=${v.k.id}&step=${i}` : `schedule=${v.s.id}&step=${i}`));
 }
@@ -434,7 +485,7 @@ function showTimeline() {
     .append("title").text((r) => `${kernels[r[0]].name}: ${fmtTime(r[2])}, ${r[3]} bytes, ` +
       `${r[2] ? (r[3] / r[2] * 1e-9).toFixed(2) : "-"} GB/s`);
   el.innerHTML = `<div>${runs.length} runs in ${fmtTime(end)} (kernels ${kernels.filter((k) => k.kind === "kernel").length},` +
-    ` copies ${kernels.filter((k) => k.kind === "copy").length}, TinyJit replays as one bar each)</div>`;
+    ` copies ${kernels.filter((k) => k.kind === "copy").length}; a TinyJit replay: a bar over its kernels' runs)</div>`;
   el.appendChild(svg.node());
 }
 
@@ -454,6 +505,7 @@ async function main() {
   $("#hide-consts").onchange = (e) => { S.hideConsts = e.target.checked; if (S.view && S.drawn) selectStep(S.step); };
   $("#search").oninput = applySearch;
   $("#graph").addEventListener("mousemove", showTip);
+  $("#graph").addEventListener("dblclick", toggleCollapse);
   $("#graph").addEventListener("mouseleave", () => { $("#tip").style.display = "none"; });
   document.addEventListener("keydown", (e) => {  // arrow keys step through the rewrites
     if (!S.view || e.target.tagName === "INPUT" || !S.drawn) return;
