@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python -m bench.onnx_speed [--models resnet50,squeezenet] [--batches 1,16] [--runs 5] [--threads 2]
 
-The architectures are written here in torch (torchvision's ResNet-50 and SqueezeNet 1.1, seeded random
+The architectures are written here in torch (torchvision's ResNet-50, SqueezeNet 1.1 and DenseNet-121, seeded random
 initialization, eval mode) and exported with torch.onnx.export(dynamo=False) with a symbolic batch, so all three
 run the same weights. Per model and batch: zeptograd's first call (parse + graph build + schedule + compile; the
 kernel cache is whatever the process has, so run it in a fresh process for an empty cache), then the median of
@@ -20,7 +20,9 @@ import warnings
 import numpy as np
 
 
-def _torch_models():
+def torch_models():
+    """{name: a function building the architecture in torch}: torchvision's ResNet-50, SqueezeNet 1.1 and
+    DenseNet-121, written out here (torchvision is not a dependency); seed torch before building for fixed weights."""
     import torch
     from torch import nn
 
@@ -71,7 +73,32 @@ def _torch_models():
             nn.Dropout(0.5), nn.Conv2d(512, 1000, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
         )  # fmt: skip
 
-    return {"resnet50": resnet50, "squeezenet": squeezenet}
+    class DenseLayer(nn.Module):
+        def __init__(self, cin, growth):
+            super().__init__()
+            self.body = nn.Sequential(
+                nn.BatchNorm2d(cin), nn.ReLU(), nn.Conv2d(cin, 4 * growth, 1, bias=False),
+                nn.BatchNorm2d(4 * growth), nn.ReLU(), nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False),
+            )  # fmt: skip
+
+        def forward(self, x):
+            return torch.cat([x, self.body(x)], 1)
+
+    def densenet121():
+        layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                   nn.MaxPool2d(3, 2, 1)]  # fmt: skip
+        c, growth = 64, 32
+        for i, n in enumerate((6, 12, 24, 16)):
+            for _ in range(n):
+                layers.append(DenseLayer(c, growth))
+                c += growth
+            if i < 3:  # a transition halves the channels and the resolution
+                layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2, 2)]
+                c //= 2
+        layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 1000)]
+        return nn.Sequential(*layers)
+
+    return {"resnet50": resnet50, "squeezenet": squeezenet, "densenet121": densenet121}
 
 
 def export(model, x) -> bytes:
@@ -112,7 +139,7 @@ def main(argv=None) -> list[dict]:
     rows = []
     for name in args.models.split(","):
         torch.manual_seed(0)
-        model = _torch_models()[name]().eval()
+        model = torch_models()[name]().eval()
         data = export(model, torch.randn(1, 3, 224, 224))
         t = time.perf_counter()
         runner = OnnxRunner(data)

@@ -565,7 +565,7 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     **__import__("bench.cases_train", fromlist=["TRAIN_CASES"]).TRAIN_CASES,  # mlp_train, digits_train, *_shard2
     **__import__("bench.cases_odd", fromlist=["ODD_CASES"]).ODD_CASES,  # sizes 16 and the cores don't divide
     **__import__("bench.cases_models", fromlist=["MODEL_CASES"]).MODEL_CASES,  # minilm: a pretrained BERT
-    **__import__("bench.cases_onnx", fromlist=["ONNX_CASES"]).ONNX_CASES,  # light ONNX models vs onnxruntime
+    **__import__("bench.cases_onnx", fromlist=["ONNX_CASES"]).ONNX_CASES,  # ONNX models vs onnxruntime
     **__import__("bench.cases_startup", fromlist=["STARTUP_CASES"]).STARTUP_CASES,  # whole-process startup
 }
 
@@ -598,7 +598,7 @@ def run_case(name: str, quick: bool) -> CaseResult:
                 res.seconds[impl] = measure_loop(fn, spec.loop)
             elif spec.kind == "latency":  # every call is a first call: no warm-up to drop
                 ts = []
-                for _ in range(2 if quick else 5):
+                for _ in range(2 if quick else spec.runs or 5):
                     t = time.perf_counter()
                     fn()
                     ts.append(time.perf_counter() - t)

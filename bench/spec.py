@@ -37,3 +37,4 @@ class Spec:
     loop: int = 0  # >0: cheap calls, timed as batches of `loop` calls
     warmups: int = 0  # at least this many warm-up calls whatever the first costs (2 for a TinyJit step: it captures
     # on its second call, which can take seconds where the first took over 10 s to compile)
+    runs: int = 0  # a "latency" case: this many calls (0: 5), fewer for a slow one

@@ -89,30 +89,36 @@ def test_cliffs_quick_runs_three_programs(capsys):
 
 def test_onnx_cases_compare_with_onnxruntime():
     pytest.importorskip("onnx")
-    report = run_bench(only=["onnx_squeezenet"], quick=True, progress=False, with_probes=False)
-    (case,) = report["cases"]
+    pytest.importorskip("torch")
+    report = run_bench(
+        only=["onnx_squeezenet_b1", "onnx_resnet50_first"], quick=True, progress=False, with_probes=False
+    )
+    case, first = report["cases"]
     assert case["kind"] == "rate" and "tiny conv" in case["note"], case
     assert case["errors"] == {} and case["seconds"]["zeptograd"] > 0
     assert "onnxruntime" in case["seconds"]
+    assert first["kind"] == "latency" and first["errors"] == {} and first["seconds"]["zeptograd"] > 0, first
     if importlib.util.find_spec("onnxruntime") is not None:
         assert case["seconds"]["onnxruntime"] > 0 and case["ratio_to_best_peer"] > 0
+        assert first["seconds"]["onnxruntime"] > 0
     header = next(ln for ln in format_report(report).splitlines() if ln.startswith("case "))
-    assert "onnxruntime" in header and "numpy" in header  # a column per peer a case names
+    assert "onnxruntime" in header and "torch" in header  # a column per peer a case names
 
 
 def test_onnx_cases_skip_with_a_note(monkeypatch):
     pytest.importorskip("onnx")
     from bench import cases_onnx
 
-    monkeypatch.setattr(cases_onnx, "light_model_path", lambda name: f"/nonexistent/light_{name}.onnx")
-    spec = cases_onnx.ONNX_CASES["onnx_squeezenet"](False)
-    assert all(fn is None for fn in spec.runners.values()) and "light_squeezenet.onnx is missing" in spec.note
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
-    spec = cases_onnx.ONNX_CASES["onnx_squeezenet"](True)
+    spec = cases_onnx.ONNX_CASES["onnx_squeezenet_b1"](True)
     assert spec.runners["zeptograd"] is not None and spec.runners["onnxruntime"] is None
     assert "onnxruntime: n/a" in spec.note
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert "n/a: torch builds them" in cases_onnx.ONNX_CASES["onnx_resnet50_b16"](False).note
     monkeypatch.setitem(sys.modules, "onnx", None)
-    assert "n/a: pip install" in cases_onnx.ONNX_CASES["onnx_squeezenet"](True).note
+    for name in ("onnx_squeezenet_b1", "onnx_resnet50_first"):
+        spec = cases_onnx.ONNX_CASES[name](True)
+        assert "n/a: pip install" in spec.note and all(fn is None for fn in spec.runners.values())
 
 
 def test_sharding_case_compares_with_one_device():

@@ -59,6 +59,78 @@ def test_symbolic_batch_and_optional_input():
     np.testing.assert_allclose(runner({"x": x, "b": b})["y"].numpy(), _affine_ref(x, b), rtol=1e-6, atol=1e-6)
 
 
+def _conv_model():
+    """y = relu(conv3x3(x) + bias), then a global average pool: the shape of a CNN's layer, x (N, 2, 6, 6)."""
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((3, 2, 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(3).astype(np.float32), "b")
+    return _model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("GlobalAveragePool", ["r"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, 1, 1])],
+        [w, b],
+    )  # fmt: skip
+
+
+def _conv_ref(model, x):
+    import torch
+
+    w, b = (torch.from_numpy(numpy_helper.to_array(t).copy()) for t in model.graph.initializer)
+    return torch.relu(torch.nn.functional.conv2d(torch.from_numpy(x), w, b, padding=1)).mean((2, 3), keepdim=True)
+
+
+def test_repeated_calls_substitute_their_inputs_into_a_template():
+    """From the second call with the same input shapes on, the graph is the one built on placeholders with the call's
+    inputs substituted: each call still computes its own inputs, a new shape gets its own graph."""
+    pytest.importorskip("torch")
+    model = _conv_model()
+    runner = OnnxRunner(model)
+    for i, n in enumerate((2, 2, 2, 3, 2, 3, 3)):
+        x = np.random.default_rng(i).standard_normal((n, 2, 6, 6)).astype(np.float32)
+        out = runner({"x": Tensor(x) if i % 2 else x})["y"]
+        np.testing.assert_allclose(out.numpy(), _conv_ref(model, x).numpy(), rtol=1e-5, atol=1e-5)
+    templates = [t for t in runner._templates.values() if t is not None and not isinstance(t, str)]
+    assert len(templates) == 2  # one per batch size
+
+
+def test_a_graph_that_reads_input_values_is_built_each_call():
+    """NonZero, and a Slice whose end is an input: the graph depends on the values (any value builds a graph), so
+    no template stands for it (its build on placeholders reads one and is dropped)."""
+    starts, axes = numpy_helper.from_array(np.array([0], np.int64), "st"), numpy_helper.from_array(np.array([1]), "ax")
+    model = _model(
+        [helper.make_node("Slice", ["x", "st", "e", "ax"], ["y"]), helper.make_node("NonZero", ["x"], ["nz"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6]),
+         helper.make_tensor_value_info("e", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("nz", TensorProto.INT64, [2, None])],
+        [starts, axes],
+    )  # fmt: skip
+    runner = OnnxRunner(model)
+    for i in range(4):
+        zeros = (np.arange(12) % (i + 2) == 0).reshape(2, 6)  # NonZero's count changes call to call
+        x = np.where(zeros, 0, np.random.default_rng(i).standard_normal((2, 6))).astype(np.float32)
+        out = runner({"x": Tensor(x), "e": Tensor(np.array([i + 2], np.int64))})
+        np.testing.assert_array_equal(out["y"].numpy(), x[:, : i + 2])
+        np.testing.assert_array_equal(out["nz"].numpy(), np.stack(np.nonzero(x)))
+    assert list(runner._templates.values()) == [None]
+
+
+def test_runs_under_tinyjit():
+    """tinygrad's users wrap the runner in TinyJit: the replays compute each call's input."""
+    pytest.importorskip("torch")
+    from zeptograd import TinyJit
+
+    model = _conv_model()
+    runner = OnnxRunner(model)
+    step = TinyJit(lambda x: runner({"x": x})["y"].realize())
+    for i in range(5):
+        x = np.random.default_rng(i).standard_normal((2, 2, 6, 6)).astype(np.float32)
+        out = step(Tensor(x).realize())
+        np.testing.assert_allclose(out.numpy(), _conv_ref(model, x).numpy(), rtol=1e-5, atol=1e-5)
+    assert step.cnt >= 3 and step.captured is not None  # the last calls were replays
+
+
 def test_external_data(tmp_path):
     from onnx.external_data_helper import convert_model_to_external_data
 

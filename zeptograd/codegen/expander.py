@@ -195,7 +195,13 @@ class Expander:
         return self.exp[index.src[0]].vals[()]
 
     def lane_indices(self, index: UOp, axes, key, v: UOp) -> list[UOp]:
-        return [self.scalar_index(index, axes, key, lane, v) for lane in range(range_lanes(v))]
+        # this copy's index simplified once, then each lane's: a lane substitutes one range into a simplified graph
+        srcs = [self.substitute(s, axes, key) for s in index.src[1:]]
+        ptr = self.pointer(index)
+        return [
+            UOp(Ops.INDEX, index.dtype, (ptr, *[self.substitute(s, (), (), lane, v) for s in srcs]))
+            for lane in range(range_lanes(v))
+        ]
 
     def vector_index(self, index: UOp, axes, key, v: UOp) -> UOp | None:
         """INDEX(buf, base[, valid]) for a contiguous vector access of this copy, None if the lanes are not contiguous.
