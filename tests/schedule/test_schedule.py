@@ -208,6 +208,21 @@ def test_kernels_read_a_bounded_number_of_buffers():
     np.testing.assert_allclose(t.numpy(), sum(xs), rtol=1e-5)
 
 
+def test_a_chain_cut_before_a_matmul_stores_its_input_not_the_product():
+    # 30 buffers summed, then @ w: the chain passes MAX_KERNEL_BUFS at the matmul's multiply, a (64, 64, 64)
+    # product; the cut stores the sum it reads (64 x 64) instead (ResNet-50's layer-3 conv stored 462 MB there)
+    xs = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(30)]
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    t = Tensor(xs[0])
+    for x in xs[1:]:
+        t = t + Tensor(x)
+    out = t @ Tensor(w)
+    items = out.schedule()
+    assert len(items) == 2
+    assert max(b.size for i in items for b in i.bufs) == 64 * 64  # was a kernel storing 64 * 64 * 64 floats
+    np.testing.assert_allclose(out.numpy(), sum(xs) @ w, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.slow
 def test_long_chain_peak_memory_stays_at_a_few_buffers():
     n = 1 << 18
