@@ -1,0 +1,77 @@
+"""Prefetch the next row where a loop re-reads a row from the cache (CPU renderers with `prefetches`).
+
+A kernel that runs a row's reduces and then its outputs (softmax, log_softmax, layernorm: `schedule/policy.py`
+hoists the reduces) reads each row from memory once, in its first loop, and again from the cache in the loops after
+it. While those later loops compute (softmax's exp), the memory bus is idle, and the hardware prefetcher does not
+start the next row: no access walks it until the next row's first loop, which then waits for memory alone. So the
+first loop that reads the row again also asks for the next row's elements:
+
+  REDUCE(v(LOAD(buf[idx(row, r)])), r), v after a REDUCE whose loop read buf
+    -> REDUCE(AFTER(v, PREFETCH(buf[idx(row + 1, r)])), r)
+
+`row` is the innermost output loop the index moves with (the next row is `stride` elements on, one iteration of it);
+each prefetch is a hint of one cache line: a copy of the load that starts no line of its own (its index is a
+constant number of elements past a line's start, within the line) gets none. Rows under `MIN_ROW_BYTES` apart stream
+well without hints. Past the buffer's last row the hint points outside the buffer: a prefetch never faults
+(the renderers compute its address without LLVM's `inbounds`).
+"""
+
+from __future__ import annotations
+
+from zeptograd.dtype import PtrDType, dtypes
+from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.symbolic import simplify
+from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
+
+LINE_BYTES = 64  # a cache line
+MIN_ROW_BYTES = 1024  # rows closer than this are one stream the hardware prefetcher follows
+
+
+def _global_load(u: UOp) -> bool:
+    """A LOAD of a kernel buffer, ungated (a gated one may read nothing of the next row)."""
+    return u.op is Ops.LOAD and len(u.src[0].src) == 2 and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
+
+
+def next_row_prefetch(load: UOp, own: set[UOp]) -> UOp | None:
+    """PREFETCH of `load`'s element one iteration of its innermost output loop on, or None where the load does not
+    move with the reduce loops `own`, with an output loop, or starts no cache line of its own."""
+    buf, idx = load.src[0].src
+    ranges = [r for r in idx.toposort() if r.op is Ops.RANGE]
+    rows = [r for r in ranges if r not in own and r.arg[1] is AxisType.LOOP]
+    if not own & set(ranges) or not rows:
+        return None
+    row = max(rows, key=lambda r: r.arg[0])  # loops nest in axis order: the innermost
+    nxt = simplify(idx.substitute({row: row + 1}))
+    stride = simplify(nxt - idx)
+    assert isinstance(buf.dtype, PtrDType)
+    itemsize = buf.dtype.base.itemsize
+    if stride.op is not Ops.CONST or stride.arg * itemsize < MIN_ROW_BYTES:
+        return None
+    line = LINE_BYTES // itemsize
+    # buffers are 64-byte aligned: a load at a constant offset into a line, ending within it, shares a line another
+    # copy of the load starts (the copies of an unrolled loop step through the line)
+    offset = simplify(nxt % line)
+    if offset.op is Ops.CONST and offset.arg != 0 and offset.arg + load.dtype.count <= line:
+        return None
+    return UOp(Ops.PREFETCH, dtypes.void, (buf.index(nxt),))
+
+
+@named_pass("prefetch_next_rows", "a loop that re-reads a row from the cache also prefetches the next row")
+def prefetch_next_rows(sink: UOp) -> UOp:
+    replaced: dict[UOp, UOp] = {}
+    for red in sink.toposort():
+        if red.op is not Ops.REDUCE:
+            continue
+        body = list(red.src[0].toposort())
+        earlier = [u for u in body if u.op is Ops.REDUCE]
+        if not earlier:  # no loop of this row ran before this one
+            continue
+        read_before = {u.src[0].src[0] for e in earlier for u in e.src[0].toposort() if _global_load(u)}
+        own = set(red.src[1:])
+        hints = []
+        for u in body:
+            if _global_load(u) and u.src[0].src[0] in read_before and (p := next_row_prefetch(u, own)) is not None:
+                hints.append(p)
+        if hints:
+            replaced[red] = red.replace(src=(red.src[0].after(*hints), *red.src[1:]))
+    return sink.substitute(replaced) if replaced else sink
