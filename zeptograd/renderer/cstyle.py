@@ -327,6 +327,9 @@ class CStyleRenderer(CFamilyRenderer):
     device = "CPU"
     kernel_prefix = ""
     prefetches = True  # __builtin_prefetch
+    # a vector's exp2 is one exp2f call per lane: as ALU ops gcc vectorizes it (x.exp() on (4096, 4096): 4x faster).
+    # log2 and trig stay calls: gcc leaves their polynomials' lanes (integer and bool ops, no C vectors) scalar
+    alu_transcendentals = frozenset({Ops.EXP2})
     string_rewrite = PatternMatcher(c_rules + cfamily_rules)
     code_for_op: dict[Ops, Callable[..., str]] = {
         Ops.EXP2: _float_fn("exp2"),
