@@ -100,7 +100,7 @@ def _masked_intrinsic(kind: str, dt: DType) -> str:
 class LLVMRenderer(Renderer):
     device = "CPU"
     has_threads = True
-    alu_transcendentals = GroupOp.Approximated  # llvm.exp2.v16f32 is 16 libm calls (4.5x on softmax)
+    alu_transcendentals = frozenset(GroupOp.Approximated)  # llvm.exp2.v16f32 is 16 libm calls (4.5x on softmax)
     masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers (AVX: vmaskmov)
     prefetches = True  # llvm.prefetch
 
