@@ -490,8 +490,13 @@ def _compare(f: _Function, o: _Operands) -> str:
 
 
 def _max(f: _Function, o: _Operands) -> str:
-    if _is_float(o.sdt):  # NaN-propagating, as the PYTHON reference
-        return f.intrinsic("maximum", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
+    if _is_float(o.sdt):  # the reference's max(a, b): a NaN b, else b where b > a, else a (NaN a and ties: a)
+        # x86: one maxps (b > a ? b : a), a compare and a blend; llvm.maximum took two blends more (it orders -0 below
+        # +0, which the reference does not: max(-0, +0) is -0); a max reduce's loop is these 3 ops a vector
+        a, b = o.a
+        mask = ltype(dtypes.bool.vec(o.dt.count))
+        bigger = f.instr(f"select {mask} {f.instr(f'fcmp ogt {o.t} {b}, {a}')}, {o.t} {b}, {o.t} {a}")
+        return f.instr(f"select {mask} {f.instr(f'fcmp uno {o.t} {b}, {b}')}, {o.t} {b}, {o.t} {bigger}")
     if dtypes.is_bool(o.sdt):
         return f.instr(f"or {o.t} {o.a[0]}, {o.a[1]}")
     return f.intrinsic("smax" if _signed(o.sdt) else "umax", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
