@@ -44,14 +44,15 @@ def rows(shape=(64, 4096)) -> Tensor:
 
 def test_softmax_prefetches_the_next_row_in_its_exp_loop_one_hint_per_line():
     uops = linear(rows().softmax(-1), LLVMRenderer(simd_bytes=32))
-    prefetches = [u for u in uops if u.op is Ops.PREFETCH]
+    prefetches = [u for u in uops if u.op is Ops.PREFETCH and not u.arg]  # the reads (writes: the next test)
     loops = loops_of(uops)
     reduce_loops = [r for r in loops if r.arg[1] is AxisType.REDUCE]
     assert len(reduce_loops) == 2  # the max, then the sum of exp(x - max)
     max_loop, exp_loop = reduce_loops
     assert not any(u.op is Ops.PREFETCH for u in loops[max_loop])  # the first read of the row streams from memory
-    inside = [u for u in loops[exp_loop] if u.op is Ops.PREFETCH]
+    inside = [u for u in loops[exp_loop] if u.op is Ops.PREFETCH and not u.arg]
     assert inside == prefetches and prefetches
+    assert all(u in loops[exp_loop] for u in uops if u.op is Ops.PREFETCH)
     loads = [u for u in loops[exp_loop] if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
     # the loads of x in that loop cover 4 lanes each of 8 floats = 2 cache lines: one hint each
     per_iteration = sum(u.dtype.count for u in loads)
@@ -59,6 +60,17 @@ def test_softmax_prefetches_the_next_row_in_its_exp_loop_one_hint_per_line():
     for p in prefetches:  # each hint is a load's element one row (4096 floats) on
         diffs = {simplify(p.src[0].src[1] - ld.src[0].src[1]) for ld in loads}
         assert UOp.const(p.src[0].src[1].dtype, 4096) in diffs
+
+
+def test_softmax_asks_for_its_output_row_for_writing_in_the_exp_loop():
+    uops = linear(rows().softmax(-1), LLVMRenderer(simd_bytes=32))
+    reads = [u for u in uops if u.op is Ops.PREFETCH and not u.arg]
+    writes = [u for u in uops if u.op is Ops.PREFETCH and u.arg]
+    assert len(writes) == len(reads) and {u.src[0].src[0].arg for u in writes} == {0}  # the output buffer
+    # at the elements the loop reads, in the output: the read hints' indices one row (4096) back
+    assert {u.src[0].src[1] for u in writes} == {simplify(u.src[0].src[1] - 4096) for u in reads}
+    # layernorm's second loop is light (no transcendental): read hints only
+    assert not any(u.op is Ops.PREFETCH and u.arg for u in linear(rows().layernorm(), LLVMRenderer(simd_bytes=32)))
 
 
 def test_layernorm_and_log_softmax_prefetch_in_their_second_reduce():
@@ -82,8 +94,10 @@ def test_renderers_with_and_without_hints():
     ir = LLVMRenderer(simd_bytes=32).render(name, linear(t, LLVMRenderer(simd_bytes=32))).src
     # no `inbounds`: the last row's next row is past the buffer
     assert "call void @llvm.prefetch.p0(ptr" in ir and "getelementptr float, ptr %data1" in ir
+    assert re.search(r"call void @llvm.prefetch.p0\(ptr %v\d+, i32 1, i32 3, i32 1\)", ir)  # for writing
     c = CStyleRenderer().render(name, linear(t, CStyleRenderer())).src
-    assert re.search(r"__builtin_prefetch\(\(?data1\+", c)
+    assert re.search(r"__builtin_prefetch\(\(?data1\+[^;]*, 0\);", c)  # a read of the next row
+    assert re.search(r"__builtin_prefetch\(\(?data0\+[^;]*, 1\);", c)  # a write of the output row
     assert not any(u.op is Ops.PREFETCH for u in linear(t, PythonRenderer()))
 
 

@@ -302,10 +302,10 @@ c_rules: list[tuple[UPat, Callable]] = [
     (UPat(Ops.LOAD, src=(_global_vector,), allow_any_len=True, name="x", custom=_is_vector), _c_vector_load),
     (UPat(Ops.STORE, src=(_global_vector, UPat(name="v", custom=_is_vector))), _c_vector_store),
     (UPat(Ops.SPECIAL, name="x"), _c_special),
-    # PREFETCH(INDEX(p, i)) -> a read hint for the cache (never faults, also past the buffer)
+    # PREFETCH(INDEX(p, i)) -> a read (arg True: write) hint for the cache (never faults, also past the buffer)
     (
-        UPat(Ops.PREFETCH, src=(UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"))),)),
-        lambda ctx, p, i: f"__builtin_prefetch({ctx[p]}+{ctx[i]});",
+        UPat(Ops.PREFETCH, src=(UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"))),), name="x"),
+        lambda ctx, x, p, i: f"__builtin_prefetch({ctx[p]}+{ctx[i]}, {int(bool(x.arg))});",
     ),
     # GEP(v, (i, j, ...)) -> a shuffle (GCC 12+, clang)
     (

@@ -353,12 +353,13 @@ def _index(ctx: _Function, x: UOp, p: UOp, i: UOp) -> str:
     return ctx.instr(f"getelementptr {inb}{ltype(p.dtype.base, True)}, ptr {ctx.r[p]}, {offset}")
 
 
-def _prefetch(ctx: _Function, p: UOp, i: UOp) -> str:
+def _prefetch(ctx: _Function, x: UOp, p: UOp, i: UOp) -> str:
     """a read hint for the cache: its address without `inbounds` (the next row of the last may be past the buffer)"""
     assert isinstance(p.dtype, PtrDType), "a PREFETCH indexes a pointer"
     ptr = ctx.instr(f"getelementptr {ltype(p.dtype.base, True)}, ptr {ctx.r[p]}, {ltype(i.dtype)} {ctx.r[i]}")
     ctx.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
-    ctx.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 0, i32 3, i32 1)")  # a read, kept in all caches, data
+    # a read (arg True: a write), kept in all cache levels, of data
+    ctx.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 {int(bool(x.arg))}, i32 3, i32 1)")
     return ""
 
 
@@ -420,8 +421,8 @@ llvm_rules = PatternMatcher(
         # INDEX(p, 0) -> p ; INDEX(p, i[, gate]) -> getelementptr (inbounds unless gated)
         (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.const(None, 0)), allow_any_len=True), lambda ctx, p: ctx.r[p]),
         (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i")), allow_any_len=True, name="x"), _index),
-        # PREFETCH(INDEX(p, i)) -> llvm.prefetch of p + i
-        (UPat(Ops.PREFETCH, src=(UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"))),)), _prefetch),
+        # PREFETCH(INDEX(p, i)) -> llvm.prefetch of p + i (arg True: for writing)
+        (UPat(Ops.PREFETCH, src=(UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"))),), name="x"), _prefetch),
         # LOAD(INDEX(p, i, gates)) -> llvm.masked.load ; LOAD(INDEX(p, i, gate)) -> a branch ; LOAD(idx) -> load
         (
             UPat(Ops.LOAD, src=(_VECTOR_GATED,), allow_any_len=True, name="x"),
