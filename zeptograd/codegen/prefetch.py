@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
-from zeptograd.uop.symbolic import simplify
+from zeptograd.uop.symbolic import split_sum
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 LINE_BYTES = 64  # a cache line
@@ -36,6 +36,17 @@ def _global_load(u: UOp) -> bool:
     return u.op is Ops.LOAD and len(u.src[0].src) == 2 and u.src[0].src[0].op is Ops.DEFINE_GLOBAL
 
 
+def _linear(idx: UOp, loops: set[UOp]) -> tuple[dict[UOp, int], int, frozenset] | None:
+    """idx as (coefficient of each of `loops`, constant, the other terms), where those loops are plain terms of its sum
+    (found in no other term: a divmod of them is not a row's walk); None otherwise."""
+    terms, const = split_sum(idx)
+    coefs = {b: c for b, c in terms if b in loops}
+    rest = frozenset((b, c) for b, c in terms if b not in loops)
+    if any(r in b.toposort() for b, _ in rest for r in loops):
+        return None
+    return coefs, const, rest
+
+
 def next_row_prefetch(load: UOp, own: set[UOp]) -> tuple[UOp, UOp, int] | None:
     """(PREFETCH of `load`'s element one iteration of its innermost output loop on, that loop, its stride), or None
     where the load does not move with the reduce loops `own` and an output loop, or starts no cache line of its own."""
@@ -45,34 +56,40 @@ def next_row_prefetch(load: UOp, own: set[UOp]) -> tuple[UOp, UOp, int] | None:
     if not own & set(ranges) or not rows:
         return None
     row = max(rows, key=lambda r: r.arg[0])  # loops nest in axis order: the innermost
-    nxt = simplify(idx.substitute({row: row + 1}))
-    stride = simplify(nxt - idx)
+    if (lin := _linear(idx, {row})) is None or row not in lin[0]:
+        return None
+    stride = lin[0][row]
     assert isinstance(buf.dtype, PtrDType)
     itemsize = buf.dtype.base.itemsize
-    if stride.op is not Ops.CONST or stride.arg * itemsize < MIN_ROW_BYTES:
+    if stride * itemsize < MIN_ROW_BYTES:
         return None
     line = LINE_BYTES // itemsize
-    # buffers are 64-byte aligned: a load at a constant offset into a line, ending within it, shares a line another
-    # copy of the load starts (the copies of an unrolled loop step through the line)
-    offset = simplify(nxt % line)
-    if offset.op is Ops.CONST and offset.arg != 0 and offset.arg + load.dtype.count <= line:
+    # buffers are 64-byte aligned: a load at a constant offset into a line, ending within it (every other term a
+    # multiple of a line), shares a line another copy of the load starts (an unrolled loop's copies step through it)
+    offset = (lin[1] + stride) % line
+    if all(c % line == 0 for _, c in lin[2]) and stride % line == 0 and offset and offset + load.dtype.count <= line:
         return None
-    return UOp(Ops.PREFETCH, dtypes.void, (buf.index(nxt),)), row, stride.arg
+    return UOp(Ops.PREFETCH, dtypes.void, (buf.index(idx + UOp.const(idx.dtype, stride)),)), row, stride
 
 
-def output_rows(sink: UOp, red: UOp, row: UOp, stride: int) -> list[tuple[UOp, UOp]]:
+def _row_start(idx: UOp, loops: set[UOp]) -> tuple | None:
+    """idx at the first iteration of `loops` (a key: its other terms and constant), where they are plain terms."""
+    return None if (lin := _linear(idx, loops)) is None else (lin[2], lin[1])
+
+
+def output_rows(sink: UOp, red: UOp, row: UOp, stride: int) -> list[tuple[UOp, tuple]]:
     """(buffer, the row's first index) of each output a later loop of the same row stores: an ungated STORE of a value
-    computed from `red`, at an index moving with `row` by `stride` and with at most one output loop of its own."""
+    computed from `red`, at an index moving with `row` by `stride` and with one output loop of its own."""
     out = []
     for st in sink.toposort():
         if st.op is not Ops.STORE or len(st.src[0].src) != 2 or st.src[0].src[0].op is not Ops.DEFINE_GLOBAL:
             continue
         idx = st.src[0].src[1]
         loops = {r for r in idx.toposort() if r.op is Ops.RANGE} - {row}
-        if len(loops) != 1 or row not in idx.toposort() or red not in st.src[1].toposort():
+        if len(loops) != 1 or red not in st.src[1].toposort() or (lin := _linear(idx, loops | {row})) is None:
             continue
-        if simplify(idx.substitute({row: row + 1}) - idx) is UOp.const(idx.dtype, stride):
-            out.append((st.src[0].src[0], simplify(idx.substitute({r: UOp.const(r.dtype, 0) for r in loops}))))
+        if lin[0].get(row) == stride and (start := _row_start(idx, loops)) is not None:
+            out.append((st.src[0].src[0], start))
     return out
 
 
@@ -90,12 +107,13 @@ def prefetch_next_rows(sink: UOp) -> UOp:
         own = set(red.src[1:])
         hints: list[UOp] = []
         hinted: list[tuple[UOp, UOp, int]] = []  # (a hinted load's index, its row loop, the row stride)
-        starts: set[UOp] = set()  # where the row's loads start, at the first iteration of this loop
+        starts: set[tuple] = set()  # where the row's loads start, at the first iteration of this loop
         for u in body:
             if not _global_load(u) or u.src[0].src[0] not in read_before or not own & set(u.src[0].src[1].toposort()):
                 continue
             idx = u.src[0].src[1]
-            starts.add(simplify(idx.substitute({r: UOp.const(r.dtype, 0) for r in own})))
+            if (start := _row_start(idx, own)) is not None:
+                starts.add(start)
             if (n := next_row_prefetch(u, own)) is not None:
                 hints.append(n[0])
                 hinted.append((idx, n[1], n[2]))
