@@ -58,13 +58,15 @@ def class_gaps(cls: type) -> list[str]:
 
 
 def _is(value, hint) -> bool:
-    """value matches a field's declared type (str, int, bool, tuple[int, ...])."""
+    """value matches a field's declared type (str, int, bool, tuple[int, ...], frozenset[Ops])."""
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if typing.get_origin(hint) is tuple:
         return isinstance(value, tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+    if typing.get_origin(hint) is frozenset:  # frozenset[Ops]
+        return isinstance(value, frozenset) and all(isinstance(x, typing.get_args(hint)[0]) for x in value)
     return isinstance(value, hint)
 
 

@@ -52,6 +52,10 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
         sink = peel_borders(sink, renderer.simd_bytes)
     sink = expand(sink, renderer.simd_bytes)  # UPCAST/UNROLL ranges -> vector lanes and unrolled copies
     check_kernel(sink, "expand")
+    if renderer.prefetches:
+        from zeptograd.codegen.prefetch import prefetch_next_rows  # imported where a renderer takes hints
+
+        sink = prefetch_next_rows(sink)  # a loop re-reading a row from the cache prefetches the next row
     if renderer.has_local:
         from zeptograd.codegen.gpudims import add_gpudims  # imported for GPUs only (startup time)
 

@@ -299,15 +299,15 @@ class TranscendentalContext:
     axes: Iterator[int]  # ids for the loops that branch around Payne-Hanek, after the kernel's own
 
 
-def _alu_vector(ctx: TranscendentalContext, x: UOp) -> bool:
-    return x.dtype.count > 1 and x.dtype.scalar == dtypes.float32 and ctx.renderer.alu_transcendentals
+def _alu_vector(ctx: TranscendentalContext, op: Ops, x: UOp) -> bool:
+    return x.dtype.count > 1 and x.dtype.scalar == dtypes.float32 and op in ctx.renderer.alu_transcendentals
 
 
 def trig(ctx: TranscendentalContext, t: UOp, x: UOp) -> UOp | None:
     """float32 (and half, computed in float32) sin/cos/tan as ALU ops where the renderer asks for them"""
     if x.dtype.scalar not in (dtypes.float32, dtypes.float16, dtypes.bfloat16):
         return None
-    if not ctx.renderer.alu_trig and not (x.dtype.count > 1 and ctx.renderer.alu_transcendentals):
+    if not ctx.renderer.alu_trig and not (x.dtype.count > 1 and t.op in ctx.renderer.alu_transcendentals):
         return None
     f32 = dtypes.float32.vec(x.dtype.count)
     return xtrig(x.cast(f32), t.op, next(ctx.axes)).cast(t.dtype)
@@ -316,9 +316,9 @@ def trig(ctx: TranscendentalContext, t: UOp, x: UOp) -> UOp | None:
 pm_transcendental = PatternMatcher(
     [
         # exp2(x) -> polynomial * 2**n
-        (UPat(Ops.EXP2, src=(UPat.var("x"),)), lambda ctx, x: xexp2(x) if _alu_vector(ctx, x) else None),
+        (UPat(Ops.EXP2, src=(UPat.var("x"),)), lambda ctx, x: xexp2(x) if _alu_vector(ctx, Ops.EXP2, x) else None),
         # log2(x) -> exponent + series
-        (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: xlog2(x) if _alu_vector(ctx, x) else None),
+        (UPat(Ops.LOG2, src=(UPat.var("x"),)), lambda ctx, x: xlog2(x) if _alu_vector(ctx, Ops.LOG2, x) else None),
         # sin/cos/tan(x) -> argument reduced by pi/2 + series
         (UPat((Ops.SIN, Ops.COS, Ops.TAN), name="t", src=(UPat.var("x"),)), trig),
     ]

@@ -85,8 +85,10 @@ class Renderer:
     global_max: tuple[int, ...] = ()  # has_local: the most groups per id
     local_max: tuple[int, ...] = ()  # has_local: the most threads per work-group per id
     local_threads_max: int = 0  # has_local: the most threads per work-group
-    alu_transcendentals: bool = False  # vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py)
+    # the vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py): polynomials that stay vectors
+    alu_transcendentals: frozenset[Ops] = frozenset()
     alu_trig: bool = False  # float sin/cos/tan as ALU ops also as scalars: the target's own are not within 2 ulp
+    prefetches: bool = False  # renders PREFETCH: codegen hints the next row of a row re-read (codegen/prefetch.py)
     masked_vectors: bool = False  # a vector load/store may take a vector of gates (one per lane); else split in lanes
 
     def keeps_vector(self, x: UOp) -> bool:

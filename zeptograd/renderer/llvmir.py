@@ -100,8 +100,9 @@ def _masked_intrinsic(kind: str, dt: DType) -> str:
 class LLVMRenderer(Renderer):
     device = "CPU"
     has_threads = True
-    alu_transcendentals = True  # llvm.exp2.v16f32 is 16 libm calls; the polynomials stay vectors (4.5x on softmax)
+    alu_transcendentals = frozenset(GroupOp.Approximated)  # llvm.exp2.v16f32 is 16 libm calls (4.5x on softmax)
     masked_vectors = True  # llvm.masked.load/store: one instruction with AVX-512's mask registers (AVX: vmaskmov)
+    prefetches = True  # llvm.prefetch
 
     def __init__(self, simd_bytes: int = 64):
         self.simd_bytes = simd_bytes  # the device passes its host's (runtime/ops_llvm.py); 64 renders for AVX-512
@@ -352,6 +353,16 @@ def _index(ctx: _Function, x: UOp, p: UOp, i: UOp) -> str:
     return ctx.instr(f"getelementptr {inb}{ltype(p.dtype.base, True)}, ptr {ctx.r[p]}, {offset}")
 
 
+def _prefetch(ctx: _Function, x: UOp, p: UOp, i: UOp) -> str:
+    """a read hint for the cache: its address without `inbounds` (the next row of the last may be past the buffer)"""
+    assert isinstance(p.dtype, PtrDType), "a PREFETCH indexes a pointer"
+    ptr = ctx.instr(f"getelementptr {ltype(p.dtype.base, True)}, ptr {ctx.r[p]}, {ltype(i.dtype)} {ctx.r[i]}")
+    ctx.decls.add("declare void @llvm.prefetch.p0(ptr, i32, i32, i32)")
+    # a read (arg True: a write), kept in all cache levels, of data
+    ctx.emit(f"call void @llvm.prefetch.p0(ptr {ptr}, i32 {int(bool(x.arg))}, i32 3, i32 1)")
+    return ""
+
+
 def _gated_load(ctx: _Function, x: UOp, idx: UOp, valid: UOp) -> str:
     """0 where the index is not valid: a branch around the load, a phi after it"""
     before, _, join = ctx.gated(ctx.r[valid])
@@ -410,6 +421,8 @@ llvm_rules = PatternMatcher(
         # INDEX(p, 0) -> p ; INDEX(p, i[, gate]) -> getelementptr (inbounds unless gated)
         (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.const(None, 0)), allow_any_len=True), lambda ctx, p: ctx.r[p]),
         (UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i")), allow_any_len=True, name="x"), _index),
+        # PREFETCH(INDEX(p, i)) -> llvm.prefetch of p + i (arg True: for writing)
+        (UPat(Ops.PREFETCH, src=(UPat(Ops.INDEX, src=(UPat.var("p"), UPat.var("i"))),), name="x"), _prefetch),
         # LOAD(INDEX(p, i, gates)) -> llvm.masked.load ; LOAD(INDEX(p, i, gate)) -> a branch ; LOAD(idx) -> load
         (
             UPat(Ops.LOAD, src=(_VECTOR_GATED,), allow_any_len=True, name="x"),
@@ -478,8 +491,13 @@ def _compare(f: _Function, o: _Operands) -> str:
 
 
 def _max(f: _Function, o: _Operands) -> str:
-    if _is_float(o.sdt):  # NaN-propagating, as the PYTHON reference
-        return f.intrinsic("maximum", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])
+    if _is_float(o.sdt):  # the reference's max(a, b): a NaN b, else b where b > a, else a (NaN a and ties: a)
+        # x86: one maxps (b > a ? b : a), a compare and a blend; llvm.maximum took two blends more (it orders -0 below
+        # +0, which the reference does not: max(-0, +0) is -0); a max reduce's loop is these 3 ops a vector
+        a, b = o.a
+        mask = ltype(dtypes.bool.vec(o.dt.count))
+        bigger = f.instr(f"select {mask} {f.instr(f'fcmp ogt {o.t} {b}, {a}')}, {o.t} {b}, {o.t} {a}")
+        return f.instr(f"select {mask} {f.instr(f'fcmp uno {o.t} {b}, {b}')}, {o.t} {b}, {o.t} {bigger}")
     if dtypes.is_bool(o.sdt):
         return f.instr(f"or {o.t} {o.a[0]}, {o.a[1]}")
     return f.intrinsic("smax" if _signed(o.sdt) else "umax", o.dt, [(o.dt, o.a[0]), (o.dt, o.a[1])])

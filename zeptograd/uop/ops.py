@@ -52,6 +52,7 @@ class Ops(Enum):
     GROUP = auto()  # src=statements (stores) that belong together, e.g. the lanes of an expanded store
     DEFINE_LOCAL = auto()  # arg=name; dtype base.ptr(size, local=True): GPU shared memory of a work-group
     BARRIER = auto()  # src=stores it waits for: a GPU work-group barrier
+    PREFETCH = auto()  # src=(INDEX,): a hint that this memory is read soon; no value, no effect (codegen/prefetch.py)
     # alu
     CAST = auto()
     BITCAST = auto()

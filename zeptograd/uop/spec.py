@@ -150,6 +150,10 @@ spec_kernel = PatternMatcher(
         (UPat(Ops.INDEX, name="u"), _index),
         (UPat((Ops.LOAD, Ops.STORE), name="u"), _memory_access),
         (
+            UPat(Ops.PREFETCH, name="u"),
+            lambda u: None if len(u.src) == 1 and u.src[0].op is Ops.INDEX else "PREFETCH of anything but one INDEX",
+        ),
+        (
             UPat(Ops.RANGE, name="u"),
             lambda u: None if dtypes.is_int(u.src[0].dtype) else f"RANGE of a {u.src[0].dtype} count",
         ),
