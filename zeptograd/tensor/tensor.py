@@ -61,6 +61,15 @@ _tensor_new = object.__new__
 _engine_realize: list[Any] = [None]  # engine/realize.py's realize_tensors, once Tensor.realize imported it
 
 
+def _tensor_of(uop: UOp, device: str) -> Tensor:
+    """Tensor(uop, device) for a tensor-graph node and a device in its one spelling, without __init__'s steps for
+    other data (every op makes a Tensor)."""
+    t = _tensor_new(Tensor)
+    t.uop, t.device, t.requires_grad, t.grad = uop, device, None, None
+    _register_live(t)
+    return t
+
+
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
     """A lazy n-dimensional array. Ops build a graph; `realize()`, `numpy()`, `item()`, `tolist()` run it."""
 
@@ -176,10 +185,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """The Tensor of a UOp built from this tensor's (and others') UOps, on this tensor's device unless `device`
         says otherwise (a COPY): it requires grad if a source does (or one of `inputs`, where it was built from
         them through other nodes: a shard or gather)."""
-        if device is None and type(self.device) is str:  # (Tensor(uop, self.device) without __init__'s steps)
-            ret = _tensor_new(Tensor)
-            ret.uop, ret.device, ret.requires_grad, ret.grad = uop, self.device, None, None
-            _register_live(ret)
+        if device is None and type(self.device) is str:
+            ret = _tensor_of(uop, self.device)
         else:
             ret = Tensor(uop, device=device or self.device)
         if _grad_data and any(weakref.ref(s) in _grad_data for s in (uop.src if inputs is None else inputs)):
