@@ -487,18 +487,21 @@ def forget_written(buf: UOp):
 
 def realize_tensors(tensors: list[Tensor]):
     with engine_lock:
-        _realize_tensors(tensors)
-
-
-def _realize_tensors(tensors: list[Tensor]):
-    fast = None
-    if not (_superseded_data or _pending_writes or _capturing.stack or VIZ.value or DEBUG.value) and _cache_on.value:
-        # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
-        fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)
-        if fast is not None:
-            if (plan := _plans.get(fast[0])) is not None and _run_plan(plan, fast[1], tensors):
+        fast = None
+        if (
+            not (_superseded_data or _pending_writes or _capturing.stack or VIZ.value or DEBUG.value)
+            and _cache_on.value
+        ):
+            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
+            fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)
+            if fast is not None and (plan := _plans.get(fast[0])) is not None and _run_plan(plan, fast[1], tensors):
                 schedule_cache.Stats.hits += 1
                 return
+        _realize_tensors(tensors, fast)
+
+
+def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
+    """Realize `tensors` in one schedule. `fast`: their graph's fast key (realize_tensors found no plan for it)."""
     if _superseded_data:
         for t in tensors:
             t.uop = current_view(t.uop)
@@ -569,7 +572,7 @@ def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[
     point each tensor at its value. False, having done nothing, where two inputs are one Buffer."""
     bufs = []
     for leaf in leaves:
-        bufs.append(_buffers_data[weakref.ref(leaf)])
+        bufs.append(leaf._cache_key[5])  # type: ignore[index]  # (its Buffer, in the memo fast_key just checked)
     if len(bufs) > 1 and (bufs[0] is bufs[1] if len(bufs) == 2 else len({id(b) for b in bufs}) < len(bufs)):
         return False  # (the walk numbers one Buffer once: another template)
     kernels = []

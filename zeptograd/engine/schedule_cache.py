@@ -275,7 +275,8 @@ last_used: list[tuple[Walk, Template] | None] = [None]
 
 
 # ***** the fast key: a key without a walk of the nodes keyed before *****
-# Each node keyed keeps a memo in its UOp._cache_key slot: [generation, structure id, leaves, epoch, used], where
+# Each node keyed keeps a memo in its UOp._cache_key slot: [generation, structure id, leaves, epoch, used] (a BUFFER
+# node's also its Buffer: a lookup in `buffers` compares UOps through their rich comparison, slow), where
 # - the structure id is an int naming (op, dtype, arg, the structure ids of its sources, where its sources' leaves fall
 #   among its own): ids compose, so keying a graph built on keyed nodes costs only its new nodes, and two graphs of
 #   one id have the same walk key (UOps are interned: equal structure over the same BUFFER nodes is the same node);
@@ -321,10 +322,14 @@ def _key_node(u: UOp) -> bool:
     """Memo u, whose sources have memos of this generation checked at this epoch; False if u is not keyed here."""
     op, src = u.op, u.src
     if op is Ops.BUFFER:
-        if weakref.ref(u) not in _buffers_data:
+        if (buf := _buffers_data.get(weakref.ref(u))) is None:
             return False
         structure: tuple = (op, u.dtype, u.arg[1], src[0]._cache_key[1])  # type: ignore[index]
-        leaves: tuple | None = None  # (itself: _leaves)
+        if (sid := _structures.get(structure)) is None:
+            sid = _structures[structure] = len(_structures)
+        # (itself: _leaves), and its Buffer (a BUFFER node's never changes): a plan reads it here, not in `buffers`
+        u._cache_key = [_generation[0], sid, None, epoch[0], False, buf]
+        return True
     elif op is Ops.ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
         return False
     else:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
+_COMPARISONS = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))  # (their result is bool)
+
+
 def _category(dt: DType) -> int:
     return 0 if dt == dtypes.bool else 1 if dtypes.is_int(dt) else 2
 
@@ -93,10 +96,10 @@ class ElementwiseMixin:
             and self.device == x.device
             and type(self.device) is str
         ):  # the common case: one shape, dtype and device, so nothing to promote, broadcast or refuse
-            out = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else u.dtype
+            out = dtypes.bool if op in _COMPARISONS else u.dtype
             return self._new(UOp(op, out, (v, u) if reverse else (u, v)))
         a, b = self._operands(x, reverse)
-        return a._alu(op, b, dtype=dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else a.dtype)
+        return a._alu(op, b, dtype=dtypes.bool if op in _COMPARISONS else a.dtype)
 
     def _float(self: Tensor) -> Tensor:
         return self.cast(least_upper_float(self.dtype))

@@ -286,11 +286,11 @@ class UOpMeta(type):
         ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
         # its shape, O(1) from its sources' (the common cases here, without _infer_shape's call)
         if not src or op in _LEAF_OPS:
-            ret.shape = (arg[1],) if op is Ops.BUFFER else _infer_shape(ret)
+            ret.shape = (arg[1],) if op is _BUFFER else _infer_shape(ret)
         elif src[0].shape is None:  # a kernel-graph node
             ret.shape = None
         elif op in _SHAPE_OF_LAST_SOURCE:
-            ret.shape = src[-1].shape if op is not Ops.WHERE else src[1].shape
+            ret.shape = src[-1].shape if op is not _WHERE else src[1].shape
         else:
             ret.shape = _infer_shape(ret)
         ret._vrange = ret._cache_key = None
@@ -492,6 +492,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
 
 _SHAPE_OF_LAST_SOURCE = frozenset(GroupOp.Elementwise | {Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH})
 _LEAF_OPS = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA})  # a shape from the arg, whatever the sources
+_BUFFER, _WHERE = Ops.BUFFER, Ops.WHERE  # (globals for UOpMeta.__call__: a global read is cheaper than Ops.X's)
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...] | None:
