@@ -338,6 +338,7 @@ def _key_node(u: UOp) -> bool:
             arg = _arg_key(arg)
         where: tuple | None = None  # (_merge)
         sids: tuple
+        leaves: tuple
         if not src:
             leaves, sids = (), ()
         elif len(src) == 1:
