@@ -489,8 +489,9 @@ def realize_tensors(tensors: list[Tensor]):
     with engine_lock:
         fast = None
         if (
-            not (_superseded_data or _pending_writes or _capturing.stack or VIZ.value or DEBUG.value)
+            not (_superseded_data or _capturing.stack or VIZ.value or DEBUG.value)
             and _cache_on.value
+            and not (_pending_writes and _writes_seen_by_views(tensors))
         ):
             # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
             fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)

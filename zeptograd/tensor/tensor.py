@@ -66,7 +66,9 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
     other data (every op makes a Tensor)."""
     t = _tensor_new(Tensor)
     t.uop, t.device, t.requires_grad, t.grad = uop, device, None, None
-    _register_live(t)
+    ref = _LiveRef(t, _live_remove)  # (_register_live, inline)
+    ref.key = key = next(_tensor_ids)
+    _live_data[key] = ref
     return t
 
 
@@ -185,8 +187,12 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """The Tensor of a UOp built from this tensor's (and others') UOps, on this tensor's device unless `device`
         says otherwise (a COPY): it requires grad if a source does (or one of `inputs`, where it was built from
         them through other nodes: a shard or gather)."""
-        if device is None and type(self.device) is str:
-            ret = _tensor_of(uop, self.device)
+        if device is None and type(self.device) is str:  # (_tensor_of, inline: every op makes a Tensor here)
+            ret = _tensor_new(Tensor)
+            ret.uop, ret.device, ret.requires_grad, ret.grad = uop, self.device, None, None
+            ref = _LiveRef(ret, _live_remove)
+            ref.key = key = next(_tensor_ids)
+            _live_data[key] = ref
         else:
             ret = Tensor(uop, device=device or self.device)
         if _grad_data and any(weakref.ref(s) in _grad_data for s in (uop.src if inputs is None else inputs)):
