@@ -276,3 +276,14 @@ def test_a_pending_write_into_another_buffer_keeps_the_plan(count, monkeypatch):
     monkeypatch.undo()
     np.testing.assert_allclose(r.numpy(), a.numpy() + b.numpy(), rtol=1e-6)
     assert w.numpy()[0] == 5.0
+
+
+def test_structure_ids_started_again_drop_their_plans(count, monkeypatch):
+    """Past MAX_STRUCTURES the ids start again: a plan keyed by an old id must not serve the graph that gets it next."""
+    monkeypatch.setattr(sc, "MAX_STRUCTURES", 4)
+    x, y = realized(rnd(8, seed=11)), realized(rnd(8, seed=12))
+    for _ in range(2):
+        for op in (lambda: x + y, lambda: x * y, lambda: (x - y).exp(), lambda: x.sum() + y.max()):
+            r = op()
+            want = op().numpy()
+            np.testing.assert_allclose(count.realize(r), want, rtol=1e-5)

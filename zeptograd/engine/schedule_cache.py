@@ -296,7 +296,9 @@ _plans: dict[Any, Plan] = {}
 
 
 def _forget_structures():
+    """Start the structure ids again: the plans keyed by the old ids go too (an id may name another structure now)."""
     _structures.clear()
+    _plans.clear()
     _generation[0] += 1
 
 
