@@ -348,7 +348,9 @@ def _key_node(u: UOp) -> bool:
             leaves, sids = _leaves(src[0], m), (m[1],)  # type: ignore[arg-type, index]
         elif len(src) == 2:  # (the common case, without the general merge)
             m, m2 = src[0]._cache_key, src[1]._cache_key
-            first, second, sids = _leaves(src[0], m), _leaves(src[1], m2), (m[1], m2[1])  # type: ignore[arg-type, index]
+            first = m[2] if m[2] is not None else (src[0],)  # type: ignore[index]  # (_leaves, inline)
+            second = m2[2] if m2[2] is not None else (src[1],)  # type: ignore[index]
+            sids = (m[1], m2[1])  # type: ignore[index]
             if not first or not second:
                 leaves = first or second
             elif len(first) == 1 and len(second) == 1:
@@ -426,7 +428,7 @@ def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | N
         knob_values()
     if len(outs) == 1:
         m = outs[0]._cache_key
-        return (m[1], _knobs[1]), _leaves(outs[0], m)  # type: ignore[arg-type, index]
+        return (m[1], _knobs[1]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
     sids = tuple([u._cache_key[1] for u in outs])  # type: ignore[index]
     leaves, where = _merge([_leaves(u, u._cache_key) for u in outs])  # type: ignore[arg-type]
     return (sids, where, _knobs[1]), leaves
