@@ -19,21 +19,26 @@ from zeptograd.renderer import MIN_THREAD_WORK, ProgramSpec, Renderer
 from zeptograd.runtime import diskcache
 
 
-class GlobalCounters:
-    """Totals since the last reset(): kernels run, operations, bytes moved, seconds spent in kernels."""
+class _GlobalCounters:
+    """Totals since the last reset(): kernels run, operations, bytes moved, seconds spent in kernels. One instance,
+    `GlobalCounters` (an instance's attributes are written for a fraction of what a class's cost: every kernel run
+    and buffer allocated updates them)."""
 
-    kernel_count: int = 0
-    global_ops: int = 0
-    global_mem: int = 0
-    time_sum_s: float = 0.0
-    mem_used: int = 0  # bytes held by live buffers now
-    mem_peak: int = 0  # the most bytes held at once since reset()
+    __slots__ = ("kernel_count", "global_ops", "global_mem", "time_sum_s", "mem_used", "mem_peak")
 
-    @staticmethod
-    def reset():
-        GlobalCounters.kernel_count = GlobalCounters.global_ops = GlobalCounters.global_mem = 0
-        GlobalCounters.time_sum_s = 0.0
-        GlobalCounters.mem_peak = GlobalCounters.mem_used
+    def __init__(self):
+        self.kernel_count = self.global_ops = self.global_mem = 0
+        self.time_sum_s = 0.0
+        self.mem_used = 0  # bytes held by live buffers now
+        self.mem_peak = 0  # the most bytes held at once since reset()
+
+    def reset(self):
+        self.kernel_count = self.global_ops = self.global_mem = 0
+        self.time_sum_s = 0.0
+        self.mem_peak = self.mem_used
+
+
+GlobalCounters = _GlobalCounters()
 
 
 ALIGN = 64  # bytes: a whole AVX-512 vector, so vector loads at aligned offsets never straddle a cache line
@@ -122,9 +127,14 @@ class HostAllocator(Allocator[np.ndarray]):
         return raw[off : off + nbytes]
 
     def alloc_with_handle(self, nbytes: int) -> tuple[np.ndarray, int]:
-        if (reused := self._reuse(nbytes)) is not None:
-            mem, handle = reused
-            return mem, mem.ctypes.data if handle is None else handle
+        if cached := self.free_cache.get(nbytes):  # (_reuse, inline: every realize allocates its outputs here)
+            try:
+                mem = cached.pop()
+            except IndexError:  # another thread took the last one since the check
+                pass
+            else:
+                handle = self.cached_handles.pop(id(mem), None)
+                return mem, mem.ctypes.data if handle is None else handle
         mem = self.alloc(nbytes)
         return mem, mem.ctypes.data
 
@@ -178,6 +188,9 @@ class Buffer:
         self._mem: Any = None  # what the device's allocator returned (host memory on CPU); None until allocated
         self._allocator: Allocator | None = None
         self._ptr: Any = None  # the address kernels take, read once (numpy's .ctypes makes an object per read)
+        # weak references to the lazy nodes realized to a view of this memory (engine/realize.py: an ASSIGN into it
+        # forgets them), or None
+        self.readers: list | None = None
 
     @property
     def nbytes(self) -> int:
@@ -234,7 +247,7 @@ class Buffer:
 
     def __del__(self):
         if self._allocator is not None:
-            GlobalCounters.mem_used -= self.nbytes
+            GlobalCounters.mem_used -= self.size * self.dtype.itemsize
             try:
                 self._allocator.free_with_handle(self._mem, self._ptr)
             except Exception:  # interpreter shutdown

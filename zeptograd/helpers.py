@@ -32,10 +32,15 @@ class ContextVar:
     """A knob read from the environment once, changeable for a block with `Context(NAME=value)`."""
 
     _cache: dict[str, ContextVar] = {}
+    version = 0  # advanced by every change of a knob: caches keyed by the values of all knobs look at this first
 
     def __init__(self, key: str, default: int | str):
         self.key, self.value = key, getenv(key, default)
         ContextVar._cache[key] = self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        ContextVar.version += 1
 
     def __bool__(self) -> bool:
         return bool(self.value)

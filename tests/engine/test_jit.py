@@ -551,3 +551,26 @@ def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
     third = f(Tensor(rnd(16, seed=3)).realize(), b)
     assert third.uop is not node()
     np.testing.assert_allclose(lazy.numpy(), expected, rtol=1e-6)
+
+
+def test_a_replay_on_the_last_calls_inputs_looks_up_no_buffer(monkeypatch):
+    """The fast replay keeps each input position's last BUFFER node and its Buffer: the same inputs again need no
+    lookup in the weak map of buffers (whose lookups compare UOps through their rich comparison); new inputs do."""
+    from zeptograd.engine import jit as jit_module
+
+    x, y = Tensor(np.arange(8, dtype=np.float32)).realize(), Tensor(np.ones(8, dtype=np.float32)).realize()
+    f = TinyJit(lambda a, b: a * b + 1)
+    for _ in range(3):
+        f(x, y)
+
+    class NoLookups(dict):
+        def get(self, *args):
+            raise AssertionError("looked up a buffer")
+
+    real = jit_module._buffers_data
+    monkeypatch.setattr(jit_module, "_buffers_data", NoLookups())
+    np.testing.assert_allclose(f(x, y).numpy(), np.arange(8) + 1)
+    monkeypatch.setattr(jit_module, "_buffers_data", real)
+    z = Tensor(np.full(8, 2, dtype=np.float32)).realize()
+    np.testing.assert_allclose(f(x, z).numpy(), np.arange(8) * 2 + 1)  # a new input: looked up
+    np.testing.assert_allclose(f(x, y).numpy(), np.arange(8) + 1)

@@ -5,6 +5,7 @@ import pytest
 
 from zeptograd import Context, GlobalCounters, Tensor
 from zeptograd.engine import schedule_cache as sc
+from zeptograd.uop.ops import Ops
 
 
 def rnd(*shape, seed=0):
@@ -186,3 +187,103 @@ def test_inputs_a_jit_noted_as_realized_still_hit(count):
     for _ in range(3):
         np.testing.assert_allclose(count.realize(a - b), a.numpy() - b.numpy(), rtol=1e-6)
     assert (count.misses, count.hits) == (1, 2)
+
+
+def test_a_repeated_eager_op_keys_only_its_new_node(count, monkeypatch):
+    """The fast key: each node keyed keeps a memo of its structure, so a new node over keyed sources is the only node
+    keyed, no walk of the graph is made, and the plan runs the cached kernel."""
+    a, b = realized(rnd(16, seed=1)), realized(rnd(16, seed=2))
+    count.realize(a + b)  # the template and its plan
+    keyed = []
+    real_key_node = sc._key_node
+    monkeypatch.setattr(sc, "_key_node", lambda u: keyed.append(u.op) or real_key_node(u))
+    monkeypatch.setattr(sc, "walk", lambda *args: pytest.fail("a hit walked the graph"))
+    hits = sc.Stats.hits
+    results = [(a + b).realize() for _ in range(3)]
+    assert keyed == [Ops.ADD] * 3 and sc.Stats.hits == hits + 3
+    monkeypatch.undo()
+    for r in results:
+        np.testing.assert_allclose(r.numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+
+
+def test_a_node_realized_after_it_was_keyed_is_read_from_its_buffer(count):
+    """A node keyed as the source of another, then realized: the graphs above it are keyed again (the epoch moved on),
+    and one holding it takes the general path, which reads its buffer."""
+    from zeptograd.engine import realize
+
+    a, b = realized(rnd(16, seed=3)), realized(rnd(16, seed=4))
+    c = a + b
+    d = c * 2
+    count.realize(d * 3)  # keys c's node as a source
+    node = c.uop
+    assert sc.fast_key([d.uop], realize._realized_data) is not None
+    c.realize()
+    assert realize.realized_or_none(node) is c.uop
+    assert sc.fast_key([d.uop], realize._realized_data) is None  # d's graph holds a realized node
+    GlobalCounters.reset()
+    np.testing.assert_allclose(count.realize(d), (a.numpy() + b.numpy()) * 2, rtol=1e-6)
+    assert GlobalCounters.kernel_count == 1
+
+
+def test_a_realized_node_nothing_else_holds_is_not_noted(count):
+    """A plan's output whose node nothing but the tensor held dies with the tensor's move to its buffer: no entry is
+    made for it (only to be dropped at once); one another graph holds is noted, and that graph reads the buffer."""
+    from zeptograd.engine import realize
+
+    a, b = realized(rnd(16, seed=5)), realized(rnd(16, seed=6))
+    count.realize(a + b)
+    entries = len(realize._realized_data)
+    for _ in range(3):
+        count.realize(a + b)
+    assert len(realize._realized_data) == entries
+    c = a + b
+    d = c * 2
+    node = c.uop
+    count.realize(c)
+    assert count.hits == 4 and realize.realized_or_none(node) is c.uop
+    np.testing.assert_allclose(d.numpy(), (a.numpy() + b.numpy()) * 2, rtol=1e-6)
+
+
+def test_memos_keep_no_node_alive():
+    """A BUFFER node's memo does not hold the node (a cycle would keep its memory until a garbage collection)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        x = realized(rnd(64, seed=7))
+        (x + 1).realize()
+        (x + 1).realize()
+        node = weakref.ref(x.uop)
+        del x
+        assert node() is None
+    finally:
+        gc.enable()
+
+
+def test_a_pending_write_into_another_buffer_keeps_the_plan(count, monkeypatch):
+    """A write not yet run into memory the graph does not view leaves the plan in use (only a view of written memory
+    must run the write first)."""
+    from zeptograd.engine import realize
+
+    a, b = realized(rnd(16, seed=8)), realized(rnd(16, seed=9))
+    w = realized(rnd(16, seed=10))
+    w[0] = 5.0  # pending until w is read or realized
+    count.realize(a + b)
+    assert realize._pending_writes
+    monkeypatch.setattr(sc, "walk", lambda *args: pytest.fail("a hit walked the graph"))
+    r = (a + b).realize()
+    monkeypatch.undo()
+    np.testing.assert_allclose(r.numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+    assert w.numpy()[0] == 5.0
+
+
+def test_structure_ids_started_again_drop_their_plans(count, monkeypatch):
+    """Past MAX_STRUCTURES the ids start again: a plan keyed by an old id must not serve the graph that gets it next."""
+    monkeypatch.setattr(sc, "MAX_STRUCTURES", 4)
+    x, y = realized(rnd(8, seed=11)), realized(rnd(8, seed=12))
+    for _ in range(2):
+        for op in (lambda: x + y, lambda: x * y, lambda: (x - y).exp(), lambda: x.sum() + y.max()):
+            r = op()
+            want = op().numpy()
+            np.testing.assert_allclose(count.realize(r), want, rtol=1e-5)

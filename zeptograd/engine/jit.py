@@ -73,6 +73,7 @@ from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
+from zeptograd.tensor.tensor import _tensor_of
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
 
@@ -484,6 +485,8 @@ class CapturedJit:
     # per input slot: (the call's pointers, its direct arguments, their wrap, argument position, input position)
     fast_slots: list[tuple[list, list, Callable[[Any], Any] | None, int, Any]] = field(init=False)
     tensor_type: Any = field(init=False)  # the Tensor class (imported at the capture: no import per replay)
+    # per input position, (a weak reference to the uop of the last fast replay's argument there, its Buffer), or None
+    last_inputs: list[tuple[weakref.ref, Buffer] | None] = field(init=False)
     single_output: bool = field(init=False)  # the function returned one Tensor (not sharded): _wrap is outs[0]
 
     def __post_init__(self):
@@ -508,6 +511,7 @@ class CapturedJit:
         from zeptograd.tensor import Tensor
 
         self.tensor_type = Tensor
+        self.last_inputs = [None] * len(self.signature)
         self.single_output = isinstance(self.ret, Tensor) and len(self.outputs) == 1 and not any(self.out_groups)
 
     def set_ptr(self, ci: int, pos: int, ptr: Any):
@@ -561,6 +565,7 @@ _all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
 _NOT_FAST = object()  # TinyJit._fast_replay: the general path must take this call
 _NO_VALUES: dict[str, int] = {}  # the Variable values of a replay that takes none (never written)
 _buffers_data = _own_dict(buffers)  # buffers' own dict of weak references: a lookup without a Python frame
+_capturing = _realize._capturing
 
 
 def _unlock_jits_in_child():
@@ -594,10 +599,11 @@ class TinyJit:
 
     def __call__(self, *args, **kwargs):
         if not kwargs and (cap := self.captured) is not None and cap.fast_sig is not None:
-            with self._lock:  # a replay of positional Tensor arguments: no argument dicts, no checks of other values
-                if self.captured is cap and self.cnt >= 2 and not _realize._capturing.stack and not VIZ.value:
-                    with _realize.engine_lock:
-                        ret = self._fast_replay(cap, args)
+            # a replay of positional Tensor arguments: no argument dicts, no checks of other values. Under the engine
+            # lock alone: every other replay of this jit (the only code that patches its pointers) holds it too
+            with _realize.engine_lock:
+                if self.captured is cap and self.cnt >= 2 and not _capturing.stack and not VIZ.value:
+                    ret = self._fast_replay(cap, args)
                     if ret is not _NOT_FAST:
                         self.cnt += 1
                         return ret
@@ -796,13 +802,24 @@ class TinyJit:
         if len(args) != len(sig):
             return _NOT_FAST
         bufs = []
-        for t, (shape, dtype, device) in zip(args, sig):
+        seen = cap.last_inputs
+        i = -1
+        for t in args:
+            i += 1
             if type(t) is not Tensor:
                 return _NOT_FAST
             u = t.uop
+            if (last := seen[i]) is not None and last[0]() is u:  # the input of the last call: its Buffer
+                bufs.append(last[1])  # (a weak map's lookup compares UOps through their rich comparison: slow)
+                continue
+            shape, dtype, device = sig[i]
             if u.shape != shape or u.dtype is not dtype or t.device != device:
                 return _NOT_FAST
-            if (b := _buffers_data.get(weakref.ref(u)) if u.op is Ops.BUFFER else _whole_buffer(u)) is None:
+            if u.op is Ops.BUFFER:
+                if (b := _buffers_data.get(weakref.ref(u))) is None:
+                    return _NOT_FAST
+                seen[i] = (weakref.ref(u), b)  # (a BUFFER node's Buffer never changes)
+            elif (b := _whole_buffer(u)) is None:
                 return _NOT_FAST
             bufs.append(b)
         if len(bufs) == 2:
@@ -814,23 +831,27 @@ class TinyJit:
         for out in fresh:  # (the check of prepare, inline: the last call's one uop, referred to by the list alone)
             if len(out.handed) != 1 or sys.getrefcount(out.handed[0]) > 2:
                 out.prepare(cap)
-        for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
-            aliased = id(b) in written
-            for out in fresh:
-                aliased = aliased or out.buf is b
-            if aliased:
-                bufs[i] = _copy_buffer(b)
+        if written or len(fresh) != 1 or fresh[0].buf in bufs:  # (else no input can alias what the replay writes)
+            for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
+                aliased = id(b) in written
+                for out in fresh:
+                    aliased = aliased or out.buf is b
+                if aliased:
+                    bufs[i] = _copy_buffer(b)
         for ptrs, args_, wrap, pos, i in cap.fast_slots:
-            ptrs[pos] = p = bufs[i].ptr
+            if (p := bufs[i]._ptr) is None:
+                p = bufs[i].ptr
+            ptrs[pos] = p
             if wrap is not None:
                 args_[pos] = wrap(p)
         try:
             if cap.plain and DEBUG.value < 2:  # (run, inline)
                 for fn, fn_args in cap.direct:
                     fn(*fn_args)
-                GlobalCounters.kernel_count += len(cap.calls)
-                GlobalCounters.global_ops += cap.n_ops
-                GlobalCounters.global_mem += cap.mem
+                counters = GlobalCounters
+                counters.kernel_count += len(cap.calls)
+                counters.global_ops += cap.n_ops
+                counters.global_mem += cap.mem
             else:
                 cap.run(_NO_VALUES)
         finally:  # (drop_inputs, inline)
@@ -838,12 +859,16 @@ class TinyJit:
                 ptrs[pos] = 0
                 if wrap is not None:
                     args_[pos] = wrap(0)
+        if cap.single_output and (spec := cap.outputs[0])[0] == "fresh":  # (the common case: one fresh output)
+            out = fresh[spec[1]]
+            u = out.handed[0] if len(out.handed) == 1 else out.hand_out()
+            return _tensor_of(u if u.shape == spec[2] else reshape_uop(u, spec[2]), spec[3])
         outs = []
         handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in fresh]
         for spec in cap.outputs:
             if spec[0] == "fresh":
                 u = handed[spec[1]]
-                outs.append(Tensor(u if u.shape == spec[2] else reshape_uop(u, spec[2]), device=spec[3]))
+                outs.append(_tensor_of(u if u.shape == spec[2] else reshape_uop(u, spec[2]), spec[3]))
             elif spec[0] == "buf":
                 outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
             elif spec[0] == "in":

@@ -7,14 +7,16 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field, replace
+from sys import getrefcount
+from time import perf_counter
 from typing import TYPE_CHECKING, Callable, Hashable
 
 import numpy as np
 
-from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, view_base
+from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
-from zeptograd.device import Device, GlobalCounters, check_capacity
+from zeptograd.device import Buffer, Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine import schedule_cache
 from zeptograd.engine.schedule_cache import cached_schedule
@@ -31,11 +33,11 @@ if TYPE_CHECKING:
 
 # a lazy node that was realized -> the buffer view (or constant) holding its value, while the node lives
 _realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
-# a BUFFER -> weak references to the nodes in `realized` whose value is a view of it: an ASSIGN into the buffer
-# changes the memory under them, so they are forgotten (a later equal graph is computed again, not read from the
-# changed buffer). Plain references without callbacks (a WeakSet per buffer cost more than the rest of a small
-# realize): the dead ones are dropped when the list reaches a power of two, so it stays within twice the live ones.
-_readers: weakref.WeakKeyDictionary[UOp, list[weakref.ref[UOp]]] = weakref.WeakKeyDictionary()
+# Each Buffer's `readers` lists weak references to the nodes in `_realized` whose value is a view of its memory: an
+# ASSIGN into the memory changes it under them, so they are forgotten (a later equal graph is computed again, not
+# read from the changed buffer). Plain references without callbacks, on the Buffer (a weak map keyed by the BUFFER
+# node cost a callback per buffer): the dead ones are dropped when the list reaches a power of two, so it stays
+# within twice the live ones.
 # nodes whose graph holds no node of `_realized` (substituting realized values leaves them as they are): the walks
 # below stop at them, so an assign walks only what was built since the last one (a loop of N setitems on one tensor
 # is O(N) in all, not a walk of the whole growing chain per setitem). Emptied whenever a node is realized: it may
@@ -45,9 +47,12 @@ _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
 # frame (schedule_cache._own_dict)
 _realized_data = schedule_cache._own_dict(_realized)
 _realized_remove = _realized._remove  # type: ignore[attr-defined]  # the callback its references carry
-_readers_data = schedule_cache._own_dict(_readers)
-_readers_remove = _readers._remove  # type: ignore[attr-defined]
 _clean_data = _clean.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
+_epoch = schedule_cache.epoch
+_fast_key = schedule_cache.fast_key
+_plans = schedule_cache._plans
+_cache_on = schedule_cache.SCHEDULE_CACHE
+_buffers_data = schedule_cache._own_dict(buffers)
 _realized_count = [0]  # nodes realized so far: a walk that raced a realize in another thread marks nothing
 # a pending ASSIGN that a later assign to the same target folded into (Tensor.assign) -> that later ASSIGN. It never
 # runs: a graph that reads it computes its value instead (`_without_superseded`), a view of it follows the chain.
@@ -56,6 +61,7 @@ _superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakK
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
+_NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # buffer_under's: each element once
 
 
 class _ThreadCaptures(threading.local):
@@ -261,12 +267,17 @@ _kernel_cache: dict[tuple, CompiledKernel] = {}
 _program_keys: dict[str, Hashable] = {}  # device name -> Device[name].program_key (looked up on every kernel call)
 
 
+def kernel_key(device: str, ast: UOp) -> tuple:
+    """The compiled-kernel cache's key of a kernel graph on a device."""
+    if (scope := _program_keys.get(device)) is None:
+        scope = _program_keys[device] = Device[device].program_key
+    return (scope, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
+
+
 def get_kernel(device: str, ast: UOp, bufs: list | None = None) -> CompiledKernel:
     """The compiled kernel for a kernel graph (a copy item's COPY: its copy call); with BEAM=n and the kernel's
     buffers, its actions are searched."""
-    if (scope := _program_keys.get(device)) is None:
-        scope = _program_keys[device] = Device[device].program_key
-    key = (scope, ast, BEAM.value, NOOPT.value, DEVECTORIZE.value, THREADS.value)  # the knobs codegen reads
+    key = kernel_key(device, ast)
     if (known := _kernel_cache.get(key)) is not None:
         return known
     if ast.op is Ops.COPY:  # a copy item: no code, a call that copies through the allocators (schedule/copy.py)
@@ -395,7 +406,11 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
             )
 
 
-def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
+def _schedule(
+    tensors: list[Tensor], template_out: list | None = None
+) -> tuple[list[ScheduleItem], list[UOp], dict[UOp, UOp], dict[str, int]]:
+    """The schedule realizing `tensors`: its items, the graph's outputs, what each realized node becomes, the values
+    of its Variables. `template_out`: the schedule cache's (Walk, Template) it used, if any, is appended to it."""
     uops = [t.uop for t in tensors]
     t0 = time.perf_counter() if DEBUG.value >= 1 else 0.0
     realized = _realized if not _capturing.stack else _capturing[-1].realized
@@ -420,6 +435,10 @@ def _schedule(tensors: list[Tensor]) -> tuple[list[ScheduleItem], list[UOp], dic
         becomes = {back[k]: variable.rebind(v, var_vals) for k, v in ubecomes.items() if k in back}
     else:
         items, becomes = cached_schedule(outs, schedule, w)  # create_schedule, or an equal graph's template
+    template = schedule_cache.last_used[0]  # (taken at once: the walk holds the graph's Buffers)
+    schedule_cache.last_used[0] = None
+    if template_out is not None:
+        template_out.append(template)
     if DEBUG.value >= 1:
         n, ms = len(items), (time.perf_counter() - t0) * 1e3
         print(f"scheduled {n} kernel{'s' if n != 1 else ''} in {ms:.2f} ms")
@@ -435,15 +454,22 @@ def schedule_tensors(tensors: list[Tensor]) -> list[ScheduleItem]:
 def remember_realized(node: UOp, value: UOp):
     if value is node:  # (a buffer realized again): the entry would hold its own weak key alive, and say nothing
         return
+    if (memo := node._cache_key) is not None:  # the schedule cache's fast key checks it (and above it) again
+        memo[3] = -1
+        if memo[4]:
+            _epoch[0] += 1
     _realized_data[weakref.ref(node, _realized_remove)] = value  # _realized[node] = value, without its Python frame
     _realized_count[0] += 1
     if _clean_data:  # (the set itself: WeakSet's len is a Python call)
         _clean.clear()
     if _capturing.stack:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
-    if (buf := buffer_under(value)) is not None:
-        if (readers := _readers_data.get(weakref.ref(buf))) is None:
-            _readers_data[weakref.ref(buf, _readers_remove)] = [weakref.ref(node)]  # (_readers[buf] = ...)
+    buf = value
+    while buf.op in _NAMING_VIEW_OPS:  # (buffer_under, inline)
+        buf = buf.src[0]
+    if buf.op is Ops.BUFFER and (b := _buffers_data.get(weakref.ref(buf))) is not None:
+        if (readers := b.readers) is None:
+            b.readers = [weakref.ref(node)]
             return
         readers.append(weakref.ref(node))
         if len(readers) >= 8 and not len(readers) & (len(readers) - 1):
@@ -451,25 +477,40 @@ def remember_realized(node: UOp, value: UOp):
 
 
 def forget_written(buf: UOp):
-    """Buffer `buf` was written by an ASSIGN: the graphs realized into it no longer hold their value there."""
-    for ref in _readers.pop(buf, ()):
-        if (node := ref()) is not None:
-            _realized.pop(node, None)
+    """Buffer `buf` was written by an ASSIGN: the graphs realized into its memory no longer hold their value there."""
+    if (b := buffers.get(buf)) is not None and (readers := b.readers) is not None:
+        b.readers = None
+        for ref in readers:
+            if (node := ref()) is not None:
+                _realized.pop(node, None)
 
 
 def realize_tensors(tensors: list[Tensor]):
     with engine_lock:
-        _realize_tensors(tensors)
+        fast = None
+        if (
+            not (_superseded_data or _capturing.stack or VIZ.value or DEBUG.value)
+            and _cache_on.value
+            and not (_pending_writes and _writes_seen_by_views(tensors))
+        ):
+            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
+            fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)
+            if fast is not None and (plan := _plans.get(fast[0])) is not None and _run_plan(plan, fast[1], tensors):
+                schedule_cache.Stats.hits += 1
+                return
+        _realize_tensors(tensors, fast)
 
 
-def _realize_tensors(tensors: list[Tensor]):
+def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
+    """Realize `tensors` in one schedule. `fast`: their graph's fast key (realize_tensors found no plan for it)."""
     if _superseded_data:
         for t in tensors:
             t.uop = current_view(t.uop)
     # writes into memory a tensor is a view of run first; the views move to the memory's new contents
     if _pending_writes and (writes := _writes_seen_by_views(tensors)):
         _realize_tensors(writes)
-    items, outs, becomes, var_vals = _schedule(tensors)
+    template: list = []
+    items, outs, becomes, var_vals = _schedule(tensors, template)
     written = _written(becomes)
     if written and _capturing.stack and (made_before := getattr(_capturing[-1], "first_tensor", None)) is not None:
         # readers made before a TinyJit capture began are computed outside it: a replay must not compute them again
@@ -495,6 +536,8 @@ def _realize_tensors(tensors: list[Tensor]):
     keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize: their graph stays for backward
     tensors = tensors + readers
     _run_schedule(items, var_vals)
+    if fast is not None and template[0] is not None and not readers:  # (a fast key: no ASSIGN, Variable, realized node)
+        schedule_cache.make_plan(fast[0], fast[1], outs, template[0], lambda item: kernel_key(item.device, item.ast))
     for old in becomes:
         if old.op is Ops.ASSIGN:
             target = buffer_under(old.src[0])
@@ -523,6 +566,64 @@ def _realize_tensors(tensors: list[Tensor]):
             _writes_into(mem)
     for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
         t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
+
+
+def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[Tensor]) -> bool:
+    """Realize `tensors` by a Plan of the schedule cache (their graph's inputs: `leaves`): allocate, run the kernels,
+    point each tensor at its value. False, having done nothing, where two inputs are one Buffer."""
+    bufs = []
+    for leaf in leaves:
+        bufs.append(leaf._cache_key[5])  # type: ignore[index]  # (its Buffer, in the memo fast_key just checked)
+    if len(bufs) > 1 and (bufs[0] is bufs[1] if len(bufs) == 2 else len({id(b) for b in bufs}) < len(bufs)):
+        return False  # (the walk numbers one Buffer once: another template)
+    kernels = []
+    for key, _, _ in plan.calls:  # each from the compiled-kernel cache, as get_kernel finds it
+        if (kernel := _kernel_cache.get(key)) is None or kernel.vars:  # (emptied since): the general path compiles
+            return False
+        kernels.append(kernel)
+    for device, size, dtype in plan.new_bufs:
+        bufs.append(Buffer(device, size, dtype))
+    if plan.check_capacity:
+        check_capacity(bufs)
+    counters = GlobalCounters
+    for kernel, (_, index, mem) in zip(kernels, plan.calls):
+        ptrs = []
+        for i in index:
+            if (p := bufs[i]._ptr) is None:
+                p = bufs[i].ptr  # (allocates it, before the clock starts)
+            ptrs.append(p)
+        direct = kernel.direct
+        t0 = perf_counter()
+        if direct is not None and direct[2] is kernel.program:
+            if direct[1] is None:
+                direct[0](*ptrs)
+            else:
+                direct[0](*map(direct[1], ptrs))
+        else:
+            kernel.program(*ptrs)
+        counters.time_sum_s += perf_counter() - t0
+        counters.kernel_count += 1
+        counters.global_ops += kernel.n_ops
+        counters.global_mem += mem
+    n_in = len(leaves)
+    made: dict[int, UOp] = {}
+    for t, spec in zip(tensors, plan.outs):
+        if spec is None:
+            continue
+        i, shape = spec
+        node = t.uop
+        if i < n_in:  # a view of an input
+            t.uop = value = leaves[i] if shape is None else reshape_uop(leaves[i], shape)
+            remember_realized(node, value)
+            continue
+        if (buf_uop := made.get(i)) is None:
+            b = bufs[i]
+            buf_uop = made[i] = new_buffer_uop(b.device, b.size, b.dtype, b)
+        t.uop = value = buf_uop if shape is None else reshape_uop(buf_uop, shape)
+        if getrefcount(node) > 2:  # (`node` and getrefcount's argument): something else holds the node, note it
+            remember_realized(node, value)
+        # else it dies now, and what it was realized to with it: not noted (no entry made to be dropped at once)
+    return True
 
 
 def prepare_overwrite(bufs: list) -> None:

@@ -51,6 +51,8 @@ _cache: dict[Any, Template] = {}
 
 def clear():
     _cache.clear()
+    _plans.clear()
+    _forget_structures()
 
 
 def _placeholder(u: UOp, tag: tuple[str, int]) -> UOp:
@@ -138,6 +140,14 @@ _buffers_data = _own_dict(buffers)
 
 # every knob, a live view of ContextVar._cache (knobs are only ever added to it, so their values name them)
 _knob_vars = ContextVar._cache.values()
+_knobs: list = [-1, ()]  # [ContextVar.version, the knobs' values then]
+
+
+def knob_values() -> tuple:
+    """The value of every knob (part of each key: codegen reads them), read again only after one changed."""
+    if _knobs[0] != ContextVar.version:
+        _knobs[0], _knobs[1] = ContextVar.version, tuple([v.value for v in _knob_vars])
+    return _knobs[1]
 
 
 def _make_template(items: list[ScheduleItem], becomes: dict[UOp, UOp], w: Walk) -> Template | None:
@@ -241,9 +251,10 @@ def cached_schedule(
             Stats.uncacheable += 1
             return create_schedule(outs)
         assert w is not None
-    key = (w.key, tuple([v.value for v in _knob_vars]))  # the graph and the value of every knob
+    key = (w.key, knob_values())  # the graph and the value of every knob
     if (t := _cache.get(key)) is not None:
         Stats.hits += 1
+        last_used[0] = (w, t)
         return _instantiate(t, w)
     Stats.misses += 1
     items, becomes = create_schedule(outs)
@@ -254,4 +265,230 @@ def cached_schedule(
         if len(_cache) >= MAX_ENTRIES:
             del _cache[next(iter(_cache))]
         _cache[key] = t
+        last_used[0] = (w, t)
     return items, becomes
+
+
+# the walk and the template of the last cached_schedule that hit or made one (realize.py takes it at once, and may
+# build a Plan of it)
+last_used: list[tuple[Walk, Template] | None] = [None]
+
+
+# ***** the fast key: a key without a walk of the nodes keyed before *****
+# Each node keyed keeps a memo in its UOp._cache_key slot: [generation, structure id, leaves, epoch, used] (a BUFFER
+# node's also its Buffer: a lookup in `buffers` compares UOps through their rich comparison, slow), where
+# - the structure id is an int naming (op, dtype, arg, the structure ids of its sources, where its sources' leaves fall
+#   among its own): ids compose, so keying a graph built on keyed nodes costs only its new nodes, and two graphs of
+#   one id have the same walk key (UOps are interned: equal structure over the same BUFFER nodes is the same node);
+# - leaves: the BUFFER nodes under it in first-use order (the walk's order of input buffers); None for a BUFFER
+#   node, whose leaves are itself (its memo must not hold it: a cycle would keep it and its memory until a collection);
+# - epoch: the value of `epoch` when no node under it (itself included) was realized to another node. realize.py
+#   advances `epoch` when it notes a node that is the source of a keyed node as realized (every memo is checked
+#   again then), and marks the realized node itself unchecked (-1);
+# - used: whether the node is the source of a keyed node.
+# Graphs with an ASSIGN (its arg is unique: the walk numbers them), a Variable or a BUFFER without a Buffer are not
+# keyed here: they take the walk.
+_structures: dict[tuple, int] = {}
+MAX_STRUCTURES = 1 << 16  # then the ids start again, in a new generation (graphs with ever-new constants)
+_generation = [0]
+epoch = [0]
+_plans: dict[Any, Plan] = {}
+
+
+def _forget_structures():
+    """Start the structure ids again: the plans keyed by the old ids go too (an id may name another structure now)."""
+    _structures.clear()
+    _plans.clear()
+    _generation[0] += 1
+
+
+def _leaves(u: UOp, memo: list) -> tuple[UOp, ...]:
+    return memo[2] if memo[2] is not None else (u,)
+
+
+def _merge(parts: list[tuple[UOp, ...]]) -> tuple[tuple[UOp, ...], tuple[int, ...] | None]:
+    """The leaves of a node whose sources have leaves `parts`, in first-use order, and where each source's fall among
+    them: None for their concatenation (no leaf shared), else each one's index (canonical: one mapping, one value)."""
+    index: dict[UOp, int] = {}
+    where = []
+    for part in parts:
+        for leaf in part:
+            if (i := index.get(leaf)) is None:
+                i = index[leaf] = len(index)
+            where.append(i)
+    leaves = tuple(index)
+    return leaves, (tuple(where) if len(leaves) < len(where) else None)
+
+
+def _key_node(u: UOp) -> bool:
+    """Memo u, whose sources have memos of this generation checked at this epoch; False if u is not keyed here."""
+    op, src = u.op, u.src
+    if op is Ops.BUFFER:
+        if (buf := _buffers_data.get(weakref.ref(u))) is None:
+            return False
+        structure: tuple = (op, u.dtype, u.arg[1], src[0]._cache_key[1])  # type: ignore[index]
+        if (sid := _structures.get(structure)) is None:
+            sid = _structures[structure] = len(_structures)
+        # (itself: _leaves), and its Buffer (a BUFFER node's never changes): a plan reads it here, not in `buffers`
+        u._cache_key = [_generation[0], sid, None, epoch[0], False, buf]
+        return True
+    elif op is Ops.ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
+        return False
+    else:
+        arg = u.arg
+        if isinstance(arg, float):
+            arg = _arg_key(arg)
+        where: tuple | None = None  # (_merge)
+        sids: tuple
+        leaves: tuple
+        if not src:
+            leaves, sids = (), ()
+        elif len(src) == 1:
+            m = src[0]._cache_key
+            leaves, sids = _leaves(src[0], m), (m[1],)  # type: ignore[arg-type, index]
+        elif len(src) == 2:  # (the common case, without the general merge)
+            m, m2 = src[0]._cache_key, src[1]._cache_key
+            first = m[2] if m[2] is not None else (src[0],)  # type: ignore[index]  # (_leaves, inline)
+            second = m2[2] if m2[2] is not None else (src[1],)  # type: ignore[index]
+            sids = (m[1], m2[1])  # type: ignore[index]
+            if not first or not second:
+                leaves = first or second
+            elif len(first) == 1 and len(second) == 1:
+                if first[0] is second[0]:
+                    leaves, where = first, (0, 0)
+                else:
+                    leaves = first + second
+            else:
+                leaves, where = _merge([first, second])
+        else:
+            sids = tuple([s._cache_key[1] for s in src])  # type: ignore[index]
+            leaves, where = _merge([_leaves(s, s._cache_key) for s in src])  # type: ignore[arg-type]
+        structure = (op, u.dtype, arg, sids, where)
+    if (sid := _structures.get(structure)) is None:
+        sid = _structures[structure] = len(_structures)
+    u._cache_key = [_generation[0], sid, leaves, epoch[0], False]
+    return True
+
+
+def _check(root: UOp, realized: dict) -> bool:
+    """Memo every node under root not memoed in this generation or not checked at this epoch, sources first (an
+    explicit stack); False where a node is realized to another node or is not keyed here."""
+    gen, ep = _generation[0], epoch[0]
+    stack = [root]
+    while stack:
+        u = stack[-1]
+        m = u._cache_key
+        if m is not None and m[3] == ep and m[0] == gen:
+            stack.pop()
+            continue
+        waiting = False
+        for s in u.src:
+            if (sm := s._cache_key) is None or sm[3] != ep or sm[0] != gen:
+                stack.append(s)
+                waiting = True
+        if waiting:
+            continue
+        stack.pop()
+        if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
+            return False
+        if m is not None and m[0] == gen:
+            m[3] = ep
+        elif not _key_node(u):
+            return False
+        for s in u.src:
+            s._cache_key[4] = True  # type: ignore[index]
+    return True
+
+
+def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | None:
+    """(the key of the graph of `outs` with every knob's value, its input BUFFER nodes in first-use order), or None
+    where the graph holds a node realized to another node (`realized`: _realized's own dict) or a node not keyed
+    here. Only the nodes not keyed before, or under a node realized since, are visited."""
+    if len(_structures) > MAX_STRUCTURES:
+        _forget_structures()
+    gen, ep = _generation[0], epoch[0]
+    for u in outs:
+        if (m := u._cache_key) is not None and m[3] == ep and m[0] == gen:
+            continue
+        for s in u.src:  # (the common case inline: a new node on checked ones, (a+b).realize())
+            if (sm := s._cache_key) is None or sm[3] != ep or sm[0] != gen:
+                if not _check(u, realized):
+                    return None
+                break
+        else:
+            if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
+                return None
+            if m is not None and m[0] == gen:
+                m[3] = ep
+            elif not _key_node(u):
+                return None
+            for s in u.src:
+                s._cache_key[4] = True  # type: ignore[index]
+    if _knobs[0] != ContextVar.version:
+        knob_values()
+    if len(outs) == 1:
+        m = outs[0]._cache_key
+        return (m[1], _knobs[1]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
+    sids = tuple([u._cache_key[1] for u in outs])  # type: ignore[index]
+    leaves, where = _merge([_leaves(u, u._cache_key) for u in outs])  # type: ignore[arg-type]
+    return (sids, where, _knobs[1]), leaves
+
+
+@dataclasses.dataclass
+class Plan:
+    """A template made ready to run for the graphs of one fast key: no ScheduleItem, Walk or UOp is built for a run.
+    Buffers by index: the graph's input Buffers (its leaves' in order), then the new ones."""
+
+    n_in: int
+    new_bufs: list[tuple[str, int, Any]]  # (device, size, dtype) of each new Buffer
+    calls: list[tuple]  # per kernel: (its compiled-kernel cache key, the index of each of its buffers, bytes it moves)
+    outs: list[tuple[int, tuple | None] | None]  # per output: (buffer index, shape of a reshape or None) of its value,
+    # or None: it stays what it is
+    check_capacity: bool  # a buffer of over 128 MiB: its device's capacity is checked before the first kernel
+
+
+def make_plan(
+    key: Any,
+    leaves: tuple[UOp, ...],
+    outs: list[UOp],
+    template: tuple[Walk, Template],
+    kernel_key: Callable[[Any], Any],
+) -> Plan | None:
+    """The Plan of the template `cached_schedule` used for `outs` (whose fast key is `key`; `template`: that walk and
+    template), remembered under the key; None where the template does not fit one (a value that is not a view of one
+    buffer, a value noted for a node other than an output). `kernel_key`: ScheduleItem -> its compiled-kernel cache
+    key (realize.py)."""
+    w, t = template
+    if (
+        any(u not in w.position for u in outs)
+        or w.key[-1] != (Ops.SINK, tuple([w.position[u] for u in outs]))
+        or len(w.in_uops) != len(leaves)
+        or any(a is not b for a, b in zip(w.in_uops, leaves))
+    ):  # (the template of another graph; or two BUFFER nodes of one Buffer, which the walk numbers once)
+        return None
+    n_in = len(leaves)
+    sizes = [b.size * b.dtype.itemsize for b in w.in_bufs] + [size * dt.itemsize for _, size, dt in t.new_bufs]
+    calls = []
+    for item, slots in t.items:
+        index = [i if kind == 0 else n_in + i for kind, i in slots]
+        calls.append((kernel_key(item), index, sum(sizes[i] for i in index)))
+    positions = {w.position[u] for u in outs}
+    if any(pos not in positions for pos in t.becomes):
+        return None
+    out_specs: list[tuple[int, tuple | None] | None] = []
+    for u in outs:
+        if (value := t.becomes.get(w.position[u])) is None:
+            out_specs.append(None)
+            continue
+        shape = None
+        if value.op is Ops.RESHAPE:
+            shape, value = value.tensor_shape, value.src[0]
+        if value.op is not Ops.BUFFER:
+            return None
+        kind, i = value.arg[0]
+        out_specs.append((i if kind == "in" else n_in + i, shape))
+    plan = Plan(n_in, t.new_bufs, calls, out_specs, any(n > 1 << 27 for n in sizes))
+    if len(_plans) >= MAX_ENTRIES:
+        del _plans[next(iter(_plans))]
+    _plans[key] = plan
+    return plan

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 
+_COMPARISONS = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))  # (their result is bool)
+
+
 def _category(dt: DType) -> int:
     return 0 if dt == dtypes.bool else 1 if dtypes.is_int(dt) else 2
 
@@ -86,8 +89,17 @@ class ElementwiseMixin:
         return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
 
     def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
+        if (
+            type(x) is type(self)
+            and (u := self.uop).shape == (v := x.uop).shape
+            and u.dtype is v.dtype
+            and self.device == x.device
+            and type(self.device) is str
+        ):  # the common case: one shape, dtype and device, so nothing to promote, broadcast or refuse
+            out = dtypes.bool if op in _COMPARISONS else u.dtype
+            return self._new(UOp(op, out, (v, u) if reverse else (u, v)))
         a, b = self._operands(x, reverse)
-        return a._alu(op, b, dtype=dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else a.dtype)
+        return a._alu(op, b, dtype=dtypes.bool if op in _COMPARISONS else a.dtype)
 
     def _float(self: Tensor) -> Tensor:
         return self.cast(least_upper_float(self.dtype))
@@ -387,11 +399,11 @@ class ElementwiseMixin:
         return self.bool() ^ (x.bool() if isinstance(x, type(self)) else bool(x))
 
     # ***** Python operators *****
-    def __add__(self, x):
-        return self.add(x)
+    def __add__(self, x):  # (add's body, one call fewer: `a + b` is the most common op of all)
+        return self._binary(Ops.ADD, x)
 
     def __radd__(self, x):
-        return self.add(x, True)
+        return self._binary(Ops.ADD, x, True)
 
     def __sub__(self, x):
         return self.sub(x)
@@ -400,10 +412,10 @@ class ElementwiseMixin:
         return self.sub(x, True)
 
     def __mul__(self, x):
-        return self.mul(x)
+        return self._binary(Ops.MUL, x)
 
     def __rmul__(self, x):
-        return self.mul(x, True)
+        return self._binary(Ops.MUL, x, True)
 
     def __truediv__(self, x):
         return self.div(x)

@@ -37,7 +37,39 @@ _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal 
 # (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
 live_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 _tensor_ids = itertools.count()
+_live_data = live_tensors.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
+_live_remove = live_tensors._remove  # type: ignore[attr-defined]  # the callback its references carry
+_grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
+
+
+class _LiveRef(weakref.ref):
+    """live_tensors' reference to a tensor: weakref.KeyedRef (what WeakValueDictionary stores) built in C, its key set
+    after (KeyedRef's __new__ and __init__ are two Python calls for every tensor made)."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+def _register_live(t: Tensor) -> None:
+    ref = _LiveRef(t, _live_remove)
+    ref.key = key = next(_tensor_ids)
+    _live_data[key] = ref  # live_tensors[key] = t
+
+
 _device_spellings = Device._spellings  # a valid device name -> its one spelling
+_tensor_new = object.__new__
+_engine_realize: list[Any] = [None]  # engine/realize.py's realize_tensors, once Tensor.realize imported it
+
+
+def _tensor_of(uop: UOp, device: str) -> Tensor:
+    """Tensor(uop, device) for a tensor-graph node and a device in its one spelling, without __init__'s steps for
+    other data (every op makes a Tensor)."""
+    t = _tensor_new(Tensor)
+    t.uop, t.device, t.requires_grad, t.grad = uop, device, None, None
+    ref = _LiveRef(t, _live_remove)  # (_register_live, inline)
+    ref.key = key = next(_tensor_ids)
+    _live_data[key] = ref
+    return t
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -79,7 +111,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         dtype: DTypeLike | None = None,
         requires_grad: bool | None = None,
     ):
-        live_tensors[next(_tensor_ids)] = self
+        _register_live(self)
         if type(device) is str and (known := _device_spellings.get(device)) is not None:
             device = known  # (Device.canonicalize's first step, without its call: every op makes a Tensor)
         elif isinstance(device, (tuple, list)):  # on several devices at once (tensor/multi.py)
@@ -155,8 +187,15 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         """The Tensor of a UOp built from this tensor's (and others') UOps, on this tensor's device unless `device`
         says otherwise (a COPY): it requires grad if a source does (or one of `inputs`, where it was built from
         them through other nodes: a shard or gather)."""
-        ret = Tensor(uop, device=device or self.device)
-        if any(s in _grad_uops for s in (uop.src if inputs is None else inputs)):
+        if device is None and type(self.device) is str:  # (_tensor_of, inline: every op makes a Tensor here)
+            ret = _tensor_new(Tensor)
+            ret.uop, ret.device, ret.requires_grad, ret.grad = uop, self.device, None, None
+            ref = _LiveRef(ret, _live_remove)
+            ref.key = key = next(_tensor_ids)
+            _live_data[key] = ref
+        else:
+            ret = Tensor(uop, device=device or self.device)
+        if _grad_data and any(weakref.ref(s) in _grad_data for s in (uop.src if inputs is None else inputs)):
             if Tensor._grad_off:
                 ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
                 if isinstance(ret.device, tuple):
@@ -220,13 +259,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def realize(self, *lst: Tensor, do_update_stats: bool = True) -> Tensor:
         """Compute this tensor and `lst` in one schedule. `Tensor.realize(a, b, c)` realizes all three."""
-        from zeptograd.engine.realize import realize_tensors
+        if (realize_tensors := _engine_realize[0]) is None:  # (engine/ imports this module: imported once, here)
+            from zeptograd.engine.realize import realize_tensors
 
+            _engine_realize[0] = realize_tensors
         if not lst and self.uop.op is not Ops.MULTI:  # one tensor on one device (the common case, fewer steps)
-            grad_graph = self.uop if self.requires_grad else None
-            realize_tensors([self])
-            if grad_graph is not None:
+            if self.requires_grad:
+                grad_graph = self.uop
+                realize_tensors([self])
                 self.uop = grad_graph
+            else:
+                realize_tensors([self])
             return self
         tensors = [self, *lst]
         keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler

@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import math
-import threading
 import weakref
 from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython's, not in typeshed
-from enum import Enum, auto
-from typing import Any, Callable
+from enum import Enum, EnumType, auto
+from typing import TYPE_CHECKING, Any, Callable
 
 from zeptograd.dtype import DType, PtrDType, dtypes, truncate
 from zeptograd.helpers import prod
 
 
-class Ops(Enum):
+class _MembersInDictType(EnumType):
+    """Python 3.11's EnumType defines __getattr__, so every read of a class attribute (`Ops.ADD`, a few hundred
+    instructions) went through a Python-visible call of type.__getattribute__ (3.12 dropped it). An enum whose members
+    are all in its own __dict__ is read there directly (object.__getattribute__: what the class's own dict holds, as
+    type.__getattribute__ gives it for members and plain functions); any other name falls back to
+    type.__getattribute__. (Where EnumType has no __getattr__, this is EnumType.)"""
+
+    if "__getattr__" in vars(EnumType):
+        __getattribute__ = object.__getattribute__
+
+        def __getattr__(cls, name: str) -> Any:
+            return type.__getattribute__(cls, name)
+
+
+class Ops(Enum, metaclass=_MembersInDictType):
     # tensor graph: buffers, constants and movement
     BUFFER = auto()  # arg=(uid, size, device); shape (size,)
     CONST = auto()  # arg=value; shape (); in the tensor graph src=(DEVICE,)
@@ -87,6 +100,10 @@ class Ops(Enum):
         return f"Ops.{self.name}"
 
     __hash__ = object.__hash__  # members are singletons; Enum's own hash hashes the name on every dict lookup
+
+
+# _MembersInDictType reads Ops.X from Ops.__dict__: every member must be there (none hidden by a base's descriptor)
+assert all(vars(Ops).get(name) is member for name, member in Ops.__members__.items())
 
 
 class GroupOp:
@@ -240,7 +257,6 @@ class _CacheRef(weakref.ref):
 
 
 _uop_cache: dict[tuple, _CacheRef] = {}
-_uop_cache_lock = threading.Lock()
 
 
 def _uncache(ref: _CacheRef, _cache: dict = _uop_cache, _remove: Callable = _remove_dead_weakref) -> None:
@@ -254,8 +270,11 @@ def _arg_key(arg: Any) -> Any:
     return arg
 
 
+_object_new = object.__new__
+
+
 class UOpMeta(type):
-    def __call__(cls, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
+    def __call__(cls: Any, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
         key = (op, dtype, src, _arg_key(arg) if isinstance(arg, float) else arg)
         try:
             ref = _uop_cache.get(key)
@@ -263,25 +282,48 @@ class UOpMeta(type):
             raise TypeError(f"UOp arg must be hashable, got {arg!r} for {op}") from e
         if ref is not None and (ret := ref()) is not None:
             return ret
-        ret = super().__call__(op, dtype, src, arg)  # outside the lock: building a UOp may build others (its shape)
-        with _uop_cache_lock:  # two threads building the same new UOp must publish one object: `is` is equality
-            if (ref := _uop_cache.get(key)) is not None and (known := ref()) is not None:
+        # built here, not by type.__call__ and an __init__ (two calls through slot wrappers per node)
+        ret = _object_new(cls)
+        ret.op, ret.dtype, ret.src, ret.arg = op, dtype, src, arg
+        # its shape, O(1) from its sources' (the common cases here, without _infer_shape's call)
+        if not src or op in _LEAF_OPS:
+            ret.shape = (arg[1],) if op is _BUFFER else _infer_shape(ret)
+        elif src[0].shape is None:  # a kernel-graph node
+            ret.shape = None
+        elif op in _SHAPE_OF_LAST_SOURCE:
+            ret.shape = src[-1].shape if op is not _WHERE else src[1].shape
+        else:
+            ret.shape = _infer_shape(ret)
+        ret._vrange = ret._cache_key = None
+        ref = _CacheRef(ret, _uncache)
+        ref.key = key  # (before it is published: the callback reads it)
+        # published by one atomic setdefault: two threads building the same new node get one object (`is` is
+        # equality); the other thread's node was built outside any lock, as building one may build others (a shape)
+        while (known_ref := _uop_cache.setdefault(key, ref)) is not ref:
+            if (known := known_ref()) is not None:
                 return known
-            ref = _CacheRef(ret, _uncache)
-            ref.key = key  # (before it is published: the callback reads it)
-            _uop_cache[key] = ref
+            _remove_dead_weakref(_uop_cache, key)  # a dead node's entry whose callback has not run yet
         return ret
 
 
 class UOp(MathMixin, metaclass=UOpMeta):
     """A node of every graph zeptograd builds. Equal UOps are the same object, so `is` is equality."""
 
-    __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "__weakref__")
+    # _cache_key: the schedule cache's memo of this node's structure (engine/schedule_cache.py: fast_key), or None
+    __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "_cache_key", "__weakref__")
 
-    def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None):
-        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
-        self.shape = _infer_shape(self)  # O(1): the sources' shapes are already known
-        self._vrange: tuple[Any, Any] | None = None
+    if TYPE_CHECKING:  # (UOpMeta.__call__ builds every UOp, without an __init__ call)
+
+        def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None): ...
+
+    # (set by UOpMeta.__call__)
+    op: Ops
+    dtype: DType
+    src: tuple[UOp, ...]
+    arg: Any
+    shape: tuple | None
+    _vrange: tuple[Any, Any] | None
+    _cache_key: list | None
 
     def __reduce__(self):
         return UOp, (self.op, self.dtype, self.src, self.arg)
@@ -449,6 +491,11 @@ class UOp(MathMixin, metaclass=UOpMeta):
         return [u for u in self.toposort() if u.op is Ops.RANGE]
 
 
+_SHAPE_OF_LAST_SOURCE = frozenset(GroupOp.Elementwise | {Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH})
+_LEAF_OPS = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA})  # a shape from the arg, whatever the sources
+_BUFFER, _WHERE = Ops.BUFFER, Ops.WHERE  # (globals for UOpMeta.__call__: a global read is cheaper than Ops.X's)
+
+
 def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     """The shape of a tensor-graph node from its sources' shapes; None for kernel-graph nodes."""
     op, src, arg = u.op, u.src, u.arg
@@ -460,6 +507,8 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
         return (arg,)
     if not src or src[0].shape is None:
         return None
+    if op in _SHAPE_OF_LAST_SOURCE:  # (first: the most common nodes of a tensor graph)
+        return src[-1].shape if op is not Ops.WHERE else src[1].shape
     if op in (Ops.RESHAPE, Ops.EXPAND):
         return tuple(arg)
     if op is Ops.PERMUTE:
@@ -470,8 +519,6 @@ def _infer_shape(u: UOp) -> tuple[int, ...] | None:
         return _sints(tuple(e - b for b, e in arg))
     if op is Ops.REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src[0].shape))
-    if op in GroupOp.Elementwise or op in (Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH):
-        return src[-1].shape if op is not Ops.WHERE else src[1].shape
     if op in (Ops.ASSIGN, Ops.COPY):
         return src[0].shape
     if op is Ops.MULTI:  # the logical shape: the parts joined along the sharded axis
