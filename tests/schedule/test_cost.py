@@ -249,3 +249,17 @@ def test_a_tiled_contraction_shares_each_load_with_the_tile():
         model = CostModel(list(t.uop.toposort()), set(), lambda u, req: [])
         assert model.tiled.get(red) == (None if per_element is None else per_element * 32)
         assert model.work[red] == (ALU + 2 * LOAD + ALU) * 32
+
+
+def test_a_conv_read_by_a_padded_copy_is_stored():
+    """ResNet-50's stem at batch 16: a 7x7 stride-2 conv, relu, and the max pool's padded copy of it. Its 51 MB output
+    leaves the cache, so storing it costs 8x a cached buffer, and the conv was inlined into the padded copy, where
+    no register tile forms (its loops are the gated 114x114 border) and its input windows became a 236 MB copy:
+    30 s of kernel time. A contraction read under a pad's gate costs its untiled work: stored, 0.14 s."""
+    x, w, b = Tensor.empty(16, 3, 224, 224), Tensor.empty(64, 3, 7, 7), Tensor.empty(64)
+    items = kernels(x.conv2d(w, b, stride=2, padding=3).relu().max_pool2d(3, 2, padding=1))
+    sizes = [item.bufs[0].size for item in items]
+    assert 16 * 64 * 112 * 112 in sizes  # the conv, stored at its own size
+    assert max(b.size for i in items for b in i.bufs) == 16 * 64 * 114 * 114  # the padded copy: no window copy
+    convs = [i for i in items if i.bufs[0].size == 16 * 64 * 112 * 112]
+    assert not any(u.op is Ops.WHERE for u in convs[0].ast.toposort())  # no pad's gate in the conv's kernel

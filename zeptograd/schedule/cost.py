@@ -149,10 +149,11 @@ class CostModel:
             work += -(-self.read_cost(s) // max(min(reuse, TILE_REUSE), 1))  # (an empty tensor: reuse 0)
         return work if broadcast else None  # else an elementwise product summed (a dot of two vectors, a norm)
 
-    def contraction_work(self, x: UOp, idx: tuple[UOp, ...]) -> int:
+    def contraction_work(self, x: UOp, idx: tuple[UOp, ...], valid: UOp | None = None) -> int:
         """x's work evaluated once at a read at idx: a contraction read at output loops runs in a register tile; one
-        whose outputs are a reduce's loops there (idx uses a reduce range) does not (see TILE_REUSE)."""
-        if x not in self.tiled or any(r.arg[1] is AxisType.REDUCE for i in idx for r in i.ranges):
+        whose outputs are a reduce's loops there (idx uses a reduce range) does not (see TILE_REUSE), nor one read
+        under a pad's gate (a padded copy of a conv's output: the tile's rows and columns are the gated border)."""
+        if x not in self.tiled or valid is not None or any(r.arg[1] is AxisType.REDUCE for i in idx for r in i.ranges):
             return self.work[x]
         return self.tiled[x]
 
@@ -208,7 +209,7 @@ class CostModel:
             strided = reads_across_rows(idx, scope)
             extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, valid), scope) if strided else 0
             n = prod(trips)
-            est.inline += (self.contraction_work(x, idx) + extra) * n
+            est.inline += (self.contraction_work(x, idx, valid) + extra) * n
             est.keep += (STRIDED_LOAD if strided else LOAD * mem) * n
             est.reads, est.evaluations = est.reads + 1, est.evaluations + n
             if est.inline > est.keep:
