@@ -209,3 +209,57 @@ def test_a_short_reduce_axis_is_not_a_vector_axis():
     assert len(kernels(x.conv2d(w, padding=1).batchnorm(g, b, mu, var.abs() + 1).relu())) == 1
     (gr, _), (w2, _), (h, _) = realized(256, 10), realized(512, 10), realized(256, 512)
     assert len(kernels((gr @ w2.T) * (h > 0))) == 1
+
+
+def test_a_contraction_summed_over_its_outputs_is_stored_for_its_register_tile():
+    """SqueezeNet's head: a 1x1 conv 512 -> 1000, relu, and a mean over the 13x13 outputs. Fused, the conv is a reduce
+    nested in the mean's reduce over its own outputs: no output loop is left for a register tile, and each
+    multiply-add loads both operands (31 ms, 5.5 GFLOPS on 2 AVX2 cores). Stored, it is a (1000x512) @ (512x169)
+    kernel with a tile (`CostModel.tiled`), and the relu and mean a small kernel after it. Small, one kernel."""
+    (x, xn), (w, wn), (b, bn) = realized(1, 512, 13, 13), realized(1000, 512, 1, 1), realized(1000)
+    t = x.conv2d(w, b).relu().mean((2, 3))
+    items = kernels(t)
+    assert len(items) == 2
+    conv = items[0].ast
+    reduces = [u for u in conv.toposort() if u.op is Ops.REDUCE]
+    assert len(reduces) == 1 and all(r.arg[1] is AxisType.REDUCE for r in reduces[0].src[1:])
+    assert {r.arg[1] for r in conv.toposort() if r.op is Ops.RANGE} == {AxisType.LOOP, AxisType.REDUCE}
+    y = np.maximum(np.einsum("chw,oc->ohw", xn[0], wn[:, :, 0, 0]) + bn[:, None, None], 0).mean((1, 2))
+    np.testing.assert_allclose(t.numpy(), y[None], rtol=1e-4, atol=1e-4)
+    (a, an), (m, mn) = realized(256, 256), realized(256, 256)
+    assert len(kernels((a @ m).relu().sum(-1))) == 2  # a matmul's rows summed: the same nest
+    np.testing.assert_allclose((a @ m).relu().sum(-1).numpy(), np.maximum(an @ mn, 0).sum(-1), rtol=1e-4, atol=1e-2)
+    (xs, _), (ws, _) = realized(1, 16, 4, 4), realized(16, 16, 1, 1)
+    assert len(kernels(xs.conv2d(ws).relu().mean((2, 3)))) == 1  # 4096 multiply-adds: less than a kernel's cost
+
+
+def test_a_tiled_contraction_shares_each_load_with_the_tile():
+    """The work of a contraction in a register tile: per reduced element a multiply, an add and each operand's load
+    shared by up to TILE_REUSE rows or columns (x @ w: x broadcast along w's 64 columns, w along x's 64 rows); a
+    matrix-vector product's matrix is read once per multiply-add; a sum of an elementwise product is no contraction."""
+    from zeptograd.schedule.cost import ALU, LOAD, TILE_REUSE
+
+    (x, _), (w, _), (v, _) = realized(64, 32), realized(32, 64), realized(1, 32)
+    for t, per_element in (
+        (x @ w, 2 * ALU + 2 * -(-LOAD // TILE_REUSE)),
+        (v @ w, 2 * ALU + -(-LOAD // TILE_REUSE) + LOAD),
+        ((x * x).sum(-1), None),
+    ):
+        red = next(u for u in t.uop.toposort() if u.op is Ops.REDUCE_AXIS)
+        model = CostModel(list(t.uop.toposort()), set(), lambda u, req: [])
+        assert model.tiled.get(red) == (None if per_element is None else per_element * 32)
+        assert model.work[red] == (ALU + 2 * LOAD + ALU) * 32
+
+
+def test_a_conv_read_by_a_padded_copy_is_stored():
+    """ResNet-50's stem at batch 16: a 7x7 stride-2 conv, relu, and the max pool's padded copy of it. Its 51 MB output
+    leaves the cache, so storing it costs 8x a cached buffer, and the conv was inlined into the padded copy, where
+    no register tile forms (its loops are the gated 114x114 border) and its input windows became a 236 MB copy:
+    30 s of kernel time. A contraction read under a pad's gate costs its untiled work: stored, 0.14 s."""
+    x, w, b = Tensor.empty(16, 3, 224, 224), Tensor.empty(64, 3, 7, 7), Tensor.empty(64)
+    items = kernels(x.conv2d(w, b, stride=2, padding=3).relu().max_pool2d(3, 2, padding=1))
+    sizes = [item.bufs[0].size for item in items]
+    assert 16 * 64 * 112 * 112 in sizes  # the conv, stored at its own size
+    assert max(b.size for i in items for b in i.bufs) == 16 * 64 * 114 * 114  # the padded copy: no window copy
+    convs = [i for i in items if i.bufs[0].size == 16 * 64 * 112 * 112]
+    assert not any(u.op is Ops.WHERE for u in convs[0].ast.toposort())  # no pad's gate in the conv's kernel

@@ -8,6 +8,13 @@ at two index sets (`y + y.T`: the transposed read walks every input of `y` with 
 evaluated once per element, stored, and loaded back at each read, plus a kernel's fixed cost; a buffer that does not
 fit the cache stores and loads at DRAM's cost (softmax's exp is stored at (256, 256), recomputed at (4096, 4096)).
 
+A contraction (a sum of products whose operands are each broadcast along an axis of the other: matmul, conv) runs in
+a register tile where its outputs are a kernel's loops: each loaded value feeds up to TILE_REUSE multiply-adds, so its
+work per reduced element is a multiply-add and a fraction of each load (`tiled`). Read inside another reduce's loop
+over its outputs (a conv + relu + global average pool fused as a nested reduce), its outputs are that reduce's loops,
+no tile forms, and each multiply-add loads both operands: inlined there it costs its untiled work (`work`), stored its
+tiled work plus a store and a load per output.
+
 The same comparison splits an epilogue off a reduce (`split_epilogue_is_cheaper`): fused after a reduce that codegen
 vectorizes along its reduce axis (x @ w.T), the epilogue runs on one scalar per output (gelu's exp2 16 times over);
 in its own kernel it runs 16 lanes wide, for a kernel, a store and a load per output.
@@ -44,6 +51,10 @@ KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread ha
 SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.COS: 256, Ops.TAN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
 SCALAR_ALU = 2
 SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
+# a register tile (codegen/opt/heuristic.py: tile_shape) loads each operand once per row or column of the tile: 3 rows x
+# 4 vectors with AVX2, 8 x 2 with AVX-512. Measured on an AVX2 host, 2 cores: (1000x512) @ (512x169) as a kernel of its
+# own ~130 GFLOPS, fused into a reduce over its 169 outputs (SqueezeNet's conv + relu + global pool) 5.5 GFLOPS
+TILE_REUSE = 8
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -74,6 +85,7 @@ class CostModel:
         self.index_only: dict[UOp, bool] = {}  # built from IOTA (an arange mask): codegen folds these, keep inline
         self.feeds_index: dict[UOp, bool] = {}  # read only by index-only nodes (a gather's index, `arange == idx`)
         self.selects: set[UOp] = set()  # the `where(mask, value, 0)` of a one-hot select-sum: folded into one load
+        self.tiled: dict[UOp, int] = {}  # a contraction's work evaluated once in a register tile (see TILE_REUSE)
         self.consumers: dict[UOp, list[UOp]] = {}
         for u in nodes:
             for s in u.src:
@@ -91,6 +103,8 @@ class CostModel:
                 self.selects.add(u.src[0])
             elif u.op is Ops.REDUCE_AXIS:  # the body runs once per reduced element
                 n = prod(u.src[0].tensor_shape) // max(prod(u.tensor_shape), 1) if self.static(u.src[0]) else 1
+                if (tiled := self.tiled_body(u)) is not None:
+                    self.tiled[u] = min((tiled + ALU) * n, MAX_COST)
                 work, loads = (work + ALU) * n, loads * n
             self.work[u], self.loads[u] = min(work, MAX_COST), min(loads, MAX_COST)
         for u in reversed(nodes):  # consumers first
@@ -115,6 +129,33 @@ class CostModel:
         the select itself is never stored (a one-hot product the size of the whole table)."""
         src = u.src[0]
         return u.arg[0] is Ops.ADD and src.op is Ops.WHERE and self.index_only[src.src[0]] and self.constant[src.src[2]]
+
+    def tiled_body(self, u: UOp) -> int | None:
+        """Where reduce u is a contraction — a sum of a product with an operand broadcast (an EXPAND below its view
+        ops: x[i, k] along j, w[k, j] along i) —, the work of its body per reduced element in a
+        register tile: the multiply and each operand's read shared by the tile's rows or columns it is broadcast
+        along (up to TILE_REUSE; a matrix-vector product's matrix is read once per multiply-add). None otherwise."""
+        body = u.src[0]
+        if u.arg[0] is not Ops.ADD or body.op is not Ops.MUL or not self.static(body):
+            return None
+        work, broadcast = ALU, False
+        for s in body.src:
+            reuse, v = 1, s
+            while v.op in GroupOp.Movement and v not in self.realized:
+                if v.op is Ops.EXPAND and self.static(v.src[0]):
+                    reuse *= prod(v.tensor_shape) // max(prod(v.src[0].tensor_shape), 1)
+                v = v.src[0]
+            broadcast |= reuse > 1
+            work += -(-self.read_cost(s) // max(min(reuse, TILE_REUSE), 1))  # (an empty tensor: reuse 0)
+        return work if broadcast else None  # else an elementwise product summed (a dot of two vectors, a norm)
+
+    def contraction_work(self, x: UOp, idx: tuple[UOp, ...], valid: UOp | None = None) -> int:
+        """x's work evaluated once at a read at idx: a contraction read at output loops runs in a register tile; one
+        whose outputs are a reduce's loops there (idx uses a reduce range) does not (see TILE_REUSE), nor one read
+        under a pad's gate (a padded copy of a conv's output: the tile's rows and columns are the gated border)."""
+        if x not in self.tiled or valid is not None or any(r.arg[1] is AxisType.REDUCE for i in idx for r in i.ranges):
+            return self.work[x]
+        return self.tiled[x]
 
     # a reduce below counts as a load: one recomputed at several places is materialized by its own decision
     def read_cost(self, s: UOp) -> int:
@@ -159,7 +200,8 @@ class CostModel:
         if self.work[x] <= LOAD:
             return InlineEstimate(why_none=f"its work ({self.work[x]}) is at most a load's ({LOAD})")
         mem = self.memory_scale(x)
-        est = InlineEstimate(keep=(self.work[x] + STORE * mem) * prod(x.tensor_shape) + KERNEL)
+        own = self.tiled.get(x, self.work[x])  # materialized, a contraction's outputs are its kernel's loops: a tile
+        est = InlineEstimate(keep=(own + STORE * mem) * prod(x.tensor_shape) + KERNEL)
         for (idx, valid), scope in reqs.items():
             trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
             if any(t is None for t in trips):
@@ -167,7 +209,7 @@ class CostModel:
             strided = reads_across_rows(idx, scope)
             extra = (STRIDED_LOAD - LOAD) * self.loads_across_rows(x, (idx, valid), scope) if strided else 0
             n = prod(trips)
-            est.inline += (self.work[x] + extra) * n
+            est.inline += (self.contraction_work(x, idx, valid) + extra) * n
             est.keep += (STRIDED_LOAD if strided else LOAD * mem) * n
             est.reads, est.evaluations = est.reads + 1, est.evaluations + n
             if est.inline > est.keep:

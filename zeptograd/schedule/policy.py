@@ -175,49 +175,42 @@ class MaterializationPolicy:
         cut: set[UOp] = set()
         ops: dict[UOp, int] = {}
         bufs: dict[UOp, frozenset[UOp]] = {}
-        for u in self.rf.nodes:
-            n = (u.op in GroupOp.ALU) + sum(ops[s] for s in u.src if s not in cut)
+
+        def counts(u: UOp) -> tuple[int, frozenset[UOp]]:
+            n = (u.op in GroupOp.ALU) + sum(ops[s] for s in u.src if below_views(s) not in cut)
             if n > MAX_KERNEL_OPS:  # the sum counts shared subexpressions once per use (erf's polynomial): recount
                 n = self.distinct_alu_ops(u, cut, MAX_KERNEL_OPS + 1)
-            b = frozenset([u]) if u.op is Ops.BUFFER else frozenset().union(*[bufs[s] for s in u.src if s not in cut])
+            if u.op is Ops.BUFFER:
+                return n, frozenset([u])
+            return n, frozenset().union(*[bufs[s] for s in u.src if below_views(s) not in cut])
+
+        for u in self.rf.nodes:
+            n, b = counts(u)
             if u.op in GroupOp.ALU and (n > MAX_KERNEL_OPS or len(b) > MAX_KERNEL_BUFS):
-                if heads := self.expanded_product_inputs(u, cut):  # cut what the product reads, not the product
-                    cut |= heads
-                    n, b = self.distinct_alu_ops(u, cut, MAX_KERNEL_OPS + 1), self.distinct_bufs(u, cut)
-                if not heads or n > MAX_KERNEL_OPS or len(b) > MAX_KERNEL_BUFS:
+                # a broadcast product (a conv's x * w: cout x the input's size) is cut at its computed operands
+                # instead, each stored at its own size (ResNet-50's stride-2 conv stored its 115M-element product)
+                if smaller := self.broadcast_operands(u, cut):
+                    cut.update(smaller)
+                    n, b = counts(u)
+                if not smaller or n > MAX_KERNEL_OPS or len(b) > MAX_KERNEL_BUFS:
                     cut.add(u)
                     n, b = 0, frozenset()
             ops[u], bufs[u] = min(n, MAX_KERNEL_OPS + 1), b
         return cut
 
     @staticmethod
-    def expanded_product_inputs(u: UOp, cut: set[UOp]) -> set[UOp]:
-        """The computed values u reads through movement ops, when u is larger than each of them (a conv's or a
-        matmul's product before its reduce): a chain cut there stores those values, where a cut at u would store
-        the whole product (ResNet-50's 256-channel stride-2 conv: 462 MB at batch 1). Empty when u is not larger."""
-        bases = []
+    def broadcast_operands(u: UOp, cut: set[UOp]) -> list[UOp]:
+        """The computed nodes below u's sources' view ops that are smaller than u (broadcast into it), not cut yet."""
+        if not all(isinstance(d, int) for d in u.tensor_shape):
+            return []
+        size = prod(u.tensor_shape)
+        out = []
         for s in u.src:
-            while s.op in GroupOp.Movement and s not in cut:
-                s = s.src[0]
-            bases.append(s)
-        if any(prod(b.tensor_shape) >= prod(u.tensor_shape) for b in bases):
-            return set()
-        return {b for b in bases if b.op in GroupOp.ALU and b not in cut}
-
-    @staticmethod
-    def distinct_bufs(u: UOp, cut: set[UOp]) -> frozenset[UOp]:
-        """The BUFFERs u's fused subgraph (stopping at cuts) reads."""
-        seen: set[UOp] = set()
-        stack, found = [u], set()
-        while stack:
-            x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
-            if x.op is Ops.BUFFER:
-                found.add(x)
-            stack.extend(s for s in x.src if s not in cut)
-        return frozenset(found)
+            v = below_views(s)
+            if v not in cut and v not in out and v.op in GroupOp.ALU | {Ops.REDUCE_AXIS} and v.tensor_shape:
+                if all(isinstance(d, int) for d in v.tensor_shape) and prod(v.tensor_shape) < size:
+                    out.append(v)
+        return out
 
     @staticmethod
     def distinct_alu_ops(u: UOp, cut: set[UOp], limit: int) -> int:
@@ -232,6 +225,13 @@ class MaterializationPolicy:
             n += x.op in GroupOp.ALU
             stack.extend(s for s in x.src if s not in cut)
         return n
+
+
+def below_views(u: UOp) -> UOp:
+    """The node u views: u itself, or the first node below its movement ops."""
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    return u
 
 
 def index_size(i: UOp) -> int:

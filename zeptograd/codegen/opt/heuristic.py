@@ -6,6 +6,7 @@
   iteration do not wait on each other (an FMA has ~4 cycles of latency);
 - a matmul-like kernel (a reduce whose loads each miss an output axis): a register tile, rows as copies and
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
+- a transposed copy (lanes reading rows a page apart): TILE blocks of a few rows, each row's line read for 16 steps;
 - the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
 - an amount that does not divide its axis: the largest part it divides, and a tail for the rest.
 
@@ -343,9 +344,45 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
 
     vectorize_own_loops(plan, contiguous_count, vec_amount)
 
+    if not has_reduce and is_transposed_copy(plan.ast, vec_r, idxs, itemsize):
+        take_transpose_block(plan, vec_r, blocks)
+
     if threads > 1 and total_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
+
+
+PAGE_BYTES = 4096
+TRANSPOSE_BLOCK_ROWS = 16  # rows of a transposed read one block walks: each row's line is read for 16 outer steps
+
+
+def is_transposed_copy(ast: UOp, vec_r: UOp, idxs: list[UOp], itemsize: int) -> bool:
+    """An elementwise kernel whose vector lanes (along the store's contiguous axis) gather a load from rows far
+    apart (stride of a page or more: a weight stored transposed, tensor/nn_ops.py's cout-last copy), where the same
+    load is contiguous along an outer loop: each lane's row is read one element per outer step."""
+    loops = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.LOOP and r.arg[0] != vec_r.arg[0]]
+    for u in idxs:
+        st = stride(u.src[1], vec_r)
+        if st is not None and abs(st) * itemsize >= PAGE_BYTES and any(stride(u.src[1], r) == 1 for r in loops):
+            return True
+    return False
+
+
+def take_transpose_block(plan: OptPlan, vec_r: UOp, blocks: set[int]) -> None:
+    """A transposed copy in blocks of TRANSPOSE_BLOCK_ROWS rows of the read (lanes of the store's vector axis): the
+    block's loop outermost (TILE), so the outer loop walks a block's rows, each row's cache line read for 16 outer
+    steps in a row and its page in the TLB, instead of a new page per lane (ResNet-50's (2048, 1024) weight copied
+    cout-last: 9.3 -> 1.4 ms on 2 AVX2 cores; 16 rows measured faster than 32, 64 or 128)."""
+    axes = kernel_axes(plan.ast)
+    vi = index_of(plan.ast, vec_r)
+    if vi is None:
+        return
+    lanes = prod(max_trip_count(u) for u in plan.ast.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.UPCAST)
+    per_block = max(1, TRANSPOSE_BLOCK_ROWS // lanes)
+    n = max_trip_count(axes[vi])
+    if n > per_block and (b := largest_divisor(n, amounts_largest_first(per_block))) > 1:
+        if plan.take(Opt(OptOps.TILE, vi, b)):
+            blocks.add(kernel_axes(plan.ast)[0].arg[0])
 
 
 def vectorize_own_loops(
