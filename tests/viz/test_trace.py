@@ -21,14 +21,19 @@ from zeptograd.viz.server import make_server, url_of
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def reachable_ops(nodes: list, sink: int) -> set[str]:
+def reachable(nodes: list, sink: int) -> set[int]:
+    """the ids of the nodes of the graph below sink (a trace's node table: sources at index 3)"""
     seen, stack = {sink}, [sink]
     while stack:
         for s in nodes[stack.pop()][3]:
             if s not in seen:
                 seen.add(s)
                 stack.append(s)
-    return {nodes[i][0] for i in seen}
+    return seen
+
+
+def reachable_ops(nodes: list, sink: int) -> set[str]:
+    return {nodes[i][0] for i in reachable(nodes, sink)}
 
 
 def softmax_trace(rows: int, cols: int) -> tuple[dict, np.ndarray]:
@@ -95,17 +100,7 @@ def test_load_collapse_step_replaces_the_reduce():
 
 def new_nodes(nodes: list, step: dict) -> set[int]:
     """the nodes of a step's graph after that its graph before lacks: what the page highlights"""
-
-    def reach(sink: int) -> set[int]:
-        seen, stack = {sink}, [sink]
-        while stack:
-            for s in nodes[stack.pop()][3]:
-                if s not in seen:
-                    seen.add(s)
-                    stack.append(s)
-        return seen
-
-    return reach(step["after"]) - reach(step["before"])
+    return reachable(nodes, step["after"]) - reachable(nodes, step["before"])
 
 
 def assert_steps_chain(k: dict) -> None:
