@@ -144,8 +144,10 @@ def index_given_valid(x: UOp) -> UOp | None:
     (.. // 112) % 112 -> h - 1 and .. % 112 -> w - 1. Where valid is false the load reads nothing, so i' may differ."""
     buf, idx, valid = x.src
     nodes = set(idx.toposort())
+    if not any(u.op in (Ops.IDIV, Ops.MOD) for u in nodes):  # nothing the bounds could fold (most gated reads)
+        return None
     narrowed = {e: b for e, b in gate_intervals(valid).items() if e in nodes and b != (e.vmin, e.vmax) and b[0] <= b[1]}
-    if not narrowed or not any(u.op in (Ops.IDIV, Ops.MOD) for u in nodes):
+    if not narrowed:
         return None
     # each narrowed expression stands in as a variable of its interval while simplifying, then is put back
     stand_in = {e: UOp.variable(f"\x00valid{k}", lo, hi, e.dtype) for k, (e, (lo, hi)) in enumerate(narrowed.items())}

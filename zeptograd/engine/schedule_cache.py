@@ -389,14 +389,22 @@ def _check(root: UOp, realized: dict) -> bool:
         if waiting:
             continue
         stack.pop()
-        if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
+        if not _memo_ready(u, m, realized, gen, ep):
             return False
-        if m is not None and m[0] == gen:
-            m[3] = ep
-        elif not _key_node(u):
-            return False
-        for s in u.src:
-            s._cache_key[4] = True  # type: ignore[index]
+    return True
+
+
+def _memo_ready(u: UOp, m: list | None, realized: dict, gen: int, ep: int) -> bool:
+    """Memo u, whose sources are memoed at this epoch (m: its memo of an older one, or None); False where u is realized
+    to another node or is not keyed here. Its sources are marked as read by a memoed node."""
+    if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
+        return False
+    if m is not None and m[0] == gen:
+        m[3] = ep
+    elif not _key_node(u):
+        return False
+    for s in u.src:
+        s._cache_key[4] = True  # type: ignore[index]
     return True
 
 
@@ -416,14 +424,8 @@ def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | N
                     return None
                 break
         else:
-            if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
+            if not _memo_ready(u, m, realized, gen, ep):
                 return None
-            if m is not None and m[0] == gen:
-                m[3] = ep
-            elif not _key_node(u):
-                return None
-            for s in u.src:
-                s._cache_key[4] = True  # type: ignore[index]
     if _knobs[0] != ContextVar.version:
         knob_values()
     if len(outs) == 1:
