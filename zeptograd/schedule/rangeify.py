@@ -109,12 +109,16 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
 
 
 def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
-    """Outputs of one shape on one device that nothing else reads: one kernel with a store for each."""
+    """Outputs of one shape on one device that nothing else reads: one kernel with a store for each. Where the
+    schedule writes into a buffer (an ASSIGN), an output that reads that memory (old or new contents, directly or
+    through a stored node) keeps a kernel of its own: a group runs where its last member would, and one member may
+    have to run before a write that another must run after (`order_assigns`)."""
     read = {s for u in rf.nodes if u.op is not Ops.SINK for s in u.src}
+    near_writes = touches_assigned_memory(rf.nodes)
     by_key: dict[tuple, list[UOp]] = {}
     for x in rf.nodes:
         if x in outputs and x not in read and x.op not in (Ops.ASSIGN, Ops.COPY) and prod(x.tensor_shape) > 0:
-            by_key.setdefault((x.shape, rf.device[x]), []).append(x)
+            by_key.setdefault((x.shape, rf.device[x], x if x in near_writes else None), []).append(x)
     groups: dict[UOp, list[UOp]] = {}
     for members in by_key.values():
         if len(members) > 1:
@@ -122,6 +126,20 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
             for m in members:
                 groups[m], rf.group_ranges[m] = members, shared
     return groups
+
+
+def touches_assigned_memory(nodes: list[UOp]) -> set[UOp]:
+    """The nodes whose value reads a memory that an ASSIGN of the graph writes, before or after the write (empty
+    without an ASSIGN). Nodes are in topological order."""
+    targets = {id(buffers[b]) for u in nodes if u.op is Ops.ASSIGN and (b := buffer_under(u.src[0])) in buffers}
+    found: set[UOp] = set()
+    if targets:
+        for u in nodes:
+            if u.op is Ops.ASSIGN or (u.op is Ops.BUFFER and u in buffers and id(buffers[u]) in targets):
+                found.add(u)
+            elif any(s in found for s in u.src):
+                found.add(u)
+    return found
 
 
 def order_assigns(nodes: list[UOp], kernels: list[UOp]) -> list[UOp]:
