@@ -218,7 +218,7 @@ def test_trig_branch_inside_and_after_reduces(device):
 
 def test_c_vector_transcendentals_are_alu_ops_without_lanes():
     """CPU:C writes a vector's exp2, log2 and sin as their polynomials, and gcc keeps them vectors: their integer,
-    compare and select steps are C vectors too (a call per lane, exp2f or log2f, was 4x slower on x.exp() and x.log())"""
+    compare and select steps are C vectors too (a call per lane, exp2f or log2f, was 4x slower on x.exp(), x.log())"""
     from zeptograd.codegen import full_rewrite, kernel_name
 
     x = np.random.default_rng(0).uniform(-20, 20, 4096).astype(np.float32)
