@@ -43,9 +43,11 @@ def _float_fn(name: str) -> Callable[[DType, str], str]:
     )
 
 
-def _nan_wins(dt: DType, a: str) -> str:
-    """max(a, b) is NaN when a is (numpy and torch propagate NaN; `a > b ? a : b` alone would return b)"""
-    return f"||({a}!={a})" if dtypes.is_float(dt) else ""
+def _c_max(dt: DType, a: str, b: str) -> str:
+    """the reference's max(a, b): b where b > a or b is NaN, else a. NaN wins (numpy and torch propagate it; `b > a`
+    alone would return a NaN b's other operand) and a tie is a, so max(-0, +0) is -0 as torch's."""
+    nan_b = f"||({b}!={b})" if dtypes.is_float(dt) else ""
+    return f"((({b}>{a}){nan_b})?{b}:{a})"
 
 
 # ***** the C family: one statement loop driven by a table of rules *****
@@ -69,7 +71,8 @@ class RenderContext(Generic[R]):
         self.args: list[tuple[int, str]] = []  # (DEFINE_GLOBAL index, parameter)
         self.var_names: list[str] = []
         self.special: list[UOp] = []
-        self.unsigned_types: set[DType] = set()  # the vectors wrapping integer ops are computed in need typedefs
+        self.vector_types: set[DType] = set()  # vectors the rules name beyond the kernel's dtypes: typedefs
+        self.masks: dict[UOp, tuple[str, int]] = {}  # a bool vector that is a compare's mask: (its name, lane bytes)
         self.has_local = any(u.op is Ops.SPECIAL and u.arg.startswith("lidx") for u in uops)
 
     def __getitem__(self, u: UOp) -> str:
@@ -240,7 +243,7 @@ def _c_alu(ctx: RenderContext[CStyleRenderer], x: UOp) -> str | None:
         return code(x.dtype, *srcs)
     # wraps as torch's ints: computed in unsigned, cast back (a shift's count stays as it is)
     wide = [f"(({ctx.ren.render_dtype(ut)}){a})" for a in (srcs[:1] if x.op is Ops.SHL else srcs)]
-    ctx.unsigned_types.add(ut)
+    ctx.vector_types.add(ut)
     return f"(({ctx.ren.render_dtype(x.dtype)}){code(ut, *wide, *srcs[len(wide) :])})"
 
 
@@ -269,16 +272,79 @@ def _c_bitcast(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp) -> Stmts:
     return Stmts(f"{to} {name}; {{ {frm} t_ = {ctx[a]}; __builtin_memcpy(&{name}, &t_, sizeof({name})); }}")
 
 
-def _c_vector_max(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp, b: UOp) -> Stmts:
-    """max of two vectors lane by lane with the scalar rule (a where a > b or a is NaN, else b: NaN wins). A vector
-    compare gives a mask of all-ones lanes, an int vector of the lanes' size; C (unlike C++) has no vector `?:`, so
-    the lanes are picked with & and | on the bits (a cast between vector types of one size keeps the bits)."""
-    va, vb, mask = ctx[a], ctx[b], ctx.new_name("mask")
-    keep_a = f"({va}>{vb})|({va}!={va})" if dtypes.is_float(x.dtype.scalar) else f"{va}>{vb}"
-    t, bits = ctx.ren.render_dtype(x.dtype), f"__typeof__({mask})"
-    return Stmts(
-        f"__typeof__({va}>{vb}) {mask} = {keep_a};\n{t} {ctx[x]} = ({t})(({mask}&({bits}){va})|(~{mask}&({bits}){vb}));"
+# the signed int of each lane width: a vector compare's lanes are all ones or zeros of its operands' width
+_MASK_INT = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+_COMPARE_C = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "=="}
+
+
+def _mask_type(ctx: RenderContext[CStyleRenderer], width: int, n: int) -> str:
+    dt = _MASK_INT[width].vec(n)
+    ctx.vector_types.add(dt)
+    return ctx.ren.render_dtype(dt)
+
+
+def _declare_mask(ctx: RenderContext[CStyleRenderer], x: UOp, width: int, mask: str) -> str:
+    """`T maskK = mask;` and the bool vector x as its 0/1 bytes (what stores, casts and lanes read; gcc drops them
+    where only the mask is used)"""
+    name, t = ctx.new_name("mask"), _mask_type(ctx, width, x.dtype.count)
+    ctx.masks[x] = (name, width)
+    return f"{t} {name} = ({t})({mask});\n{ctx.ren.render_dtype(x.dtype)} {ctx[x]} = " + (
+        f"__builtin_convertvector({name}&1, {ctx.ren.render_dtype(x.dtype)});"
     )
+
+
+def _mask_of(ctx: RenderContext[CStyleRenderer], c: UOp, width: int) -> str:
+    """The bool vector c as lanes of -1 or 0, `width` bytes each: a compare's own mask (sign-extended or truncated
+    to the width: -1 stays -1), else its bytes negated"""
+    t = _mask_type(ctx, width, c.dtype.count)
+    if (own := ctx.masks.get(c)) is not None:
+        return own[0] if own[1] == width else f"__builtin_convertvector({own[0]}, {t})"
+    return f"(-__builtin_convertvector({ctx[c]}, {t}))"
+
+
+def _blend(ctx: RenderContext[CStyleRenderer], x: UOp, mask: str, a: UOp, b: UOp) -> str:
+    """the lanes of a where mask is -1, of b where 0: & and | on the bits (C, unlike C++, has no vector `?:`; a cast
+    between vector types of one size keeps the bits)"""
+    t, bits = ctx.ren.render_dtype(x.dtype), _mask_type(ctx, x.dtype.scalar.itemsize, x.dtype.count)
+    return f"({t})(({mask}&({bits}){ctx[a]})|(~{mask}&({bits}){ctx[b]}))"
+
+
+def _c_vector_compare(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp, b: UOp) -> Stmts:
+    """a < b, a != b, a == b on vectors: gcc's vector compare (ordered as the scalar one: NaN != x only is true)"""
+    return Stmts(_declare_mask(ctx, x, a.dtype.scalar.itemsize, f"{ctx[a]}{_COMPARE_C[x.op]}{ctx[b]}"))
+
+
+def _c_vector_logic(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp, b: UOp) -> Stmts | None:
+    """and/or/xor of two bool vectors that are masks of one width: the op on the masks (-1/0 lanes stay -1/0)"""
+    ma, mb = ctx.masks.get(a), ctx.masks.get(b)
+    if ma is None or mb is None or ma[1] != mb[1]:
+        return None  # their bytes, by the plain rule
+    op = {Ops.AND: "&", Ops.OR: "|", Ops.XOR: "^"}[x.op]
+    return Stmts(_declare_mask(ctx, x, ma[1], f"{ma[0]}{op}{mb[0]}"))
+
+
+def _c_vector_where(ctx: RenderContext[CStyleRenderer], x: UOp, c: UOp, a: UOp, b: UOp) -> Stmts:
+    """c ? a : b on vectors: the condition as a mask of the values' lane width, a blend of the bits"""
+    mask = ctx.new_name("sel")
+    width = x.dtype.scalar.itemsize
+    return Stmts(
+        f"{_mask_type(ctx, width, x.dtype.count)} {mask} = {_mask_of(ctx, c, width)};\n"
+        f"{ctx.ren.render_dtype(x.dtype)} {ctx[x]} = {_blend(ctx, x, mask, a, b)};"
+    )
+
+
+def _c_vector_max(ctx: RenderContext[CStyleRenderer], x: UOp, a: UOp, b: UOp) -> Stmts:
+    """max of two vectors lane by lane with the reference's rule (b where b > a or b is NaN, else a: NaN wins, and a
+    tie is a, so max(-0, +0) is -0 as torch's): a vector compare's mask, a blend of the bits."""
+    va, vb, mask = ctx[a], ctx[b], ctx.new_name("mask")
+    take_b = f"({vb}>{va})|({vb}!={vb})" if dtypes.is_float(x.dtype.scalar) else f"{vb}>{va}"
+    t = _mask_type(ctx, x.dtype.scalar.itemsize, x.dtype.count)
+    value = f"{ctx.ren.render_dtype(x.dtype)} {ctx[x]} = {_blend(ctx, x, mask, b, a)};"
+    return Stmts(f"{t} {mask} = ({t})({take_b});\n{value}")
+
+
+def _has_half(x: UOp) -> bool:
+    return any(d.scalar in (dtypes.float16, dtypes.bfloat16) for d in (x.dtype, *(s.dtype for s in x.src)))
 
 
 def _same_c_type(x: UOp) -> bool:
@@ -295,8 +361,25 @@ _global_vector = UPat(
 _is_vector = lambda u: u.dtype.count > 1  # noqa: E731
 
 c_rules: list[tuple[UPat, Callable]] = [
-    # MAX(vector a, vector b) -> the lanes of a where a > b or a is NaN, else of b, by a mask (no vector ?: in C)
+    # MAX(vector a, vector b) -> the lanes of b where b > a or b is NaN, else of a, by a mask (no vector ?: in C)
     (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b")), name="x", custom=_is_vector), _c_vector_max),
+    # CMPLT/CMPNE/CMPEQ(vector a, vector b) -> mask = a<b (-1/0 lanes of a's width); the bool vector: mask&1
+    (UPat(GroupOp.Comparison, src=(UPat.var("a"), UPat.var("b")), name="x", custom=_is_vector), _c_vector_compare),
+    # AND/OR/XOR(mask a, mask b) of one width -> the op on the masks
+    (
+        UPat((Ops.AND, Ops.OR, Ops.XOR), src=(UPat.var("a"), UPat.var("b")), name="x", custom=_is_vector),
+        _c_vector_logic,
+    ),
+    # WHERE(vector c, a, b) -> (a & mask) | (b & ~mask), mask: c as -1/0 lanes of a's width
+    (
+        UPat(Ops.WHERE, src=(UPat.var("c"), UPat.var("a"), UPat.var("b")), name="x", custom=_is_vector),
+        _c_vector_where,
+    ),
+    # BITCAST of a vector to a vector of its size -> a vector cast (gcc keeps the bits)
+    (
+        UPat(Ops.BITCAST, src=(UPat.var("a"),), name="x", custom=_is_vector),
+        lambda ctx, a, x: f"(({ctx.ren.render_dtype(x.dtype)}){ctx[a]})",
+    ),
     (UPat(GroupOp.ALU, name="x"), _c_alu),
     # LOAD(INDEX(global, i)) of a vector -> memcpy into a zeroed vector
     (UPat(Ops.LOAD, src=(_global_vector,), allow_any_len=True, name="x", custom=_is_vector), _c_vector_load),
@@ -327,9 +410,10 @@ class CStyleRenderer(CFamilyRenderer):
     device = "CPU"
     kernel_prefix = ""
     prefetches = True  # __builtin_prefetch
-    # a vector's exp2 is one exp2f call per lane: as ALU ops gcc vectorizes it (x.exp() on (4096, 4096): 4x faster).
-    # log2 and trig stay calls: gcc leaves their polynomials' lanes (integer and bool ops, no C vectors) scalar
-    alu_transcendentals = frozenset({Ops.EXP2})
+    # a vector's exp2/log2/sin/cos/tan as ALU ops (codegen/transcendental.py), which gcc keeps as vectors now that
+    # their integer, compare and select steps are C vectors: a libm call per lane was the 3-4x ((4096, 4096), one
+    # process alternating with LLVM: x.exp() 4x, x.log() 3.8x -> 0.98x of LLVM's time, x.sin() 2.9x -> 1.5x)
+    alu_transcendentals = frozenset(GroupOp.Approximated)
     string_rewrite = PatternMatcher(c_rules + cfamily_rules)
     code_for_op: dict[Ops, Callable[..., str]] = {
         Ops.EXP2: _float_fn("exp2"),
@@ -347,7 +431,7 @@ class CStyleRenderer(CFamilyRenderer):
         Ops.FDIV: lambda dt, a, b: f"({a}/{b})",
         Ops.IDIV: lambda dt, a, b: f"({a}/{b})",
         Ops.MOD: lambda dt, a, b: f"({a}%{b})",
-        Ops.MAX: lambda dt, a, b: f"((({a}>{b}){_nan_wins(dt, a)})?{a}:{b})",
+        Ops.MAX: _c_max,
         Ops.CMPLT: lambda dt, a, b: f"({a}<{b})",
         Ops.CMPNE: lambda dt, a, b: f"({a}!={b})",
         Ops.CMPEQ: lambda dt, a, b: f"({a}=={b})",
@@ -368,14 +452,29 @@ class CStyleRenderer(CFamilyRenderer):
         return C_TYPES[dt]
 
     def keeps_vector(self, x: UOp) -> bool:
-        """gcc's vector extensions: arithmetic, conversions and max (a compare and a select by mask: `_c_vector_max`);
-        no bool vectors, so no vector compare or select of the kernel's own."""
-        if x.op is Ops.BITCAST and _same_c_type(x):  # bf16 <-> uint16: one vector type, nothing to do
-            return True
-        dts = [x.dtype.scalar] + [s.dtype.scalar for s in x.src]
-        if any(d in (dtypes.bool, dtypes.float16, dtypes.bfloat16) for d in dts):
+        """gcc's vector extensions: arithmetic, conversions, integer bits and shifts, compares (a mask of -1/0 lanes),
+        selects and max by mask (`_blend`); a bool vector is bytes of 0/1, so no arithmetic on it and no conversion to
+        it (a cast to bool is != 0, gcc's conversion truncates). Half floats stay lanes."""
+        if x.op is Ops.BITCAST:  # bf16 <-> uint16: one vector type, nothing to do; else a vector cast of one size
+            return _same_c_type(x) or (
+                x.src[0].dtype.count > 1 and x.dtype.itemsize == x.src[0].dtype.itemsize and not _has_half(x)
+            )
+        if _has_half(x) or any(s.dtype.count != x.dtype.count for s in x.src):
             return False
-        return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.CAST, Ops.MAX)
+        operands = [s.dtype.scalar for s in x.src]
+        if x.op in GroupOp.Comparison:
+            return True
+        if x.op is Ops.WHERE:
+            return True
+        if x.op is Ops.CAST:
+            return x.dtype.scalar != dtypes.bool
+        if x.op in (Ops.AND, Ops.OR, Ops.XOR):
+            return all(dtypes.is_int(d) or d == dtypes.bool for d in operands)
+        if x.op in (Ops.SHL, Ops.SHR):
+            return all(dtypes.is_int(d) for d in operands)
+        if dtypes.bool in operands:
+            return False
+        return x.op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.FDIV, Ops.NEG, Ops.MULACC, Ops.MAX)
 
     def render_typedefs(self, uops: list[UOp], extra: set[DType]) -> str:
         vecs = {u.dtype.base if isinstance(u.dtype, PtrDType) else u.dtype for u in uops} | extra
@@ -434,7 +533,7 @@ class CStyleRenderer(CFamilyRenderer):
         )
         code = (
             PRELUDE
-            + self.render_typedefs(uops, ctx.unsigned_types)
+            + self.render_typedefs(uops, ctx.vector_types)
             + f"void {self.kernel_prefix}{name}({', '.join(params)}) {{\n"
             + "\n".join(body)
             + "\n}\n"

@@ -45,14 +45,15 @@ def gpu_code_for_op(float_suffix: str) -> dict[Ops, Callable[..., str]]:
         # bool + is or, bool * is and
         return lambda dt, a, b: f"({a}{bool_sym if bool_sym and dt.scalar == dtypes.bool else sym}{b})"
 
-    def nan_wins(dt: DType, a: str) -> str:  # NaN wins, as numpy/torch's max
-        return f"||({a}!={a})" if dtypes.is_float(dt.scalar) else ""
+    def nan_wins(dt: DType, b: str) -> str:  # NaN wins, as numpy/torch's max
+        return f"||({b}!={b})" if dtypes.is_float(dt.scalar) else ""
 
     return {
         **{op: math_fn(op.name.lower()) for op in (Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.SQRT, Ops.TRUNC)},
         Ops.RECIPROCAL: lambda dt, a: f"(({'double' if dt.scalar == dtypes.float64 else 'float'})1/{a})",
         Ops.NEG: lambda dt, a: f"(!{a})" if dt.scalar == dtypes.bool else f"(-{a})",
-        Ops.MAX: lambda dt, a, b: f"((({a}>{b}){nan_wins(dt, a)})?{a}:{b})",
+        # the reference's max: b where b > a or b is NaN, else a (a tie is a: max(-0, +0) is -0, as torch's)
+        Ops.MAX: lambda dt, a, b: f"((({b}>{a}){nan_wins(dt, b)})?{b}:{a})",
         Ops.WHERE: lambda dt, c, a, b: f"({c}?{a}:{b})",
         Ops.MULACC: lambda dt, a, b, c: (
             f"fma{suffix(dt)}({a},{b},{c})" if dtypes.is_float(dt.scalar) else f"(({a}*{b})+{c})"

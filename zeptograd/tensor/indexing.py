@@ -14,11 +14,12 @@ torch's messages and ignore_index allowed: `check_label_bounds`, `check_one_hot_
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import dtypes, to_numpy_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast, uniform_const
 from zeptograd.tensor.helpers import broadcast_shape, iota_uop, normalize_axis
@@ -80,6 +81,40 @@ def _broadcast_uop(c: UOp, shape: tuple[int, ...]) -> UOp:
 
 def _show(x) -> str:
     return (variable.render_sint(x) or str(x)) if isinstance(x, UOp) else str(x)
+
+
+class _PointRun:
+    """The constant writes `t[box] = c` a pending write's value holds over `base`, its value before them: `top` is
+    that value; the writes are those in `hit` and `vals` (numpy arrays of t's shape: where and what; None before
+    the first compaction) and then `boxes` ((numpy index, constant), in order: a later write wins)."""
+
+    __slots__ = ("base", "top", "boxes", "hit", "vals")
+
+    def __init__(self, base: UOp):
+        self.base, self.top = base, base
+        self.boxes: list[tuple[tuple[slice, ...], object]] = []
+        self.hit: np.ndarray | None = None
+        self.vals: np.ndarray | None = None
+
+    def compact(self, shape: tuple[int, ...], dtype) -> tuple[np.ndarray, np.ndarray]:
+        """every write of the run as (where, what) arrays; the boxes are emptied into them"""
+        if self.hit is None or self.vals is None:
+            self.hit, self.vals = np.zeros(shape, np.bool_), np.zeros(shape, to_numpy_dtype(dtype))
+        for index, c in self.boxes:
+            self.hit[index], self.vals[index] = True, c
+        self.boxes = []
+        return self.hit, self.vals
+
+
+# each pending write (ASSIGN) made by a constant setitem -> the run of constant writes its value holds. Weak: a run
+# lives while its write is pending; a write made another way starts no run, so a run's claim about its key is true
+_point_runs: weakref.WeakKeyDictionary[UOp, _PointRun] = weakref.WeakKeyDictionary()
+
+
+def _run_length(t: Tensor) -> int:
+    """constant writes folded as selects before a run is compacted: at least 32, and one per 1024 elements, so a
+    compaction's O(numel) numpy work and copy cost O(1024) element writes per setitem"""
+    return max(32, t.numel() // 1024)
 
 
 class IndexMixin:
@@ -356,7 +391,7 @@ class IndexMixin:
         )
         if const is not None and int_bounds and all(s.n for s in sels):  # t[i] = c: no Tensor op, no assign walk
             if (mask := self._selection_mask(sels)) is not None:
-                self._assign_select(mask, _broadcast_uop(const, self.shape))
+                self._write_constant(mask, const, sels)
                 return
         v = T(const, device=self.device) if const is not None else v
         v = v.cast(self.dtype)._broadcast_to(out_shape)
@@ -369,6 +404,34 @@ class IndexMixin:
             self.assign(self._place_reading_self(v, sels, out_shape))
         else:
             self._write_where(mask_uop, v, sels, out_shape)
+
+    def _write_constant(self: Tensor, mask: UOp, const: UOp, sels: list[_DimSel]) -> None:
+        """t[box] = c folded into the pending write as a select over its value. A run of these on one pending write
+        is compacted every `_run_length(t)` writes: the run's boxes and constants become two buffers made here (where
+        it wrote, what), and the pending value one select of them over the value before the run (`_PointRun.base`).
+        So a loop of N constant writes leaves a kernel of fewer than `_run_length` selects, not N: the scheduler and
+        codegen walk a graph of bounded size, and the kernel is compiled once for every N (the buffers are inputs)."""
+        run = _point_runs.pop(self.uop, None)
+        box = (tuple(slice(s.lo, s.hi, s.step) for s in sels), const.arg)
+        if run is not None and len(run.boxes) + 1 >= _run_length(self) and self.dtype != dtypes.bfloat16:
+            run.boxes.append(box)
+            hit, vals = run.compact(self.shape, self.dtype)
+            T = type(self)
+            hit_uop, vals_uop = T(hit, device=self.device).uop, T(vals, device=self.device, dtype=self.dtype).uop
+            self._assign_select(hit_uop, vals_uop, under=run.base)
+            value = self.uop.src[1] if self.uop.op is Ops.ASSIGN else None
+            if value is not None and value.src == (hit_uop, vals_uop, run.base):  # (else the run ends here)
+                run.top, _point_runs[self.uop] = value, run
+            return
+        placed = _broadcast_uop(const, self.shape)
+        self._assign_select(mask, placed)
+        value = self.uop.src[1] if self.uop.op is Ops.ASSIGN else None
+        if value is None or value.op is not Ops.WHERE or value.src[:2] != (mask, placed):
+            return  # not a select over the value before it (a write that needs a copy first): no run
+        if run is None or value.src[2] is not run.top:  # a run starts: the value before it is what this selects over
+            run = _PointRun(value.src[2])
+        run.boxes.append(box)
+        run.top, _point_runs[self.uop] = value, run
 
     def _write_where(self: Tensor, mask: UOp, v: Tensor, sels: list[_DimSel], out_shape: tuple) -> None:
         """self.assign(where(mask, v placed, self)) for a basic index with int bounds, v of the indexed shape and

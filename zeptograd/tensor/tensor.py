@@ -406,9 +406,11 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             _grad_uops.add(self.uop)
         return self
 
-    def _assign_select(self, mask: UOp, value: UOp) -> Tensor:
-        """self.assign(where(mask, value, self)) for a mask and value of self's shape that read no memory (positions
-        and constants: setitem's `t[i] = c`). Where self is a pending write (a loop of setitems after the first),
+    def _assign_select(self, mask: UOp, value: UOp, under: UOp | None = None) -> Tensor:
+        """self.assign(where(mask, value, self)) for a mask and value of self's shape that read no memory but their
+        own (positions and constants: setitem's `t[i] = c`; or buffers of them: `under`, the value the pending write
+        had before writes that mask and value stand for, replaces the pending value below the select: setitem's
+        compacted run). Where self is a pending write (a loop of setitems after the first),
         the select over that write's value is the folded write, built without assign's walks: it reads the target
         only elementwise at the element it writes, and none of its new nodes can hold a realized buffer (a realized
         copy of a constant holds the same values). Nor are they marked clean (note_built): the next walk that meets
@@ -424,7 +426,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             or pending in _grad_uops
         ):
             return self.assign(self._new(UOp(Ops.WHERE, self.dtype, (mask, value, pending))))
-        folded = UOp(Ops.WHERE, self.dtype, (mask, value, pending.src[1]))
+        folded = UOp(Ops.WHERE, self.dtype, (mask, value, pending.src[1] if under is None else under))
         self.uop = UOp(Ops.ASSIGN, self.dtype, (pending.src[0], folded), next(_assign_ids))
         note_pending_write(self)
         note_superseded(pending, self.uop)
