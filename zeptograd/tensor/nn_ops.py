@@ -148,7 +148,7 @@ class NNMixin:
                 f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})"
             )
 
-        def forward(x: Tensor, weight: Tensor) -> Tensor:
+        def forward(x: Tensor, weight: Tensor, pads: list) -> Tensor:
             bs = x.shape[0]  # x's: the gradient rule runs it on each device's part of a split batch (tensor/multi.py)
             x = x.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
             rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
@@ -175,11 +175,14 @@ class NNMixin:
             ]
             # the gradient stored first: windows over computed values would recompute them per window position
             dx = _transposed_conv(g.contiguous(), weight, None, groups, stride, dilation, pads, out_pad, True)
-            dw = compute_gradient(forward(x.detach(), weight).uop, g, {weight.uop})[weight.uop]
+            xw, xw_pads = x.detach(), pads
+            if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
+                xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
+            dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
             return dx.cast(x.dtype), dw
 
         pads = resolve_pool_pads(padding, len(hw))
-        ret = forward(self, weight)
+        ret = forward(self, weight, pads)
         if all(
             pb <= d * (k - 1) and pa <= d * (k - 1)
             for k, d, (pb, pa) in zip(hw, make_tuple(dilation, len(hw)), flat_to_grouped(pads))
@@ -579,6 +582,19 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple) -
     if strides[-1] <= 1 or not all(isinstance(v, int) for v in sizes):
         return False
     return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
+
+
+def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_shape: tuple) -> bool:
+    """Whether a conv's weight gradient reads its input from a padded copy rather than through the pad's gates: its
+    reduce runs over the output positions, so each gate is a mask built in the inner loop (the expander's vector
+    lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
+    register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
+    that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
+    75 -> 41 ms, the copy ~2 ms)."""
+    if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
+        return False
+    sizes = (*out_shape, *wshape[1:])
+    return all(isinstance(v, int) for v in sizes) and math.prod(sizes) >= CHANNELS_LAST_MIN_MACS
 
 
 def _stored_output_channels_last(weight: Tensor, groups: int) -> Tensor:
