@@ -119,3 +119,23 @@ def test_a_small_conv_weight_gradient_reads_the_input_through_its_gates():
     w = Tensor(rng.standard_normal((8, 8, 3, 3), dtype=np.float32), requires_grad=True)
     (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor(rng.standard_normal((2, 8, 16, 16), dtype=np.float32)))
     assert len([it for it in gw.schedule() if it.ast.op is Ops.SINK]) == 1
+
+
+def test_the_input_gradient_stores_the_output_gradient_padded_once():
+    """A stride-1 conv's input gradient (a transposed conv) stores the output's gradient once, already padded as the
+    transposed conv reads it: one kernel, no unpadded copy padded again by the scheduler, and the conv reads it with
+    no gate. Values against torch."""
+    import torch
+
+    xn, wn = rng.standard_normal((2, 4, 10, 10), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    gn = rng.standard_normal((2, 6, 10, 10), dtype=np.float32)
+    x = Tensor(xn, requires_grad=True)
+    (gx,) = x.conv2d(Tensor(wn), padding=1).gradient(x, gradient=Tensor(gn))
+    items = [it for it in gx.schedule() if it.ast.op is Ops.SINK]
+    sizes = sorted(it.bufs[0].size for it in items)
+    assert sizes == [6 * 4 * 3 * 3, 2 * 4 * 10 * 10, 2 * 6 * 12 * 12]  # flipped weight, dx, the padded gradient
+    conv = next(it for it in items if it.bufs[0].size == 2 * 4 * 10 * 10)
+    assert not [u for u in conv.ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
+    tx = torch.from_numpy(xn).requires_grad_()
+    torch.nn.functional.conv2d(tx, torch.from_numpy(wn), padding=1).backward(torch.from_numpy(gn))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)

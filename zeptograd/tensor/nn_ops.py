@@ -173,8 +173,10 @@ class NNMixin:
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
                 for i, o, k, s, d, (pb, pa) in zip(x.shape[2:], out.shape[2:], hw, strides, dils, grouped)
             ]
-            # the gradient stored first: windows over computed values would recompute them per window position
-            dx = _transposed_conv(g.contiguous(), weight, None, groups, stride, dilation, pads, out_pad, True)
+            # the gradient stored first (windows over computed values would recompute them per window position),
+            # padded as the transposed conv reads it where the stride inserts no zeros: one kernel writes it, and
+            # the conv reads it with no gate (stored, then copied padded by the scheduler: two passes)
+            dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
             xw, xw_pads = x.detach(), pads
             if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
@@ -608,8 +610,9 @@ def _stored_output_channels_last(weight: Tensor, groups: int) -> Tensor:
 def _transposed_conv(
     x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
 ) -> Tensor:
-    """conv_transpose2d as a conv2d; weight_copy: the flipped weight stored first (conv2d's gradient), since its
-    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop."""
+    """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
+    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
+    x (the output's gradient) stored, padded already where the stride is 1."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     w = w.contiguous() if weight_copy else w
@@ -621,6 +624,10 @@ def _transposed_conv(
         for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
     ]
     strides = make_tuple(stride, len(hw))
+    if weight_copy and all(s == 1 for s in strides):
+        x, pads = x.pad(pads).contiguous(), [0] * len(pads)
+    elif weight_copy:
+        x = x.contiguous()
     if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
         x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
         x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
