@@ -27,11 +27,12 @@ AVX2), a gated vector load beside an ungated one (a conv vectorized along its ou
 peeled at any width: there each masked load costs a mask built from compares, packs and shifts in every iteration and a
 vmaskmov (a third of the inner loop's instructions), and a register tile's masks spill (one core of an AVX2 host,
 (8,64,56,56)x(64,64,3,3) pad 1: 8 channels x 1 vector 69 -> 44 ms, the window tile of codegen/opt/heuristic.py 44 -> 32
-ms; its code generation 0.19 -> 0.35 s). A gated load that is a broadcast across the vector lanes (a stride-2 conv
-vectorized along its output channels: one input value per row of the tile, each gated by a branch) is peeled at any
-width, along the gates that differ between the tile's copies (the output columns): the kernel of
-(8,64,56,56)x(128,64,3,3) stride 2 ~12% faster (process time, one core), compiled in ~2x the time. CPU only: on a GPU a
-gate is a predicate per thread, and extra loop nests would run on one thread.
+ms). Only along the gates that differ across the lanes (the output columns' loop: 3 nests, not 5): the rows' gates too
+were as fast within the noise and took 2.4 s to compile against 1.6 (0.6 s unpeeled). A gated load that is a broadcast
+across the vector lanes (a stride-2 conv vectorized along its output channels: one input value per row of the tile, each
+gated by a branch) is peeled at any width, along the gates that differ between the tile's copies (the output columns):
+the kernel of (8,64,56,56)x(128,64,3,3) stride 2 ~12% faster (process time, one core), compiled in ~2x the time. CPU
+only: on a GPU a gate is a predicate per thread, and extra loop nests would run on one thread.
 
 A gate `a < b` holds for every value of the other ranges when `coef*r + rest < 0` at rest's largest value, with
 `a - b = coef*r + rest` (r linear; value ranges give rest's bounds); `!(a < b)` at rest's smallest.
@@ -116,7 +117,9 @@ def window_gates(
         gated = [u for u, ts in zip(moving, terms) if ts]
         ungated = len(gated) < len(moving)  # (a conv's weight)
         if gated and ungated and built_masks and vectors and all(vectors & set(u.src[0].toposort()) for u in gated):
-            out.extend(t for ts in terms for t in ts)  # masked vector loads: every window gate
+            # masked vector loads: the gates that differ across the lanes (the output columns' loop), the ones built
+            # from compares in every iteration; a row's gate is one compare per row, not worth a compile-time copy
+            out.extend(t for ts in terms for t in ts if vectors & set(t.toposort()))
             continue
         if gated and vectors and all(not vectors & set(u.src[0].toposort()) for u in gated):
             # broadcasts: only the gates that differ between the tile's copies (a branch each); one that moves with
