@@ -17,8 +17,9 @@ os.environ.setdefault("POCL_CACHE_DIR", os.path.join(tempfile.gettempdir(), "zep
 import zeptograd.codegen as codegen  # noqa: E402
 from zeptograd import Context, Device, Tensor  # noqa: E402
 from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
+from zeptograd.codegen.expander import vector_ranges  # noqa: E402
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations  # noqa: E402
-from zeptograd.codegen.peel import peel_borders, true_interval  # noqa: E402
+from zeptograd.codegen.peel import MAX_LANES, lanes, peel_borders, true_interval  # noqa: E402
 from zeptograd.renderer.cstyle import CStyleRenderer  # noqa: E402
 from zeptograd.uop.ops import AxisType, Ops, UOp  # noqa: E402
 from zeptograd.uop.symbolic import symbolic  # noqa: E402
@@ -119,13 +120,29 @@ def test_pool_code_before_and_after():
 
 
 @pytest.mark.slow
-def test_a_conv_is_not_peeled():
-    """Each gated input load meets an ungated weight load: the multiply-adds hide the gate (measured), so the border
-    copies would only cost compile time."""
+def test_a_conv_is_not_peeled_where_masks_are_registers():
+    """With AVX-512's mask registers each gated input load meets an ungated weight load: the multiply-adds hide the
+    gate (measured), so the border copies would only cost compile time."""
     x, w = Tensor(randn(1, 4, 20, 20)), Tensor(randn(8, 4, 3, 3))
     (item,) = x.conv2d(w, padding=1).schedule()
-    sink, _ = hand_coded_optimizations(graph_rewrite(item.ast, symbolic))
-    assert peel_borders(sink) is sink
+    sink, _ = hand_coded_optimizations(graph_rewrite(item.ast, symbolic), 64)
+    assert peel_borders(sink, 64) is sink
+
+
+@pytest.mark.slow
+def test_a_conv_is_peeled_where_masks_are_built():
+    """With AVX2 (no mask registers) each masked input load costs a mask built in the inner loop: the conv's loop of
+    output column vectors is split into border and interior parts at the register tile's width, and the interior's
+    loads have no mask (its rows' gates, one compare per row, stay)."""
+    x, w = Tensor(randn(1, 4, 20, 40)), Tensor(randn(8, 4, 3, 3))
+    (item,) = x.conv2d(w, padding=1).schedule()
+    sink, _ = hand_coded_optimizations(graph_rewrite(item.ast, symbolic), 32)
+    assert lanes(sink) > MAX_LANES  # (the window tile: wider than a pool's nest may be)
+    peeled = peel_borders(sink, 32)
+    assert len(peeled.src) == 3  # the output columns: border, interior, border
+    lanes_ = vector_ranges(peeled, 32)  # the ranges the expander makes vector lanes (the 8 output columns)
+    lane_gated = [[u for u in gated_loads(nest) if lanes_ & set(u.src[0].src[2].toposort())] for nest in peeled.src]
+    assert [bool(g) for g in lane_gated] == [True, False, True]  # the interior's loads: no mask across the lanes
 
 
 def test_a_narrow_window_is_not_peeled():
@@ -200,6 +217,9 @@ CASES = [
     ("avg", dict(kernel_size=3, stride=1, padding=1), (2, 3, 21, 37), None),
     ("avg", dict(kernel_size=5, stride=1, padding=2), (2, 3, 21, 37), None),
     ("avg", dict(kernel_size=3, stride=2, padding=1, count_include_pad=False), (2, 3, 21, 37), None),
+    # the window tile (codegen/opt/heuristic.py: 4 output rows x 2 channels, the window's rows unrolled), peeled
+    ("conv", dict(stride=1, padding=1), (2, 6, 14, 24), (6, 6, 3, 3)),
+    ("conv", dict(stride=1, padding=1), (1, 3, 12, 56), (5, 3, 3, 3)),
 ]
 
 

@@ -95,3 +95,36 @@ def test_a_linear_tile_keeps_to_the_registers(simd_bytes, rows):
     )
     _, opts = hand_coded_optimizations(_reduce_kernel((x.unsqueeze(-2) * w).sum(-1)), simd_bytes, threads=1)
     assert [o.arg for o in opts if o.op is OptOps.UPCAST][:2] == [2, rows]
+
+
+@pytest.mark.parametrize("simd_bytes", [32, 64])
+def test_a_3x3_conv_tiles_output_rows_sharing_the_window_rows_loads(simd_bytes):
+    """A 3x3 conv vectorized along its 56 output columns (7 vectors of 8 lanes: no second vector column): the tile
+    takes its columns along the output rows instead (4 rows, each a vector load of the input) x 2 output channels
+    (each weight broadcast feeds the 4 rows), and unrolls the window's 3 rows, so 4 output rows read 6 input rows,
+    not 12. Before: 8 output channels x 1 vector, 9 loads per 8 multiply-adds."""
+    x = Tensor(rng.standard_normal((2, 16, 56, 56), dtype=np.float32))
+    w = Tensor(rng.standard_normal((16, 16, 3, 3), dtype=np.float32))
+    ast = _reduce_kernel(x.conv2d(w, padding=1))  # axes: n, cout, oh, ow, cin, kh, kw
+    _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
+    assert opts[:4] == [
+        Opt(OptOps.UPCAST, 3, 8),  # the vector: 8 output columns
+        Opt(OptOps.UPCAST, 2, 4),  # the tile's columns: 4 output rows
+        Opt(OptOps.UPCAST, 1, 2),  # its rows: 2 output channels
+        Opt(OptOps.UNROLL, 5, 3),  # the window's rows, whole
+    ]
+    renderer = LLVMRenderer(simd_bytes=64)  # (no peeling there: one loop nest)
+    uops, _ = full_rewrite(ast, renderer, opts)
+    src = renderer.render(kernel_name(ast), uops).src
+    input_loads = re.findall(r"call <8 x float> @llvm\.masked\.load\.v8f32", src)
+    fmas = re.findall(r"call <8 x float> @llvm\.fma\.v8f32", src)
+    assert (len(input_loads), len(fmas)) == (6, 24)  # per input channel and window column
+
+
+def test_window_tile_values_match_torch():
+    import torch
+
+    for xs, ws in (((2, 6, 14, 24), (6, 6, 3, 3)), ((1, 3, 12, 56), (5, 3, 3, 3))):  # 3 vectors; 7, a channel tail
+        xn, wn = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
+        want = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), padding=1).numpy()
+        np.testing.assert_allclose(Tensor(xn).conv2d(Tensor(wn), padding=1).numpy(), want, rtol=1e-4, atol=1e-4)

@@ -90,3 +90,52 @@ def test_non_overlapping_pool_gradient_works_on_the_input():
     items = x.grad.schedule()
     assert max(item.bufs[0].size for item in items) <= 64 * 16 * 8 * 8
     assert max(iterations(item) for item in items) <= 64 * 16 * 8 * 8
+
+
+def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
+    """The weight gradient of a padded conv large enough (CHANNELS_LAST_MIN_MACS) reads its input from a padded
+    copy: its reduce runs over the output positions, so each pad gate would be a vector mask built in the inner loop
+    (tensor/nn_ops.py: _padded_input_for_weight_gradient). The copy is one kernel writing the padded input; the weight
+    gradient's kernel reads nothing through a gate; values against torch."""
+    import torch
+
+    xn = rng.standard_normal((2, 64, 32, 32), dtype=np.float32)  # 2*64*32*32 outputs x 64*9: 75M multiply-adds
+    wn = rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.1
+    gn = rng.standard_normal((2, 64, 32, 32), dtype=np.float32)
+    x, w = Tensor(xn), Tensor(wn, requires_grad=True)
+    (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor(gn))
+    items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
+    assert [it.bufs[0].size for it in items] == [2 * 64 * 34 * 34, 64 * 64 * 3 * 3]  # the padded copy, dw
+    gated = [u for u in items[-1].ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
+    assert not gated
+    tx, tw = torch.from_numpy(xn), torch.from_numpy(wn).requires_grad_()
+    torch.nn.functional.conv2d(tx, tw, padding=1).backward(torch.from_numpy(gn))
+    np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
+def test_a_small_conv_weight_gradient_reads_the_input_through_its_gates():
+    """Below CHANNELS_LAST_MIN_MACS the copy's kernel would cost more than the gates: one kernel."""
+    x = Tensor(rng.standard_normal((2, 8, 16, 16), dtype=np.float32))
+    w = Tensor(rng.standard_normal((8, 8, 3, 3), dtype=np.float32), requires_grad=True)
+    (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor(rng.standard_normal((2, 8, 16, 16), dtype=np.float32)))
+    assert len([it for it in gw.schedule() if it.ast.op is Ops.SINK]) == 1
+
+
+def test_the_input_gradient_stores_the_output_gradient_padded_once():
+    """A stride-1 conv's input gradient (a transposed conv) stores the output's gradient once, already padded as the
+    transposed conv reads it: one kernel, no unpadded copy padded again by the scheduler, and the conv reads it with
+    no gate. Values against torch."""
+    import torch
+
+    xn, wn = rng.standard_normal((2, 4, 10, 10), dtype=np.float32), rng.standard_normal((6, 4, 3, 3), dtype=np.float32)
+    gn = rng.standard_normal((2, 6, 10, 10), dtype=np.float32)
+    x = Tensor(xn, requires_grad=True)
+    (gx,) = x.conv2d(Tensor(wn), padding=1).gradient(x, gradient=Tensor(gn))
+    items = [it for it in gx.schedule() if it.ast.op is Ops.SINK]
+    sizes = sorted(it.bufs[0].size for it in items)
+    assert sizes == [6 * 4 * 3 * 3, 2 * 4 * 10 * 10, 2 * 6 * 12 * 12]  # flipped weight, dx, the padded gradient
+    conv = next(it for it in items if it.bufs[0].size == 2 * 4 * 10 * 10)
+    assert not [u for u in conv.ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
+    tx = torch.from_numpy(xn).requires_grad_()
+    torch.nn.functional.conv2d(tx, torch.from_numpy(wn), padding=1).backward(torch.from_numpy(gn))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)

@@ -16,17 +16,23 @@ parts run one after another (linearize: a kernel's nests in SINK order), each wi
 binds (as a tail, codegen/opt/tail.py); a border of one iteration is a constant. The interior part is peeled again on
 its next range (at most MAX_PEELS ranges per nest): a 2-D window has 5 parts.
 
-When it pays (measured on (8,64,56,56)): where every load that moves with a reduce is window-gated (pooling: the
-gate and the mask are most of the work per element; avg_pool2d up to 1.4x, max_pool2d ~1.1x, noisy). Not where a
-gated load meets an ungated one (a conv's weight): there the second load and the multiply-adds hide the gate, which
+When it pays (measured on (8,64,56,56)): where every load that moves with a reduce is window-gated (pooling: the gate
+and the mask are most of the work per element; avg_pool2d up to 1.4x, max_pool2d ~1.1x, noisy). With AVX-512, not where
+a gated load meets an ungated one (a conv's weight): there the second load and the multiply-adds hide the gate, which
 LLVM turns into one masked load (AVX-512 mask registers), and the border copies only double the compile time. The
-interior must also hold at least half of the range, so the copies pay for themselves, and a nest expanded to more
-than MAX_LANES lanes (a register tile of 8 rows x 2 vectors: 256) is left whole: its three copies doubled a pool's
-compile time (0.45 -> 1.2 s) for a gain lost in the noise. A gated load that is a broadcast across the vector lanes
-(a stride-2 conv vectorized along its output channels: one input value per row of the tile, each gated by a branch)
-is peeled at any width, along the gates that differ between the tile's copies (the output columns): the kernel of
-(8,64,56,56)x(128,64,3,3) stride 2 ~12% faster (process time, one core), compiled in ~2x the time. CPU only: on a
-GPU a gate is a predicate per thread, and extra loop nests would run on one thread.
+interior must also hold at least half of the range, so the copies pay for themselves, and a nest expanded to more than
+MAX_LANES lanes (a register tile of 8 rows x 2 vectors: 256) is left whole: its three copies doubled a pool's compile
+time (0.45 -> 1.2 s) for a gain lost in the noise. On a target without mask registers (vectors narrower than 64 bytes:
+AVX2), a gated vector load beside an ungated one (a conv vectorized along its output columns, the weight broadcast) is
+peeled at any width: there each masked load costs a mask built from compares, packs and shifts in every iteration and a
+vmaskmov (a third of the inner loop's instructions), and a register tile's masks spill (one core of an AVX2 host,
+(8,64,56,56)x(64,64,3,3) pad 1: 8 channels x 1 vector 69 -> 44 ms, the window tile of codegen/opt/heuristic.py 44 -> 32
+ms). Only along the gates that differ across the lanes (the output columns' loop: 3 nests, not 5): the rows' gates too
+were as fast within the noise and took 2.4 s to compile against 1.6 (0.6 s unpeeled). A gated load that is a broadcast
+across the vector lanes (a stride-2 conv vectorized along its output channels: one input value per row of the tile, each
+gated by a branch) is peeled at any width, along the gates that differ between the tile's copies (the output columns):
+the kernel of (8,64,56,56)x(128,64,3,3) stride 2 ~12% faster (process time, one core), compiled in ~2x the time. CPU
+only: on a GPU a gate is a predicate per thread, and extra loop nests would run on one thread.
 
 A gate `a < b` holds for every value of the other ranges when `coef*r + rest < 0` at rest's largest value, with
 `a - b = coef*r + rest` (r linear; value ranges give rest's bounds); `!(a < b)` at rest's smallest.
@@ -44,6 +50,7 @@ from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substi
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 MAX_PEELS = 2  # ranges peeled per loop nest (each one adds two border copies of the nest)
+MASK_REGISTER_BYTES = 64  # AVX-512's vectors: a gate is a mask register, narrower targets build it from compares
 MAX_LANES = 32  # a nest expanded to more lanes (a register tile) is not copied: compile time, for little gain
 _COPIES = (AxisType.UPCAST, AxisType.UNROLL)  # the ranges the expander makes lanes or copies of the body
 
@@ -77,13 +84,20 @@ def true_interval(term: UOp, r: UOp, n: int) -> tuple[int, int] | None:
     return (-(rest.vmin // coef), n) if coef > 0 else (0, rest.vmin // -coef + 1)  # coef*r >= -min(rest)
 
 
-def window_gates(nest: UOp, r: UOp, vectors: frozenset[UOp] = frozenset(), broadcast_only: bool = False) -> list[UOp]:
+def window_gates(
+    nest: UOp,
+    r: UOp,
+    vectors: frozenset[UOp] = frozenset(),
+    broadcast_only: bool = False,
+    built_masks: bool = False,
+) -> list[UOp]:
     """The conjuncts that move with r and with a reduce's range, of the gates on the loads inside that reduce, when
     every load that moves with the reduce is gated (pooling: the gate is most of the work per element), or when the
     gated ones are broadcasts across the vector lanes (their index uses none of `vectors`: a conv vectorized along its
-    output channels reads one input value per row of its register tile, and each gate is a branch per row). Not when
-    a gated vector load meets an ungated one (a conv's weight, vectorized along the output's columns): there the
-    second load and the multiply-add hide the gate, which LLVM turns into one masked load."""
+    output channels reads one input value per row of its register tile, and each gate is a branch per row). When a
+    gated vector load meets an ungated one (a conv's weight, vectorized along the output's columns), only where the
+    target builds each mask from compares (`built_masks`: no mask registers); with AVX-512's mask registers the second
+    load and the multiply-add hide the gate, which LLVM turns into one masked load."""
     out: list[UOp] = []
     for red in nest.toposort():
         if red.op is not Ops.REDUCE:
@@ -101,6 +115,12 @@ def window_gates(nest: UOp, r: UOp, vectors: frozenset[UOp] = frozenset(), broad
             out.extend(t for ts in terms for t in ts)
             continue
         gated = [u for u, ts in zip(moving, terms) if ts]
+        ungated = len(gated) < len(moving)  # (a conv's weight)
+        if gated and ungated and built_masks and vectors and all(vectors & set(u.src[0].toposort()) for u in gated):
+            # masked vector loads: the gates that differ across the lanes (the output columns' loop), the ones built
+            # from compares in every iteration; a row's gate is one compare per row, not worth a compile-time copy
+            out.extend(t for ts in terms for t in ts if vectors & set(t.toposort()))
+            continue
         if gated and vectors and all(not vectors & set(u.src[0].toposort()) for u in gated):
             # broadcasts: only the gates that differ between the tile's copies (a branch each); one that moves with
             # loops alone (a conv's row gate, 2*oh + kh - 1 >= 0) is one predictable branch for all of them
@@ -111,11 +131,11 @@ def window_gates(nest: UOp, r: UOp, vectors: frozenset[UOp] = frozenset(), broad
 
 
 def interior(
-    nest: UOp, r: UOp, vectors: frozenset[UOp] = frozenset(), broadcast_only: bool = False
+    nest: UOp, r: UOp, vectors: frozenset[UOp] = frozenset(), broadcast_only: bool = False, built_masks: bool = False
 ) -> tuple[int, int] | None:
     """Where every window gate using r holds, if that is a proper part of r holding at least half of it."""
     n = r.src[0].arg
-    gates = window_gates(nest, r, vectors, broadcast_only)
+    gates = window_gates(nest, r, vectors, broadcast_only, built_masks)
     lo, hi = 0, n
     for t in gates:
         if (iv := true_interval(t, r, n)) is not None:
@@ -162,6 +182,7 @@ def peel_borders(sink: UOp, max_vec_bytes: int = 64) -> UOp:
     if sink.op is not Ops.SINK or not any(u.op is Ops.LOAD and len(u.src[0].src) > 2 for u in sink.toposort()):
         return sink
     vectors = vector_ranges(sink, max_vec_bytes)
+    built_masks = max_vec_bytes < MASK_REGISTER_BYTES
     next_id = max((u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE), default=-1) + 1
     out: list[UOp] = []
     work = [(nest, 0) for nest in sink.src]
@@ -169,14 +190,15 @@ def peel_borders(sink: UOp, max_vec_bytes: int = 64) -> UOp:
         nest, peeled = work.pop(0)
         cut = None
         if nest.op is Ops.END and peeled < MAX_PEELS:
-            # a register tile wider than MAX_LANES is copied only for broadcast gates, a branch per row
+            # a register tile wider than MAX_LANES is copied only for broadcast gates, a branch per row, or for
+            # masks the target builds
             wide = lanes(nest) > MAX_LANES
             for r in nest.src[1:]:
                 if (
                     r.op is Ops.RANGE
                     and r.arg[1] is AxisType.LOOP
                     and r.src[0].op is Ops.CONST
-                    and (cut := interior(nest, r, vectors, wide)) is not None
+                    and (cut := interior(nest, r, vectors, wide, built_masks)) is not None
                 ):
                     break
         if cut is None:

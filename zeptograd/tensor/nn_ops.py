@@ -148,7 +148,7 @@ class NNMixin:
                 f"with groups={groups} (input channels {cin_}, weight expects {groups * cin})"
             )
 
-        def forward(x: Tensor, weight: Tensor) -> Tensor:
+        def forward(x: Tensor, weight: Tensor, pads: list) -> Tensor:
             bs = x.shape[0]  # x's: the gradient rule runs it on each device's part of a split batch (tensor/multi.py)
             x = x.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_, *out, *hw)
             rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
@@ -173,13 +173,18 @@ class NNMixin:
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
                 for i, o, k, s, d, (pb, pa) in zip(x.shape[2:], out.shape[2:], hw, strides, dils, grouped)
             ]
-            # the gradient stored first: windows over computed values would recompute them per window position
-            dx = _transposed_conv(g.contiguous(), weight, None, groups, stride, dilation, pads, out_pad, True)
-            dw = compute_gradient(forward(x.detach(), weight).uop, g, {weight.uop})[weight.uop]
+            # the gradient stored first (windows over computed values would recompute them per window position),
+            # padded as the transposed conv reads it where the stride inserts no zeros: one kernel writes it, and
+            # the conv reads it with no gate (stored, then copied padded by the scheduler: two passes)
+            dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
+            xw, xw_pads = x.detach(), pads
+            if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
+                xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
+            dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
             return dx.cast(x.dtype), dw
 
         pads = resolve_pool_pads(padding, len(hw))
-        ret = forward(self, weight)
+        ret = forward(self, weight, pads)
         if all(
             pb <= d * (k - 1) and pa <= d * (k - 1)
             for k, d, (pb, pa) in zip(hw, make_tuple(dilation, len(hw)), flat_to_grouped(pads))
@@ -581,6 +586,19 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple) -
     return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
 
 
+def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_shape: tuple) -> bool:
+    """Whether a conv's weight gradient reads its input from a padded copy rather than through the pad's gates: its
+    reduce runs over the output positions, so each gate is a mask built in the inner loop (the expander's vector
+    lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
+    register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
+    that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
+    75 -> 41 ms, the copy ~2 ms)."""
+    if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
+        return False
+    sizes = (*out_shape, *wshape[1:])
+    return all(isinstance(v, int) for v in sizes) and math.prod(sizes) >= CHANNELS_LAST_MIN_MACS
+
+
 def _stored_output_channels_last(weight: Tensor, groups: int) -> Tensor:
     """The same weight, (cout, cin, *hw), read from a copy laid out as (groups, cin, *hw, cout per group)."""
     cout, nd = weight.shape[0], weight.ndim
@@ -592,8 +610,9 @@ def _stored_output_channels_last(weight: Tensor, groups: int) -> Tensor:
 def _transposed_conv(
     x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
 ) -> Tensor:
-    """conv_transpose2d as a conv2d; weight_copy: the flipped weight stored first (conv2d's gradient), since its
-    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop."""
+    """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
+    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
+    x (the output's gradient) stored, padded already where the stride is 1."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     w = w.contiguous() if weight_copy else w
@@ -605,6 +624,10 @@ def _transposed_conv(
         for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
     ]
     strides = make_tuple(stride, len(hw))
+    if weight_copy and all(s == 1 for s in strides):
+        x, pads = x.pad(pads).contiguous(), [0] * len(pads)
+    elif weight_copy:
+        x = x.contiguous()
     if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
         x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
         x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
