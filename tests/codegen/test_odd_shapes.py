@@ -151,3 +151,28 @@ def test_odd_vector_matmuls_match_numpy(device, noopt, shape):
     with Context(NOOPT=noopt):
         got = (Tensor(an, device=device) @ Tensor(bn, device=device)).numpy()
     np.testing.assert_allclose(got, an @ bn, rtol=1e-4, atol=1e-4)
+
+
+# ***** B's rows 2 KiB apart: a column block's walk down K in a few cache sets, read from column panels *****
+
+
+@pytest.mark.parametrize(
+    "shape,panels",
+    [((512, 512, 512), True), ((512, 384, 512), True), ((256, 512, 512), False), ((512, 256, 512), False)],
+)
+def test_a_2kib_row_stride_with_many_rows_and_depth_reads_column_panels(shape, panels):
+    m, k, n = shape
+    a, b = Tensor(rng.standard_normal((m, k), dtype=np.float32)), Tensor(rng.standard_normal((k, n), dtype=np.float32))
+    assert len(kernels(a @ b)) == (2 if panels else 1)  # B's copy in panels of 32 columns, then the matmul
+    if panels:  # the tile takes a whole panel and steps through the panels outside the row tiles
+        (_, ast) = kernels(a @ b)
+        _, opts = hand_coded_optimizations(ranges_simplified(ast), 32, threads=1)
+        assert [o.arg for o in opts if o.op is OptOps.UPCAST] == [8, 4, 3]
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_a_512_matmul_from_panels_matches_numpy(device):
+    an, bn = rng.standard_normal((512, 300), dtype=np.float32), rng.standard_normal((300, 512), dtype=np.float32)
+    np.testing.assert_allclose(
+        (Tensor(an, device=device) @ Tensor(bn, device=device)).numpy(), an @ bn, rtol=1e-4, atol=1e-4
+    )
