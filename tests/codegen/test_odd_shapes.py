@@ -53,6 +53,37 @@ def test_a_divisible_sum_keeps_its_split_without_a_tail():
     assert [r.src[0].arg for r in ranges_simplified(second).toposort() if r.op is Ops.RANGE] == [256]
 
 
+@pytest.mark.parametrize("shape", [(1000, 1000), (4096, 4096), (1009, 1013)])
+def test_a_full_reduce_of_a_matrix_is_split(shape):
+    """No single axis of these gives 256 rows of 256+: before, one loop on one core. Now the first axis's rows with
+    the other axis ((4096, 4096): 256 x (16, 4096)), or, both sizes prime, the flat tensor's."""
+    x = Tensor.empty(*shape)
+    first, _ = kernels(x.sum())
+    _, opts = hand_coded_optimizations(ranges_simplified(first), 32, threads=2)
+    assert any(o.op is OptOps.THREAD for o in opts)
+
+
+def test_a_reduce_whose_tail_would_be_large_is_not_split_so():
+    # 1009 = 3 x 256 + 241: the part left over would be a quarter of the axis, on one core; the flat tensor instead
+    (first, second) = kernels(Tensor.empty(1009, 1013).sum())
+    assert [r.src[0].arg for r in ranges_simplified(first).toposort() if r.op is Ops.RANGE] == [256, 3992]
+    assert sorted(r.src[0].arg for r in ranges_simplified(second).toposort() if r.op is Ops.RANGE) == [165, 256]
+
+
+@pytest.mark.parametrize("device", CPU_DEVICES)
+def test_split_matrix_reduces_match_numpy(device):
+    a = rng.standard_normal((1009, 1013), dtype=np.float32)
+    t = Tensor(a, device=device)
+    np.testing.assert_allclose(t.sum().numpy(), a.astype(np.float64).sum(), rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(t.T.sum().numpy(), a.astype(np.float64).sum(), rtol=1e-4, atol=1e-2)
+    assert t.max().item() == a.max() and t.T.min().item() == a.min()
+    b = rng.standard_normal((3, 4099, 1013), dtype=np.float32)
+    np.testing.assert_allclose(Tensor(b, device=device).sum().numpy(), b.astype(np.float64).sum(), rtol=1e-4, atol=0.1)
+    np.testing.assert_allclose(
+        Tensor(b, device=device).sum((1, 2)).numpy(), b.astype(np.float64).sum((1, 2)), rtol=1e-4
+    )
+
+
 def _reduces(x: Tensor) -> dict:
     return {
         "sum": x.sum(),

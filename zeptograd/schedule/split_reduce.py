@@ -10,7 +10,9 @@ elements as 256 rows, the n - M left over reduced beside the 256 partials in the
 
     sum(x[n]) -> sum(contiguous(sum(x[:M].reshape(256, M/256), axis=1))) + sum(x[M:])
 
-(unsplit, such a reduce ran as one loop on one core: 2**24 + 3 floats took twice the time of 2**24).
+(unsplit, such a reduce ran as one loop on one core: 2**24 + 3 floats took twice the time of 2**24). A reduce over
+several axes splits its first one that gives rows of 256+ elements with the others: (4096, 4096).sum() is 256 rows
+of (16, 4096); a full reduce none of whose axes splits so, (1009, 1013).sum(), splits its flat tensor.
 """
 
 from __future__ import annotations
@@ -44,9 +46,14 @@ def split_once(x: UOp) -> UOp | None:
         if not isinstance(n, int):
             continue
         d = next((d for d in range(SPLIT_ROWS, 7, -1) if n % d == 0), None)
-        # no divisor: SPLIT_ROWS rows of the largest part they divide, the rest reduced beside their partials
+        # no divisor: SPLIT_ROWS rows of the largest part they divide, the rest reduced beside their partials (at
+        # most 1/64 of the axis: that part runs in the second kernel, on one core)
         d, main = (d, n) if d is not None else (SPLIT_ROWS, n - n % SPLIT_ROWS)
-        if main // d < 256:
+        if main != n and (n - main) * 64 > n:
+            continue
+        # each row: main/d of this axis times the other reduced axes (a full sum of (4096, 4096): 256 rows of
+        # 16 x 4096, where it was one loop on one core)
+        if main // d * prod(src.tensor_shape[a] for a in axes if a != ax) < 256:
             continue
         inner_axes = tuple(a + (a >= ax) for a in axes if a != ax) + (ax + 1,)
         part = src if main == n else _shrink(src, ax, 0, main)
@@ -57,6 +64,12 @@ def split_once(x: UOp) -> UOp | None:
             return out
         rest = UOp(Ops.REDUCE_AXIS, x.dtype, (_shrink(src, ax, main, n),), x.arg)
         return UOp(_COMBINE[op], x.dtype, (out, rest))
+    shape = src.tensor_shape
+    if len(shape) > 1 and len(axes) == len(shape) and all(isinstance(s, int) for s in shape):
+        # a full reduce no axis splits (both sizes prime: (1009, 1013)): the same reduce of the flat tensor
+        flat = UOp(Ops.RESHAPE, src.dtype, (src,), (prod(shape),))
+        split = split_once(UOp(Ops.REDUCE_AXIS, x.dtype, (flat,), (op, (0,))))
+        return None if split is None else UOp(Ops.RESHAPE, x.dtype, (split,), x.tensor_shape)
     return None
 
 
