@@ -4,6 +4,15 @@
 
 The first kernel has 256 independent outputs, so it runs on every core with vector accumulators; the second
 reduces 256 numbers. Applied once per reduce, before rangeify. SPLIT_REDUCEOP=0 turns it off.
+
+A size no d in 256..8 divides (2**24 + 3, a prime times a prime) is split all the same: its first M = (n//256)*256
+elements as 256 rows, the n - M left over reduced beside the 256 partials in the second kernel:
+
+    sum(x[n]) -> sum(contiguous(sum(x[:M].reshape(256, M/256), axis=1))) + sum(x[M:])
+
+(unsplit, such a reduce ran as one loop on one core: 2**24 + 3 floats took twice the time of 2**24). A reduce over
+several axes splits its first one that gives rows of 256+ elements with the others: (4096, 4096).sum() is 256 rows
+of (16, 4096); a full reduce none of whose axes splits so, (1009, 1013).sum(), splits its flat tensor.
 """
 
 from __future__ import annotations
@@ -13,6 +22,19 @@ from zeptograd.uop.ops import Ops, UOp
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 SPLIT_THRESHOLD = 32768  # input elements per output element before a reduce is split
+SPLIT_ROWS = 256  # the first kernel's outputs where a divisor does not give them
+_COMBINE = {Ops.ADD: Ops.ADD, Ops.MUL: Ops.MUL, Ops.MAX: Ops.MAX}  # two partial reduces -> one
+
+
+def _split(src: UOp, ax: int, d: int) -> UOp:
+    """src with axis ax of size d*m reshaped to (d, m)"""
+    s = src.tensor_shape
+    return UOp(Ops.RESHAPE, src.dtype, (src,), s[:ax] + (d, s[ax] // d) + s[ax + 1 :])
+
+
+def _shrink(src: UOp, ax: int, start: int, end: int) -> UOp:
+    arg = tuple((start, end) if i == ax else (0, s) for i, s in enumerate(src.tensor_shape))
+    return UOp(Ops.SHRINK, src.dtype, (src,), arg)
 
 
 def split_once(x: UOp) -> UOp | None:
@@ -20,15 +42,34 @@ def split_once(x: UOp) -> UOp | None:
     if prod(x.tensor_shape) == 0 or prod(src.tensor_shape) // prod(x.tensor_shape) < SPLIT_THRESHOLD:
         return None
     for ax in axes:
-        d = next((d for d in range(256, 7, -1) if src.tensor_shape[ax] % d == 0), None)
-        if d is None or src.tensor_shape[ax] // d < 256:
+        n = src.tensor_shape[ax]
+        if not isinstance(n, int):
             continue
-        shape = src.tensor_shape[:ax] + (d, src.tensor_shape[ax] // d) + src.tensor_shape[ax + 1 :]
+        d = next((d for d in range(SPLIT_ROWS, 7, -1) if n % d == 0), None)
+        # no divisor: SPLIT_ROWS rows of the largest part they divide, the rest reduced beside their partials (at
+        # most 1/64 of the axis: that part runs in the second kernel, on one core)
+        d, main = (d, n) if d is not None else (SPLIT_ROWS, n - n % SPLIT_ROWS)
+        if main != n and (n - main) * 64 > n:
+            continue
+        # each row: main/d of this axis times the other reduced axes (a full sum of (4096, 4096): 256 rows of
+        # 16 x 4096, where it was one loop on one core)
+        if main // d * prod(src.tensor_shape[a] for a in axes if a != ax) < 256:
+            continue
         inner_axes = tuple(a + (a >= ax) for a in axes if a != ax) + (ax + 1,)
-        split = UOp(Ops.RESHAPE, src.dtype, (src,), shape)
-        first = UOp(Ops.REDUCE_AXIS, x.dtype, (split,), (op, tuple(sorted(inner_axes))))
+        part = src if main == n else _shrink(src, ax, 0, main)
+        first = UOp(Ops.REDUCE_AXIS, x.dtype, (_split(part, ax, d),), (op, tuple(sorted(inner_axes))))
         second = UOp(Ops.REDUCE_AXIS, x.dtype, (UOp(Ops.CONTIGUOUS, x.dtype, (first,)),), (op, (ax,)))
-        return UOp(Ops.RESHAPE, x.dtype, (second,), x.tensor_shape)
+        out = UOp(Ops.RESHAPE, x.dtype, (second,), x.tensor_shape)
+        if main == n:
+            return out
+        rest = UOp(Ops.REDUCE_AXIS, x.dtype, (_shrink(src, ax, main, n),), x.arg)
+        return UOp(_COMBINE[op], x.dtype, (out, rest))
+    shape = src.tensor_shape
+    if len(shape) > 1 and len(axes) == len(shape) and all(isinstance(s, int) for s in shape):
+        # a full reduce no axis splits (both sizes prime: (1009, 1013)): the same reduce of the flat tensor
+        flat = UOp(Ops.RESHAPE, src.dtype, (src,), (prod(shape),))
+        split = split_once(UOp(Ops.REDUCE_AXIS, x.dtype, (flat,), (op, (0,))))
+        return None if split is None else UOp(Ops.RESHAPE, x.dtype, (split,), x.tensor_shape)
     return None
 
 

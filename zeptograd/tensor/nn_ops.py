@@ -533,14 +533,22 @@ PANEL = 32  # columns of B per panel: a register tile's width, 4 AVX2 vectors or
 PANEL_MIN_ROW_BYTES = 4096  # B's rows a page or more apart: a column block's walk down K misses the caches
 PANEL_MIN_ROWS = 128  # rows of A that share each panel (64x1024x1024 with w.T: 3.8 ms in the dot tile, 6.3 packed)
 PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid out
+# below a page, B's rows a multiple of 2 KiB apart (512 floats) put a column block's walk down K in 1/32 of the L2's
+# sets (1024 sets of 64-byte lines, a row 32 lines on): over 256 rows of B it falls out of L2 all the same. There the
+# copy pays where 512+ rows of A share it (on 1 core of an AVX2 host: 512^3 5.2 -> 4.8 ms, 512x384x512 5.5 -> 4.8,
+# 1024x512x512 11.2 -> 9.7; 256x512x512 3.5 -> 4.2 and 512x256x512 3.1 -> 3.4 do not)
+PANEL_CONFLICT_ROW_BYTES = 2048
+PANEL_CONFLICT_MIN_ROWS = 512
+PANEL_CONFLICT_MIN_DEPTH = 257
 
 
 def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     """Whether x @ w reads w, (..., K, N), from a copy stored in column panels. Without it a register tile's
     column block walks B down K with a stride of N floats: a page per row of B, a power-of-two stride that maps
     every row to a few cache sets, so the block falls out of L2 (2048^3 on 2 cores of an AVX2 host: 398 ms; in
-    panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row it does not pay (512^3: 3.7 ->
-    3.3 ms, 256x784x512 3.4 -> 3.9). Only float32 on the CPU backends: the tile is 32 floats wide there."""
+    panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row only where the rows are a 2 KiB
+    multiple apart, B is deep and A has many rows (PANEL_CONFLICT_*: 512^3 yes, 256x784x512 3.4 -> 3.9 ms no).
+    Only float32 on the CPU backends: the tile is 32 floats wide there."""
     if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
         return False
     if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
@@ -548,7 +556,12 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     (m, k), n = x.shape[-2:], w.shape[-1]
     if not all(isinstance(v, int) for v in (m, k, n)) or n % PANEL or not _a_stored_matrix(w):
         return False
-    return n * w.dtype.itemsize >= PANEL_MIN_ROW_BYTES and m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+    row_bytes = n * w.dtype.itemsize
+    if row_bytes < PANEL_MIN_ROW_BYTES:  # a 2 KiB multiple: the walk down K in a few cache sets (see above)
+        return (
+            row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
+        )
+    return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
 
 
 def _a_stored_matrix(w: Tensor) -> bool:

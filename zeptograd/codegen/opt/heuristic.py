@@ -127,6 +127,24 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), True
 
 
+COLUMN_TAIL_MIN_VECTORS = 16  # a tile's column tail (under one tile of vectors) is at most 1/8 of the axis
+
+
+def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple[int, ...], bool] | None:
+    """A register tile for an odd number of vectors of columns (matmul 1000: 125 vectors of 8), where tile_shape's
+    columns must divide the vectors and leave one: 8 rows x 1 vector, 9 loads per 8 FMAs. Instead, columns that
+    leave a tail, taken after the rows so the tail's loop nest shares them (codegen/opt/tail.py: a tail shares the
+    expanded ranges it was split under): with AVX2's 16 registers 4 rows x 3 vectors and a 4 x 1-2 tail tile, with
+    AVX-512's 32, 8 x 2 and an 8 x 1 tail. (matmul 1000 on 1 core of an AVX2 host: 8 x 1 57 ms, 4 x 3 26-29,
+    5 x 2 27, 6 x 2 28-33, 3 x 4 45; numpy 30.) None where the vectors are even or too few for a tail to be noise
+    (a conv's 56-wide rows: 7 vectors): tile_shape's choice."""
+    if n_vectors % 2 == 0 or n_vectors < COLUMN_TAIL_MIN_VECTORS or n_rows < TALL_TILE_MIN_ROWS:
+        return None
+    if vector_registers(simd_bytes) == 16:
+        return 3, (4, 3, 2), True
+    return 2, (8, 6, 4, 2), True
+
+
 def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
     """A tile of dot products over an axis of n_cols columns: (columns, row options largest first). 2 columns x up
     to 8 rows with AVX-512's 32 registers. With AVX2's 16, at most 12 accumulators, and a column axis of 3 (a conv
@@ -374,16 +392,23 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
             n_vectors = max_trip_count(axes[vi]) if vi is not None else 1
             cols, row_amounts, divisors_first = tile_shape(simd_bytes, n_vectors, max_trip_count(tile_row))
+            odd = column_tail_tile(simd_bytes, n_vectors, max_trip_count(tile_row))  # rows first, then columns
+            if odd is not None:
+                cols, row_amounts, divisors_first = odd
             broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
-            window = window_columns(axes, vec_r, tile_row, vec_loads, broadcast) if cols == 1 else None
+            window = None
+            if cols == 1 and odd is None:
+                window = window_columns(axes, vec_r, tile_row, vec_loads, broadcast)
             if window is not None:
                 take_window_tile(plan, tile_row, *window)
-            if vi is not None and cols > 1:  # (a tail would get no tile: cols divides the vectors of the axis)
+            if vi is not None and cols > 1 and odd is None:  # (a tail would get no tile: cols divides the vectors)
                 take(Opt(OptOps.UPCAST, vi, cols))
             axes = kernel_axes(plan.ast)
             if window is None:
                 ri = next(i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0])
                 take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)))
+            if odd is not None and (vi := index_of(plan.ast, vec_r)) is not None:
+                take(Opt(OptOps.UPCAST, vi, cols))  # its tail nest a tile of the same rows
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
             axes = kernel_axes(plan.ast)
             row_i = next((i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0]), None)
