@@ -34,9 +34,12 @@ CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed befor
 
 @dataclass
 class Expanded:
-    axes: tuple[UOp, ...]  # the unrolled ranges this value depends on, by axis id
+    axes: tuple[UOp, ...]  # the unrolled ranges this value has copies along, by axis id
     vals: dict[tuple[int, ...], UOp]  # one UOp per position of those ranges
     v: UOp | None = None  # the vector range whose lanes the values are vectors over (None: scalars)
+    # or the unrolled ranges whose positions are the lanes (a tile's dot products packed into one vector after the
+    # reduce folded their lanes: `expand_reduce`), in key order; never both
+    packed: tuple[UOp, ...] = ()
 
     @property
     def vec(self) -> bool:
@@ -138,6 +141,10 @@ class Expander:
         self.live = live_ranges(nodes, set(expanded))
         self.nodes = nodes
         self.exp: dict[UOp, Expanded] = {}
+        # the unrolled ranges a store writes consecutive elements along (the order a tile's packed lanes take)
+        self.stored_along = {
+            r for u in nodes if u.op is Ops.STORE for r in self.unrolled if is_contiguous(u.src[0].src[1], r)
+        }
 
     # --- helpers ---
     def vector_range(self, u: UOp) -> UOp | None:
@@ -151,11 +158,36 @@ class Expander:
     def keys(self, axes: tuple[UOp, ...]):
         return itertools.product(*[range(range_lanes(r)) for r in axes])
 
-    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], v: UOp | None) -> UOp:
-        """u's copy at key, broadcast to v's lanes where it is a scalar and v is not None"""
+    def copy(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...]) -> UOp:
+        """u's copy at key (key gives a position to each of axes, which hold u's unrolled ranges): a packed value's
+        lane at that position"""
         e = self.exp[u]
         val = e.vals[tuple(key[axes.index(a)] for a in e.axes)]
-        return self.broadcast(val, v) if v is not None and not e.vec else val
+        if not e.packed:
+            return val
+        lane = 0
+        for r in e.packed:
+            lane = lane * range_lanes(r) + key[axes.index(r)]
+        return UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))
+
+    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], v: UOp | None) -> UOp:
+        """u's copy at key, broadcast to v's lanes where it is a scalar and v is not None"""
+        val = self.copy(u, axes, key)
+        return self.broadcast(val, v) if v is not None and not self.exp[u].vec else val
+
+    def get_packed(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], packed: tuple[UOp, ...]) -> UOp:
+        """u's copy at key (over axes, which exclude packed's ranges) as a vector over packed's lanes: itself where
+        u is packed so, a broadcast where it moves with none of them, else its copies one per lane (a bias read per
+        column of the tile)"""
+        e = self.exp[u]
+        if e.packed == packed:
+            return e.vals[tuple(key[axes.index(a)] for a in e.axes)]
+        if not any(r in e.axes or r in e.packed for r in packed):
+            val = self.copy(u, axes, key)
+            return UOp(Ops.VECTORIZE, val.dtype.vec(packed_lanes(packed)), (val,) * packed_lanes(packed))
+        full = axes + packed
+        lanes = tuple(self.copy(u, full, key + lane) for lane in self.keys(packed))
+        return UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes)
 
     @staticmethod
     def broadcast(x: UOp, v: UOp) -> UOp:
@@ -311,6 +343,8 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
     v = ctx.vector_range(index)
     if ctx.exp[value].v not in (None, v):
         raise RuntimeError("internal error: a vector value stored to one address")
+    if v is None and (packed := ctx.exp[value].packed):
+        return Expanded((), {(): store_packed(ctx, index, value, axes, packed)})
     stores = []
     for key in ctx.keys(axes):
         val = ctx.get(value, axes, key, v)
@@ -324,6 +358,38 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
     return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))})
 
 
+def store_packed(ctx: Expander, index: UOp, value: UOp, axes: tuple[UOp, ...], packed: tuple[UOp, ...]) -> UOp:
+    """# STORE(INDEX(buf, i(r, c)), x packed over (r, c)) -> per position of r, one vector STORE of x's lanes along c
+    where consecutive c write consecutive elements (and no gate reads c), else one scalar STORE per lane"""
+    outer = tuple(r for r in axes if r not in packed)
+    inner, rows = packed[-1], packed[:-1]
+    n = range_lanes(inner)
+    stores = []
+    for key in ctx.keys(outer):
+        val = ctx.get_packed(value, outer, key, packed)
+        for row in ctx.keys(rows):
+            start = 0
+            for r, k in zip(rows, row):
+                start = start * range_lanes(r) + k
+            start *= n
+            idx = ctx.substitute(index.src[1], outer + rows, key + row)
+            valid = ctx.substitute(index.src[2], outer + rows, key + row) if len(index.src) > 2 else None
+            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
+                base = ctx.substitute(idx, (inner,), (0,))
+                vidx = UOp(Ops.INDEX, index.dtype, (ctx.pointer(index), base) + ((valid,) if valid is not None else ()))
+                part = (
+                    val
+                    if n == val.dtype.count
+                    else UOp(Ops.GEP, val.dtype.scalar.vec(n), (val,), tuple(range(start, start + n)))
+                )
+                stores.append(vidx.store(part))
+                continue
+            for c in range(n):
+                lane = UOp(Ops.GEP, val.dtype.scalar, (val,), (start + c,))
+                stores.append(ctx.scalar_index(index, outer + packed, key + row + (c,)).store(lane))
+    return stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
+
+
 def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     """# REDUCE(x, loops + unrolled r) -> REDUCE(x(0), loops) op ... op REDUCE(x(n-1), loops): one accumulator per
     copy, or REDUCE(x(0) op ... op x(n-1), loops) where the output has CHAIN_COPIES copies already; a reduced vector
@@ -332,7 +398,7 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     loops = tuple(r for r in ranges if r not in ctx.unrolled and r not in ctx.vecs)
     red_axes = tuple(r for r in ctx.unrolled if r in ranges)
     reduced_v = next((r for r in ranges if r in ctx.vecs), None)  # its lanes are folded after the loop
-    x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in red_axes)
+    x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in ctx.exp[x].packed or r in red_axes)
     out_axes = tuple(r for r in x_axes if r not in red_axes)
     x_v = ctx.exp[x].v or reduced_v
     n_out = 1
@@ -348,11 +414,34 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
         parts = [_fold(copies, op)] if chain else copies
         dtype = parts[0].dtype
         accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
-        res = _fold(accs, op)
-        if reduced_v is not None:  # one horizontal reduce, after the loop
-            res = _fold_lanes(res, range_lanes(reduced_v), op)
-        vals[out_key] = res
-    return Expanded(out_axes, vals, x_v if reduced_v is None else None)
+        vals[out_key] = _fold(accs, op)
+    if reduced_v is None:
+        return Expanded(out_axes, vals, x_v)
+    width = range_lanes(reduced_v)
+    packed = packed_axes(out_axes, width, ctx.stored_along)
+    if not packed:  # one horizontal reduce per copy, after the loop
+        return Expanded(out_axes, {key: _fold_lanes(val, width, op) for key, val in vals.items()})
+    # the copies' horizontal reduces folded together: one vector, a lane per copy, the epilogue runs on it
+    outer = tuple(r for r in out_axes if r not in packed)
+    packed_vals = {}
+    for key in ctx.keys(outer):
+        full = [dict(zip(outer, key)) | dict(zip(packed, lane)) for lane in ctx.keys(packed)]
+        packed_vals[key] = _fold_lanes_packed([vals[tuple(f[a] for a in out_axes)] for f in full], width, op)
+    return Expanded(outer, packed_vals, packed=packed)
+
+
+def packed_axes(out_axes: tuple[UOp, ...], width: int, stored_along: AbstractSet[UOp]) -> tuple[UOp, ...]:
+    """The output copies of a reduce that folds its vector lanes whose results are packed into one vector: ranges
+    whose product is a power of two up to the vector's width, the innermost ones, and a range some store writes
+    contiguously along innermost of all (its lanes are then stored as vectors: `store_packed`)"""
+    packed: tuple[UOp, ...] = ()
+    n = 1
+    for r in sorted(reversed(out_axes), key=lambda r: r not in stored_along):
+        m = n * range_lanes(r)
+        if m > width or m & (m - 1):
+            break
+        packed, n = (r, *packed), m
+    return packed if n > 1 else ()
 
 
 def expand_end(ctx: Expander, u: UOp) -> Expanded:
@@ -363,9 +452,19 @@ def expand_end(ctx: Expander, u: UOp) -> Expanded:
 
 def expand_elementwise(ctx: Expander, u: UOp) -> Expanded:
     """# op(a, b) -> op(a(k), b(k)) for each copy k of the ranges either depends on; a vector op if either is one
-    (the other broadcast)"""
+    (the other broadcast); an op on a packed value is packed the same way (the other's copies gathered into its
+    lanes: the epilogue of a tile of dot products runs on the tile's vectors)"""
     axes = ctx.axes_of(*u.src)
     v = next((ctx.exp[s].v for s in u.src if ctx.exp[s].vec), None)  # one at most: the ranges are chosen so
+    packed = next((ctx.exp[s].packed for s in u.src if ctx.exp[s].packed), ())
+    if v is None and packed and all(ctx.exp[s].packed in ((), packed) for s in u.src):
+        axes = tuple(r for r in axes if r not in packed)
+        dtype = u.dtype.vec(packed_lanes(packed))
+        vals = {
+            key: UOp(u.op, dtype, tuple(ctx.get_packed(s, axes, key, packed) for s in u.src), u.arg)
+            for key in ctx.keys(axes)
+        }
+        return Expanded(axes, vals, packed=packed)
     dtype = u.dtype.vec(range_lanes(v)) if v is not None else u.dtype
     vals = {key: UOp(u.op, dtype, tuple(ctx.get(s, axes, key, v) for s in u.src), u.arg) for key in ctx.keys(axes)}
     return Expanded(axes, vals, v)
@@ -376,7 +475,8 @@ def expand_after(ctx: Expander, u: UOp) -> Expanded:
     buffer's stores, schedule/kernel.py) or values it waits for, never broadcast into x's lanes"""
     x, deps = u.src[0], ctx.flat_vals(u.src[1:])
     e = ctx.exp[x]
-    return Expanded(e.axes, {key: UOp(Ops.AFTER, val.dtype, (val, *deps)) for key, val in e.vals.items()}, e.v)
+    vals = {key: UOp(Ops.AFTER, val.dtype, (val, *deps)) for key, val in e.vals.items()}
+    return Expanded(e.axes, vals, e.v, e.packed)
 
 
 pm_expand = PatternMatcher(
@@ -400,6 +500,10 @@ pm_expand = PatternMatcher(
 )
 
 
+def packed_lanes(packed: tuple[UOp, ...]) -> int:
+    return prod(range_lanes(r) for r in packed)
+
+
 def range_lanes(r: UOp) -> int:
     """An UPCAST/UNROLL range's size: always a constant (the optimizer splits a symbolic one into a constant part
     and a tail loop)."""
@@ -416,6 +520,36 @@ def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:
         lo = UOp(Ops.GEP, v.dtype.scalar.vec(half) if half > 1 else v.dtype.scalar, (v,), tuple(range(half)))
         hi = UOp(Ops.GEP, lo.dtype, (v,), tuple(range(half, width)))
         v, width = UOp(op, lo.dtype, (lo, hi)), half
+    return v
+
+
+def _fold_lanes_packed(xs: list[UOp], width: int, op: Ops) -> UOp:
+    """# [x0[0] op ... op x0[w-1], x1[0] op ... op x1[w-1], ...] (n vectors of w lanes, n a power of two <= w)
+    -> pairs (a, b) halved together: (a[:h] ++ b[:h]) op (a[h:] ++ b[h:]) per group of lanes until one vector is left,
+    then its groups halved as in _fold_lanes: a transposed horizontal reduce, n*log2(w)-ish vector ops instead of n
+    horizontal reduces of log2(w) each, and the n results one vector, in xs' order"""
+    scalar, group = xs[0].dtype.scalar, width  # each vector holds width // group groups of `group` lanes
+    while len(xs) > 1:
+        half, groups = group // 2, width // group
+        nxt = []
+        for a, b in zip(xs[0::2], xs[1::2]):
+            lo = [(a, g * group + i) for g in range(groups) for i in range(half)]
+            lo += [(b, g * group + i) for g in range(groups) for i in range(half)]
+            hi = [(v, i + half) for v, i in lo]
+            lo_v, hi_v = (
+                UOp(Ops.VECTORIZE, scalar.vec(width), tuple(UOp(Ops.GEP, scalar, (v,), (i,)) for v, i in lanes))
+                for lanes in (lo, hi)
+            )
+            nxt.append(UOp(op, scalar.vec(width), (lo_v, hi_v)))
+        xs, group = nxt, half
+    v, n = xs[0], width // group  # n groups of `group` lanes each: fold each group's halves
+    while group > 1:
+        half = group // 2
+        lo_i = tuple(g * group + i for g in range(n) for i in range(half))
+        dt = scalar.vec(n * half)
+        lo = UOp(Ops.GEP, dt, (v,), lo_i)
+        hi = UOp(Ops.GEP, dt, (v,), tuple(i + half for i in lo_i))
+        v, group = UOp(op, dt, (lo, hi)), half
     return v
 
 
