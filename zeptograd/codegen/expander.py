@@ -30,6 +30,8 @@ from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
+# a shuffle within 16 bytes of a vector (an x86 vector's 128-bit lane) takes a cycle, one across them three or more
+SHUFFLE_BLOCK_BYTES = 16
 
 
 @dataclass
@@ -426,7 +428,9 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     packed_vals = {}
     for key in ctx.keys(outer):
         full = [dict(zip(outer, key)) | dict(zip(packed, lane)) for lane in ctx.keys(packed)]
-        packed_vals[key] = _fold_lanes_packed([vals[tuple(f[a] for a in out_axes)] for f in full], width, op)
+        accs = [vals[tuple(f[a] for a in out_axes)] for f in full]
+        block = max(1, SHUFFLE_BLOCK_BYTES // accs[0].dtype.scalar.itemsize)
+        packed_vals[key] = _fold_lanes_packed(accs, width, op, block)
     return Expanded(outer, packed_vals, packed=packed)
 
 
@@ -523,34 +527,65 @@ def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:
     return v
 
 
-def _fold_lanes_packed(xs: list[UOp], width: int, op: Ops) -> UOp:
-    """# [x0[0] op ... op x0[w-1], x1[0] op ... op x1[w-1], ...] (n vectors of w lanes, n a power of two <= w)
-    -> pairs (a, b) halved together: (a[:h] ++ b[:h]) op (a[h:] ++ b[h:]) per group of lanes until one vector is left,
-    then its groups halved as in _fold_lanes: a transposed horizontal reduce, n*log2(w)-ish vector ops instead of n
-    horizontal reduces of log2(w) each, and the n results one vector, in xs' order"""
-    scalar, group = xs[0].dtype.scalar, width  # each vector holds width // group groups of `group` lanes
-    while len(xs) > 1:
-        half, groups = group // 2, width // group
+def _fold_lanes_packed(xs: list[UOp], width: int, op: Ops, block: int) -> UOp:
+    """# [x0[0] op ... op x0[w-1], x1[0] op ... op x1[w-1], ...] (n vectors of w lanes, n a power of two <= w) -> one
+    vector of n lanes: a transposed horizontal reduce. Pairs (a, b) are folded together, each lane of the result
+    holding one source's partial result: (a's first halves ++ b's) op (a's second halves ++ b's), first within each
+    `block` of lanes (a 16-byte lane of AVX: one-cycle shuffles), then whole blocks (lane-crossing shuffles, fewer of
+    them), until one vector is left, whose sources' partial lanes are then folded in halves. n*log2(w)-ish vector ops
+    and a short dependency chain, instead of n horizontal reduces; the results in xs' order (AVX2, 8 accumulators: the
+    hadd-and-permute transpose)"""
+    scalar, block = xs[0].dtype.scalar, min(block, width)
+
+    def gather(lanes: list[tuple[UOp, int]]) -> UOp:
+        return UOp(Ops.VECTORIZE, scalar.vec(len(lanes)), tuple(UOp(Ops.GEP, scalar, (v,), (i,)) for v, i in lanes))
+
+    vecs = [(x, [src] * width) for src, x in enumerate(xs)]  # each vector and the source of each of its lanes
+    while len(vecs) > 1:
         nxt = []
-        for a, b in zip(xs[0::2], xs[1::2]):
-            lo = [(a, g * group + i) for g in range(groups) for i in range(half)]
-            lo += [(b, g * group + i) for g in range(groups) for i in range(half)]
-            hi = [(v, i + half) for v, i in lo]
-            lo_v, hi_v = (
-                UOp(Ops.VECTORIZE, scalar.vec(width), tuple(UOp(Ops.GEP, scalar, (v,), (i,)) for v, i in lanes))
-                for lanes in (lo, hi)
-            )
-            nxt.append(UOp(op, scalar.vec(width), (lo_v, hi_v)))
-        xs, group = nxt, half
-    v, n = xs[0], width // group  # n groups of `group` lanes each: fold each group's halves
-    while group > 1:
-        half = group // 2
-        lo_i = tuple(g * group + i for g in range(n) for i in range(half))
-        dt = scalar.vec(n * half)
-        lo = UOp(Ops.GEP, dt, (v,), lo_i)
-        hi = UOp(Ops.GEP, dt, (v,), tuple(i + half for i in lo_i))
-        v, group = UOp(op, dt, (lo, hi)), half
+        for (a, a_src), (b, b_src) in zip(vecs[0::2], vecs[1::2]):
+            lo: list[tuple[UOp, int]] = []
+            hi: list[tuple[UOp, int]] = []
+            srcs: list[int] = []
+            for pairs in _lane_pairs(a, a_src, b, b_src, width, block):
+                lo += [p[0] for p in pairs]
+                hi += [p[1] for p in pairs]
+                srcs += [(a_src if v is a else b_src)[i] for v, i in (p[0] for p in pairs)]
+            nxt.append((UOp(op, scalar.vec(width), (gather(lo), gather(hi))), srcs))
+        vecs = nxt
+    v, v_src = vecs[0]
+    while len(v_src) > len(xs):  # one vector, with several lanes per source: each source's lanes halved
+        own = [[i for i, s in enumerate(v_src) if s == src] for src in range(len(xs))]
+        lo_i = tuple(i for lanes in own for i in lanes[: len(lanes) // 2])
+        hi_i = tuple(i for lanes in own for i in lanes[len(lanes) // 2 :])
+        dt = scalar.vec(len(lo_i))
+        v, v_src = UOp(op, dt, (UOp(Ops.GEP, dt, (v,), lo_i), UOp(Ops.GEP, dt, (v,), hi_i))), [v_src[i] for i in lo_i]
+    if v_src != list(range(len(xs))):
+        v = UOp(Ops.GEP, v.dtype, (v,), tuple(v_src.index(src) for src in range(len(xs))))
     return v
+
+
+def _lane_pairs(a: UOp, a_src: list[int], b: UOp, b_src: list[int], width: int, block: int):
+    """The lanes of a and b folded together, as (lane, lane) pairs in the result's lane order: where a source has
+    several lanes in each block, block by block a's then b's sources' lanes, first halves with second halves (the
+    result stays in the block); else a's then b's blocks of each set of sources, the first half of them with the
+    second half (whole blocks move)"""
+    if a_src[:block].count(a_src[0]) > 1:
+        for start in range(0, width, block):
+            for v, v_src in ((a, a_src), (b, b_src)):
+                for s in dict.fromkeys(v_src[start : start + block]):
+                    own = [i for i in range(start, start + block) if v_src[i] == s]
+                    half = len(own) // 2
+                    yield [((v, i), (v, j)) for i, j in zip(own[:half], own[half:])]
+        return
+    for v, v_src in ((a, a_src), (b, b_src)):
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for start in range(0, width, block):
+            groups.setdefault(tuple(v_src[start : start + block]), []).append(start)
+        for starts in groups.values():
+            half = len(starts) // 2
+            for lo, hi in zip(starts[:half], starts[half:]):
+                yield [((v, lo + j), (v, hi + j)) for j in range(block)]
 
 
 def _fold(xs: list[UOp], op: Ops) -> UOp:
