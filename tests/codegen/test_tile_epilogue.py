@@ -49,6 +49,16 @@ PROGRAMS = {  # the zeptograd expression, and torch's
         lambda x, w, r, b: torch.nn.functional.gelu(x @ w.T + r, approximate="tanh"),
     ),
     "(x @ w.T).max(1)": (lambda x, w, r, b: (x @ w.T).max(1), lambda x, w, r, b: (x @ w.T).max(1).values),
+    # a residual read through a pad: gated along the tile's rows (a vector load per row, its gate the row's) and
+    # along its columns (a load per output)
+    "x @ w.T + r[1:] padded rows": (
+        lambda x, w, r, b: x @ w.T + r[1:].pad(((0, 1), (0, 0))),
+        lambda x, w, r, b: x @ w.T + torch.nn.functional.pad(r[1:], (0, 0, 0, 1)),
+    ),
+    "x @ w.T + r[:, 1:] padded columns": (
+        lambda x, w, r, b: x @ w.T + r[:, 1:].pad(((0, 0), (1, 0))),
+        lambda x, w, r, b: x @ w.T + torch.nn.functional.pad(r[:, 1:], (1, 0)),
+    ),
 }
 
 

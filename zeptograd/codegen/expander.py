@@ -187,9 +187,29 @@ class Expander:
         if not any(r in e.axes or r in e.packed for r in packed):
             val = self.copy(u, axes, key)
             return UOp(Ops.VECTORIZE, val.dtype.vec(packed_lanes(packed)), (val,) * packed_lanes(packed))
+        if u.op is Ops.LOAD and not e.vec and not e.packed and packed[-1] in e.axes:
+            return self.load_packed(u, axes, key, packed)
         full = axes + packed
         lanes = tuple(self.copy(u, full, key + lane) for lane in self.keys(packed))
         return UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes)
+
+    def load_packed(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], packed: tuple[UOp, ...]) -> UOp:
+        """# LOAD(INDEX(buf, i(r, c))) gathered into lanes packed over (r, c) -> per position of r, one vector LOAD
+        along c where consecutive c read consecutive elements (and no gate reads c), else a LOAD per lane (a residual
+        read after a tile of dot products: a load per row of the tile instead of per output)"""
+        index, inner, rows = u.src[0], packed[-1], packed[:-1]
+        n, lanes = range_lanes(inner), []
+        for row in self.keys(rows):
+            idx = self.substitute(index.src[1], axes + rows, key + row)
+            valid = self.substitute(index.src[2], axes + rows, key + row) if len(index.src) > 2 else None
+            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
+                base = self.substitute(idx, (inner,), (0,))
+                src = (self.pointer(index), base) + ((valid,) if valid is not None else ())
+                ld = UOp(Ops.LOAD, u.dtype.vec(n), (UOp(Ops.INDEX, index.dtype, src),))
+                lanes += [UOp(Ops.GEP, u.dtype, (ld,), (c,)) for c in range(n)]
+            else:
+                lanes += [self.copy(u, axes + packed, key + row + (c,)) for c in range(n)]
+        return UOp(Ops.VECTORIZE, u.dtype.vec(len(lanes)), tuple(lanes))
 
     @staticmethod
     def broadcast(x: UOp, v: UOp) -> UOp:
