@@ -88,6 +88,9 @@ def test_dot_product_tile_epilogue_is_vector_llvm(expr, simd_bytes, lanes):
     assert epilogue.count("store <2 x float>") == lanes // 2  # each row's 2 columns stored as one vector
     if "relu" in expr:
         assert f"select <{lanes} x i1>" in epilogue
+    # the bias and the residual read as a vector per row of the tile (b: one, every row reads the same columns)
+    src = rendered(expr, LLVMRenderer(simd_bytes=simd_bytes), simd_bytes)
+    assert "load float" not in src and src.count("load <2 x float>") == (lanes // 2 if "+ r" in expr else 1)
 
 
 @pytest.mark.parametrize("expr", ["x @ w + b", "x @ w + r", "(x @ w + b).relu()"])
