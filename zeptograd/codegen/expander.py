@@ -447,10 +447,10 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     outer = tuple(r for r in out_axes if r not in packed)
     packed_vals = {}
     for key in ctx.keys(outer):
-        full = [dict(zip(outer, key)) | dict(zip(packed, lane)) for lane in ctx.keys(packed)]
-        accs = [vals[tuple(f[a] for a in out_axes)] for f in full]
-        block = max(1, SHUFFLE_BLOCK_BYTES // accs[0].dtype.scalar.itemsize)
-        packed_vals[key] = _fold_lanes_packed(accs, width, op, block)
+        positions = [dict(zip(outer, key)) | dict(zip(packed, lane)) for lane in ctx.keys(packed)]
+        tile = [vals[tuple(p[a] for a in out_axes)] for p in positions]  # the copies' accumulators, in lane order
+        block = max(1, SHUFFLE_BLOCK_BYTES // tile[0].dtype.scalar.itemsize)
+        packed_vals[key] = _fold_lanes_packed(tile, width, op, block)
     return Expanded(outer, packed_vals, packed=packed)
 
 
