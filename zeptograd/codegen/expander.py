@@ -30,13 +30,18 @@ from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of
 
 _EXPANDED = (AxisType.UPCAST, AxisType.UNROLL)
 CHAIN_COPIES = 4  # with this many output copies, reduce copies are summed before the accumulator
+# a shuffle within 16 bytes of a vector (an x86 vector's 128-bit lane) takes a cycle, one across them three or more
+SHUFFLE_BLOCK_BYTES = 16
 
 
 @dataclass
 class Expanded:
-    axes: tuple[UOp, ...]  # the unrolled ranges this value depends on, by axis id
+    axes: tuple[UOp, ...]  # the unrolled ranges this value has copies along, by axis id
     vals: dict[tuple[int, ...], UOp]  # one UOp per position of those ranges
     v: UOp | None = None  # the vector range whose lanes the values are vectors over (None: scalars)
+    # or the unrolled ranges whose positions are the lanes (a tile's dot products packed into one vector after the
+    # reduce folded their lanes: `expand_reduce`), in key order; never both
+    packed: tuple[UOp, ...] = ()
 
     @property
     def vec(self) -> bool:
@@ -138,6 +143,10 @@ class Expander:
         self.live = live_ranges(nodes, set(expanded))
         self.nodes = nodes
         self.exp: dict[UOp, Expanded] = {}
+        # the unrolled ranges a store writes consecutive elements along (the order a tile's packed lanes take)
+        self.stored_along = {
+            r for u in nodes if u.op is Ops.STORE for r in self.unrolled if is_contiguous(u.src[0].src[1], r)
+        }
 
     # --- helpers ---
     def vector_range(self, u: UOp) -> UOp | None:
@@ -151,11 +160,56 @@ class Expander:
     def keys(self, axes: tuple[UOp, ...]):
         return itertools.product(*[range(range_lanes(r)) for r in axes])
 
-    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], v: UOp | None) -> UOp:
-        """u's copy at key, broadcast to v's lanes where it is a scalar and v is not None"""
+    def copy(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...]) -> UOp:
+        """u's copy at key (key gives a position to each of axes, which hold u's unrolled ranges): a packed value's
+        lane at that position"""
         e = self.exp[u]
         val = e.vals[tuple(key[axes.index(a)] for a in e.axes)]
-        return self.broadcast(val, v) if v is not None and not e.vec else val
+        if not e.packed:
+            return val
+        lane = 0
+        for r in e.packed:
+            lane = lane * range_lanes(r) + key[axes.index(r)]
+        return UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))
+
+    def get(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], v: UOp | None) -> UOp:
+        """u's copy at key, broadcast to v's lanes where it is a scalar and v is not None"""
+        val = self.copy(u, axes, key)
+        return self.broadcast(val, v) if v is not None and not self.exp[u].vec else val
+
+    def get_packed(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], packed: tuple[UOp, ...]) -> UOp:
+        """u's copy at key (over axes, which exclude packed's ranges) as a vector over packed's lanes: itself where
+        u is packed so, a broadcast where it moves with none of them, else its copies one per lane (a bias read per
+        column of the tile)"""
+        e = self.exp[u]
+        if e.packed == packed:
+            return e.vals[tuple(key[axes.index(a)] for a in e.axes)]
+        if not any(r in e.axes or r in e.packed for r in packed):
+            val = self.copy(u, axes, key)
+            return UOp(Ops.VECTORIZE, val.dtype.vec(packed_lanes(packed)), (val,) * packed_lanes(packed))
+        if u.op is Ops.LOAD and not e.vec and not e.packed and packed[-1] in e.axes:
+            return self.load_packed(u, axes, key, packed)
+        full = axes + packed
+        lanes = tuple(self.copy(u, full, key + lane) for lane in self.keys(packed))
+        return UOp(Ops.VECTORIZE, lanes[0].dtype.vec(len(lanes)), lanes)
+
+    def load_packed(self, u: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], packed: tuple[UOp, ...]) -> UOp:
+        """# LOAD(INDEX(buf, i(r, c))) gathered into lanes packed over (r, c) -> per position of r, one vector LOAD
+        along c where consecutive c read consecutive elements (and no gate reads c), else a LOAD per lane (a residual
+        read after a tile of dot products: a load per row of the tile instead of per output)"""
+        index, inner, rows = u.src[0], packed[-1], packed[:-1]
+        n, lanes = range_lanes(inner), []
+        for row in self.keys(rows):
+            idx = self.substitute(index.src[1], axes + rows, key + row)
+            valid = self.substitute(index.src[2], axes + rows, key + row) if len(index.src) > 2 else None
+            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
+                base = self.substitute(idx, (inner,), (0,))
+                src = (self.pointer(index), base) + ((valid,) if valid is not None else ())
+                ld = UOp(Ops.LOAD, u.dtype.vec(n), (UOp(Ops.INDEX, index.dtype, src),))
+                lanes += [UOp(Ops.GEP, u.dtype, (ld,), (c,)) for c in range(n)]
+            else:
+                lanes += [self.copy(u, axes + packed, key + row + (c,)) for c in range(n)]
+        return UOp(Ops.VECTORIZE, u.dtype.vec(len(lanes)), tuple(lanes))
 
     @staticmethod
     def broadcast(x: UOp, v: UOp) -> UOp:
@@ -311,6 +365,8 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
     v = ctx.vector_range(index)
     if ctx.exp[value].v not in (None, v):
         raise RuntimeError("internal error: a vector value stored to one address")
+    if v is None and (packed := ctx.exp[value].packed):
+        return Expanded((), {(): store_packed(ctx, index, value, axes, packed)})
     stores = []
     for key in ctx.keys(axes):
         val = ctx.get(value, axes, key, v)
@@ -324,6 +380,38 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
     return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))})
 
 
+def store_packed(ctx: Expander, index: UOp, value: UOp, axes: tuple[UOp, ...], packed: tuple[UOp, ...]) -> UOp:
+    """# STORE(INDEX(buf, i(r, c)), x packed over (r, c)) -> per position of r, one vector STORE of x's lanes along c
+    where consecutive c write consecutive elements (and no gate reads c), else one scalar STORE per lane"""
+    outer = tuple(r for r in axes if r not in packed)
+    inner, rows = packed[-1], packed[:-1]
+    n = range_lanes(inner)
+    stores = []
+    for key in ctx.keys(outer):
+        val = ctx.get_packed(value, outer, key, packed)
+        for row in ctx.keys(rows):
+            start = 0
+            for r, k in zip(rows, row):
+                start = start * range_lanes(r) + k
+            start *= n
+            idx = ctx.substitute(index.src[1], outer + rows, key + row)
+            valid = ctx.substitute(index.src[2], outer + rows, key + row) if len(index.src) > 2 else None
+            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
+                base = ctx.substitute(idx, (inner,), (0,))
+                vidx = UOp(Ops.INDEX, index.dtype, (ctx.pointer(index), base) + ((valid,) if valid is not None else ()))
+                part = (
+                    val
+                    if n == val.dtype.count
+                    else UOp(Ops.GEP, val.dtype.scalar.vec(n), (val,), tuple(range(start, start + n)))
+                )
+                stores.append(vidx.store(part))
+                continue
+            for c in range(n):
+                lane = UOp(Ops.GEP, val.dtype.scalar, (val,), (start + c,))
+                stores.append(ctx.scalar_index(index, outer + packed, key + row + (c,)).store(lane))
+    return stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
+
+
 def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     """# REDUCE(x, loops + unrolled r) -> REDUCE(x(0), loops) op ... op REDUCE(x(n-1), loops): one accumulator per
     copy, or REDUCE(x(0) op ... op x(n-1), loops) where the output has CHAIN_COPIES copies already; a reduced vector
@@ -332,7 +420,7 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
     loops = tuple(r for r in ranges if r not in ctx.unrolled and r not in ctx.vecs)
     red_axes = tuple(r for r in ctx.unrolled if r in ranges)
     reduced_v = next((r for r in ranges if r in ctx.vecs), None)  # its lanes are folded after the loop
-    x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in red_axes)
+    x_axes = tuple(r for r in ctx.unrolled if r in ctx.exp[x].axes or r in ctx.exp[x].packed or r in red_axes)
     out_axes = tuple(r for r in x_axes if r not in red_axes)
     x_v = ctx.exp[x].v or reduced_v
     n_out = 1
@@ -348,11 +436,36 @@ def expand_reduce(ctx: Expander, u: UOp) -> Expanded:
         parts = [_fold(copies, op)] if chain else copies
         dtype = parts[0].dtype
         accs = [UOp(Ops.REDUCE, dtype, (p, *loops), op) if loops else p for p in parts]
-        res = _fold(accs, op)
-        if reduced_v is not None:  # one horizontal reduce, after the loop
-            res = _fold_lanes(res, range_lanes(reduced_v), op)
-        vals[out_key] = res
-    return Expanded(out_axes, vals, x_v if reduced_v is None else None)
+        vals[out_key] = _fold(accs, op)
+    if reduced_v is None:
+        return Expanded(out_axes, vals, x_v)
+    width = range_lanes(reduced_v)
+    packed = packed_axes(out_axes, width, ctx.stored_along)
+    if not packed:  # one horizontal reduce per copy, after the loop
+        return Expanded(out_axes, {key: _fold_lanes(val, width, op) for key, val in vals.items()})
+    # the copies' horizontal reduces folded together: one vector, a lane per copy, the epilogue runs on it
+    outer = tuple(r for r in out_axes if r not in packed)
+    packed_vals = {}
+    for key in ctx.keys(outer):
+        positions = [dict(zip(outer, key)) | dict(zip(packed, lane)) for lane in ctx.keys(packed)]
+        tile = [vals[tuple(p[a] for a in out_axes)] for p in positions]  # the copies' accumulators, in lane order
+        block = max(1, SHUFFLE_BLOCK_BYTES // tile[0].dtype.scalar.itemsize)
+        packed_vals[key] = _fold_lanes_packed(tile, width, op, block)
+    return Expanded(outer, packed_vals, packed=packed)
+
+
+def packed_axes(out_axes: tuple[UOp, ...], width: int, stored_along: AbstractSet[UOp]) -> tuple[UOp, ...]:
+    """The output copies of a reduce that folds its vector lanes whose results are packed into one vector: ranges
+    whose product is a power of two up to the vector's width, the innermost ones, and a range some store writes
+    contiguously along innermost of all (its lanes are then stored as vectors: `store_packed`)"""
+    packed: tuple[UOp, ...] = ()
+    n = 1
+    for r in sorted(reversed(out_axes), key=lambda r: r not in stored_along):
+        m = n * range_lanes(r)
+        if m > width or m & (m - 1):
+            break
+        packed, n = (r, *packed), m
+    return packed if n > 1 else ()
 
 
 def expand_end(ctx: Expander, u: UOp) -> Expanded:
@@ -363,9 +476,19 @@ def expand_end(ctx: Expander, u: UOp) -> Expanded:
 
 def expand_elementwise(ctx: Expander, u: UOp) -> Expanded:
     """# op(a, b) -> op(a(k), b(k)) for each copy k of the ranges either depends on; a vector op if either is one
-    (the other broadcast)"""
+    (the other broadcast); an op on a packed value is packed the same way (the other's copies gathered into its
+    lanes: the epilogue of a tile of dot products runs on the tile's vectors)"""
     axes = ctx.axes_of(*u.src)
     v = next((ctx.exp[s].v for s in u.src if ctx.exp[s].vec), None)  # one at most: the ranges are chosen so
+    packed = next((ctx.exp[s].packed for s in u.src if ctx.exp[s].packed), ())
+    if v is None and packed and all(ctx.exp[s].packed in ((), packed) for s in u.src):
+        axes = tuple(r for r in axes if r not in packed)
+        dtype = u.dtype.vec(packed_lanes(packed))
+        vals = {
+            key: UOp(u.op, dtype, tuple(ctx.get_packed(s, axes, key, packed) for s in u.src), u.arg)
+            for key in ctx.keys(axes)
+        }
+        return Expanded(axes, vals, packed=packed)
     dtype = u.dtype.vec(range_lanes(v)) if v is not None else u.dtype
     vals = {key: UOp(u.op, dtype, tuple(ctx.get(s, axes, key, v) for s in u.src), u.arg) for key in ctx.keys(axes)}
     return Expanded(axes, vals, v)
@@ -376,7 +499,8 @@ def expand_after(ctx: Expander, u: UOp) -> Expanded:
     buffer's stores, schedule/kernel.py) or values it waits for, never broadcast into x's lanes"""
     x, deps = u.src[0], ctx.flat_vals(u.src[1:])
     e = ctx.exp[x]
-    return Expanded(e.axes, {key: UOp(Ops.AFTER, val.dtype, (val, *deps)) for key, val in e.vals.items()}, e.v)
+    vals = {key: UOp(Ops.AFTER, val.dtype, (val, *deps)) for key, val in e.vals.items()}
+    return Expanded(e.axes, vals, e.v, e.packed)
 
 
 pm_expand = PatternMatcher(
@@ -400,6 +524,10 @@ pm_expand = PatternMatcher(
 )
 
 
+def packed_lanes(packed: tuple[UOp, ...]) -> int:
+    return prod(range_lanes(r) for r in packed)
+
+
 def range_lanes(r: UOp) -> int:
     """An UPCAST/UNROLL range's size: always a constant (the optimizer splits a symbolic one into a constant part
     and a tail loop)."""
@@ -417,6 +545,67 @@ def _fold_lanes(v: UOp, width: int, op: Ops) -> UOp:
         hi = UOp(Ops.GEP, lo.dtype, (v,), tuple(range(half, width)))
         v, width = UOp(op, lo.dtype, (lo, hi)), half
     return v
+
+
+def _fold_lanes_packed(xs: list[UOp], width: int, op: Ops, block: int) -> UOp:
+    """# [x0[0] op ... op x0[w-1], x1[0] op ... op x1[w-1], ...] (n vectors of w lanes, n a power of two <= w) -> one
+    vector of n lanes: a transposed horizontal reduce. Pairs (a, b) are folded together, each lane of the result
+    holding one source's partial result: (a's first halves ++ b's) op (a's second halves ++ b's), first within each
+    `block` of lanes (a 16-byte lane of AVX: one-cycle shuffles), then whole blocks (lane-crossing shuffles, fewer of
+    them), until one vector is left, whose sources' partial lanes are then folded in halves. n*log2(w)-ish vector ops
+    and a short dependency chain, instead of n horizontal reduces; the results in xs' order (AVX2, 8 accumulators: the
+    hadd-and-permute transpose)"""
+    scalar, block = xs[0].dtype.scalar, min(block, width)
+
+    def gather(lanes: list[tuple[UOp, int]]) -> UOp:
+        return UOp(Ops.VECTORIZE, scalar.vec(len(lanes)), tuple(UOp(Ops.GEP, scalar, (v,), (i,)) for v, i in lanes))
+
+    vecs = [(x, [src] * width) for src, x in enumerate(xs)]  # each vector and the source of each of its lanes
+    while len(vecs) > 1:
+        nxt = []
+        for (a, a_src), (b, b_src) in zip(vecs[0::2], vecs[1::2]):
+            lo: list[tuple[UOp, int]] = []
+            hi: list[tuple[UOp, int]] = []
+            srcs: list[int] = []
+            for pairs in _lane_pairs(a, a_src, b, b_src, width, block):
+                lo += [p[0] for p in pairs]
+                hi += [p[1] for p in pairs]
+                srcs += [(a_src if v is a else b_src)[i] for v, i in (p[0] for p in pairs)]
+            nxt.append((UOp(op, scalar.vec(width), (gather(lo), gather(hi))), srcs))
+        vecs = nxt
+    v, v_src = vecs[0]
+    while len(v_src) > len(xs):  # one vector, with several lanes per source: each source's lanes halved
+        own = [[i for i, s in enumerate(v_src) if s == src] for src in range(len(xs))]
+        lo_i = tuple(i for lanes in own for i in lanes[: len(lanes) // 2])
+        hi_i = tuple(i for lanes in own for i in lanes[len(lanes) // 2 :])
+        dt = scalar.vec(len(lo_i))
+        v, v_src = UOp(op, dt, (UOp(Ops.GEP, dt, (v,), lo_i), UOp(Ops.GEP, dt, (v,), hi_i))), [v_src[i] for i in lo_i]
+    if v_src != list(range(len(xs))):
+        v = UOp(Ops.GEP, v.dtype, (v,), tuple(v_src.index(src) for src in range(len(xs))))
+    return v
+
+
+def _lane_pairs(a: UOp, a_src: list[int], b: UOp, b_src: list[int], width: int, block: int):
+    """The lanes of a and b folded together, as (lane, lane) pairs in the result's lane order: where a source has
+    several lanes in each block, block by block a's then b's sources' lanes, first halves with second halves (the
+    result stays in the block); else a's then b's blocks of each set of sources, the first half of them with the
+    second half (whole blocks move)"""
+    if a_src[:block].count(a_src[0]) > 1:
+        for start in range(0, width, block):
+            for v, v_src in ((a, a_src), (b, b_src)):
+                for s in dict.fromkeys(v_src[start : start + block]):
+                    own = [i for i in range(start, start + block) if v_src[i] == s]
+                    half = len(own) // 2
+                    yield [((v, i), (v, j)) for i, j in zip(own[:half], own[half:])]
+        return
+    for v, v_src in ((a, a_src), (b, b_src)):
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for start in range(0, width, block):
+            groups.setdefault(tuple(v_src[start : start + block]), []).append(start)
+        for starts in groups.values():
+            half = len(starts) // 2
+            for lo, hi in zip(starts[:half], starts[half:]):
+                yield [((v, lo + j), (v, hi + j)) for j in range(block)]
 
 
 def _fold(xs: list[UOp], op: Ops) -> UOp:
