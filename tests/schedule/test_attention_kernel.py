@@ -93,7 +93,8 @@ def test_the_exp_row_is_filled_in_its_sum_not_in_the_product_with_v():
     (item,) = kernels(sdpa((1, 1, 128, 16), False))
     nodes = list(item.ast.toposort())
     exp = next(u for u in nodes if u.op is Ops.EXP2)
-    fill_stores = [u for u in nodes if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG and exp in u.toposort()]
+    stores = [u for u in nodes if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG]
+    fill_stores = [u for u in stores if exp in u.toposort()]
     assert len(fill_stores) == 1
     buf = fill_stores[0].src[0].src[0]
     loads = [u for u in nodes if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.AFTER and u.src[0].src[0].src[0] is buf]
