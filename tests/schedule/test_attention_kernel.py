@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from zeptograd import Context, Device, GlobalCounters, Tensor
+from zeptograd.codegen import full_rewrite
 from zeptograd.codegen.opt import OptOps
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.engine.schedule_cache import SCHEDULE_CACHE
@@ -113,6 +114,16 @@ def test_the_output_columns_are_independent_accumulators():
     assert [o.arg for o in upcasts] == [8, 8]
 
 
+def test_the_exp_loop_is_vectorized():
+    """The exp loop reads the scores row and fills the exp row, both row buffers, and no buffer in memory: it gets a
+    vector of its own (codegen/opt/heuristic.py: vectorize_own_loops counts row-buffer accesses, as the expander's
+    choose_vector_ranges does), so LLVM computes exp2 as a vector polynomial, not one libm call per score."""
+    (item,) = kernels(sdpa((1, 1, 256, 64), True))
+    uops, _ = full_rewrite(item.ast, Device["CPU"].renderer)
+    src = Device["CPU"].renderer.render("k", uops).src
+    assert "@llvm.exp2.f32(float" not in src
+
+
 def reference(arrs, causal):
     return torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, arrs), is_causal=causal).numpy()
 
@@ -171,8 +182,6 @@ def test_a_user_mask_and_the_gradients_match_torch():
 def test_the_renderers_hold_the_rows_on_the_stack():
     """CPU:C renders the two row buffers as C arrays of the row's length."""
     (item,) = kernels(sdpa((1, 1, 96, 16), True, "CPU:C"))
-    from zeptograd.codegen import full_rewrite
-
     uops, _ = full_rewrite(item.ast, Device["CPU:C"].renderer)
     src = Device["CPU:C"].renderer.render("k", uops).src
     assert src.count("[96];") == 2

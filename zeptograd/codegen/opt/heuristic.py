@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-from zeptograd.codegen.expander import live_ranges
+from zeptograd.codegen.expander import live_ranges, row_buffer_of
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.dtype import PtrDType
@@ -388,7 +388,8 @@ def take_transpose_block(plan: OptPlan, vec_r: UOp, blocks: set[int]) -> None:
 def vectorize_own_loops(
     plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int]
 ) -> None:
-    """A loop no value moves with together with a range expanded already, walked with stride 1 by some access, gets a
+    """A loop no value moves with together with a range expanded already, walked with stride 1 by some access (of a
+    buffer or a row buffer: attention's exp loop reads the scores row and fills the exp row), gets a
     vector of its own (the expander vectorizes each such range: codegen/expander.py, choose_vector_ranges): a
     reduce computed before an output loop it does not vary along (softmax's row max and sum, then its output row:
     schedule/policy.py, hoisted_reduce_requests) runs three loops one after another in each row, each 16 lanes
@@ -403,11 +404,12 @@ def vectorize_own_loops(
             return
         axes = kernel_axes(plan.ast)
         together = [live for live in live_ranges(nodes, expanded | set(axes)).values() if live & expanded]
+        rows = [u for u in nodes if u.op is Ops.INDEX and row_buffer_of(u) is not None]
         own = [
             r
             for r in axes
             if r.arg[1] in (AxisType.LOOP, AxisType.REDUCE)
-            and contiguous_count(r)
+            and (contiguous_count(r) or any(stride(u.src[1], r) == 1 for u in rows))
             and not any(r in live for live in together)
         ]
         for r in own:
