@@ -2,7 +2,9 @@
 schedule/cost.py: `row_buffer_is_cheaper`, `expands`). Per query row: the scores (a dot product over d per key) are
 computed into a row buffer in their max's loop, exp(score - max) into a second one in its sum's loop, and the product
 with v reads that one: no N x N buffer is ever written to memory, and the division by the sum comes after the product
-(tensor/nn_ops.py: scaled_dot_product_attention)."""
+(tensor/nn_ops.py: scaled_dot_product_attention). Only where the scores' buffer would exceed
+`EXPANDED_BUFFER_BYTES` (below it the stored scores' tiled matmul is faster): the tests of the one-kernel path lower
+that bound to 0 (the `one_kernel` fixture) to exercise it on small shapes."""
 
 from __future__ import annotations
 
@@ -15,10 +17,20 @@ from zeptograd.codegen import full_rewrite
 from zeptograd.codegen.opt import OptOps
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.engine.schedule_cache import SCHEDULE_CACHE
+from zeptograd.schedule import cost
 from zeptograd.schedule.policy import MaterializationPolicy
 from zeptograd.uop.ops import Ops
 
 rng = np.random.default_rng(0)
+
+
+@pytest.fixture
+def one_kernel(monkeypatch):
+    """Every scores buffer counts as over the memory bound: the one-kernel path at any size (the schedule cache off,
+    so no schedule made under the default bound is reused)."""
+    monkeypatch.setattr(cost, "EXPANDED_BUFFER_BYTES", 0)
+    with Context(**{SCHEDULE_CACHE.key: 0}):
+        yield
 
 
 def kernels(t: Tensor) -> list:
@@ -41,7 +53,7 @@ def sdpa(shape, causal, device="CPU"):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 2048, 64), (2, 3, 256, 32)])
-def test_one_kernel_and_no_n_by_n_buffer(shape, causal):
+def test_one_kernel_and_no_n_by_n_buffer(shape, causal, one_kernel):
     """One kernel; its buffers are the output and q, k, v (each B*H*N*d elements), nothing of N x N; inside it two
     row buffers of N floats (the scores row and the exp row), exp computed once per score."""
     (item,) = kernels(sdpa(shape, causal))
@@ -51,7 +63,7 @@ def test_one_kernel_and_no_n_by_n_buffer(shape, causal):
     assert count(item.ast, Ops.EXP2) == 1
 
 
-def test_the_decision_before_and_after(monkeypatch):
+def test_the_decision_before_and_after(monkeypatch, one_kernel):
     """Before (no reduce in a row buffer's fill: the scores row costs a load, and its contraction is decided on its
     own): the scores are stored, an N x N buffer written by a tiled matmul kernel and read by a second kernel. After:
     the scores' contraction is computed in their row buffer's fill, one kernel. The walk's decisions: the scores
@@ -87,7 +99,7 @@ def test_scores_no_larger_than_q_and_k_are_stored():
     assert sum(count(item.ast, Ops.EXP2) for item in items) == 1
 
 
-def test_the_exp_row_is_filled_in_its_sum_not_in_the_product_with_v():
+def test_the_exp_row_is_filled_in_its_sum_not_in_the_product_with_v(one_kernel):
     """exp is read in two reduces over the keys: its sum (per query row) and the product with v (per query row and
     output column). The sum's loop runs first (fewer loops around it), so it fills the row buffer; the product's
     loop loads it, after the sum's REDUCE."""
@@ -104,7 +116,7 @@ def test_the_exp_row_is_filled_in_its_sum_not_in_the_product_with_v():
     assert sum_reduce.op is Ops.REDUCE and sum_reduce.arg is Ops.ADD and exp in sum_reduce.toposort()
 
 
-def test_the_output_columns_are_independent_accumulators():
+def test_the_output_columns_are_independent_accumulators(one_kernel):
     """The product with v runs per query row over the head dimension's vectors: each vector accumulates a reduce over
     the keys, so the head dimension is upcast past one vector (8 lanes x 8 with AVX2's 32 bytes): independent
     multiply-add chains (codegen/opt/heuristic.py: vectorize_own_loops, reduces_along)."""
@@ -114,7 +126,7 @@ def test_the_output_columns_are_independent_accumulators():
     assert [o.arg for o in upcasts] == [8, 8]
 
 
-def test_the_exp_loop_is_vectorized():
+def test_the_exp_loop_is_vectorized(one_kernel):
     """The exp loop reads the scores row and fills the exp row, both row buffers, and no buffer in memory: it gets a
     vector of its own (codegen/opt/heuristic.py: vectorize_own_loops counts row-buffer accesses, as the expander's
     choose_vector_ranges does), so LLVM computes exp2 as a vector polynomial, not one libm call per score."""
@@ -129,7 +141,7 @@ def reference(arrs, causal):
 
 
 @pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON", "CL"])
-def test_values_match_torch(device):
+def test_values_match_torch(device, one_kernel):
     """Odd lengths (a vector tail in each row loop), several heads; PYTHON at small sizes. CL builds no row buffer
     (a GPU's output loops are threads): several kernels there, the same values."""
     if device == "CL":
@@ -149,7 +161,7 @@ def test_values_match_torch(device):
 
 
 @pytest.mark.parametrize("device", ["CPU", "CPU:C"])
-def test_values_under_noopt(device):
+def test_values_under_noopt(device, one_kernel):
     """No optimizer actions: the scores' dot product is a reduce loop nested in the max's loop (codegen/prefetch.py
     hints no load of a nested reduce's loop at the outer loop)."""
     arrs = [rng.standard_normal((1, 2, 100, 16)).astype(np.float32) for _ in range(3)]
@@ -162,7 +174,7 @@ def test_values_under_noopt(device):
             np.testing.assert_allclose(got, reference(arrs, causal), rtol=1e-5, atol=2e-6)
 
 
-def test_a_user_mask_and_the_gradients_match_torch():
+def test_a_user_mask_and_the_gradients_match_torch(one_kernel):
     """A float mask added to the scores (data, read in the scores' fill), and the backward through the one-kernel
     forward: every gradient as torch's."""
     arrs = [rng.standard_normal((1, 2, 48, 16)).astype(np.float32) for _ in range(3)]
@@ -179,9 +191,37 @@ def test_a_user_mask_and_the_gradients_match_torch():
         np.testing.assert_allclose(g.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_the_renderers_hold_the_rows_on_the_stack():
+def test_the_renderers_hold_the_rows_on_the_stack(one_kernel):
     """CPU:C renders the two row buffers as C arrays of the row's length."""
     (item,) = kernels(sdpa((1, 1, 96, 16), True, "CPU:C"))
     uops, _ = full_rewrite(item.ast, Device["CPU:C"].renderer)
     src = Device["CPU:C"].renderer.render("k", uops).src
     assert src.count("[96];") == 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_below_the_memory_bound_the_scores_are_stored(causal):
+    """At (1, 1, 2048, 64) the scores (16 MiB) are under EXPANDED_BUFFER_BYTES: the cost model weighs storing them and
+    does (a tiled matmul, 2-3x faster there than one query row at a time); the exp stays a row buffer computed once
+    per score, read by its sum and by the product with v: 2 kernels (3 with is_causal: the mask's compares, which
+    would run on the dot-product tile's scalars, get a kernel of their own)."""
+    n = 2048
+    items = kernels(sdpa((1, 1, n, 64), causal))
+    assert len(items) == (3 if causal else 2)
+    assert n * n in [buf.size for item in items for buf in item.bufs]
+    assert sum(count(item.ast, Ops.EXP2) for item in items) == 1
+
+
+def test_over_the_memory_bound_one_kernel(monkeypatch):
+    """The same program whose scores' buffer exceeds the bound (lowered to just under a small shape's scores):
+    one kernel, no N x N buffer; just over it, the scores are stored."""
+    shape, n = (1, 2, 256, 32), 256
+    scores_bytes = 2 * n * n * 4
+    monkeypatch.setattr(cost, "EXPANDED_BUFFER_BYTES", scores_bytes - 1)
+    (item,) = kernels(sdpa(shape, False))
+    assert max(buf.size for buf in item.bufs) == 2 * n * 32
+    assert row_buffer_sizes(item.ast) == [n, n]
+    monkeypatch.setattr(cost, "EXPANDED_BUFFER_BYTES", scores_bytes)
+    stored = kernels(sdpa(shape, False))
+    assert len(stored) == 2
+    assert 2 * n * n in [buf.size for item in stored for buf in item.bufs]

@@ -55,6 +55,12 @@ SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
 # 4 vectors with AVX2, 8 x 2 with AVX-512. Measured on an AVX2 host, 2 cores: (1000x512) @ (512x169) as a kernel of its
 # own ~130 GFLOPS, fused into a reduce over its 169 outputs (SqueezeNet's conv + relu + global pool) 5.5 GFLOPS
 TILE_REUSE = 8
+# a contraction's output that outgrows its operands (`CostModel.expands`: attention's N x N scores of N x d q and k,
+# N / 2d times their size) and whose buffer exceeds this is the memory cliff a row buffer removes: storing it is not
+# weighed. Below it the stored scores' tiled matmul is 2-3x faster than one query row at a time (a dot product per
+# score, k and v re-read from L3 per row): (1, 1, 2048, 64), 16 MiB of scores, 22-32 ms stored against 42-86 ms in one
+# kernel (torch ~20 ms), causal 71-84 ms against 107-120 ms; so there the normal comparison decides (it stores them)
+EXPANDED_BUFFER_BYTES = 256 << 20
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -225,11 +231,12 @@ class CostModel:
         work (read at a reduce's loop, no register tile forms: see TILE_REUSE).
 
         Where those contractions' output is larger than their operands (`expands`: attention's N x N scores of N x d
-        queries and keys), storing x is not weighed: its buffer is the memory cliff the row buffer removes (extra
-        memory of a row, not N x N), so the row buffer is compared with recomputing the contraction at each read
-        only. Measured on 2 AVX2 cores (one process, kernel time): (1, 1, 512, 64) attention one kernel 6.2 ms
-        against 7.2 ms with the scores stored; at 2048 a query row at a time re-reads the keys and values from L3
-        (96 ms against 41 ms stored)."""
+        queries and keys) and its buffer exceeds EXPANDED_BUFFER_BYTES, storing x is not weighed: its buffer is the
+        memory cliff the row buffer removes (extra memory of a row, not N x N), so the row buffer is compared with
+        recomputing the contraction at each read only. Below that bound the normal comparison decides: measured on 2
+        AVX2 cores (one process, kernel time), (1, 1, 512, 64) attention one kernel 6.2 ms against 7.2 ms with the
+        scores stored, but at 2048 a query row at a time re-reads the keys and values from L3 (42-96 ms against
+        22-41 ms stored), and the comparison stores them."""
         if self.index_only[x] or self.feeds_index[x] or x in self.selects:
             return False
         work = min(self.work[x] + sum(self.work[r] - LOAD for r in below), MAX_COST)
@@ -247,7 +254,7 @@ class CostModel:
         # (work 9) read twice is as fast recomputed as row-buffered (log_softmax, layernorm), exp(x - max) (31) is
         # 1.2-1.5x faster row-buffered (softmax at (4096, 4096), (512, 1000), (64, 1000))
         row = (work + STORE) * evals[fill] + LOAD * (reads - evals[fill])
-        if below and self.expands(x, below):
+        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > EXPANDED_BUFFER_BYTES:
             return row < inline
         mem = self.memory_scale(x)
         stored = self.work[x] + sum(self.tiled.get(r, self.work[r]) - LOAD for r in below)  # stored: tiled
