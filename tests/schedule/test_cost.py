@@ -155,11 +155,14 @@ def test_a_causal_mask_added_to_scores_is_data_not_an_index():
     """Only an arange, a comparison with one and arithmetic over those are index-only (folded by codegen, never
     stored); `qk + mask.where(0, -inf)` is data. Index-only, it made the whole causal softmax "index-only", and its
     exp was recomputed at each of the head dimension's columns of `@ v` (4 kernels, 1.7x the no-fusion baseline).
-    Now it is decided as without the mask, and the mask's compares, which would run on the scores' dot-product tile's
-    scalars, get a kernel of their own (split_epilogue_is_cheaper): one kernel more than without the mask."""
-    q, _ = realized(1, 2, 128, 32)
-    plain = len(kernels(q.scaled_dot_product_attention(q, q)))
-    assert len(kernels(q.scaled_dot_product_attention(q, q, is_causal=True))) == plain + 1
+    Now it is decided as without the mask: at (1, 2, 64, 64), where the scores are stored (their buffer is no larger
+    than q and k: schedule/cost.py, expands), the exp is computed once per score (a row buffer read by its sum and by
+    `@ v`) in as many kernels as without the mask; the mask is added as the scores are read, not a kernel of its own."""
+    q, _ = realized(1, 2, 64, 64)
+    plain = kernels(q.scaled_dot_product_attention(q, q))
+    causal = kernels(q.scaled_dot_product_attention(q, q, is_causal=True))
+    assert len(causal) == len(plain) == 2
+    assert sum(u.op is Ops.EXP2 for item in causal for u in item.ast.toposort()) == 1
     s, _ = realized(4, 4)
     mask = Tensor.ones(4, 4).tril().where(0, -float("inf"))
     sink = (s + mask).uop

@@ -70,12 +70,18 @@ def access_counts(ast: UOp) -> dict[UOp, int]:
             u: set(red.src[1:]) for red in nest.toposort() if red.op is Ops.REDUCE for u in red.src[0].toposort()
         }
         for u in nest.toposort():
-            if u.op is Ops.INDEX and u.src[0].op is Ops.DEFINE_GLOBAL:
+            if u.op is Ops.INDEX and (u.src[0].op is Ops.DEFINE_GLOBAL or row_buffer_of(u) is not None):
                 own = set(u.src[1].ranges)
                 inner = under_reduce.get(u, set())  # an index using none of them is hoisted out of the reduce
                 scope = outer | own | (inner if own & inner else set())
                 counts[u] = prod(trip_count(r) for r in scope if r.op is Ops.RANGE and r.src[0].op is Ops.CONST)
     return counts
+
+
+def row_buffer_of(ix: UOp) -> UOp | None:
+    """The row buffer (a DEFINE_REG array: schedule/kernel.py) an INDEX reads or writes, directly or after its fill."""
+    base = ix.src[0].src[0] if ix.src[0].op is Ops.AFTER and ix.src[0].src else ix.src[0]
+    return base if base.op is Ops.DEFINE_REG else None
 
 
 def live_ranges(nodes: list[UOp], ranges: AbstractSet[UOp]) -> dict[UOp, frozenset[UOp]]:

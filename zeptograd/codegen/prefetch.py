@@ -100,17 +100,23 @@ def prefetch_next_rows(sink: UOp) -> UOp:
         if red.op is not Ops.REDUCE:
             continue
         body = list(red.src[0].toposort())
-        earlier = [u for u in body if u.op is Ops.REDUCE]
+        own = set(red.src[1:])
+        # a reduce nested inside this one's loop (attention's scores, a dot product per element of the row) varies
+        # along it: not a loop that ran before, and its loads are in its own loop, not this one's body
+        nested = [u for u in body if u.op is Ops.REDUCE and own & set(u.ranges)]
+        earlier = [u for u in body if u.op is Ops.REDUCE and u not in nested]
         if not earlier:  # no loop of this row ran before this one
             continue
         read_before = {u.src[0].src[0] for e in earlier for u in e.src[0].toposort() if _global_load(u)}
-        own = set(red.src[1:])
+        inner = {r for u in nested for r in u.src[1:]}
         hints: list[UOp] = []
         hinted: list[tuple[UOp, UOp, int]] = []  # (a hinted load's index, its row loop, the row stride)
         starts: set[tuple] = set()  # where the row's loads start, at the first iteration of this loop
         for u in body:
             if not _global_load(u) or u.src[0].src[0] not in read_before or not own & set(u.src[0].src[1].toposort()):
                 continue
+            if inner & set(u.src[0].src[1].toposort()):
+                continue  # read in a nested reduce's loop
             idx = u.src[0].src[1]
             if (start := _row_start(idx, own)) is not None:
                 starts.add(start)

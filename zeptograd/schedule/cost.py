@@ -55,6 +55,12 @@ SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
 # 4 vectors with AVX2, 8 x 2 with AVX-512. Measured on an AVX2 host, 2 cores: (1000x512) @ (512x169) as a kernel of its
 # own ~130 GFLOPS, fused into a reduce over its 169 outputs (SqueezeNet's conv + relu + global pool) 5.5 GFLOPS
 TILE_REUSE = 8
+# a contraction's output that outgrows its operands (`CostModel.expands`: attention's N x N scores of N x d q and k,
+# N / 2d times their size) and whose buffer exceeds this is the memory cliff a row buffer removes: storing it is not
+# weighed. Below it the stored scores' tiled matmul is 2-3x faster than one query row at a time (a dot product per
+# score, k and v re-read from L3 per row): (1, 1, 2048, 64), 16 MiB of scores, 22-32 ms stored against 42-86 ms in one
+# kernel (torch ~20 ms), causal 71-84 ms against 107-120 ms; so there the normal comparison decides (it stores them)
+EXPANDED_BUFFER_BYTES = 256 << 20
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -217,11 +223,24 @@ class CostModel:
                 break
         return est
 
-    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill) -> bool:
+    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill, below: set[UOp]) -> bool:
         """Whether x, read across one row at several places of a kernel (`MaterializationPolicy.row_buffer_request`),
         costs least computed once per element at its fill read and kept in a row buffer (a store there, a load at
-        each other read, in L1) rather than recomputed at every read (inlined) or stored in memory."""
-        if self.index_only[x] or self.feeds_index[x] or x in self.selects or self.work[x] <= LOAD:
+        each other read, in L1) rather than recomputed at every read (inlined) or stored in memory. `below`: the
+        reduces x's fill computes with it (attention's scores, a contraction over d), each element's at its untiled
+        work (read at a reduce's loop, no register tile forms: see TILE_REUSE).
+
+        Where those contractions' output is larger than their operands (`expands`: attention's N x N scores of N x d
+        queries and keys) and its buffer exceeds EXPANDED_BUFFER_BYTES, storing x is not weighed: its buffer is the
+        memory cliff the row buffer removes (extra memory of a row, not N x N), so the row buffer is compared with
+        recomputing the contraction at each read only. Below that bound the normal comparison decides: measured on 2
+        AVX2 cores (one process, kernel time), (1, 1, 512, 64) attention one kernel 6.2 ms against 7.2 ms with the
+        scores stored, but at 2048 a query row at a time re-reads the keys and values from L3 (42-96 ms against
+        22-41 ms stored), and the comparison stores them."""
+        if self.index_only[x] or self.feeds_index[x] or x in self.selects:
+            return False
+        work = min(self.work[x] + sum(self.work[r] - LOAD for r in below), MAX_COST)
+        if work <= LOAD:
             return False
         evals = {}
         for (idx, valid), scope in reqs.items():
@@ -230,14 +249,33 @@ class CostModel:
                 return False
             evals[(idx, valid)] = prod(trips)
         reads = sum(evals.values())
-        inline = self.work[x] * reads
-        mem = self.memory_scale(x)
-        keep = (self.work[x] + STORE * mem) * prod(x.tensor_shape) + KERNEL + LOAD * mem * reads
+        inline = work * reads
         # a row buffer's store and load cost what a cached buffer's do: measured (kernel times, one process), x - max
         # (work 9) read twice is as fast recomputed as row-buffered (log_softmax, layernorm), exp(x - max) (31) is
         # 1.2-1.5x faster row-buffered (softmax at (4096, 4096), (512, 1000), (64, 1000))
-        row = (self.work[x] + STORE) * evals[fill] + LOAD * (reads - evals[fill])
+        row = (work + STORE) * evals[fill] + LOAD * (reads - evals[fill])
+        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > EXPANDED_BUFFER_BYTES:
+            return row < inline
+        mem = self.memory_scale(x)
+        stored = self.work[x] + sum(self.tiled.get(r, self.work[r]) - LOAD for r in below)  # stored: tiled
+        keep = (stored + STORE * mem) * prod(x.tensor_shape) + KERNEL + LOAD * mem * reads
         return row < inline and row < keep
+
+    def expands(self, x: UOp, contractions: set[UOp]) -> bool:
+        """Whether x (the output of these contractions, through elementwise ops) has more elements than the
+        contractions' operands together: a product of broadcast operands whose buffer would outgrow its inputs
+        (attention's N x N scores of N x d queries and keys: N / 2d times their size)."""
+        operands = 0
+        for red in contractions:
+            if not self.static(red.src[0]) or red.src[0].op is not Ops.MUL:
+                return False
+            for s in red.src[0].src:
+                while s.op in GroupOp.Movement and s not in self.realized:
+                    s = s.src[0]
+                if not self.static(s):
+                    return False
+                operands += prod(s.tensor_shape)
+        return self.static(x) and prod(x.tensor_shape) > operands
 
     def inline_is_costlier(self, x: UOp, reqs: dict) -> bool:
         return self.inline_estimate(x, reqs).costlier

@@ -89,21 +89,20 @@ def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at)
         mapping[UOp(Ops.INDEX, b.dtype, (b, b.src[1]))] = value.after(buf.index(r).store(value))
         reads[buf], computed[buf] = r, value
     lowered = graph_substitute(values, mapping)
-    if not reads:
-        return lowered
-    nodes = lowered.toposort()
-    fills: dict[UOp, UOp] = {}
+    # one row buffer at a time, in the order they are filled: a later fill's reduce reads an earlier row buffer
+    # (attention's exp reads the scores row), so its loads are made first and the later reads wait for that reduce
     for buf, r in reads.items():
-        if (red := next((u for u in nodes if u.op is Ops.REDUCE and r in u.src[1:]), None)) is not None:
-            fills[buf] = red
-    loads: dict[UOp, UOp] = {}
-    for u in nodes:
-        if u.op is Ops.INDEX and u.src[0] in reads and u.src[1] is not reads[u.src[0]]:
-            if (fill := fills.get(u.src[0])) is not None:
-                loads[u] = u.src[0].after(fill).index(*u.src[1:]).load()
-            else:  # the fill's reduce went to another kernel (a reader of an older version): computed at the read
-                loads[u] = computed[u.src[0]].substitute({reads[u.src[0]]: u.src[1]})
-    return graph_substitute(lowered, loads)
+        nodes = lowered.toposort()
+        fill = next((u for u in nodes if u.op is Ops.REDUCE and r in u.src[1:]), None)
+        loads: dict[UOp, UOp] = {}
+        for u in nodes:
+            if u.op is Ops.INDEX and u.src[0] is buf and u.src[1] is not r:
+                if fill is not None:
+                    loads[u] = buf.after(fill).index(*u.src[1:]).load()
+                else:  # the fill's reduce went to another kernel (a reader of an older version): computed at the read
+                    loads[u] = computed[buf].substitute({r: u.src[1]})
+        lowered = graph_substitute(lowered, loads)
+    return lowered
 
 
 def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ...], UOp | None, tuple]:

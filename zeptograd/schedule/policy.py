@@ -36,6 +36,7 @@ class MaterializationPolicy:
         self.rf = rf
         self.many_reads: set[UOp] = set()  # materialized only to bound the index walk (MAX_REQUESTS)
         self.inlined: dict[UOp, bool] = {}  # cheaper_inlined's answer per BUFFERIZE (asked at each of its reads)
+        self.row_fill_reduces: set[UOp] = set()  # reduces below a row buffer's value, computed in its fill
 
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
@@ -52,6 +53,8 @@ class MaterializationPolicy:
             return decided(self, x, reqs, True, "read at over MAX_REQUESTS index sets: computed once")
         if x.op is Ops.RESHAPE and any(index_size(i) > MAX_INDEX_NODES for req in reqs for i in req[0]):
             return decided(self, x, reqs, True, "views composed divmods that do not fold: a copy keeps indexing linear")
+        if x in self.row_fill_reduces and len(reqs) == 1:  # read only by a row buffer's fill: once per element
+            return decided(self, x, reqs, False, "a reduce computed in a row buffer's fill (attention's scores)")
         if x.op is Ops.REDUCE_AXIS:
             if (hoisted := self.hoisted_reduce_requests(x, reqs)) is None:
                 return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along (not hoistable)")
@@ -126,6 +129,8 @@ class MaterializationPolicy:
         if not all(idx[-1].op is Ops.RANGE and const_trip_count(idx[-1]) == n for idx, _ in reqs):
             return None  # a read at an expression of the row's index (a shifted or flipped row)
         fills = [req for req in reqs if req[0][-1].arg[1] is AxisType.REDUCE and self.reduces_alone(req[0][-1])]
+        if len(fills) > 1:  # reads in several reduces over the row: the fill is the one the others' reduces read
+            fills = self.first_reduce(fills, reqs)
         if len(fills) != 1:
             return None
         fill, rows = fills[0], {idx[-1] for idx, _ in reqs}
@@ -133,7 +138,54 @@ class MaterializationPolicy:
         inside = any(req != fill and fill[0][-1] in scope for req, scope in reqs.items())
         if inside or rows & reqs[fill] - {fill[0][-1]}:
             return None
-        return fill if self.cost.row_buffer_is_cheaper(x, reqs, fill) else None
+        below = self.reduces_below(x, fill)
+        if not self.cost.row_buffer_is_cheaper(x, reqs, fill, below):
+            return None
+        self.row_fill_reduces |= below
+        return fill
+
+    def reduces_below(self, x: UOp, fill: Request) -> set[UOp]:
+        """The reduces x's value at its fill reads through elementwise and view ops only (not through a materialized
+        node, another reduce or a node something else reads too) that vary along the row (attention's scores, a
+        contraction over d read through the scale and the mask; not a row statistic such as the max, computed once
+        per row): a row buffer's fill computes them once per element of the row."""
+        row = fill[0][-1]
+        found: set[UOp] = set()
+        seen: set[tuple[UOp, Request]] = set()
+        stack = [(s, sreq) for s, sreq, _ in self.rf.src_requests(x, fill)]
+        while stack:
+            u, req = stack.pop()
+            if (u, req) in seen or u in self.rf.realize or len(self.cost.consumers.get(u, [])) > 1:
+                continue  # (a node read elsewhere too, the scores read by their max: decided at its own reads)
+            seen.add((u, req))
+            if u.op is Ops.REDUCE_AXIS:
+                if any(row in i.ranges for i in req[0]):
+                    found.add(u)
+            elif u.op in GroupOp.Elementwise or u.op in GroupOp.Movement:
+                stack.extend((s, sreq) for s, sreq, _ in self.rf.src_requests(u, req))
+        return found
+
+    def first_reduce(self, reads: list[Request], reqs: Requests) -> list[Request]:
+        """Of reads at reduce ranges over one row, the one whose reduce runs first, so it fills the row buffer the
+        others read: a reduce the others' reduces read (the scores' max, read by the exp's sum), or one in fewer
+        loops than each other read (the exp's sum, per query row, before the loop over v's columns whose product
+        with v reads the exp again). [] where no read is first."""
+        reduce_of = {rngs[-1]: x for (x, _), rngs in self.rf.red_ranges.items() if rngs}
+        found = [reduce_of.get(req[0][-1]) for req in reads]
+        reduces = [red for red in found if red is not None]
+        if len(reduces) != len(reads):
+            return []
+        graphs = [red.toposort(gate=lambda u: u not in self.rf.realize) for red in reduces]
+        outer = [reqs[req] - {req[0][-1]} for req in reads]
+        return [
+            req
+            for req, red, loops in zip(reads, reduces, outer)
+            if all(
+                red in graph or loops < other_loops
+                for other, graph, other_loops in zip(reduces, graphs, outer)
+                if other is not red
+            )
+        ]
 
     def reduces_alone(self, r: UOp) -> bool:
         """Whether reduce range r belongs to a reduce over r alone (its loop is the row's: the fill's loop)."""

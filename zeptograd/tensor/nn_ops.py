@@ -396,7 +396,12 @@ class NNMixin:
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
         if attn_mask is not None:
             qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
-        return qk.softmax(-1).dropout(dropout_p) @ value
+        # softmax(qk) @ v with the division after the product (as flash attention): sum_j (e_j / l) v_j =
+        # (sum_j e_j v_j) / l, so the scheduler keeps exp's row in a row buffer read by the sum and by the product with
+        # v, and the N x N probabilities are never a tensor of their own (dropout's mask scales e_j as it did e_j / l)
+        x = qk._float()
+        e = (x - x.detach()._max(-1, keepdim=True)).exp()
+        return (e.dropout(dropout_p) @ value) / e.sum(-1, keepdim=True)
 
     # ***** classification helpers and losses *****
     def _one_hot_along(self: Tensor, num_classes: int, dim: int = -1) -> Tensor:
