@@ -52,6 +52,20 @@ def test_reduces_read_through_a_cat_are_each_stored():
     np.testing.assert_allclose(out.numpy(), np.concatenate([an @ wn for _, an in parts]), rtol=1e-4, atol=1e-3)
 
 
+def test_row_reduces_concatenated_along_columns_are_each_stored():
+    """cat(a0.max(1, keepdim=True), ..., a7.max(1, keepdim=True), dim=1): each part's max is read at its own column
+    under a pad's gate, which gates the max's loads, so inlined every max ran at all 8 columns of a row (one kernel,
+    3-4x the no-fusion time). The reduce is not hoisted past the loops its gate varies along: each max is stored."""
+    parts = [realized(256, 128) for _ in range(8)]
+    out = Tensor.cat(*[a.max(1, keepdim=True) for a, _ in parts], dim=1)
+    assert len(kernels(out)) == 9
+    np.testing.assert_array_equal(out.numpy(), np.concatenate([an.max(1, keepdims=True) for _, an in parts], 1))
+    (x, xn) = realized(4, 8)  # small: the work recomputed costs less than a kernel
+    small = Tensor.cat(x.max(1, keepdim=True), x.sum(1, keepdim=True), dim=1)
+    assert len(kernels(small)) == 1
+    np.testing.assert_allclose(small.numpy(), np.stack([xn.max(1), xn.sum(1)], 1), rtol=1e-6)
+
+
 def test_a_value_read_transposed_is_stored():
     """y + y.T: the transposed read of an inlined y reads each of y's four inputs across rows."""
     (a, an), (b, bn), (c, cn), (d, dn) = (realized(256, 256) for _ in range(4))

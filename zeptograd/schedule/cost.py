@@ -209,7 +209,7 @@ class CostModel:
         own = self.tiled.get(x, self.work[x])  # materialized, a contraction's outputs are its kernel's loops: a tile
         est = InlineEstimate(keep=(own + STORE * mem) * prod(x.tensor_shape) + KERNEL)
         for (idx, valid), scope in reqs.items():
-            trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
+            trips = [const_trip_count(r) for r in evaluated_in(idx, scope, valid)]
             if any(t is None for t in trips):
                 return InlineEstimate(why_none="a symbolic loop: no estimate")
             strided = reads_across_rows(idx, scope)
@@ -244,7 +244,7 @@ class CostModel:
             return False
         evals = {}
         for (idx, valid), scope in reqs.items():
-            trips = [const_trip_count(r) for r in evaluated_in(idx, scope)]
+            trips = [const_trip_count(r) for r in evaluated_in(idx, scope, valid)]
             if any(t is None for t in trips):
                 return False
             evals[(idx, valid)] = prod(trips)
@@ -358,10 +358,12 @@ def lanes(r: UOp) -> int:
     return d if d >= 4 else 0
 
 
-def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp]) -> list[UOp]:
+def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp], valid: UOp | None = None) -> list[UOp]:
     """The loops an inlined value is evaluated in: those its index varies along and those around them. A loop nested
-    inside all of them is not: the linearizer places work that does not vary along a loop before the loop opens."""
-    used = {r for i in idx for r in i.ranges}
+    inside all of them is not: the linearizer places work that does not vary along a loop before the loop opens. A
+    pad's gate (`valid`) gates the value's loads, so the loops the gate varies along count too: a cat of 8 row maxes
+    computes every part's max at each of the 8 output columns, its loads gated off at 7 of them."""
+    used = {r for i in idx for r in i.ranges} | (set(valid.ranges) if valid is not None else set())
     inner = max((r.arg[0] for r in used), default=-1)
     return [r for r in scope if r in used or r.arg[0] < inner]
 

@@ -85,10 +85,12 @@ class MaterializationPolicy:
         and layernorm's row statistics, read across the row), and on a CPU only: a GPU's output loops are threads,
         each of which would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
         passes over a row after the first read it from a core's cache: softmax reads each row from memory once.
-        A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored."""
+        A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored. A pad's
+        gate gates the reduce's loads, so the loops the gate varies along are used too: a cat of row maxes computes
+        each part's max at every column of the cat, not once per row (schedule/cost.py: evaluated_in)."""
         narrowed: Requests = {}
         for req, scope in reqs.items():
-            used = {r for i in req[0] for r in i.ranges}
+            used = {r for i in req[0] for r in i.ranges} | (set(req[1].ranges) if req[1] is not None else set())
             unused = scope - used
             if unused and not self.hoistable(x, used, unused):
                 return None
