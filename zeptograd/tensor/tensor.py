@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zeptograd import gradient as _gradient
 from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
@@ -74,6 +75,9 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
     ref.key = key = next(_tensor_ids)
     _live_data[key] = ref
     return t
+
+
+_gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of each forward node they read)
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -460,7 +464,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             if id(t) not in reached:
                 raise ArgumentError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
         parts = {u for t in targets if t.uop.op is Ops.MULTI for u in t.uop.src}
-        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts))
+        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts), nodes)
         return [g if (g := _leaf_grads(t, found, grads)) is not None else t.zeros_like() for t in targets]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
@@ -476,7 +480,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not leaves:
             raise RuntimeError("backward: no tensor in this graph requires grad (create one with requires_grad=True)")
         parts = {u for t in leaves if t.uop.op is Ops.MULTI for u in t.uop.src}
-        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts))
+        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts), nodes)
         for t in leaves:
             if (g := _leaf_grads(t, found, grads)) is not None:
                 t.grad = g if t.grad is None else t.grad + g
