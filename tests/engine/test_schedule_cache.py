@@ -317,3 +317,26 @@ def test_a_cached_write_gives_its_target_a_new_node(count):
         expected = expected * 3
         assert w.uop is not before
     assert sc.Stats.hits >= hits + 4  # the writes and sums after the first of each came from the cache
+
+
+def test_a_plan_notes_an_output_node_only_if_something_else_holds_it(count, monkeypatch):
+    """A plan's output node that nothing but its tensor held dies at the realize: it is not noted as realized (no
+    entry made to be dropped at once); one that something else holds is, and reads its buffer."""
+    from zeptograd.engine import realize
+
+    a, b = realized(rnd(16, seed=11)), realized(rnd(16, seed=12))
+    count.realize(a + b)  # the template and its plan
+    noted = []
+    real_remember = realize.remember_realized
+    monkeypatch.setattr(
+        realize, "remember_realized", lambda node, value: noted.append(node) or real_remember(node, value)
+    )
+    hits = sc.Stats.hits
+    (a + b).realize()
+    assert noted == [] and sc.Stats.hits == hits + 1
+    c = a + b
+    held = c.uop
+    c.realize()
+    assert noted == [held] and realize.realized_value(held) is c.uop
+    monkeypatch.undo()
+    np.testing.assert_allclose(c.numpy(), a.numpy() + b.numpy(), rtol=1e-6)

@@ -61,6 +61,7 @@ _superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakK
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
+_ASSIGN = Ops.ASSIGN  # (a global read is cheaper than Ops.ASSIGN's attribute lookup)
 _NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # buffer_under's: each element once
 
 
@@ -492,10 +493,18 @@ def realize_tensors(tensors: list[Tensor]):
             not (_superseded_data or _capturing.stack or VIZ.value or DEBUG.value)
             and _cache_on.value
             and not (_pending_writes and _writes_seen_by_views(tensors))
-            and not any(t.uop.op is Ops.ASSIGN for t in tensors)  # (never keyed: fast_key would walk, then refuse)
         ):
-            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
-            fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)
+            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated);
+            # not for a write (never keyed: fast_key would walk its graph, then refuse at the ASSIGN)
+            # (no local holds an output node: _run_plan notes a node as realized only if something else holds it)
+            if len(tensors) == 1:
+                if tensors[0].uop.op is _ASSIGN:
+                    return _realize_tensors(tensors)
+                fast = _fast_key([tensors[0].uop], _realized_data)
+            else:
+                if any(t.uop.op is _ASSIGN for t in tensors):
+                    return _realize_tensors(tensors)
+                fast = _fast_key([t.uop for t in tensors], _realized_data)
             if fast is not None and (plan := _plans.get(fast[0])) is not None and _run_plan(plan, fast[1], tensors):
                 schedule_cache.Stats.hits += 1
                 return
