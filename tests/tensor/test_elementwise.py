@@ -896,12 +896,15 @@ def test_int_division_by_a_vectorized_tensor():
     "dtype, scalar",
     [(dtypes.float32, 2.5), (dtypes.int32, 2.5), (dtypes.int32, 3), (dtypes.bool, 1), (dtypes.bool, True)],
 )
-def test_python_scalar_operand_builds_a_broadcast_constant(dtype, scalar):
+def test_python_scalar_operand_builds_a_broadcast_constant(dtype, scalar, monkeypatch):
     """A Python number beside a tensor is its constant broadcast to the tensor's shape: the very nodes a 0-d tensor of
     it gives (promoted as torch's weak scalars), built without the Tensors between (a 0-d one, its reshape and
     expand)."""
     from zeptograd.engine.realize import tensor_clock
     from zeptograd.tensor.elementwise import scalar_dtype
+    from zeptograd.uop import variable
+
+    monkeypatch.setattr(variable, "in_use", False)  # (no Variable here: another test may have bound one)
 
     t = Tensor(np.arange(6).reshape(2, 3)).cast(dtype)
     as_0d = Tensor(scalar, dtype=scalar_dtype(scalar, dtype))

@@ -135,8 +135,9 @@ def with_realized_values(uops: list[UOp]) -> list[UOp]:
     hold none (`_clean`); where it finds none, the nodes it walked are marked so."""
     sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
     count = _realized_count[0]
-    nodes = sink.toposort(gate=lambda u: u not in _clean and u not in _realized)
-    mapping = {u: _realized[u] for u in nodes if u in _realized and _realized[u] is not u}
+    ref, clean, realized = weakref.ref, _clean_data, _realized_data  # (the weak sets' own dicts: no frame per node)
+    nodes = sink.toposort(gate=lambda u: (r := ref(u)) not in clean and r not in realized)
+    mapping = {u: v for u in nodes if (v := realized.get(ref(u))) is not None and v is not u}
     if mapping:
         return list(graph_substitute(sink, mapping).src)
     if count == _realized_count[0]:

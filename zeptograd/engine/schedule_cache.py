@@ -303,6 +303,7 @@ last_used: list[tuple[Walk, Template] | None] = [None]
 # - used: whether the node is the source of a keyed node.
 # Graphs with an ASSIGN (its arg is unique: the walk numbers them), a Variable or a BUFFER without a Buffer are not
 # keyed here: they take the walk.
+_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN  # (global reads: Ops.X goes through the enum metaclass's getattr hook)
 _structures: dict[tuple, int] = {}
 MAX_STRUCTURES = 1 << 16  # then the ids start again, in a new generation (graphs with ever-new constants)
 _generation = [0]
@@ -338,7 +339,7 @@ def _merge(parts: list[tuple[UOp, ...]]) -> tuple[tuple[UOp, ...], tuple[int, ..
 def _key_node(u: UOp) -> bool:
     """Memo u, whose sources have memos of this generation checked at this epoch; False if u is not keyed here."""
     op, src = u.op, u.src
-    if op is Ops.BUFFER:
+    if op is _BUFFER:
         if (buf := _buffers_data.get(weakref.ref(u))) is None:
             return False
         structure: tuple = (op, u.dtype, u.arg[1], src[0]._cache_key[1])  # type: ignore[index]
@@ -347,7 +348,7 @@ def _key_node(u: UOp) -> bool:
         # (itself: _leaves), and its Buffer (a BUFFER node's never changes): a plan reads it here, not in `buffers`
         u._cache_key = [_generation[0], sid, None, epoch[0], False, buf]
         return True
-    elif op is Ops.ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
+    elif op is _ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
         return False
     else:
         arg = u.arg

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 _COMPARISONS = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))  # (their result is bool)
 _PY_NUMBERS = frozenset((float, int, bool))
+# the most common ops as globals (on 3.11 an Ops.X read goes through the enum metaclass's getattr hook: uop/ops.py)
+_ADD, _MUL = Ops.ADD, Ops.MUL
 
 
 def _category(dt: DType) -> int:
@@ -127,7 +129,7 @@ class ElementwiseMixin:
 
     # ***** arithmetic *****
     def add(self: Tensor, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.ADD, x, reverse)
+        return self._binary(_ADD, x, reverse)
 
     def sub(self: Tensor, x, reverse: bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
@@ -136,7 +138,7 @@ class ElementwiseMixin:
         return a._alu(Ops.SUB, b)
 
     def mul(self: Tensor, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.MUL, x, reverse)
+        return self._binary(_MUL, x, reverse)
 
     def div(self: Tensor, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         a, b = self._operands(x, reverse)
@@ -421,10 +423,10 @@ class ElementwiseMixin:
 
     # ***** Python operators *****
     def __add__(self, x):  # (add's body, one call fewer: `a + b` is the most common op of all)
-        return self._binary(Ops.ADD, x)
+        return self._binary(_ADD, x)
 
     def __radd__(self, x):
-        return self._binary(Ops.ADD, x, True)
+        return self._binary(_ADD, x, True)
 
     def __sub__(self, x):
         return self.sub(x)
@@ -433,10 +435,10 @@ class ElementwiseMixin:
         return self.sub(x, True)
 
     def __mul__(self, x):
-        return self._binary(Ops.MUL, x)
+        return self._binary(_MUL, x)
 
     def __rmul__(self, x):
-        return self._binary(Ops.MUL, x, True)
+        return self._binary(_MUL, x, True)
 
     def __truediv__(self, x):
         return self.div(x)
