@@ -753,11 +753,18 @@ def _memories_read(root: UOp) -> frozenset[int]:
                     waiting = True
             if waiting:
                 continue
-            srcs = [known[ref(s)] for s in u.src]
-            mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
-            for m in srcs:
-                if not m <= mems:
-                    mems = mems | m
+            src = u.src
+            if len(src) == 1:
+                mems = known[ref(src[0])]
+            elif len(src) == 2:  # (the common case, without the general loop)
+                m0, m1 = known[ref(src[0])], known[ref(src[1])]
+                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1
+            else:
+                srcs = [known[ref(s)] for s in src]
+                mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
+                for m in srcs:
+                    if not m <= mems:
+                        mems = mems | m
         known[ref(u, _memories_remove)] = mems  # _memories[u] = mems
         stack.pop()
     return known[ref(root)]
