@@ -399,7 +399,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             self.uop = value  # (pending is None: an ASSIGN's target has a buffer)
         else:
             stops = {target} if pending is None else {target, pending}
-            nodes = value.toposort(gate=lambda u: u not in stops)  # what was built since `pending` (and no further)
+            nodes = value.toposort(stops=stops)  # what was built since `pending` (and no further)
             reads_elsewhere = _reads_target_elsewhere(target, value, nodes, stops)
             if pending is not None:  # fold into one write whose value reads the previous value
                 value = _substitute_walked(value, nodes, pending, pending.src[1])
