@@ -44,6 +44,7 @@ _tensor_ids = itertools.count()
 _live_data = live_tensors.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
 _live_remove = live_tensors._remove  # type: ignore[attr-defined]  # the callback its references carry
 _grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
+_grad_remove = _grad_uops._remove  # type: ignore[attr-defined]  # the callback its references carry
 _former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
 
 
@@ -203,14 +204,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             _live_data[key] = ref
         else:
             ret = Tensor(uop, device=device or self.device)
-        if _grad_data and any(weakref.ref(s) in _grad_data for s in (uop.src if inputs is None else inputs)):
-            if Tensor._grad_off:
-                ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
-                if isinstance(ret.device, tuple):
-                    ret.uop = multi.lower(ret.uop, ret.device)
-            else:
-                _grad_uops.add(ret.uop)
-                ret.requires_grad = True
+        if _grad_data:
+            for s in uop.src if inputs is None else inputs:  # (a loop, not any() over a generator: every op runs it)
+                if weakref.ref(s) in _grad_data:
+                    if Tensor._grad_off:
+                        ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
+                        if isinstance(ret.device, tuple):
+                            ret.uop = multi.lower(ret.uop, ret.device)
+                    else:
+                        _grad_data.add(weakref.ref(ret.uop, _grad_remove))  # _grad_uops.add(ret.uop), without a frame
+                        ret.requires_grad = True
+                    break
         return ret
 
     # ***** properties *****
