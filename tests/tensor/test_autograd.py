@@ -265,3 +265,34 @@ def test_one_rule_per_primitive():
         Ops.CAST,
     ):
         assert op in pm_gradient.pdict, f"no gradient rule for {op}"
+
+
+def test_hand_written_sgd_loop_reading_the_loss_matches_torch():
+    """The bench's eager step (update by `p.assign(p.detach() - lr * p.grad)`, the loss realized with the update and
+    read after it): each step's loss is torch's. (Once the write's schedule came from the cache it gave the weight
+    back its old BUFFER node, and a loss graph realized from the old values, kept alive for backward, answered for
+    a later step's: losses repeated.)"""
+    rng = np.random.default_rng(3)
+    x, w0 = rng.normal(size=(8, 5)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32) * 0.5
+    labels = rng.integers(0, 3, size=8)
+    onehot = np.eye(3, dtype=np.float32)[labels]
+    zw, tw = Tensor(w0, requires_grad=True).realize(), torch.tensor(w0, requires_grad=True)
+    zx, zy = Tensor(x), Tensor(onehot)
+
+    def step():
+        loss = -((zx @ zw).log_softmax(1) * zy).sum(1).mean()
+        loss.backward()
+        zw.assign(zw.detach() - 0.1 * zw.grad)
+        Tensor.realize(loss, zw)
+        zw.grad = None
+        return loss
+
+    for _ in range(5):
+        zl = step().item()
+        tl = torch.nn.functional.cross_entropy(torch.tensor(x) @ tw, torch.tensor(labels))
+        tl.backward()
+        with torch.no_grad():
+            tw -= 0.1 * tw.grad
+            tw.grad = None
+        assert zl == pytest.approx(tl.item(), rel=1e-5)
+    np.testing.assert_allclose(zw.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
