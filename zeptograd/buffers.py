@@ -16,13 +16,14 @@ _buffer_ids = itertools.count()
 
 _buffers_data = buffers.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
 _buffers_remove = buffers._remove  # type: ignore[attr-defined]  # the callback its references carry
+_BUFFER = Ops.BUFFER  # (a global read: Ops.X goes through the enum metaclass's getattr hook on 3.11)
 _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the source of each BUFFER made on it
 
 
 def new_buffer_uop(device: str, size: int, dtype: DType, buf: Buffer | None = None) -> UOp:
     if (src := _device_uops.get(device)) is None:
         src = _device_uops[device] = (UOp(Ops.DEVICE, arg=device),)
-    u = UOp(Ops.BUFFER, dtype, src, (next(_buffer_ids), size))
+    u = UOp(_BUFFER, dtype, src, (next(_buffer_ids), size))
     _buffers_data[weakref.ref(u, _buffers_remove)] = buf if buf is not None else Buffer(device, size, dtype)
     return u
 

@@ -24,7 +24,12 @@ if TYPE_CHECKING:
 
 def _t(u: UOp, like: Tensor) -> Tensor:
     """A forward UOp as a Tensor, so that the rules can use the Tensor ops (broadcasting, dtypes, constants)."""
+    if type(like.device) is str and (tensor_of := _tensor_of[0]) is not None:
+        return tensor_of(u, like.device)  # Tensor(u, device), without __init__'s steps for other data
     return type(like)(u, device=like.device)
+
+
+_tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is imported (it imports this module)
 
 
 # Composite ops whose gradient is not the one their primitives give (pow: torch's values at 0, inf, nan and negative
@@ -143,12 +148,16 @@ _NO_GRAD = {
 
 
 def compute_gradient(
-    root: UOp, root_grad: Tensor, targets: set[UOp], stops: frozenset[UOp] = frozenset()
+    root: UOp,
+    root_grad: Tensor,
+    targets: set[UOp],
+    stops: frozenset[UOp] = frozenset(),
+    nodes: dict[UOp, None] | None = None,
 ) -> dict[UOp, Tensor]:
     """d(root)/d(t) for each t in targets that root depends on differentiably (as lazy Tensors). A target in `stops`
     passes nothing on to its sources: the parts of a sharded leaf are independent variables even where one is a copy
-    of another (tensor/multi.py)."""
-    topo = list(root.toposort())
+    of another (tensor/multi.py). `nodes`: root.toposort(), where the caller has it."""
+    topo = list(root.toposort() if nodes is None else nodes)
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:
         if u in targets or any(s in on_path for s in u.src):

@@ -459,3 +459,24 @@ def test_realizing_a_realized_tensor_again_keeps_no_reference_to_it():
         del x
     assert GlobalCounters.mem_used == before
     assert not [u for u in list(realize._realized.keys()) if realize._realized.get(u) is u]
+
+
+def test_readers_of_an_update_found_before_its_one_schedule():
+    """an SGD-like step whose live intermediate tensors read the weights it overwrites: they are found from the
+    tensors' own ASSIGNs before scheduling, so the realize schedules once (not once without them and again with
+    them), and each reader still holds the values from before the write"""
+    from zeptograd.engine import schedule_cache as sc
+
+    w, tw = _zt()
+    x, tx = _zt([0.5, -1.0, 2.0, 0.25])
+    h, th = (w * x).relu(), (tw * tx).relu()
+    loss, tloss = h.sum(), th.sum()
+    w.assign(w * 0.5 - x)
+    with torch.no_grad():
+        tw.copy_(tw * 0.5 - tx)
+    before = sc.Stats.hits + sc.Stats.misses + sc.Stats.uncacheable
+    Tensor.realize(loss, w)
+    assert sc.Stats.hits + sc.Stats.misses + sc.Stats.uncacheable == before + 1  # one schedule
+    _eq(h, th)
+    _eq(loss, tloss)
+    _eq(w, tw)

@@ -287,3 +287,56 @@ def test_structure_ids_started_again_drop_their_plans(count, monkeypatch):
             r = op()
             want = op().numpy()
             np.testing.assert_allclose(count.realize(r), want, rtol=1e-5)
+
+
+def test_a_write_is_not_fast_keyed(count, monkeypatch):
+    """A graph with an ASSIGN takes the walk: realizing an assign keys none of its nodes first (fast_key would walk
+    the whole graph, then refuse at the ASSIGN)."""
+    w = realized(rnd(16, seed=9))
+    x = realized(rnd(16, seed=10))
+    monkeypatch.setattr(sc, "_key_node", lambda u: pytest.fail("a write's graph was fast-keyed"))
+    expected = w.numpy() * 2 + x.numpy()
+    w.assign(w * 2 + x).realize()
+    monkeypatch.undo()
+    np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6)
+
+
+def test_a_cached_write_gives_its_target_a_new_node(count):
+    """An ASSIGN's new contents are a new BUFFER node over the target's memory also when its schedule comes from the
+    cache: a graph realized from the old contents (kept alive, as a tensor that requires grad keeps its graph) never
+    answers for the same graph built on the new contents (it did: the second write's hit gave back the old node)."""
+    w = Tensor(np.array([1.0, 2.0, 3.0], np.float32)).realize()
+    g = Tensor(np.ones(3, np.float32), requires_grad=True)
+    expected = np.array([1.0, 2.0, 3.0])
+    hits = sc.Stats.hits
+    for _ in range(4):
+        y = (w * 2 + g).sum()
+        assert y.item() == pytest.approx(float((expected * 2 + 1).sum()), rel=1e-6)
+        before = w.uop
+        w.assign(w * 3).realize()
+        expected = expected * 3
+        assert w.uop is not before
+    assert sc.Stats.hits >= hits + 4  # the writes and sums after the first of each came from the cache
+
+
+def test_a_plan_notes_an_output_node_only_if_something_else_holds_it(count, monkeypatch):
+    """A plan's output node that nothing but its tensor held dies at the realize: it is not noted as realized (no
+    entry made to be dropped at once); one that something else holds is, and reads its buffer."""
+    from zeptograd.engine import realize
+
+    a, b = realized(rnd(16, seed=11)), realized(rnd(16, seed=12))
+    count.realize(a + b)  # the template and its plan
+    noted = []
+    real_remember = realize.remember_realized
+    monkeypatch.setattr(
+        realize, "remember_realized", lambda node, value: noted.append(node) or real_remember(node, value)
+    )
+    hits = sc.Stats.hits
+    (a + b).realize()
+    assert noted == [] and sc.Stats.hits == hits + 1
+    c = a + b
+    held = c.uop
+    c.realize()
+    assert noted == [held] and realize.realized_value(held) is c.uop
+    monkeypatch.undo()
+    np.testing.assert_allclose(c.numpy(), a.numpy() + b.numpy(), rtol=1e-6)

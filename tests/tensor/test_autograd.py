@@ -173,6 +173,49 @@ def test_training_loop_matches_torch():
         assert z.requires_grad and (z * 2).requires_grad
 
 
+def test_realized_update_leaves_the_leaf_on_its_buffer():
+    """a leaf realized with its update (an SGD step written by hand) is its buffer again, requiring grad: the next
+    step's graph is built on no realized node (the scheduler substitutes nothing, walks once)"""
+    from zeptograd.engine import realize, schedule_cache
+
+    w = Tensor([1.0, 2.0, 3.0], requires_grad=True).realize()
+    x = Tensor([0.5, -1.0, 2.0])
+    for _ in range(2):
+        loss = (w * x).sum()
+        loss.backward()
+        w.assign(w.detach() - 0.5 * w.grad)
+        Tensor.realize(loss, w)
+        w.grad = None
+        assert w.uop.op is not Ops.ASSIGN and w.requires_grad and (w * 2).requires_grad
+        nxt = (w * x).sum()
+        assert schedule_cache.walk([nxt.uop], realize._realized) is not None  # no realized node in the graph
+    np.testing.assert_allclose(w.numpy(), [0.5, 3.0, 1.0])
+
+
+def test_graph_built_on_a_realized_update_reaches_the_leaf():
+    """a graph built on a leaf's pending write, realized later, still differentiates to the leaf, as torch (where the
+    write is an in-place update under no_grad)"""
+    z = Tensor([1.0, 2.0], requires_grad=True).realize()
+    t = torch.tensor([1.0, 2.0], requires_grad=True)
+    z.assign(z.detach() * 3)
+    with torch.no_grad():
+        t.mul_(3)
+    zy, ty = (z * z).sum(), (t * t).sum()
+    z.realize()
+    assert z.uop.op is not Ops.ASSIGN
+    zs = (z * 5).sum()  # one more path, built on the leaf's new buffer
+    (zy + zs).backward()
+    (ty + (t * 5).sum()).backward()
+    np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-6)
+    (g,) = zy.gradient(z)
+    np.testing.assert_allclose(g.numpy(), [6.0, 12.0], rtol=1e-6)
+    lazy = Tensor.ones(3, requires_grad=True)  # a lazy leaf is an ASSIGN into a new buffer: read, then backward
+    y = (lazy * 2).sum()
+    lazy.numpy()
+    y.backward()
+    np.testing.assert_array_equal(lazy.grad.numpy(), [2.0, 2.0, 2.0])
+
+
 def test_higher_order():
     x = Tensor([0.5, 1.5], requires_grad=True)
     (g,) = (x * x * x).sum().gradient(x)
@@ -222,3 +265,34 @@ def test_one_rule_per_primitive():
         Ops.CAST,
     ):
         assert op in pm_gradient.pdict, f"no gradient rule for {op}"
+
+
+def test_hand_written_sgd_loop_reading_the_loss_matches_torch():
+    """The bench's eager step (update by `p.assign(p.detach() - lr * p.grad)`, the loss realized with the update and
+    read after it): each step's loss is torch's. (Once the write's schedule came from the cache it gave the weight
+    back its old BUFFER node, and a loss graph realized from the old values, kept alive for backward, answered for
+    a later step's: losses repeated.)"""
+    rng = np.random.default_rng(3)
+    x, w0 = rng.normal(size=(8, 5)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32) * 0.5
+    labels = rng.integers(0, 3, size=8)
+    onehot = np.eye(3, dtype=np.float32)[labels]
+    zw, tw = Tensor(w0, requires_grad=True).realize(), torch.tensor(w0, requires_grad=True)
+    zx, zy = Tensor(x), Tensor(onehot)
+
+    def step():
+        loss = -((zx @ zw).log_softmax(1) * zy).sum(1).mean()
+        loss.backward()
+        zw.assign(zw.detach() - 0.1 * zw.grad)
+        Tensor.realize(loss, zw)
+        zw.grad = None
+        return loss
+
+    for _ in range(5):
+        zl = step().item()
+        tl = torch.nn.functional.cross_entropy(torch.tensor(x) @ tw, torch.tensor(labels))
+        tl.backward()
+        with torch.no_grad():
+            tw -= 0.1 * tw.grad
+            tw.grad = None
+        assert zl == pytest.approx(tl.item(), rel=1e-5)
+    np.testing.assert_allclose(zw.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)

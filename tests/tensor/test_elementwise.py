@@ -890,3 +890,36 @@ def test_int_division_by_a_vectorized_tensor():
     bn = np.array([3, -2, 5, 7] * 8, np.int32)
     np.testing.assert_array_equal((Tensor(an) // Tensor(bn)).numpy(), an // bn)
     np.testing.assert_array_equal((Tensor(an) % Tensor(bn)).numpy(), an % bn)
+
+
+@pytest.mark.parametrize(
+    "dtype, scalar",
+    [(dtypes.float32, 2.5), (dtypes.int32, 2.5), (dtypes.int32, 3), (dtypes.bool, 1), (dtypes.bool, True)],
+)
+def test_python_scalar_operand_builds_a_broadcast_constant(dtype, scalar, monkeypatch):
+    """A Python number beside a tensor is its constant broadcast to the tensor's shape: the very nodes a 0-d tensor of
+    it gives (promoted as torch's weak scalars), built without the Tensors between (a 0-d one, its reshape and
+    expand)."""
+    from zeptograd.engine.realize import tensor_clock
+    from zeptograd.tensor.elementwise import scalar_dtype
+    from zeptograd.uop import variable
+
+    monkeypatch.setattr(variable, "in_use", False)  # (no Variable here: another test may have bound one)
+
+    t = Tensor(np.arange(6).reshape(2, 3)).cast(dtype)
+    as_0d = Tensor(scalar, dtype=scalar_dtype(scalar, dtype))
+    for fn in (lambda a, b: a + b, lambda a, b: b - a if dtype != dtypes.bool else b * a):
+        before = tensor_clock()
+        got = fn(t, scalar)
+        made = tensor_clock() - before - 1  # (every Tensor made takes a number of that clock, as the call does)
+        assert got.uop is fn(t, as_0d).uop
+        assert made == (2 if scalar_dtype(scalar, dtype) == dtype else 3)  # the constant's, the result (a cast)
+
+
+def test_broadcast_operands_are_the_checked_broadcast():
+    """Operands of different shapes are broadcast without reshape's and expand's checks: the same nodes."""
+    a, b = Tensor(np.ones((4, 1, 3), np.float32)), Tensor(np.ones((5, 1), np.float32))
+    s = (a + b).uop
+    assert s.src[0] is a._broadcast_to((4, 5, 3)).uop and s.src[1] is b._broadcast_to((4, 5, 3)).uop
+    z = Tensor(np.float32(2.0))  # a 0-d tensor
+    assert (z * a).uop.src[0] is z._broadcast_to((4, 1, 3)).uop

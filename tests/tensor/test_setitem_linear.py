@@ -183,8 +183,8 @@ def counting_toposort():
     visited = [0]
     toposort = UOp.toposort
 
-    def counting(self, gate=None):
-        out = toposort(self, gate)
+    def counting(self, gate=None, stops=None):
+        out = toposort(self, gate, stops)
         visited[0] += len(out)
         return out
 

@@ -177,6 +177,16 @@ def test_toposort_gate_stops_descent():
     assert inner in order and x not in order and y not in order
 
 
+def test_toposort_stops_are_the_gate_without_its_calls():
+    """toposort(stops=s) lists what toposort(gate=lambda u: u not in s) lists, in the same order (the root too)."""
+    x, y = var("x"), var("y")
+    shared = x * y
+    e = (shared + x) * (shared - y) + shared // 3
+    for stops in ({shared}, {x, shared - y}, {e}, set()):
+        assert list(e.toposort(stops=stops)) == list(e.toposort(gate=lambda u: u not in stops))
+    assert list(e.toposort(stops={shared})) == list(e.toposort(gate=lambda u: u is not shared, stops=set()))
+
+
 def make_chain(n=CHAIN_LEN):
     x = var("x", 0, 10)
     one = c(1)

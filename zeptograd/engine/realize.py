@@ -9,7 +9,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from sys import getrefcount
 from time import perf_counter
-from typing import TYPE_CHECKING, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, Mapping
 
 import numpy as np
 
@@ -61,6 +61,7 @@ _superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakK
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
+_ASSIGN = Ops.ASSIGN  # (a global read is cheaper than Ops.ASSIGN's attribute lookup)
 _NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # buffer_under's: each element once
 
 
@@ -134,8 +135,9 @@ def with_realized_values(uops: list[UOp]) -> list[UOp]:
     hold none (`_clean`); where it finds none, the nodes it walked are marked so."""
     sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
     count = _realized_count[0]
-    nodes = sink.toposort(gate=lambda u: u not in _clean and u not in _realized)
-    mapping = {u: _realized[u] for u in nodes if u in _realized and _realized[u] is not u}
+    ref, clean, realized = weakref.ref, _clean_data, _realized_data  # (the weak sets' own dicts: no frame per node)
+    nodes = sink.toposort(gate=lambda u: (r := ref(u)) not in clean and r not in realized)
+    mapping = {u: v for u in nodes if (v := realized.get(ref(u))) is not None and v is not u}
     if mapping:
         return list(graph_substitute(sink, mapping).src)
     if count == _realized_count[0]:
@@ -493,8 +495,17 @@ def realize_tensors(tensors: list[Tensor]):
             and _cache_on.value
             and not (_pending_writes and _writes_seen_by_views(tensors))
         ):
-            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated)
-            fast = _fast_key([tensors[0].uop] if len(tensors) == 1 else [t.uop for t in tensors], _realized_data)
+            # the schedule cache's plan for a graph keyed before (no walk, no ScheduleItem, no template instantiated);
+            # not for a write (never keyed: fast_key would walk its graph, then refuse at the ASSIGN)
+            # (no local holds an output node: _run_plan notes a node as realized only if something else holds it)
+            if len(tensors) == 1:
+                if tensors[0].uop.op is _ASSIGN:
+                    return _realize_tensors(tensors)
+                fast = _fast_key([tensors[0].uop], _realized_data)
+            else:
+                if any(t.uop.op is _ASSIGN for t in tensors):
+                    return _realize_tensors(tensors)
+                fast = _fast_key([t.uop for t in tensors], _realized_data)
             if fast is not None and (plan := _plans.get(fast[0])) is not None and _run_plan(plan, fast[1], tensors):
                 schedule_cache.Stats.hits += 1
                 return
@@ -510,8 +521,26 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
     if _pending_writes and (writes := _writes_seen_by_views(tensors)):
         _realize_tensors(writes)
     template: list = []
-    items, outs, becomes, var_vals = _schedule(tensors, template)
-    written = _written(becomes)
+    readers: list[Tensor] = []
+    aliases: list[Tensor] = []
+    stored: list[tuple[Tensor, Tensor]] = []
+    if (predicted := _predicted_writes(tensors)) is not None:
+        # the live readers of what the tensors' own ASSIGNs overwrite, found before scheduling: one schedule, not two
+        pred_written, pred_assigns = predicted
+        readers, aliases, stored = _live_readers(pred_written, pred_assigns, tensors)
+        items, outs, becomes, var_vals = _schedule(tensors + readers, template)
+        written = _written(becomes)
+        if (
+            written.keys() != pred_written.keys()
+            # (by their unique ids: create_schedule also notes what the ASSIGNs it folded became)
+            or {u.arg for u in becomes if u.op is Ops.ASSIGN} != {u.arg for u in pred_assigns}
+            or any(r.uop.op is Ops.ASSIGN for r in readers)
+        ):  # the graph writes more than the tensors' own ASSIGNs: the general way below, from the start
+            readers, aliases, stored, predicted = [], [], [], None
+            template.clear()
+    if predicted is None:
+        items, outs, becomes, var_vals = _schedule(tensors, template)
+        written = _written(becomes)
     if written and _capturing.stack and (made_before := getattr(_capturing[-1], "first_tensor", None)) is not None:
         # readers made before a TinyJit capture began are computed outside it: a replay must not compute them again
         # (into their buffers, changing tensors the caller holds); those the jitted function made are captured
@@ -523,10 +552,8 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
                 _capturing.stack = stack
             items, outs, becomes, var_vals = _schedule(tensors)
             written = _written(becomes)
-    readers: list[Tensor] = []
-    aliases: list[Tensor] = []
-    stored: list[tuple[Tensor, Tensor]] = []
-    while written:  # live tensors that read what is overwritten are computed first, in the same schedule
+    # live tensors that read what is overwritten are computed first, in the same schedule (found above, if predicted)
+    while written and predicted is None:
         found, aliases, stored = _live_readers(written, becomes, tensors + readers)
         if not found:
             break
@@ -566,6 +593,24 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
             _writes_into(mem)
     for t, owner in stored:  # its value is what the owner's ASSIGN stored: a copy of that, made only if it is read
         t.uop = UOp(Ops.CONTIGUOUS, t.dtype, (owner.uop,))  # (or if that buffer is written again while t lives)
+
+
+def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dict[UOp, None]] | None:
+    """(the memories written, the ASSIGNs run) by realizing `tensors`, as `_written` and the schedule's `becomes` will
+    say, where that is the tensors' own pending ASSIGNs (an optimizer step: each parameter's update); None where none
+    is or a capture runs (_realize_tensors checks the prediction against the schedule)."""
+    if not _pending_writes or _capturing.stack:
+        return None
+    written: dict[int, UOp | None] = {}
+    assigns: dict[UOp, None] = {}
+    for t in tensors:
+        u = t.uop
+        if u.op is Ops.ASSIGN and u not in _realized:
+            if (target := buffer_under(u.src[0])) is None or (b := buffers.get(target)) is None:
+                return None
+            written[id(b)] = None
+            assigns[u] = None
+    return (written, assigns) if assigns else None
 
 
 def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[Tensor]) -> bool:
@@ -675,36 +720,61 @@ _memories: weakref.WeakKeyDictionary[UOp, frozenset[int]] = weakref.WeakKeyDicti
 _NO_MEMORY: frozenset[int] = frozenset()
 
 
+_memories_data = schedule_cache._own_dict(_memories)  # (lookups and stores without WeakKeyDictionary's frames)
+_memories_remove = _memories._remove  # type: ignore[attr-defined]  # the callback its references carry
+
+
+def _memory_of(b: UOp | None) -> frozenset[int]:
+    """The memory (id of its Buffer) of a BUFFER node, as a set; none for no node or a node without a Buffer."""
+    if b is None or (buf := _buffers_data.get(weakref.ref(b))) is None:
+        return _NO_MEMORY
+    return frozenset((id(buf),))
+
+
 def _memories_read(root: UOp) -> frozenset[int]:
+    ref, known, realized = weakref.ref, _memories_data, _realized_data
+    if (mems := known.get(ref(root))) is not None:
+        return mems
     stack = [root]
     while stack:
         u = stack[-1]
-        if u in _memories:
+        if ref(u) in known:
             stack.pop()
             continue
-        if u in _realized:
-            value = _realized[u]
-            b = buffer_under(view_root(value)) if value.op is not Ops.CONST else None
-            _memories[u] = frozenset((id(buffers[b]),)) if b is not None and b in buffers else _NO_MEMORY
+        if (value := realized.get(ref(u))) is not None:
+            mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
         elif u.op is Ops.BUFFER:
-            _memories[u] = frozenset((id(buffers[u]),)) if u in buffers else _NO_MEMORY
+            mems = _memory_of(u)
         else:
-            todo = [s for s in u.src if s not in _memories]
-            if todo:
-                stack.extend(todo)
+            waiting = False
+            for s in u.src:
+                if ref(s) not in known:
+                    stack.append(s)
+                    waiting = True
+            if waiting:
                 continue
-            srcs = [_memories[s] for s in u.src]
-            mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
-            for m in srcs:
-                if not m <= mems:
-                    mems = mems | m
-            _memories[u] = mems
+            src = u.src
+            if len(src) == 1:
+                mems = known[ref(src[0])]
+            elif len(src) == 2:  # (the common case, without the general loop)
+                m0, m1 = known[ref(src[0])], known[ref(src[1])]
+                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1
+            else:
+                srcs = [known[ref(s)] for s in src]
+                mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
+                for m in srcs:
+                    if not m <= mems:
+                        mems = mems | m
+        known[ref(u, _memories_remove)] = mems  # _memories[u] = mems
         stack.pop()
-    return _memories[root]
+    return known[ref(root)]
 
 
 def _live_readers(
-    written: dict[int, UOp], becomes: dict[UOp, UOp], realizing: list[Tensor], made_before: int | None = None
+    written: Mapping[int, UOp | None],
+    becomes: Mapping[UOp, UOp | None],
+    realizing: list[Tensor],
+    made_before: int | None = None,
 ) -> tuple[list[Tensor], list[Tensor], list[tuple[Tensor, Tensor]]]:
     """(the live lazy tensors, other than `realizing`, whose graph computes from the contents of a memory in
     `written` before this schedule's writes, the live views of those memories, the readers that are the very value
@@ -719,7 +789,7 @@ def _live_readers(
     reads: dict[UOp, bool] = {}  # node -> whether its value is computed from an overwritten memory's old contents
 
     def memory_written(b: UOp | None) -> bool:
-        return b is not None and b in buffers and id(buffers[b]) in written
+        return b is not None and (buf := _buffers_data.get(weakref.ref(b))) is not None and id(buf) in written
 
     def reads_old(root: UOp) -> bool:
         stack = [root]
@@ -728,24 +798,32 @@ def _live_readers(
             if u in reads:
                 stack.pop()
                 continue
-            if u in _realized:  # its value is a buffer view (or a constant): the old contents if that memory is written
-                value = _realized[u]
+            if (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a buffer view (or a
+                # constant): the old contents if that memory is written
                 reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
             elif u.op is Ops.BUFFER:
                 reads[u] = memory_written(u)
             elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule
                 reads[u] = False
             else:
-                todo = [s for s in u.src if s not in reads]
-                if todo:
-                    stack.extend(todo)
+                waiting = False
+                for s in u.src:
+                    if s not in reads:
+                        if (mems := _memories_data.get(weakref.ref(s))) is not None and written_keys.isdisjoint(mems):
+                            reads[s] = False  # (its graph reads no written memory at all)
+                        else:
+                            stack.append(s)
+                            waiting = True
+                if waiting:
                     continue
                 reads[u] = any(reads[s] for s in u.src)
             stack.pop()
         return reads[root]
 
+    written_keys = written.keys()
+
     def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
-        return not written.keys().isdisjoint(_memories_read(root))
+        return not written_keys.isdisjoint(_memories_read(root))
 
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
@@ -773,7 +851,8 @@ def _live_readers(
                 continue
             if root.op is Ops.BUFFER:
                 continue
-        if u in _realized or not may_read_written(u) or not reads_old(u):  # (an ASSIGN into another buffer reads)
+        # (an ASSIGN into another buffer reads)
+        if weakref.ref(u) in _realized_data or not may_read_written(u) or not reads_old(u):
             continue
         # (Tensor.assign took the value with realized nodes replaced; one that requires grad keeps its graph)
         if assigned and not t.requires_grad and (v := with_realized_values([u])[0]) in assigned:

@@ -38,6 +38,7 @@ class Template:
     items: list[tuple[ScheduleItem, list[Slot]]]  # (ScheduleItem with bufs=[], a slot per buffer)
     new_bufs: list[tuple[str, int, Any]]  # (device, size, dtype) of each new Buffer
     becomes: dict[int, UOp]  # position of a node in the graph's Walk -> its value, over placeholders
+    fresh_inputs: list[int]  # per ("fresh", k) placeholder: the input whose memory its new BUFFER node is over
 
 
 class Stats:
@@ -175,6 +176,8 @@ def _make_template(items: list[ScheduleItem], becomes: dict[UOp, UOp], w: Walk) 
                 return None
         titems.append((dataclasses.replace(item, bufs=[]), [slot(b) for b in item.bufs]))
     tbecomes: dict[int, UOp] = {}
+    fresh: dict[UOp, int] = {}  # a BUFFER node the schedule made over an input's memory -> its number
+    fresh_inputs: list[int] = []  # per number, the input whose Buffer it is
     for old, new in becomes.items():
         if old not in w.position:
             continue
@@ -183,13 +186,23 @@ def _make_template(items: list[ScheduleItem], becomes: dict[UOp, UOp], w: Walk) 
             if n.op is Ops.BUFFER:
                 b = buffers[n]
                 if id(b) in in_index:
-                    mapping[n] = _placeholder(n, ("in", in_index[id(b)]))
+                    i = in_index[id(b)]
+                    if n is w.in_uops[i]:
+                        mapping[n] = _placeholder(n, ("in", i))
+                    elif n in w.position:  # another node of the graph over that memory
+                        mapping[n] = _placeholder(n, ("node", w.position[n]))
+                    else:  # an ASSIGN's new contents: a new node over the target's memory, as create_schedule makes,
+                        # so that graphs realized from the old contents never answer for the new ones
+                        if n not in fresh:
+                            fresh[n] = len(fresh_inputs)
+                            fresh_inputs.append(i)
+                        mapping[n] = _placeholder(n, ("fresh", fresh[n]))
                 elif id(b) in new_index:
                     mapping[n] = _placeholder(n, ("new", new_index[id(b)]))
                 else:
                     return None  # a buffer the schedule neither reads nor makes
         tbecomes[w.position[old]] = graph_substitute(new, mapping)
-    return Template(titems, new_bufs, tbecomes)
+    return Template(titems, new_bufs, tbecomes, fresh_inputs)
 
 
 def _copy_item(item: ScheduleItem, bufs: list[Buffer]) -> ScheduleItem:
@@ -212,15 +225,17 @@ def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UO
         for kind, i in slots:
             bufs.append(in_bufs[i] if kind == 0 else new[i])
         items.append(_copy_item(item, bufs))
-    new_uops: dict[int, UOp] = {}
+    new_uops: dict[tuple[str, int], UOp] = {}
 
     def real(p: UOp) -> UOp:
-        kind, i = p.arg[0]
+        kind, i = tag = p.arg[0]
         if kind == "in":
             return in_uops[i]
-        if (u := new_uops.get(i)) is None:
-            b = new[i]
-            u = new_uops[i] = new_buffer_uop(b.device, b.size, b.dtype, b)
+        if kind == "node":
+            return nodes[i]
+        if (u := new_uops.get(tag)) is None:
+            b = new[i] if kind == "new" else in_bufs[t.fresh_inputs[i]]
+            u = new_uops[tag] = new_buffer_uop(b.device, b.size, b.dtype, b)
         return u
 
     becomes = {}
@@ -288,6 +303,7 @@ last_used: list[tuple[Walk, Template] | None] = [None]
 # - used: whether the node is the source of a keyed node.
 # Graphs with an ASSIGN (its arg is unique: the walk numbers them), a Variable or a BUFFER without a Buffer are not
 # keyed here: they take the walk.
+_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN  # (global reads: Ops.X goes through the enum metaclass's getattr hook)
 _structures: dict[tuple, int] = {}
 MAX_STRUCTURES = 1 << 16  # then the ids start again, in a new generation (graphs with ever-new constants)
 _generation = [0]
@@ -323,7 +339,7 @@ def _merge(parts: list[tuple[UOp, ...]]) -> tuple[tuple[UOp, ...], tuple[int, ..
 def _key_node(u: UOp) -> bool:
     """Memo u, whose sources have memos of this generation checked at this epoch; False if u is not keyed here."""
     op, src = u.op, u.src
-    if op is Ops.BUFFER:
+    if op is _BUFFER:
         if (buf := _buffers_data.get(weakref.ref(u))) is None:
             return False
         structure: tuple = (op, u.dtype, u.arg[1], src[0]._cache_key[1])  # type: ignore[index]
@@ -332,7 +348,7 @@ def _key_node(u: UOp) -> bool:
         # (itself: _leaves), and its Buffer (a BUFFER node's never changes): a plan reads it here, not in `buffers`
         u._cache_key = [_generation[0], sid, None, epoch[0], False, buf]
         return True
-    elif op is Ops.ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
+    elif op is _ASSIGN or (variable.in_use and (op is Ops.BIND or op is Ops.DEFINE_VAR or variable._arg_has_uop(u))):
         return False
     else:
         arg = u.arg
@@ -488,6 +504,8 @@ def make_plan(
         if value.op is not Ops.BUFFER:
             return None
         kind, i = value.arg[0]
+        if kind not in ("in", "new"):  # (a node of the graph, an ASSIGN's new contents: none in a fast-keyed graph)
+            return None
         out_specs.append((i if kind == "in" else n_in + i, shape))
     plan = Plan(n_in, t.new_bufs, calls, out_specs, any(n > 1 << 27 for n in sizes))
     if len(_plans) >= MAX_ENTRIES:

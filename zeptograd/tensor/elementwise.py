@@ -11,6 +11,7 @@ from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor.helpers import PY_CONST, broadcast_shape
+from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import is_sint, sint_arg
 
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 
 
 _COMPARISONS = frozenset((Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ))  # (their result is bool)
+_PY_NUMBERS = frozenset((float, int, bool))
+# the most common ops as globals (on 3.11 an Ops.X read goes through the enum metaclass's getattr hook: uop/ops.py)
+_ADD, _MUL = Ops.ADD, Ops.MUL
 
 
 def _category(dt: DType) -> int:
@@ -56,6 +60,13 @@ class ElementwiseMixin:
 
     def _operands(self: Tensor, x, reverse: bool = False) -> tuple[Tensor, Tensor]:
         """Both operands of a binary op, in one dtype (promoted as torch does) and broadcast to one shape."""
+        if type(x) in _PY_NUMBERS and type(self.device) is str and not variable.in_use:
+            # a Python number on one device, int sizes: the constant built at once at this tensor's shape (the same
+            # nodes as a 0-d Tensor of it broadcast, without the Tensors and checks between)
+            dt = scalar_dtype(x, self.dtype)
+            a = self.cast(dt)
+            other = a._new(const_broadcast(x, dt, self.device, a.uop.shape))  # (int sizes)
+            return (other, a) if reverse else (a, other)
         if isinstance(x, type(self)):
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
@@ -69,7 +80,19 @@ class ElementwiseMixin:
             raise ArgumentTypeError(f"unsupported operand type {type(x).__name__} for a Tensor op")
         a, b = (other, self) if reverse else (self, other)
         shape = broadcast_shape(a.shape, b.shape)
-        return a.cast(dt)._broadcast_to(shape), b.cast(dt)._broadcast_to(shape)
+        if variable.in_use:  # (a symbolic size: reshape's canonical form of it)
+            return a.cast(dt)._broadcast_to(shape), b.cast(dt)._broadcast_to(shape)
+        return a.cast(dt)._expand_to(shape), b.cast(dt)._expand_to(shape)
+
+    def _expand_to(self: Tensor, shape: tuple[int, ...]) -> Tensor:
+        """_broadcast_to a shape of ints that broadcast_shape gave for this tensor's (the same nodes, no checks)."""
+        u = self.uop
+        if u.shape == shape:
+            return self
+        t = self
+        if len(u.shape) < len(shape):
+            t = self._new(UOp(Ops.RESHAPE, u.dtype, (u,), (1,) * (len(shape) - len(u.shape)) + u.shape))
+        return t if t.uop.shape == shape else t._new(UOp(Ops.EXPAND, u.dtype, (t.uop,), shape))
 
     def _broadcast_to(self: Tensor, shape: tuple[int, ...]) -> Tensor:
         if self.shape == tuple(shape):
@@ -106,7 +129,7 @@ class ElementwiseMixin:
 
     # ***** arithmetic *****
     def add(self: Tensor, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.ADD, x, reverse)
+        return self._binary(_ADD, x, reverse)
 
     def sub(self: Tensor, x, reverse: bool = False) -> Tensor:
         a, b = self._operands(x, reverse)
@@ -115,7 +138,7 @@ class ElementwiseMixin:
         return a._alu(Ops.SUB, b)
 
     def mul(self: Tensor, x, reverse: bool = False) -> Tensor:
-        return self._binary(Ops.MUL, x, reverse)
+        return self._binary(_MUL, x, reverse)
 
     def div(self: Tensor, x, reverse: bool = False, rounding_mode: str | None = None) -> Tensor:
         a, b = self._operands(x, reverse)
@@ -400,10 +423,10 @@ class ElementwiseMixin:
 
     # ***** Python operators *****
     def __add__(self, x):  # (add's body, one call fewer: `a + b` is the most common op of all)
-        return self._binary(Ops.ADD, x)
+        return self._binary(_ADD, x)
 
     def __radd__(self, x):
-        return self._binary(Ops.ADD, x, True)
+        return self._binary(_ADD, x, True)
 
     def __sub__(self, x):
         return self.sub(x)
@@ -412,10 +435,10 @@ class ElementwiseMixin:
         return self.sub(x, True)
 
     def __mul__(self, x):
-        return self._binary(Ops.MUL, x)
+        return self._binary(_MUL, x)
 
     def __rmul__(self, x):
-        return self._binary(Ops.MUL, x, True)
+        return self._binary(_MUL, x, True)
 
     def __truediv__(self, x):
         return self.div(x)

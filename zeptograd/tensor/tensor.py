@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from zeptograd import gradient as _gradient
 from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
@@ -31,6 +32,9 @@ from zeptograd.uop.variable import is_sint, sint_arg
 
 _grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
 _grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
+# a leaf's ASSIGN that was realized, while a graph built on it lives -> the leaf (`_keep_graph`): gradients through it
+# are the leaf's, as they were before the leaf moved onto its new buffer
+_former_leaf_uops: weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
 # every Tensor alive, in the order they were made: when an assign overwrites a buffer, the engine finds here the lazy
 # tensors that must read its old contents first, and the views of it that must read the new ones
@@ -40,6 +44,8 @@ _tensor_ids = itertools.count()
 _live_data = live_tensors.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
 _live_remove = live_tensors._remove  # type: ignore[attr-defined]  # the callback its references carry
 _grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
+_grad_remove = _grad_uops._remove  # type: ignore[attr-defined]  # the callback its references carry
+_former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
 
 
 class _LiveRef(weakref.ref):
@@ -70,6 +76,9 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
     ref.key = key = next(_tensor_ids)
     _live_data[key] = ref
     return t
+
+
+_gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of each forward node they read)
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -195,14 +204,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             _live_data[key] = ref
         else:
             ret = Tensor(uop, device=device or self.device)
-        if _grad_data and any(weakref.ref(s) in _grad_data for s in (uop.src if inputs is None else inputs)):
-            if Tensor._grad_off:
-                ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
-                if isinstance(ret.device, tuple):
-                    ret.uop = multi.lower(ret.uop, ret.device)
-            else:
-                _grad_uops.add(ret.uop)
-                ret.requires_grad = True
+        if _grad_data:
+            for s in uop.src if inputs is None else inputs:  # (a loop, not any() over a generator: every op runs it)
+                if weakref.ref(s) in _grad_data:
+                    if Tensor._grad_off:
+                        ret.uop = UOp(Ops.DETACH, uop.dtype, (ret.uop,))
+                        if isinstance(ret.device, tuple):
+                            ret.uop = multi.lower(ret.uop, ret.device)
+                    else:
+                        _grad_data.add(weakref.ref(ret.uop, _grad_remove))  # _grad_uops.add(ret.uop), without a frame
+                        ret.requires_grad = True
+                    break
         return ret
 
     # ***** properties *****
@@ -267,7 +279,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             if self.requires_grad:
                 grad_graph = self.uop
                 realize_tensors([self])
-                self.uop = grad_graph
+                _keep_graph(self, grad_graph)
             else:
                 realize_tensors([self])
             return self
@@ -278,7 +290,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         for t, ps in sharded.items():  # wherever the graph is used again)
             t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
         for t, u in keep:
-            t.uop = u
+            _keep_graph(t, u)
         return self
 
     def _realized_uop(self) -> UOp:
@@ -391,7 +403,7 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             self.uop = value  # (pending is None: an ASSIGN's target has a buffer)
         else:
             stops = {target} if pending is None else {target, pending}
-            nodes = value.toposort(gate=lambda u: u not in stops)  # what was built since `pending` (and no further)
+            nodes = value.toposort(stops=stops)  # what was built since `pending` (and no further)
             reads_elsewhere = _reads_target_elsewhere(target, value, nodes, stops)
             if pending is not None:  # fold into one write whose value reads the previous value
                 value = _substitute_walked(value, nodes, pending, pending.src[1])
@@ -452,14 +464,14 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
+        found = _grad_targets(nodes, list(targets))
+        reached = {id(t) for t in found.values()}
         for t in targets:
-            if not any(u in nodes for u in multi.gradient_targets(t.uop)):
+            if id(t) not in reached:
                 raise ArgumentError(f"gradient asked for {t!r}, which is not in the graph of {self!r}")
         parts = {u for t in targets if t.uop.op is Ops.MULTI for u in t.uop.src}
-        grads = compute_gradient(
-            self.uop, root_grad, {u for t in targets for u in multi.gradient_targets(t.uop)}, frozenset(parts)
-        )
-        return [g if (g := _leaf_grad(t.uop, grads)) is not None else t.zeros_like() for t in targets]
+        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts), nodes)
+        return [g if (g := _leaf_grads(t, found, grads)) is not None else t.zeros_like() for t in targets]
 
     def backward(self, gradient: Tensor | None = None) -> Tensor:
         """Accumulate d(self)/d(leaf) into `.grad` of every tensor created with requires_grad=True in the graph."""
@@ -467,19 +479,16 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
-        leaves = [
-            t
-            for t in list(_grad_leaves.values())
-            if t.requires_grad and any(u in nodes for u in multi.gradient_targets(t.uop))
-        ]
+        candidates = [t for t in list(_grad_leaves.values()) if t.requires_grad]
+        found = _grad_targets(nodes, candidates)
+        reached = {id(t) for t in found.values()}
+        leaves = [t for t in candidates if id(t) in reached]
         if not leaves:
             raise RuntimeError("backward: no tensor in this graph requires grad (create one with requires_grad=True)")
         parts = {u for t in leaves if t.uop.op is Ops.MULTI for u in t.uop.src}
-        grads = compute_gradient(
-            self.uop, root_grad, {u for t in leaves for u in multi.gradient_targets(t.uop)}, frozenset(parts)
-        )
+        grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts), nodes)
         for t in leaves:
-            if (g := _leaf_grad(t.uop, grads)) is not None:
+            if (g := _leaf_grads(t, found, grads)) is not None:
                 t.grad = g if t.grad is None else t.grad + g
         return self
 
@@ -850,6 +859,46 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
+
+
+def _keep_graph(t: Tensor, graph: UOp) -> None:
+    """After realizing t, which requires grad, point it at its graph again (a later backward goes through it: the
+    scheduler substitutes the realized value wherever the graph is read). Not a leaf whose graph is a write into it
+    (an optimizer's update, `p.assign(p.detach() - lr * p.grad)`): a leaf's value has no history (torch updates a
+    leaf under no_grad), and its ASSIGN kept would drag the whole step that computed the update into every graph
+    built on the leaf, each walk of the next step's graph substituting it again. The leaf stays on its new buffer,
+    requiring grad, as nn/optim.py's step leaves a parameter; a graph built on the ASSIGN before still finds the leaf
+    there (`_former_leaf_uops`)."""
+    if graph.op is Ops.ASSIGN and t.uop is not graph and _grad_leaves.get(id(t)) is t:
+        _grad_uops.add(t.uop)
+        _former_leaf_uops[graph] = weakref.ref(t)
+    else:
+        t.uop = graph
+
+
+def _grad_targets(nodes: dict[UOp, None], leaves: list[Tensor]) -> dict[UOp, Tensor]:
+    """The nodes of a graph (`nodes`) whose gradient is a leaf's, for each tensor of `leaves` the graph reaches: its
+    uop (a sharded leaf's parts), and the ASSIGNs it was realized from that the graph was built on."""
+    targets: dict[UOp, Tensor] = {}
+    for t in leaves:
+        parts = multi.gradient_targets(t.uop)
+        if any(u in nodes for u in parts):
+            targets.update((u, t) for u in parts)
+    if _former_data:
+        ids = {id(t) for t in leaves}
+        for u in nodes:
+            if (ref := _former_data.get(weakref.ref(u))) is not None and (t := ref()) is not None and id(t) in ids:
+                targets[u] = t
+    return targets
+
+
+def _leaf_grads(t: Tensor, targets: dict[UOp, Tensor], grads: dict[UOp, Tensor]) -> Tensor | None:
+    """Leaf t's gradient: its uop's plus that of each ASSIGN it was realized from that the graph was built on."""
+    g = _leaf_grad(t.uop, grads)
+    for u, owner in targets.items():
+        if owner is t and u is not t.uop and u.op is Ops.ASSIGN and (more := grads.get(u)) is not None:
+            g = more if g is None else g + more
+    return g
 
 
 def _leaf_grad(u: UOp, grads: dict[UOp, Tensor]) -> Tensor | None:

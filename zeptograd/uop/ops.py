@@ -6,7 +6,7 @@ import math
 import weakref
 from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  # CPython's, not in typeshed
 from enum import Enum, EnumType, auto
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Container
 
 from zeptograd.dtype import DType, PtrDType, dtypes, truncate
 from zeptograd.helpers import prod
@@ -453,12 +453,16 @@ class UOp(MathMixin, metaclass=UOpMeta):
         return self._vrange
 
     # --- graph walks, all iterative ---
-    def toposort(self, gate: Callable[[UOp], bool] | None = None) -> dict[UOp, None]:
-        """Every UOp this one depends on, sources before users (a dict used as an ordered set)."""
+    def toposort(
+        self, gate: Callable[[UOp], bool] | None = None, stops: Container[UOp] | None = None
+    ) -> dict[UOp, None]:
+        """Every UOp this one depends on, sources before users (a dict used as an ordered set). A node the gate
+        refuses, or one of `stops` (the gate `lambda u: u not in stops` without its Python call per node), is listed
+        without its sources."""
         # a depth-first walk, each stack entry a node and the iterator over its sources still to visit: the order of
-        # the recursive postorder (first source first); a node the gate refuses is listed without its sources
+        # the recursive postorder (first source first)
         visited: dict[UOp, None] = {}
-        if gate is not None and not gate(self):
+        if (gate is not None and not gate(self)) or (stops is not None and self in stops):
             visited[self] = None
             return visited
         stack: list[tuple[UOp, Any]] = [(self, iter(self.src))]
@@ -467,7 +471,7 @@ class UOp(MathMixin, metaclass=UOpMeta):
             u, it = stack[-1]
             for s in it:
                 if s not in visited:
-                    if gate is None or gate(s):
+                    if (gate is None or gate(s)) and (stops is None or s not in stops):
                         push((s, iter(s.src)))
                         break
                     visited[s] = None
