@@ -131,7 +131,8 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
 def touches_assigned_memory(nodes: list[UOp]) -> set[UOp]:
     """The nodes whose value reads a memory that an ASSIGN of the graph writes, before or after the write (empty
     without an ASSIGN). Nodes are in topological order."""
-    targets = {id(buffers[b]) for u in nodes if u.op is Ops.ASSIGN and (b := buffer_under(u.src[0])) in buffers}
+    under = [buffer_under(u.src[0]) for u in nodes if u.op is Ops.ASSIGN]
+    targets = {id(buffers[b]) for b in under if b is not None and b in buffers}
     found: set[UOp] = set()
     if targets:
         for u in nodes:
