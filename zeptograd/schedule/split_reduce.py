@@ -39,7 +39,7 @@ def _shrink(src: UOp, ax: int, start: int, end: int) -> UOp:
 
 def split_once(x: UOp) -> UOp | None:
     src, (op, axes) = x.src[0], x.arg
-    if prod(x.tensor_shape) == 0 or prod(src.tensor_shape) // prod(x.tensor_shape) < SPLIT_THRESHOLD:
+    if (out := prod(x.tensor_shape)) == 0 or prod(src.tensor_shape) // out < SPLIT_THRESHOLD:
         return None
     for ax in axes:
         n = src.tensor_shape[ax]
@@ -52,8 +52,11 @@ def split_once(x: UOp) -> UOp | None:
         if main != n and (n - main) * 64 > n:
             continue
         # each row: main/d of this axis times the other reduced axes (a full sum of (4096, 4096): 256 rows of
-        # 16 x 4096, where it was one loop on one core)
-        if main // d * prod(src.tensor_shape[a] for a in axes if a != ax) < 256:
+        # 16 x 4096, where it was one loop on one core); rows made of the other axes only where the output has
+        # fewer elements than the split's rows: batchnorm's statistics over (32, 64, 32, 32) have 64 outputs to
+        # thread already, and split they cost a second kernel each (ResNet block step: 75 -> 98 kernels)
+        other = prod(src.tensor_shape[a] for a in axes if a != ax)
+        if main // d < 256 and (main // d * other < 256 or isinstance(out, int) and out >= d):
             continue
         inner_axes = tuple(a + (a >= ax) for a in axes if a != ax) + (ax + 1,)
         part = src if main == n else _shrink(src, ax, 0, main)
