@@ -206,16 +206,23 @@ class Expander:
         index, inner, rows = u.src[0], packed[-1], packed[:-1]
         n, lanes = range_lanes(inner), []
         for row in self.keys(rows):
-            idx = self.substitute(index.src[1], axes + rows, key + row)
-            valid = self.substitute(index.src[2], axes + rows, key + row) if len(index.src) > 2 else None
-            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
-                base = self.substitute(idx, (inner,), (0,))
-                src = (self.pointer(index), base) + ((valid,) if valid is not None else ())
-                ld = UOp(Ops.LOAD, u.dtype.vec(n), (UOp(Ops.INDEX, index.dtype, src),))
+            if (vidx := self.row_vector_index(index, axes + rows, key + row, inner)) is not None:
+                ld = UOp(Ops.LOAD, u.dtype.vec(n), (vidx,))
                 lanes += [UOp(Ops.GEP, u.dtype, (ld,), (c,)) for c in range(n)]
             else:
                 lanes += [self.copy(u, axes + packed, key + row + (c,)) for c in range(n)]
         return UOp(Ops.VECTORIZE, u.dtype.vec(len(lanes)), tuple(lanes))
+
+    def row_vector_index(self, index: UOp, axes: tuple[UOp, ...], key: tuple[int, ...], inner: UOp) -> UOp | None:
+        """index at key (over axes, which exclude inner) as one INDEX of its elements along inner, where consecutive
+        positions of inner are consecutive elements and no gate reads inner (a packed row's vector load or store);
+        None where they are not"""
+        idx = self.substitute(index.src[1], axes, key)
+        valid = self.substitute(index.src[2], axes, key) if len(index.src) > 2 else None
+        if range_lanes(inner) < 2 or not is_contiguous(idx, inner) or (valid is not None and inner in valid.toposort()):
+            return None
+        base = self.substitute(idx, (inner,), (0,))
+        return UOp(Ops.INDEX, index.dtype, (self.pointer(index), base) + ((valid,) if valid is not None else ()))
 
     @staticmethod
     def broadcast(x: UOp, v: UOp) -> UOp:
@@ -400,11 +407,7 @@ def store_packed(ctx: Expander, index: UOp, value: UOp, axes: tuple[UOp, ...], p
             for r, k in zip(rows, row):
                 start = start * range_lanes(r) + k
             start *= n
-            idx = ctx.substitute(index.src[1], outer + rows, key + row)
-            valid = ctx.substitute(index.src[2], outer + rows, key + row) if len(index.src) > 2 else None
-            if n > 1 and is_contiguous(idx, inner) and (valid is None or inner not in valid.toposort()):
-                base = ctx.substitute(idx, (inner,), (0,))
-                vidx = UOp(Ops.INDEX, index.dtype, (ctx.pointer(index), base) + ((valid,) if valid is not None else ()))
+            if (vidx := ctx.row_vector_index(index, outer + rows, key + row, inner)) is not None:
                 part = (
                     val
                     if n == val.dtype.count

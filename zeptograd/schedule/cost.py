@@ -358,12 +358,18 @@ def lanes(r: UOp) -> int:
     return d if d >= 4 else 0
 
 
+def read_ranges(idx: tuple[UOp, ...], valid: UOp | None) -> set[UOp]:
+    """The loops a read at (idx, valid) varies along: its index's, and its pad gate's, which gates the value's loads
+    (a cat of 8 row maxes computes every part's max at each of the 8 output columns, its loads gated off at 7)."""
+    used = {r for i in idx for r in i.ranges}
+    return used | set(valid.ranges) if valid is not None else used
+
+
 def evaluated_in(idx: tuple[UOp, ...], scope: set[UOp], valid: UOp | None = None) -> list[UOp]:
-    """The loops an inlined value is evaluated in: those its index varies along and those around them. A loop nested
-    inside all of them is not: the linearizer places work that does not vary along a loop before the loop opens. A
-    pad's gate (`valid`) gates the value's loads, so the loops the gate varies along count too: a cat of 8 row maxes
-    computes every part's max at each of the 8 output columns, its loads gated off at 7 of them."""
-    used = {r for i in idx for r in i.ranges} | (set(valid.ranges) if valid is not None else set())
+    """The loops an inlined value is evaluated in: those its read varies along (`read_ranges`) and those around
+    them. A loop nested inside all of them is not: the linearizer places work that does not vary along a loop before
+    the loop opens."""
+    used = read_ranges(idx, valid)
     inner = max((r.arg[0] for r in used), default=-1)
     return [r for r in scope if r in used or r.arg[0] < inner]
 

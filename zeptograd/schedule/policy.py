@@ -14,7 +14,7 @@ from zeptograd.device import Device
 from zeptograd.helpers import prod
 from zeptograd.schedule.bufferize import kernel_value_nodes
 from zeptograd.schedule.copy import copy_realizes
-from zeptograd.schedule.cost import CostModel
+from zeptograd.schedule.cost import CostModel, read_ranges
 from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
 from zeptograd.schedule.nofuse import nofuse_realize
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, const_trip_count
@@ -87,10 +87,10 @@ class MaterializationPolicy:
         passes over a row after the first read it from a core's cache: softmax reads each row from memory once.
         A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored. A pad's
         gate gates the reduce's loads, so the loops the gate varies along are used too: a cat of row maxes computes
-        each part's max at every column of the cat, not once per row (schedule/cost.py: evaluated_in)."""
+        each part's max at every column of the cat, not once per row (schedule/cost.py: read_ranges)."""
         narrowed: Requests = {}
         for req, scope in reqs.items():
-            used = {r for i in req[0] for r in i.ranges} | (set(req[1].ranges) if req[1] is not None else set())
+            used = read_ranges(*req)
             unused = scope - used
             if unused and not self.hoistable(x, used, unused):
                 return None

@@ -23,7 +23,6 @@ from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of
 
 SPLIT_THRESHOLD = 32768  # input elements per output element before a reduce is split
 SPLIT_ROWS = 256  # the first kernel's outputs where a divisor does not give them
-_COMBINE = {Ops.ADD: Ops.ADD, Ops.MUL: Ops.MUL, Ops.MAX: Ops.MAX}  # two partial reduces -> one
 
 
 def _split(src: UOp, ax: int, d: int) -> UOp:
@@ -66,7 +65,7 @@ def split_once(x: UOp) -> UOp | None:
         if main == n:
             return out
         rest = UOp(Ops.REDUCE_AXIS, x.dtype, (_shrink(src, ax, main, n),), x.arg)
-        return UOp(_COMBINE[op], x.dtype, (out, rest))
+        return UOp(op, x.dtype, (out, rest))  # the two partial reduces combine by the reduce's own op
     shape = src.tensor_shape
     if len(shape) > 1 and len(axes) == len(shape) and all(isinstance(s, int) for s in shape):
         # a full reduce no axis splits (both sizes prime: (1009, 1013)): the same reduce of the flat tensor
