@@ -176,3 +176,41 @@ def test_fork_after_a_threaded_kernel():
         [sys.executable, "-c", FORK_SCRIPT], env=env, capture_output=True, text=True, timeout=180, check=False
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stdout, proc.stderr[-2000:])
+
+
+def test_run_on_cores_runs_each_core_once_and_raises_a_workers_error():
+    from zeptograd.device import run_on_cores
+
+    seen: list[int] = []
+    run_on_cores(seen.append, 3)
+    assert sorted(seen) == [0, 1, 2]
+
+    def fail_on_core_2(core: int):
+        if core == 2:
+            raise ValueError(f"core {core} failed")
+
+    with pytest.raises(ValueError, match="core 2 failed"):
+        run_on_cores(fail_on_core_2, 3)
+    seen.clear()
+    run_on_cores(seen.append, 3)  # the pool still works after an error
+    assert sorted(seen) == [0, 1, 2]
+
+
+def test_run_on_cores_from_several_threads_at_once():
+    # a caller that finds the workers busy runs its cores itself: every call still runs each of its cores once
+    from zeptograd.device import run_on_cores
+
+    lock = threading.Lock()
+    counts: dict[tuple[int, ...], int] = {}
+
+    def call(k: int):
+        for i in range(200):
+
+            def core_fn(core: int, key=(k, i)):
+                with lock:
+                    counts[key + (core,)] = counts.get(key + (core,), 0) + 1
+
+            run_on_cores(core_fn, 2)
+
+    assert run_threads([lambda k=k: call(k) for k in range(3)]) == []
+    assert len(counts) == 3 * 200 * 2 and set(counts.values()) == {1}
