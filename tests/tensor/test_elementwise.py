@@ -923,3 +923,19 @@ def test_broadcast_operands_are_the_checked_broadcast():
     assert s.src[0] is a._broadcast_to((4, 5, 3)).uop and s.src[1] is b._broadcast_to((4, 5, 3)).uop
     z = Tensor(np.float32(2.0))  # a 0-d tensor
     assert (z * a).uop.src[0] is z._broadcast_to((4, 1, 3)).uop
+
+
+def test_relu_zero_signs_and_gradient_match_torch():
+    vals = [-1.0, -0.0, 0.0, 1.0, float("nan"), -float("inf")]
+    x = Tensor(vals, requires_grad=True)
+    y = x.relu()
+    y.sum().backward()
+    tx = torch.tensor(vals, requires_grad=True)
+    ty = torch.relu(tx)
+    ty.sum().backward()
+    z, t = y.numpy(), ty.detach().numpy()
+    np.testing.assert_array_equal(z, t)  # nan equal to nan
+    np.testing.assert_array_equal(x.grad.numpy(), tx.grad.numpy())  # 0 at both zeros, nan passes the gradient
+    # the one deliberate difference (README): relu(-0) is +0 here, -0 in torch; every other zero's sign agrees
+    assert not np.signbit(z[1]) and np.signbit(t[1])
+    np.testing.assert_array_equal(np.signbit(z)[[0, 2, 3, 5]], np.signbit(t)[[0, 2, 3, 5]])
