@@ -20,7 +20,7 @@ from zeptograd.device import Buffer, Device, GlobalCounters, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine import schedule_cache
 from zeptograd.engine.schedule_cache import cached_schedule
-from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, VIZ, ArgumentError, prod
+from zeptograd.helpers import BEAM, DEBUG, DEVECTORIZE, NOOPT, THREADS, VIZ, ArgumentError, gc_paused, prod
 from zeptograd.schedule.copy import CopyProgram, copy_name
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.schedule.rangeify import ScheduleItem, create_schedule, substitute_realized
@@ -512,6 +512,7 @@ def realize_tensors(tensors: list[Tensor]):
         _realize_tensors(tensors, fast)
 
 
+@gc_paused  # (not the plan path above: it builds a handful of objects)
 def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
     """Realize `tensors` in one schedule. `fast`: their graph's fast key (realize_tensors found no plan for it)."""
     if _superseded_data:
