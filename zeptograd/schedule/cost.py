@@ -61,6 +61,10 @@ TILE_REUSE = 8
 # score, k and v re-read from L3 per row): (1, 1, 2048, 64), 16 MiB of scores, 22-32 ms stored against 42-86 ms in one
 # kernel (torch ~20 ms), causal 71-84 ms against 107-120 ms; so there the normal comparison decides (it stores them)
 EXPANDED_BUFFER_BYTES = 256 << 20
+# ... and where the contraction reads its operand along the row with stride 1 (attention's keys stored in panels,
+# tensor/nn_ops.py: _keys_in_panels), codegen computes the row buffer's scores as a register tile of query rows x
+# vectors of keys (codegen/opt/heuristic.py: score_tile), faster than the stored scores from this size on
+ROW_TILED_BUFFER_BYTES = 0
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -223,7 +227,7 @@ class CostModel:
                 break
         return est
 
-    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill, below: set[UOp]) -> bool:
+    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill, below: set[UOp], contiguous: bool = False) -> bool:
         """Whether x, read across one row at several places of a kernel (`MaterializationPolicy.row_buffer_request`),
         costs least computed once per element at its fill read and kept in a row buffer (a store there, a load at
         each other read, in L1) rather than recomputed at every read (inlined) or stored in memory. `below`: the
@@ -254,7 +258,8 @@ class CostModel:
         # (work 9) read twice is as fast recomputed as row-buffered (log_softmax, layernorm), exp(x - max) (31) is
         # 1.2-1.5x faster row-buffered (softmax at (4096, 4096), (512, 1000), (64, 1000))
         row = (work + STORE) * evals[fill] + LOAD * (reads - evals[fill])
-        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > EXPANDED_BUFFER_BYTES:
+        bound = ROW_TILED_BUFFER_BYTES if contiguous else EXPANDED_BUFFER_BYTES
+        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > bound:
             return row < inline
         mem = self.memory_scale(x)
         stored = self.work[x] + sum(self.tiled.get(r, self.work[r]) - LOAD for r in below)  # stored: tiled
