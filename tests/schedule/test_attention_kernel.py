@@ -311,3 +311,21 @@ def test_over_the_memory_bound_one_kernel(monkeypatch):
     stored = kernels(sdpa(shape, False))
     assert len(stored) == 2
     assert 2 * n * n in [buf.size for item in stored for buf in item.bufs]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_through_the_keys_panels(causal):
+    """At the default bounds with keys in panels ((1, 2, 64, 16): 64 keys, two panels): the forward is the copy and
+    one attention kernel, and every gradient (k's through the panels' copy) is torch's."""
+    arrs = [rng.standard_normal((1, 2, 64, 16)).astype(np.float32) for _ in range(3)]
+    q, k, v = (Tensor(a, requires_grad=True) for a in arrs)
+    out = q.scaled_dot_product_attention(k, v, is_causal=causal)
+    assert len(kernels(out)) == 2
+    (out * out).sum().backward()
+    tq, tk, tv = (torch.tensor(a, requires_grad=True) for a in arrs)
+    ref = torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    (ref * ref).sum().backward()
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-5, atol=2e-6)
+    for g, t in ((q.grad, tq), (k.grad, tk), (v.grad, tv)):
+        assert g is not None and t.grad is not None
+        np.testing.assert_allclose(g.numpy(), t.grad.numpy(), rtol=1e-4, atol=1e-5)
