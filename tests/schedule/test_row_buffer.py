@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zeptograd import Context, Device, GlobalCounters, Tensor
-from zeptograd.codegen import full_rewrite
+from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
 from zeptograd.engine.schedule_cache import SCHEDULE_CACHE
 from zeptograd.schedule import policy
@@ -90,17 +90,32 @@ def test_no_row_buffer_on_a_gpu():
     assert len(items) > 1 and not any(row_buffers(i.ast) for i in items)
 
 
-def test_outer_loops_of_a_row_buffer_are_not_upcast():
-    """Rows that take one row buffer in turn can't run as vector lanes or unrolled copies (they would write it at
-    once): UPCAST of the row loop is refused; the output loop's (along the row) is not."""
-    (item,) = kernels(Tensor.empty(64, 256).softmax(-1))
+def test_outer_loops_of_a_row_buffer_get_a_row_per_lane():
+    """Rows that take one row buffer in turn can't run as vector lanes or unrolled copies of one buffer (they would
+    write it at once): an UPCAST of the row loop that divides it gives each lane a row of its own (the buffer 4 rows
+    long, each row a cache line more than 256 floats: codegen/opt, row_buffer_lane_stride), one that does not divide
+    it and a SWAP are refused; the output loop's (along the row) is a plain UPCAST. Values as torch's, upcast."""
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    (item,) = kernels(Tensor(x).realize().softmax(-1))
     axes = kernel_axes(item.ast)
     rows = [i for i, r in enumerate(axes) if r.arg[1] is AxisType.LOOP and r.src[0].arg == 64]
     cols = [i for i, r in enumerate(axes) if r.arg[1] is AxisType.LOOP and r.src[0].arg == 256]
     with pytest.raises(OptError):
-        apply_opt(item.ast, Opt(OptOps.UPCAST, rows[0], 4))
+        apply_opt(item.ast, Opt(OptOps.UPCAST, rows[0], 3))
+    with pytest.raises(OptError):
+        apply_opt(item.ast, Opt(OptOps.SWAP, rows[0], cols[0]))
+    upcast = apply_opt(item.ast, Opt(OptOps.UPCAST, rows[0], 4))
+    assert [u.dtype.size for u in row_buffers(upcast) if u.dtype.size > 1] == [4 * (256 + 16)]
     apply_opt(item.ast, Opt(OptOps.UPCAST, cols[0], 4))
     apply_opt(item.ast, Opt(OptOps.THREAD, rows[0], 2))  # each core runs on its own stack
+    dev = Device["CPU"]
+    uops, _ = full_rewrite(item.ast, dev.renderer, [Opt(OptOps.UPCAST, rows[0], 4)])
+    program = dev.build(dev.renderer.render(kernel_name(item.ast), uops))
+    for b in item.bufs:
+        b.ensure_allocated()
+    program(*[b.ptr for b in item.bufs])
+    want = torch.from_numpy(x).softmax(-1).numpy()
+    np.testing.assert_allclose(item.bufs[0].numpy().reshape(64, 256), want, rtol=1e-5, atol=1e-7)
 
 
 SHAPES = [(3, 7), (33, 70), (3, 5, 40), (5, 100), (2, 1000)]

@@ -57,10 +57,17 @@ SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
 TILE_REUSE = 8
 # a contraction's output that outgrows its operands (`CostModel.expands`: attention's N x N scores of N x d q and k,
 # N / 2d times their size) and whose buffer exceeds this is the memory cliff a row buffer removes: storing it is not
-# weighed. Below it the stored scores' tiled matmul is 2-3x faster than one query row at a time (a dot product per
-# score, k and v re-read from L3 per row): (1, 1, 2048, 64), 16 MiB of scores, 22-32 ms stored against 42-86 ms in one
-# kernel (torch ~20 ms), causal 71-84 ms against 107-120 ms; so there the normal comparison decides (it stores them)
+# weighed. Below it, with the keys gathered (k read along d: codegen's score tile of 8 query rows x a vector of 8 keys
+# built of scalar loads, codegen/opt/heuristic.py: score_tile), the one kernel is about as fast as the stored scores'
+# tiled matmul ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time: 1.02-1.06x; a query row at a time it was
+# 1.5x), and attention written by hand 1.2-1.3x: there the normal comparison decides (it stores them)
 EXPANDED_BUFFER_BYTES = 256 << 20
+# ... and where the contraction reads its operand along the row with stride 1 (attention's keys stored in panels,
+# tensor/nn_ops.py: _keys_in_panels), codegen computes the row buffer's scores as a register tile of query rows x
+# vectors of keys loaded whole, faster than the stored scores at every size measured: (1, 1, 2048, 64) 0.73x (torch
+# 0.62-0.75x), causal 0.73x, (1, 4, 1024, 32) 0.70x, (1, 12, 128, 32) 0.91x, (1, 1, 128, 32) 0.92x (median kernel
+# CPU time, one process, 2 AVX2 cores under load)
+ROW_TILED_BUFFER_BYTES = 0
 MAX_COST = 1 << 62  # sums along a graph with shared subexpressions count them once per use: cap them
 MAX_LAYOUT_WALK = 64  # nodes walked to find how an inlined node's loads move
 
@@ -223,7 +230,7 @@ class CostModel:
                 break
         return est
 
-    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill, below: set[UOp]) -> bool:
+    def row_buffer_is_cheaper(self, x: UOp, reqs: dict, fill, below: set[UOp], contiguous: bool = False) -> bool:
         """Whether x, read across one row at several places of a kernel (`MaterializationPolicy.row_buffer_request`),
         costs least computed once per element at its fill read and kept in a row buffer (a store there, a load at
         each other read, in L1) rather than recomputed at every read (inlined) or stored in memory. `below`: the
@@ -231,12 +238,12 @@ class CostModel:
         work (read at a reduce's loop, no register tile forms: see TILE_REUSE).
 
         Where those contractions' output is larger than their operands (`expands`: attention's N x N scores of N x d
-        queries and keys) and its buffer exceeds EXPANDED_BUFFER_BYTES, storing x is not weighed: its buffer is the
-        memory cliff the row buffer removes (extra memory of a row, not N x N), so the row buffer is compared with
-        recomputing the contraction at each read only. Below that bound the normal comparison decides: measured on 2
-        AVX2 cores (one process, kernel time), (1, 1, 512, 64) attention one kernel 6.2 ms against 7.2 ms with the
-        scores stored, but at 2048 a query row at a time re-reads the keys and values from L3 (42-96 ms against
-        22-41 ms stored), and the comparison stores them."""
+        queries and keys) and its buffer exceeds the bound (ROW_TILED_BUFFER_BYTES where `contiguous`: they read their
+        operand along the row with stride 1 or in panels, attention's keys in panels; else EXPANDED_BUFFER_BYTES),
+        storing x is not weighed: its buffer is the memory cliff the row buffer removes (extra memory of a row, not
+        N x N), so the row buffer is compared with recomputing the contraction at each read only. Below that bound
+        the normal comparison decides (it stores the scores: see the bounds' measurements).
+        """
         if self.index_only[x] or self.feeds_index[x] or x in self.selects:
             return False
         work = min(self.work[x] + sum(self.work[r] - LOAD for r in below), MAX_COST)
@@ -254,7 +261,8 @@ class CostModel:
         # (work 9) read twice is as fast recomputed as row-buffered (log_softmax, layernorm), exp(x - max) (31) is
         # 1.2-1.5x faster row-buffered (softmax at (4096, 4096), (512, 1000), (64, 1000))
         row = (work + STORE) * evals[fill] + LOAD * (reads - evals[fill])
-        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > EXPANDED_BUFFER_BYTES:
+        bound = ROW_TILED_BUFFER_BYTES if contiguous else EXPANDED_BUFFER_BYTES
+        if below and self.expands(x, below) and prod(x.tensor_shape) * x.dtype.itemsize > bound:
             return row < inline
         mem = self.memory_scale(x)
         stored = self.work[x] + sum(self.tiled.get(r, self.work[r]) - LOAD for r in below)  # stored: tiled

@@ -15,9 +15,10 @@ from zeptograd.helpers import prod
 from zeptograd.schedule.bufferize import kernel_value_nodes
 from zeptograd.schedule.copy import copy_realizes
 from zeptograd.schedule.cost import CostModel, read_ranges
-from zeptograd.schedule.indexing import Rangeify, Request, Requests, is_window
+from zeptograd.schedule.indexing import Rangeify, Request, Requests, flat_index, is_window
 from zeptograd.schedule.nofuse import nofuse_realize
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp, const_trip_count
+from zeptograd.uop.symbolic import split_sum
 from zeptograd.viz.hook import decided, decided_after_walk, decided_all  # VIZ=1 records each decision
 
 MAX_REQUESTS = 8  # distinct index sets for one inlined node before it is materialized instead
@@ -141,7 +142,7 @@ class MaterializationPolicy:
         if inside or rows & reqs[fill] - {fill[0][-1]}:
             return None
         below = self.reduces_below(x, fill)
-        if not self.cost.row_buffer_is_cheaper(x, reqs, fill, below):
+        if not self.cost.row_buffer_is_cheaper(x, reqs, fill, below, self.reads_row_contiguously(x, fill, below)):
             return None
         self.row_fill_reduces |= below
         return fill
@@ -166,6 +167,28 @@ class MaterializationPolicy:
             elif u.op in GroupOp.Elementwise or u.op in GroupOp.Movement:
                 stack.extend((s, sreq) for s, sreq, _ in self.rf.src_requests(u, req))
         return found
+
+    def reads_row_contiguously(self, x: UOp, fill: Request, below: set[UOp]) -> bool:
+        """Whether the contractions x's fill computes (`reduces_below`) read an operand that varies along the row with
+        stride 1 in its buffer, or in panels of it (attention's keys: tensor/nn_ops.py, _keys_in_panels): index j or
+        j % P, P >= 8, of the row's range j. Their loads then go along the keys as vectors (codegen's score tile)."""
+        if not below:
+            return False
+        row = fill[0][-1]
+        seen: set[tuple[UOp, Request]] = set()
+        stack = [(s, sreq) for s, sreq, _ in self.rf.src_requests(x, fill)]
+        while stack:
+            u, req = stack.pop()
+            if (u, req) in seen:
+                continue
+            seen.add((u, req))
+            leaf = u.op is Ops.BUFFER or (u in self.rf.realize and u not in below)
+            if leaf and u.tensor_shape and all(isinstance(s, int) for s in u.tensor_shape):
+                if row in (flat := flat_index(req[0], u.tensor_shape)).ranges and steps_by_one(flat, row):
+                    return True
+            elif not leaf and (u in below or u.op in GroupOp.Elementwise or u.op in GroupOp.Movement):
+                stack.extend((s, sreq) for s, sreq, _ in self.rf.src_requests(u, req))
+        return False
 
     def first_reduce(self, reads: list[Request], reqs: Requests) -> list[Request]:
         """Of reads at reduce ranges over one row, the one whose reduce runs first, so it fills the row buffer the
@@ -279,6 +302,20 @@ class MaterializationPolicy:
             n += x.op in GroupOp.ALU
             stack.extend(s for s in x.src if s not in cut)
         return n
+
+
+def steps_by_one(flat: UOp, r: UOp) -> bool:
+    """flat = (terms without r) + r, or + (r // P) * c + r % P with P >= 8 (panels of P): consecutive r read
+    consecutive elements (in runs of P)."""
+    terms, _ = split_sum(flat)
+    on_r = [(t, c) for t, c in terms if r in t.ranges]
+    if [t for t, c in on_r] == [r]:
+        return on_r[0][1] == 1
+    mods = [t for t, c in on_r if c == 1 and t.op is Ops.MOD and t.src[0] is r and t.src[1].op is Ops.CONST]
+    if len(mods) != 1 or mods[0].src[1].arg < 8:
+        return False
+    panel = mods[0].src[1]
+    return all(t is mods[0] or (t.op is Ops.IDIV and t.src[0] is r and t.src[1] is panel) for t, _ in on_r)
 
 
 def below_views(u: UOp) -> UOp:

@@ -389,7 +389,10 @@ class NNMixin:
         if enable_gqa:
             key = key.repeat_interleave(self.shape[-3] // key.shape[-3], dim=-3)
             value = value.repeat_interleave(self.shape[-3] // value.shape[-3], dim=-3)
-        qk = self.matmul(key.transpose(-2, -1)) * (1 / math.sqrt(self.shape[-1]))
+        keys_t = key.transpose(-2, -1)
+        if _keys_in_panels(self, keys_t):
+            keys_t = _stored_in_column_panels(keys_t)
+        qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]))
         if is_causal:
             if attn_mask is not None:
                 raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
@@ -567,6 +570,30 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
             row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
         )
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+
+
+def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
+    """Whether attention reads its keys, k.T of shape (..., d, N), from a copy stored in panels of PANEL keys (d x 32
+    each, contiguous): where its scores are computed in one kernel with no N x N buffer (schedule/cost.py:
+    row_buffer_is_cheaper, over ROW_TILED_BUFFER_BYTES of scores), codegen's score tile (codegen/opt/heuristic.py:
+    score_tile) loads a vector of keys per step of d: in panels, 32 bytes of one panel walked down d; from k itself,
+    8 scalar loads and shuffles of keys 4*d bytes apart ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time:
+    0.72x the stored scores' kernels in panels, 1.05x gathered). The copy is O(N*d) memory and one small kernel.
+    Float32 on the CPU backends (a GPU computes the scores in several kernels), keys a multiple of PANEL, and not
+    where x @ k.T packs them already (`_packs_right_operand`)."""
+    from zeptograd.schedule import cost  # (the bound is read at the call: tests lower it)
+
+    if keys_t.ndim < 2 or not isinstance(keys_t.device, str) or keys_t.device.split(":")[0] != "CPU":
+        return False
+    if q.dtype != dtypes.float32 or keys_t.dtype != dtypes.float32:
+        return False
+    (m, d), n = q.shape[-2:], keys_t.shape[-1]
+    batch = [max(a, b) for a, b in zip(q.shape[-3::-1], keys_t.shape[-3::-1])]
+    if not all(isinstance(v, int) for v in (m, d, n, *batch)) or n % PANEL or m * n <= (m + n) * d:
+        return False  # (scores no larger than q and k: stored, schedule/cost.py: expands)
+    if math.prod(batch) * m * n * q.dtype.itemsize <= cost.ROW_TILED_BUFFER_BYTES:
+        return False
+    return not _packs_right_operand(q, keys_t)
 
 
 def _a_stored_matrix(w: Tensor) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from enum import Enum, auto
 
 from zeptograd.codegen.opt.tail import core_id, gate_single_core, split_tail, thread_tail, vector_tail
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
@@ -116,20 +116,59 @@ def _nest_of(ast: UOp, r: UOp) -> UOp:
     return next((s for s in ast.src if r in s.toposort()), ast)
 
 
-def shares_row_buffer(ast: UOp, r: UOp) -> bool:
-    """Whether a row buffer (an array DEFINE_REG, schedule/kernel.py) is filled with values that vary along r where its
-    index does not: rows that reuse one buffer in turn. As copies or vector lanes (UPCAST) they would write it at
-    once, and a SWAP could reorder its fill and its reads; a THREAD's cores each have their own."""
+def shared_row_buffers(ast: UOp, r: UOp) -> set[UOp]:
+    """The row buffers (array DEFINE_REGs, schedule/kernel.py) filled with values that vary along r where their index
+    does not: rows that reuse one buffer in turn. As copies or vector lanes (UPCAST) they would write it at once, and
+    a SWAP could reorder its fill and its reads; a THREAD's cores each have their own."""
     nodes = list(ast.toposort())
     if not any(u.op is Ops.DEFINE_REG for u in nodes):
-        return False
+        return set()
     varies: dict[UOp, bool] = {}  # whether a value varies along r: a REDUCE over r does not (it closes r)
     for u in nodes:
         varies[u] = u is r or (any(varies[s] for s in u.src) and not (u.op is Ops.REDUCE and r in u.src[1:]))
-    return any(
-        u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG and varies[u.src[1]] and not varies[u.src[0]]
+    return {
+        u.src[0].src[0]
         for u in nodes
-    )
+        if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_REG and varies[u.src[1]] and not varies[u.src[0]]
+    }
+
+
+def _row_buffer(ix: UOp) -> UOp | None:
+    """The DEFINE_REG an INDEX reads or writes, directly or after its fill (AFTER(buf, fill))."""
+    base = ix.src[0].src[0] if ix.src[0].op is Ops.AFTER and ix.src[0].src else ix.src[0]
+    return base if base.op is Ops.DEFINE_REG else None
+
+
+ROW_BUFFER_PAD_BYTES = 64  # rows 2**k bytes apart map to one set of the L1 cache: each lane's row one line further
+
+
+def row_buffer_lane_stride(n: int, itemsize: int) -> int:
+    """Elements between the rows of a row buffer that each lane of an UPCAST has its own of (`_row_buffer_per_lane`):
+    n, and a cache line more where n's bytes are a multiple of 256 (attention's 2048 keys: eight rows 8 KiB apart
+    would share one set of an 8-way L1 with the values' and the keys' lines)."""
+    return n + ROW_BUFFER_PAD_BYTES // itemsize if (n * itemsize) % 256 == 0 else n
+
+
+def _row_buffer_per_lane(ast: UOp, bufs: set[UOp], inner: UOp) -> UOp:
+    """# DEFINE_REG(ptr(n)) -> DEFINE_REG(ptr(s*amt)); INDEX(buf, j) -> INDEX(buf', j + inner*s), s >= n
+    Each position of an UPCAST range (inner, amt long) that splits the rows sharing these row buffers gets a row of
+    its own: the query rows of an attention tile fill their scores rows at once."""
+    amt = trip_count(inner)
+    ptrs = {b: b.dtype for b in bufs if isinstance(b.dtype, PtrDType)}
+    strides = {b: row_buffer_lane_stride(p.size, p.base.itemsize) for b, p in ptrs.items()}
+    grown = {b: UOp(Ops.DEFINE_REG, p.base.ptr(strides[b] * amt), (), b.arg) for b, p in ptrs.items()}
+    lane_stride = {grown[b]: s for b, s in strides.items()}
+    return graph_rewrite(graph_substitute(ast, grown), pm_row_per_lane, (lane_stride, inner))
+
+
+def _own_row(ctx: tuple[dict[UOp, int], UOp], ix: UOp) -> UOp | None:
+    lane_stride, inner = ctx
+    if (b := _row_buffer(ix)) is None or b not in lane_stride or inner in ix.src[1].toposort():
+        return None
+    return UOp(Ops.INDEX, ix.dtype, (ix.src[0], ix.src[1] + inner * lane_stride[b], *ix.src[2:]))
+
+
+pm_row_per_lane = PatternMatcher([(UPat(Ops.INDEX, name="ix"), _own_row)])  # INDEX(buf, j) -> INDEX(buf, j + lane*n)
 
 
 @named_pass("apply_opt {0}", "an optimizer action: a loop split, swapped or made vector lanes, unrolled or threads")
@@ -141,8 +180,11 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     n, kind = trip_count(r), r.arg[1]
     if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
-    if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP) and shares_row_buffer(ast, r):
-        raise OptError(f"{opt}: axis {opt.axis} runs a row buffer's rows, which take one buffer one after another")
+    shared = shared_row_buffers(ast, r) if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP) else set()
+    if shared and not (opt.op is OptOps.UPCAST and _divides(n, opt.arg) and isinstance(n, int)):
+        raise OptError(  # (an UPCAST that divides the axis gives each lane a row buffer of its own)
+            f"{opt}: axis {opt.axis} runs a row buffer's rows, which take one buffer one after another"
+        )
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         if (opt.op is OptOps.UPCAST) != (kind is AxisType.LOOP):
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
@@ -173,6 +215,9 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         inner = UOp.range(opt.arg, next_id, AxisType.UPCAST if opt.op is OptOps.UPCAST else AxisType.UNROLL)
         new = inner if opt.arg == n else UOp.range(_div(n, opt.arg), r.arg[0], kind) * opt.arg + inner
+        if shared:  # each lane's rows get their own row buffers
+            ast = graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
+            return _row_buffer_per_lane(ast, shared, inner)
     elif opt.op is OptOps.SWAP:
         if not 0 <= opt.arg < len(axes) or opt.arg == opt.axis or axes[opt.arg].arg[1] is not kind:
             raise OptError(f"{opt}: SWAP needs two different axes of the same kind")
