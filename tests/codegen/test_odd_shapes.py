@@ -198,7 +198,14 @@ def test_odd_vector_matmuls_match_numpy(device, noopt, shape):
 
 @pytest.mark.parametrize(
     "shape,panels",
-    [((512, 512, 512), True), ((512, 384, 512), True), ((256, 512, 512), False), ((512, 256, 512), False)],
+    [
+        ((512, 512, 512), True),
+        ((512, 384, 512), True),
+        ((256, 784, 512), True),  # mlp_step's forward
+        ((64, 512, 512), True),
+        ((32, 784, 512), False),  # too few rows to share the copy
+        ((512, 256, 512), False),  # 256 rows of B (2 lines each) fit the L2's 64 sets x 8 ways
+    ],
 )
 def test_a_2kib_row_stride_with_many_rows_and_depth_reads_column_panels(shape, panels):
     m, k, n = shape

@@ -539,11 +539,13 @@ PANEL_MIN_ROW_BYTES = 4096  # B's rows a page or more apart: a column block's wa
 PANEL_MIN_ROWS = 128  # rows of A that share each panel (64x1024x1024 with w.T: 3.8 ms in the dot tile, 6.3 packed)
 PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid out
 # below a page, B's rows a multiple of 2 KiB apart (512 floats) put a column block's walk down K in 1/32 of the L2's
-# sets (1024 sets of 64-byte lines, a row 32 lines on): over 256 rows of B it falls out of L2 all the same. There the
-# copy pays where 512+ rows of A share it (on 1 core of an AVX2 host: 512^3 5.2 -> 4.8 ms, 512x384x512 5.5 -> 4.8,
-# 1024x512x512 11.2 -> 9.7; 256x512x512 3.5 -> 4.2 and 512x256x512 3.1 -> 3.4 do not)
+# sets (1024 sets of 64-byte lines, a row 32 lines on; 8 ways: 256 lines per line of the block's width): over 256
+# rows of B the block (2 lines a row) falls out of L2 all the same. There the copy pays from 64 rows of A on (the
+# kernels, 1 core of a Zen 3 host, 512 KiB 8-way L2, copy included, alternating in one process: 256x784x512 3.8 ->
+# 2.7 ms, mlp_step's forward; 256x512x512 2.3 -> 1.6; 128x784x512 2.1 -> 1.3; 64x784x512 0.86 -> 0.68; 32x784x512
+# 0.55 -> 0.49 is noise; at a depth of 256, 512x256x512 1.66 -> 1.62 too)
 PANEL_CONFLICT_ROW_BYTES = 2048
-PANEL_CONFLICT_MIN_ROWS = 512
+PANEL_CONFLICT_MIN_ROWS = 64
 PANEL_CONFLICT_MIN_DEPTH = 257
 
 
@@ -552,7 +554,8 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     column block walks B down K with a stride of N floats: a page per row of B, a power-of-two stride that maps
     every row to a few cache sets, so the block falls out of L2 (2048^3 on 2 cores of an AVX2 host: 398 ms; in
     panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row only where the rows are a 2 KiB
-    multiple apart, B is deep and A has many rows (PANEL_CONFLICT_*: 512^3 yes, 256x784x512 3.4 -> 3.9 ms no).
+    multiple apart, B is deep and A has rows enough to share the copy (PANEL_CONFLICT_*: 512^3 and mlp_step's
+    256x784x512 yes, 512x256x512 no).
     Only float32 on the CPU backends: the tile is 32 floats wide there."""
     if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
         return False
