@@ -78,6 +78,8 @@ class NNMixin:
             )
         if _packs_right_operand(x, w):
             w = _stored_in_column_panels(w)
+        elif _transposes_right_operand(x, w):
+            w = w.transpose(-1, -2).contiguous().transpose(-1, -2)
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
@@ -570,6 +572,33 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
             row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
         )
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+
+
+NARROW_MAX_COLUMNS = 15  # fewer than two AVX2 vectors of float32: a vector along N is one vector and a tail
+NARROW_MIN_ROWS = 64  # rows of A that share the copy
+NARROW_MIN_DEPTH = 64  # a dot product of 8 vectors or more
+
+
+def _transposes_right_operand(x: Tensor, w: Tensor) -> bool:
+    """Whether x @ w reads w, (..., K, N) stored row-major with N narrow (a classifier's 10 outputs, not a multiple
+    of 8), from a copy stored transposed, (..., N, K): the kernel is then a tile of dot products along K, both
+    operands contiguous there, instead of one vector along N and a tail (codegen/opt/heuristic.py: dot_tile). The
+    copy, N x K, is 1/M of the product; its gradient needs no kernel (the transposes cancel), and the gradient of x
+    is then a matmul with B contiguous along its columns ((256, 10) @ (10, 512)), not a dot product of 10 (mlp_step's
+    output layer, the kernels alone on 1 core of a Zen 3 host: h @ w 226 -> 46 us, g @ w.T 178 -> 55 us)."""
+    if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
+        return False
+    if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
+        return False
+    (m, k), n = x.shape[-2:], w.shape[-1]
+    if not all(isinstance(v, int) for v in (m, k, n)):
+        return False
+    if n > NARROW_MAX_COLUMNS or n % 8 == 0 or m < NARROW_MIN_ROWS or k < NARROW_MIN_DEPTH:
+        return False
+    u = w.uop
+    while u.op is Ops.RESHAPE:  # a buffer seen through reshapes only: stored row-major
+        u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 def _a_stored_matrix(w: Tensor) -> bool:
