@@ -480,3 +480,20 @@ def test_readers_of_an_update_found_before_its_one_schedule():
     _eq(h, th)
     _eq(loss, tloss)
     _eq(w, tw)
+
+
+def test_an_update_through_detach_is_one_kernel_and_a_flipped_one_still_copies():
+    """p.assign(p.detach() - lr * g) reads p only at the element it writes (detach is p's value): one kernel, no copy
+    of the value first; a value that reads p elsewhere (flipped) is still computed before the write."""
+    p, pt = _zt()
+    g = Tensor([0.5, 1.0, 1.5, 2.0]).realize()
+    p.requires_grad_(True)
+    update = p.assign(p.detach() - 0.1 * g)
+    assert sum(item.ast.op.name == "SINK" for item in update.schedule()) == 1
+    p.realize()
+    pt = pt - 0.1 * torch.tensor([0.5, 1.0, 1.5, 2.0])
+    np.testing.assert_allclose(p.numpy(), pt.numpy(), rtol=1e-6)
+    flipped = p.assign(p.detach().flip(0) + 1.0)
+    assert sum(item.ast.op.name == "SINK" for item in flipped.schedule()) == 2
+    p.realize()
+    np.testing.assert_allclose(p.numpy(), (pt.flip(0) + 1.0).numpy(), rtol=1e-6)
