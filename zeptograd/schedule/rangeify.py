@@ -102,11 +102,20 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
-        result.setdefault(x, v)
+        if not layout_copy(x):
+            result.setdefault(x, v)
     for x, f in folded_inner.items():
-        if f in becomes:
+        if f in becomes and not layout_copy(f):
             result.setdefault(x, becomes[f])
     return items, result
+
+
+def layout_copy(x: UOp) -> bool:
+    """A copy of a buffer's view (a matmul operand stored in column panels or transposed: tensor/nn_ops.py), not
+    noted as realized where it is not an output: computed again it gives the same bits, and a graph that notes no
+    node but its outputs gets a plan of the schedule cache (engine/schedule_cache.py: make_plan; a 512^3 matmul took
+    the schedule cache's walk on every call)."""
+    return x.op is Ops.CONTIGUOUS and buffer_under(x.src[0]) is not None
 
 
 def assign_outputs_in_place(sink: UOp) -> UOp:
