@@ -570,3 +570,26 @@ def test_sparse_categorical_crossentropy_batch16():
     x, y = data((16, 10), seed=71), data((16,), "int64", 0, 9, seed=72)
     out = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
     np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((256, 784), (784, 512)), ((256, 512), (512, 10))])
+def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, monkeypatch):
+    """The copy of w in column panels or transposed has w's gradient as its own (gradient.with_gradient): the
+    gradient graph is the one of the product without the copy, not one with its movement ops undone at every
+    backward (mlp_step: that cost more Python per step than the copies' kernels saved)."""
+    rng = np.random.default_rng(3)
+    xn, wn = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+
+    def nodes():  # (the forward's nodes, the gradient's, the gradient)
+        x, w = Tensor(xn), Tensor(wn, requires_grad=True)
+        out = x @ w
+        out.relu().sum().backward()
+        return len(out.uop.toposort()), len(w.grad.uop.toposort()), w.grad.numpy()
+
+    fwd, copied, g = nodes()
+    monkeypatch.setattr(nn_ops, "_packs_right_operand", lambda x, w: False)
+    monkeypatch.setattr(nn_ops, "_transposes_right_operand", lambda x, w: False)
+    fwd_plain, plain, g_plain = nodes()
+    assert fwd > fwd_plain  # the copy's nodes, which the gradient reads through the forward's product
+    assert copied - plain == fwd - fwd_plain  # and no more: before, its movement ops undone (panels: 5 -> 9)
+    np.testing.assert_allclose(g, g_plain, rtol=1e-5, atol=1e-4)

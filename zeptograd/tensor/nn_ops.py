@@ -77,9 +77,9 @@ class NNMixin:
                 f"matmul of incompatible shapes {x.shape} and {w.shape}: {x.shape[-1]} != {w.shape[axis_w]}"
             )
         if _packs_right_operand(x, w):
-            w = _stored_in_column_panels(w)
+            w = _as_itself(_stored_in_column_panels(w), w)
         elif _transposes_right_operand(x, w):
-            w = w.transpose(-1, -2).contiguous().transpose(-1, -2)
+            w = _as_itself(w.transpose(-1, -2).contiguous().transpose(-1, -2), w)
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
@@ -609,6 +609,13 @@ def _a_stored_matrix(w: Tensor) -> bool:
     while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
         u = u.src[0]
     return u.op is Ops.BUFFER
+
+
+def _as_itself(copy: Tensor, w: Tensor) -> Tensor:
+    """A copy of w in another layout, whose gradient is w's: handed straight to w, not through the copy's movement
+    ops (each a gradient rule and Tensor ops at every backward: mlp_step's two copies cost more Python per step than
+    their kernels saved)."""
+    return with_gradient(copy, (w,), lambda g, out, x: (g,))
 
 
 def _stored_in_column_panels(w: Tensor) -> Tensor:
