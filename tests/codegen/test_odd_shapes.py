@@ -198,7 +198,14 @@ def test_odd_vector_matmuls_match_numpy(device, noopt, shape):
 
 @pytest.mark.parametrize(
     "shape,panels",
-    [((512, 512, 512), True), ((512, 384, 512), True), ((256, 512, 512), False), ((512, 256, 512), False)],
+    [
+        ((512, 512, 512), True),
+        ((512, 384, 512), True),
+        ((256, 784, 512), True),  # mlp_step's forward
+        ((64, 512, 512), True),
+        ((32, 784, 512), False),  # too few rows to share the copy
+        ((512, 256, 512), False),  # 256 rows of B (2 lines each) fit the L2's 64 sets x 8 ways
+    ],
 )
 def test_a_2kib_row_stride_with_many_rows_and_depth_reads_column_panels(shape, panels):
     m, k, n = shape
@@ -216,3 +223,23 @@ def test_a_512_matmul_from_panels_matches_numpy(device):
     np.testing.assert_allclose(
         (Tensor(an, device=device) @ Tensor(bn, device=device)).numpy(), an @ bn, rtol=1e-4, atol=1e-4
     )
+
+
+# ***** a product into 10 columns: the vector along the long axis, not one vector of the 10 and a tail *****
+
+
+@pytest.mark.parametrize("n", [10, 13])
+def test_a_product_into_few_columns_is_vectorized_along_the_long_axis(n):
+    """h.T @ g, (512, 256) x (256, n) (mlp_step's output-layer weight gradient): the heuristic takes its vector
+    along the 512 (8 lanes of h's rows), not along the n columns (8 lanes and a tail), and the expander keeps the
+    8-lane range as the vector although the store and g are contiguous along the tile's 2 columns."""
+    h = Tensor(rng.standard_normal((256, 512), dtype=np.float32))
+    g = Tensor(rng.standard_normal((256, n), dtype=np.float32)) - 0.5  # computed (softmax - labels): not copied
+    ast = kernels(h.T @ g)[-1]
+    renderer = LLVMRenderer(simd_bytes=32)
+    with Context(THREADS=1):
+        uops, _ = full_rewrite(ast, renderer)
+    src = renderer.render(kernel_name(ast), uops).src
+    assert set(re.findall(r"llvm\.fma\.(v\d+f32)", src)) == {"v8f32"}  # before: v2f32, a 2-column vector
+    hn, gn = h.numpy(), g.numpy()
+    np.testing.assert_allclose((h.T @ g).numpy(), hn.T @ gn, rtol=1e-4, atol=1e-3)

@@ -480,3 +480,42 @@ def test_readers_of_an_update_found_before_its_one_schedule():
     _eq(h, th)
     _eq(loss, tloss)
     _eq(w, tw)
+
+
+def test_an_update_through_detach_is_one_kernel_and_a_flipped_one_still_copies():
+    """p.assign(p.detach() - lr * g) reads p only at the element it writes (detach is p's value): one kernel, no copy
+    of the value first; a value that reads p elsewhere (flipped) is still computed before the write."""
+    p, pt = _zt()
+    g = Tensor([0.5, 1.0, 1.5, 2.0]).realize()
+    p.requires_grad_(True)
+    update = p.assign(p.detach() - 0.1 * g)
+    assert sum(item.ast.op.name == "SINK" for item in update.schedule()) == 1
+    p.realize()
+    pt = pt - 0.1 * torch.tensor([0.5, 1.0, 1.5, 2.0])
+    np.testing.assert_allclose(p.numpy(), pt.numpy(), rtol=1e-6)
+    flipped = p.assign(p.detach().flip(0) + 1.0)
+    assert sum(item.ast.op.name == "SINK" for item in flipped.schedule()) == 2
+    p.realize()
+    np.testing.assert_allclose(p.numpy(), (pt.flip(0) + 1.0).numpy(), rtol=1e-6)
+
+
+def test_a_live_update_value_is_the_assigns_source_not_copied_again():
+    """A hand-written SGD step whose gradient reads the parameter through the forward (so Tensor.assign stores the
+    value before the write) while the update's value is a live tensor too: the write reads that tensor's buffer
+    (forward, loss, gradient, the value, the write: 5 kernels; before, a sixth copied the value once more)."""
+    rng = np.random.default_rng(0)
+    wn, xn = rng.standard_normal((4, 3), dtype=np.float32), rng.standard_normal((2, 4), dtype=np.float32)
+    w, x = Tensor(wn, requires_grad=True).realize(), Tensor(xn).realize()
+    loss = (x @ w).relu().sum()
+    loss.backward()
+    new = w.detach() - 0.1 * w.grad
+    w.assign(new)
+    k0 = GlobalCounters.kernel_count
+    Tensor.realize(loss, w)
+    assert GlobalCounters.kernel_count - k0 == 5
+    wt = torch.tensor(wn, requires_grad=True)
+    (torch.tensor(xn) @ wt).relu().sum().backward()
+    want = (wt - 0.1 * wt.grad).detach().numpy()
+    np.testing.assert_allclose(w.numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(new.numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-6)

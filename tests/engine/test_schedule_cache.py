@@ -340,3 +340,20 @@ def test_a_plan_notes_an_output_node_only_if_something_else_holds_it(count, monk
     assert noted == [held] and realize.realized_value(held) is c.uop
     monkeypatch.undo()
     np.testing.assert_allclose(c.numpy(), a.numpy() + b.numpy(), rtol=1e-6)
+
+
+def test_a_matmul_read_from_a_copy_of_its_operand_runs_from_a_plan(count, monkeypatch):
+    """x @ w that reads w from a copy in column panels (tensor/nn_ops.py; 512^3) or transposed (10 columns): two
+    kernels, the copy not noted as realized (computed again it gives the same bits), so a repeat of the call runs
+    from the schedule cache's plan, with no walk of the graph (before, the copy's note made every call walk)."""
+    for shape_a, shape_b in (((512, 512), (512, 512)), ((64, 128), (128, 10))):
+        a, b = realized(rnd(*shape_a, seed=5)), realized(rnd(*shape_b, seed=6))
+        assert len((a @ b).schedule()) == 2
+        count.realize(a @ b)  # the template and its plan
+        monkeypatch.setattr(sc, "walk", lambda *args: pytest.fail("a hit walked the graph"))
+        hits = sc.Stats.hits
+        results = [(a @ b).realize() for _ in range(2)]
+        assert sc.Stats.hits == hits + 2
+        monkeypatch.undo()
+        for r in results:
+            np.testing.assert_allclose(r.numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)

@@ -65,6 +65,47 @@ def test_a_large_right_operand_is_read_from_column_panels():
     assert _kernels(on_python) == 1
 
 
+def _matmul_reduce_opts(t: Tensor) -> list:
+    """The hand-coded optimizer's actions for the last kernel of t's schedule, for an AVX2 host on one core."""
+    from zeptograd.codegen import ranges_simplified
+    from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+
+    return hand_coded_optimizations(ranges_simplified(t.schedule()[-1].ast), 32, threads=1)[1]
+
+
+@pytest.mark.parametrize("m,k,n", [(256, 512, 10), (70, 100, 9), (64, 64, 15)])
+def test_a_narrow_right_operand_is_read_transposed(m, k, n):
+    """x @ w with w a stored row-major matrix of fewer than 16 columns, not a multiple of 8 (a classifier's 10
+    outputs), reads w from a copy stored transposed (one kernel more), so the product is a tile of dot products along
+    K (its reduce UNROLLed), not one vector along N and a tail; the gradients flow through the copy, and x's
+    gradient reads the copy with its columns contiguous."""
+    from zeptograd.codegen.opt import OptOps
+
+    rng = np.random.default_rng(1)
+    xn, wn = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    assert _kernels(x @ w) == 2
+    assert any(o.op is OptOps.UNROLL for o in _matmul_reduce_opts(x @ w))  # the vector runs along K
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    (x @ w).relu().sum().backward()
+    (xt @ wt).relu().sum().backward()
+    np.testing.assert_allclose((x @ w).numpy(), (xt @ wt).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_narrow_right_operands_that_are_not_copied():
+    rng = np.random.default_rng(2)
+    x = Tensor(rng.standard_normal((256, 512), dtype=np.float32))
+    assert _kernels(x @ Tensor(rng.standard_normal((10, 512), dtype=np.float32)).T) == 1  # stored transposed already
+    for shape in ((512, 8), (512, 16), (512, 24)):  # whole vectors of 8
+        assert _kernels(x @ Tensor(rng.standard_normal(shape, dtype=np.float32))) == 1
+    assert _kernels(x[:32] @ Tensor(rng.standard_normal((512, 10), dtype=np.float32))) == 1  # few rows
+    assert _kernels(x[:, :32] @ Tensor(rng.standard_normal((32, 10), dtype=np.float32))) == 1  # a short depth
+    assert not nn_ops._transposes_right_operand(x, Tensor(rng.standard_normal((512, 10), dtype=np.float32)) * 2)
+    assert not nn_ops._transposes_right_operand(x.cast("float64"), Tensor.ones(512, 10, dtype="float64").contiguous())
+
+
 @pytest.mark.slow
 def test_matmul_views_and_ints():
     check(
@@ -529,3 +570,26 @@ def test_sparse_categorical_crossentropy_batch16():
     x, y = data((16, 10), seed=71), data((16,), "int64", 0, 9, seed=72)
     out = Tensor(x).sparse_categorical_crossentropy(Tensor(y)).numpy()
     np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shapes", [((256, 784), (784, 512)), ((256, 512), (512, 10))])
+def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, monkeypatch):
+    """The copy of w in column panels or transposed has w's gradient as its own (gradient.with_gradient): the
+    gradient graph is the one of the product without the copy, not one with its movement ops undone at every
+    backward (mlp_step: that cost more Python per step than the copies' kernels saved)."""
+    rng = np.random.default_rng(3)
+    xn, wn = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
+
+    def nodes():  # (the forward's nodes, the gradient's, the gradient)
+        x, w = Tensor(xn), Tensor(wn, requires_grad=True)
+        out = x @ w
+        out.relu().sum().backward()
+        return len(out.uop.toposort()), len(w.grad.uop.toposort()), w.grad.numpy()
+
+    fwd, copied, g = nodes()
+    monkeypatch.setattr(nn_ops, "_packs_right_operand", lambda x, w: False)
+    monkeypatch.setattr(nn_ops, "_transposes_right_operand", lambda x, w: False)
+    fwd_plain, plain, g_plain = nodes()
+    assert fwd > fwd_plain  # the copy's nodes, which the gradient reads through the forward's product
+    assert copied - plain == fwd - fwd_plain  # and no more: before, its movement ops undone (panels: 5 -> 9)
+    np.testing.assert_allclose(g, g_plain, rtol=1e-5, atol=1e-4)

@@ -109,7 +109,9 @@ def vector_ranges(ast: UOp, max_vec_bytes: int) -> frozenset[UOp]:
 
 
 def choose_vector_ranges(ast: UOp, nodes: list[UOp], expanded: list[UOp], max_width: int) -> list[UOp]:
-    """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width), then
+    """The expanded range the most executed accesses walk contiguously (a power of two up to the SIMD width; their
+    executions times its lanes: a register tile's 2 columns, contiguous in the store and one operand, lose to its 8
+    lanes of rows that the other operand walks, as the heuristic weighs its vector axis), then
     every other such range no value moves with together with one already chosen, in the same order: a reduce
     computed before an output loop it does not vary along (softmax's row max, then its sum, then the output row) is
     a loop of its own, vectorized along its own range."""
@@ -122,7 +124,7 @@ def choose_vector_ranges(ast: UOp, nodes: list[UOp], expanded: list[UOp], max_wi
                 scores[r] = scores.get(r, 0) + count
     if not scores:
         return []
-    ordered = sorted(scores, key=lambda r: (scores[r], trip_count(r), -r.arg[0]), reverse=True)
+    ordered = sorted(scores, key=lambda r: (scores[r] * trip_count(r), scores[r], -r.arg[0]), reverse=True)
     if len(ordered) == 1:
         return ordered
     together = {live for live in live_ranges(nodes, set(ordered)).values() if len(live) > 1}

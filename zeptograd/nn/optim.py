@@ -36,8 +36,7 @@ FUSE_OPTIM = getenv("FUSE_OPTIM", 1)
 
 
 def _value(p: Tensor) -> Tensor:
-    """The parameter's value for the update, outside autograd. Not p.detach(): an assign whose value reads its
-    target through a DETACH is copied first (one more kernel per parameter)."""
+    """The parameter's value for the update, outside autograd: p.detach() without the DETACH node."""
     return Tensor(p.uop, device=p.device)
 
 

@@ -48,6 +48,7 @@ def fold_tensor_graph(sink: UOp) -> tuple[UOp, dict[UOp, UOp]]:
 def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]]:
     """Kernels, in an order that respects their dependencies, and the buffer view that replaces each realized node."""
     sink, folded_inner = fold_tensor_graph(UOp(Ops.SINK, dtypes.void, tuple(outs)))
+    sink = assign_outputs_in_place(sink)
     sink = split_reduces(sink)  # a big reduce to a small output: two kernels, the first parallel
     check_tensor_graph(sink)
     folded = dict(zip(outs, sink.src))
@@ -101,11 +102,35 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
-        result.setdefault(x, v)
+        if not layout_copy(x):
+            result.setdefault(x, v)
     for x, f in folded_inner.items():
-        if f in becomes:
+        if f in becomes and not layout_copy(f):
             result.setdefault(x, becomes[f])
     return items, result
+
+
+def layout_copy(x: UOp) -> bool:
+    """A copy of a buffer's view (a matmul operand stored in column panels or transposed: tensor/nn_ops.py), not
+    noted as realized where it is not an output: computed again it gives the same bits, and a graph that notes no
+    node but its outputs gets a plan of the schedule cache (engine/schedule_cache.py: make_plan; a 512^3 matmul took
+    the schedule cache's walk on every call)."""
+    return x.op is Ops.CONTIGUOUS and buffer_under(x.src[0]) is not None
+
+
+def assign_outputs_in_place(sink: UOp) -> UOp:
+    """An ASSIGN whose value is CONTIGUOUS(v) (Tensor.assign stores a value that reads its target elsewhere before
+    the write) where v is itself an output computed here (a live tensor that reads the target's old contents: a
+    hand-written SGD step's `new = p.detach() - lr * p.grad`, the gradient reading p through the forward): v's
+    buffer, written before the ASSIGN (`order_assigns`), already holds the value, so the write reads it from there
+    rather than from a copy of it made by a kernel of its own (mlp_step: 3 -> 2 kernels per parameter)."""
+    computed = {u for u in sink.src if needs_kernel(u) and buffer_under(u) is None}
+    values = {
+        a.src[1]: a.src[1].src[0]
+        for a in sink.toposort()
+        if a.op is Ops.ASSIGN and a.src[1].op is Ops.CONTIGUOUS and a.src[1].src[0] in computed
+    }
+    return graph_substitute(sink, values) if values else sink
 
 
 def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:

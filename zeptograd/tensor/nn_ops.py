@@ -77,7 +77,9 @@ class NNMixin:
                 f"matmul of incompatible shapes {x.shape} and {w.shape}: {x.shape[-1]} != {w.shape[axis_w]}"
             )
         if _packs_right_operand(x, w):
-            w = _stored_in_column_panels(w)
+            w = _as_itself(_stored_in_column_panels(w), w)
+        elif _transposes_right_operand(x, w):
+            w = _as_itself(w.transpose(-1, -2).contiguous().transpose(-1, -2), w)
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
@@ -542,11 +544,13 @@ PANEL_MIN_ROW_BYTES = 4096  # B's rows a page or more apart: a column block's wa
 PANEL_MIN_ROWS = 128  # rows of A that share each panel (64x1024x1024 with w.T: 3.8 ms in the dot tile, 6.3 packed)
 PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid out
 # below a page, B's rows a multiple of 2 KiB apart (512 floats) put a column block's walk down K in 1/32 of the L2's
-# sets (1024 sets of 64-byte lines, a row 32 lines on): over 256 rows of B it falls out of L2 all the same. There the
-# copy pays where 512+ rows of A share it (on 1 core of an AVX2 host: 512^3 5.2 -> 4.8 ms, 512x384x512 5.5 -> 4.8,
-# 1024x512x512 11.2 -> 9.7; 256x512x512 3.5 -> 4.2 and 512x256x512 3.1 -> 3.4 do not)
+# sets (1024 sets of 64-byte lines, a row 32 lines on; 8 ways: 256 lines per line of the block's width): over 256
+# rows of B the block (2 lines a row) falls out of L2 all the same. There the copy pays from 64 rows of A on (the
+# kernels, 1 core of a Zen 3 host, 512 KiB 8-way L2, copy included, alternating in one process: 256x784x512 3.8 ->
+# 2.7 ms, mlp_step's forward; 256x512x512 2.3 -> 1.6; 128x784x512 2.1 -> 1.3; 64x784x512 0.86 -> 0.68; 32x784x512
+# 0.55 -> 0.49 is noise; at a depth of 256, 512x256x512 1.66 -> 1.62 too)
 PANEL_CONFLICT_ROW_BYTES = 2048
-PANEL_CONFLICT_MIN_ROWS = 512
+PANEL_CONFLICT_MIN_ROWS = 64
 PANEL_CONFLICT_MIN_DEPTH = 257
 
 
@@ -555,7 +559,8 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     column block walks B down K with a stride of N floats: a page per row of B, a power-of-two stride that maps
     every row to a few cache sets, so the block falls out of L2 (2048^3 on 2 cores of an AVX2 host: 398 ms; in
     panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row only where the rows are a 2 KiB
-    multiple apart, B is deep and A has many rows (PANEL_CONFLICT_*: 512^3 yes, 256x784x512 3.4 -> 3.9 ms no).
+    multiple apart, B is deep and A has rows enough to share the copy (PANEL_CONFLICT_*: 512^3 and mlp_step's
+    256x784x512 yes, 512x256x512 no).
     Only float32 on the CPU backends: the tile is 32 floats wide there."""
     if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
         return False
@@ -596,6 +601,33 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
     return not _packs_right_operand(q, keys_t)
 
 
+NARROW_MAX_COLUMNS = 15  # fewer than two AVX2 vectors of float32: a vector along N is one vector and a tail
+NARROW_MIN_ROWS = 64  # rows of A that share the copy
+NARROW_MIN_DEPTH = 64  # a dot product of 8 vectors or more
+
+
+def _transposes_right_operand(x: Tensor, w: Tensor) -> bool:
+    """Whether x @ w reads w, (..., K, N) stored row-major with N narrow (a classifier's 10 outputs, not a multiple
+    of 8), from a copy stored transposed, (..., N, K): the kernel is then a tile of dot products along K, both
+    operands contiguous there, instead of one vector along N and a tail (codegen/opt/heuristic.py: dot_tile). The
+    copy, N x K, is 1/M of the product; its gradient needs no kernel (the transposes cancel), and the gradient of x
+    is then a matmul with B contiguous along its columns ((256, 10) @ (10, 512)), not a dot product of 10 (mlp_step's
+    output layer, the kernels alone on 1 core of a Zen 3 host: h @ w 226 -> 46 us, g @ w.T 178 -> 55 us)."""
+    if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
+        return False
+    if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
+        return False
+    (m, k), n = x.shape[-2:], w.shape[-1]
+    if not all(isinstance(v, int) for v in (m, k, n)):
+        return False
+    if n > NARROW_MAX_COLUMNS or n % 8 == 0 or m < NARROW_MIN_ROWS or k < NARROW_MIN_DEPTH:
+        return False
+    u = w.uop
+    while u.op is Ops.RESHAPE:  # a buffer seen through reshapes only: stored row-major
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
 def _a_stored_matrix(w: Tensor) -> bool:
     """Whether w is a buffer seen through reshapes, permutes, shrinks and flips (a weight, its transpose, a realized
     activation): not a computed value, whose copy would be its materialization, nor a broadcast (`Tensor.ones`,
@@ -604,6 +636,13 @@ def _a_stored_matrix(w: Tensor) -> bool:
     while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
         u = u.src[0]
     return u.op is Ops.BUFFER
+
+
+def _as_itself(copy: Tensor, w: Tensor) -> Tensor:
+    """A copy of w in another layout, whose gradient is w's: handed straight to w, not through the copy's movement
+    ops (each a gradient rule and Tensor ops at every backward: mlp_step's two copies cost more Python per step than
+    their kernels saved)."""
+    return with_gradient(copy, (w,), lambda g, out, x: (g,))
 
 
 def _stored_in_column_panels(w: Tensor) -> Tensor:

@@ -971,7 +971,7 @@ def _reads_target_elsewhere(target: UOp, value: UOp, nodes: dict[UOp, None], sto
     elementwise, stack = set(), [value]
     while stack:
         u = stack.pop()
-        if u not in elementwise and u.op in GroupOp.Elementwise:
+        if u not in elementwise and (u.op in GroupOp.Elementwise or u.op is Ops.DETACH):  # (detach: the value)
             elementwise.add(u)
             stack.extend(u.src)
     return (buf is not target and buf in nodes) or any(
