@@ -122,6 +122,7 @@ def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
         ((256, 32, 8, 8), (32, 32, 3, 3), dict(padding=1), 16),  # 16 8x8 images make a part's 1024 positions
         ((8, 64, 57, 57), (128, 64, 3, 3), dict(padding=1, stride=2), 4),  # odd input, stride 2: 29x29, 2 a part
         ((256, 64, 32, 32), (64, 64, 3, 3), dict(padding=1), 64),  # at most 64 parts: 4 images each
+        ((16, 256, 16, 16), (256, 256, 3, 3), dict(padding=1), 4),  # at most 4M elements of parts' sums: 4 x 589824
     ],
 )
 def test_a_large_conv_weight_gradient_is_summed_in_parts_of_the_batch(xshape, wshape, kw, parts):
@@ -134,6 +135,15 @@ def test_a_large_conv_weight_gradient_is_summed_in_parts_of_the_batch(xshape, ws
     (gw,) = out.gradient(w, gradient=Tensor.empty(*out.shape))
     sizes = [it.bufs[0].size for it in gw.schedule() if it.ast.op is Ops.SINK]
     assert sizes[-2:] == [parts * prod(wshape), prod(wshape)]
+
+
+def test_a_conv_weight_gradient_too_large_to_split_is_one_reduce():
+    """(32, 512, 8, 8) x (512, 512, 3, 3): 16 images make a part's 1024 positions, but 2 parts' sums (2 x 2.4M
+    elements) are over the 4M cap: one reduce, the weight gradient written once (after the input's padded copy)."""
+    x, w = Tensor.empty(32, 512, 8, 8), Tensor.empty(512, 512, 3, 3, requires_grad=True)
+    (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(32, 512, 8, 8))
+    sizes = [it.bufs[0].size for it in gw.schedule() if it.ast.op is Ops.SINK]
+    assert sizes == [32 * 512 * 10 * 10, 512 * 512 * 9]
 
 
 def test_a_conv_weight_gradient_summed_in_parts_matches_torch(monkeypatch):

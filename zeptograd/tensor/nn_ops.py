@@ -622,6 +622,7 @@ def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_
 
 WEIGHT_GRADIENT_PART_MIN_POSITIONS = 1024  # output positions per part: a 32x32 image
 WEIGHT_GRADIENT_MAX_PARTS = 64
+WEIGHT_GRADIENT_MAX_PART_ELEMENTS = 1 << 22  # the parts' sums, all together: 16 MiB of float32
 
 
 def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape: tuple) -> int:
@@ -632,8 +633,9 @@ def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape
     3072 tiles). Summed per part of the batch, a part's images stay in L2 while every weight tile passes them
     ((32,64,32,32) x (64,64,3,3), one image per part: 85 -> 55 ms; (8,64,56,56): 42 -> 29 ms, on 1 core of an AVX2
     host). A part holds the fewest images with WEIGHT_GRADIENT_PART_MIN_POSITIONS output positions (so each tile's
-    accumulators are folded rarely), at most WEIGHT_GRADIENT_MAX_PARTS parts (the parts' sums are written once: 64 x
-    the weight). On the CPU backends, float32, for convs of at least CHANNELS_LAST_MIN_MACS multiply-adds."""
+    accumulators are folded rarely), at most WEIGHT_GRADIENT_MAX_PARTS parts and WEIGHT_GRADIENT_MAX_PART_ELEMENTS
+    elements of the parts' sums (a 512 x 512 x 3 x 3 weight: at most 1 part, no split). On the CPU backends, float32,
+    for convs of at least CHANNELS_LAST_MIN_MACS multiply-adds."""
     if not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
         return 1
     if any(t.dtype != dtypes.float32 for t in (x, g, weight)):
@@ -642,11 +644,13 @@ def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape
     sizes = (*out_shape, *weight.shape[1:])
     if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
         return 1
-    per_image = math.prod(positions)
+    per_image, weight_elements = math.prod(positions), math.prod(weight.shape)
     for images in range(1, bs + 1):
-        if bs % images == 0 and images * per_image >= WEIGHT_GRADIENT_PART_MIN_POSITIONS:
-            if bs // images <= WEIGHT_GRADIENT_MAX_PARTS:
-                return bs // images
+        parts = bs // images
+        if bs % images or images * per_image < WEIGHT_GRADIENT_PART_MIN_POSITIONS:
+            continue
+        if parts <= WEIGHT_GRADIENT_MAX_PARTS and parts * weight_elements <= WEIGHT_GRADIENT_MAX_PART_ELEMENTS:
+            return parts
     return 1
 
 
