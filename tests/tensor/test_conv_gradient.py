@@ -105,12 +105,75 @@ def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
     x, w = Tensor(xn), Tensor(wn, requires_grad=True)
     (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor(gn))
     items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
-    assert [it.bufs[0].size for it in items] == [2 * 64 * 34 * 34, 64 * 64 * 3 * 3]  # the padded copy, dw
-    gated = [u for u in items[-1].ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
+    # the padded copy, dw summed per image (one 32x32 image per part: _weight_gradient_batch_parts), dw
+    assert [it.bufs[0].size for it in items] == [2 * 64 * 34 * 34, 2 * 64 * 64 * 3 * 3, 64 * 64 * 3 * 3]
+    gated = [u for u in items[1].ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
     assert not gated
     tx, tw = torch.from_numpy(xn), torch.from_numpy(wn).requires_grad_()
     torch.nn.functional.conv2d(tx, tw, padding=1).backward(torch.from_numpy(gn))
     np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "xshape, wshape, kw, parts",
+    [
+        ((32, 64, 32, 32), (64, 64, 3, 3), dict(padding=1), 32),  # ResNet's block: a part per 32x32 image
+        ((8, 64, 56, 56), (64, 64, 3, 3), dict(padding=1), 8),
+        ((256, 32, 8, 8), (32, 32, 3, 3), dict(padding=1), 16),  # 16 8x8 images make a part's 1024 positions
+        ((8, 64, 57, 57), (128, 64, 3, 3), dict(padding=1, stride=2), 4),  # odd input, stride 2: 29x29, 2 a part
+        ((256, 64, 32, 32), (64, 64, 3, 3), dict(padding=1), 64),  # at most 64 parts: 4 images each
+        ((16, 256, 16, 16), (256, 256, 3, 3), dict(padding=1), 4),  # at most 4M elements of parts' sums: 4 x 589824
+    ],
+)
+def test_a_large_conv_weight_gradient_is_summed_in_parts_of_the_batch(xshape, wshape, kw, parts):
+    """A large conv's weight gradient (a small output over a reduce of the whole batch's positions) is summed per
+    part of the batch first, each part's sums stored, so a part's images stay in cache while every weight tile
+    passes them (tensor/nn_ops.py: _weight_gradient_batch_parts): the kernel writing the parts' sums, then their
+    sum. Only the schedule: the values are checked against torch below."""
+    x, w = Tensor.empty(*xshape), Tensor.empty(*wshape, requires_grad=True)
+    out = x.conv2d(w, **kw)
+    (gw,) = out.gradient(w, gradient=Tensor.empty(*out.shape))
+    sizes = [it.bufs[0].size for it in gw.schedule() if it.ast.op is Ops.SINK]
+    assert sizes[-2:] == [parts * prod(wshape), prod(wshape)]
+
+
+def test_a_conv_weight_gradient_too_large_to_split_is_one_reduce():
+    """(32, 512, 8, 8) x (512, 512, 3, 3): 16 images make a part's 1024 positions, but 2 parts' sums (2 x 2.4M
+    elements) are over the 4M cap: one reduce, the weight gradient written once (after the input's padded copy)."""
+    x, w = Tensor.empty(32, 512, 8, 8), Tensor.empty(512, 512, 3, 3, requires_grad=True)
+    (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor.empty(32, 512, 8, 8))
+    sizes = [it.bufs[0].size for it in gw.schedule() if it.ast.op is Ops.SINK]
+    assert sizes == [32 * 512 * 10 * 10, 512 * 512 * 9]
+
+
+def test_a_conv_weight_gradient_summed_in_parts_matches_torch(monkeypatch):
+    """The weight gradient summed per part of the batch (thresholds lowered so small convs take that path): groups,
+    stride 2 with odd input sizes, dilation, 1-d and 3-d, and a part of several images; values against torch."""
+    import torch
+
+    from zeptograd.tensor import nn_ops
+
+    monkeypatch.setattr(nn_ops, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(nn_ops, "WEIGHT_GRADIENT_PART_MIN_POSITIONS", 40)
+    cases = [
+        ((4, 6, 9, 9), (8, 3, 3, 3), dict(groups=2, stride=2, padding=1), 2),  # 5x5 outputs: 2 images a part
+        ((6, 4, 7, 5), (4, 4, 3, 2), dict(stride=(2, 1), padding=(1, 0)), 2),  # 4x4 outputs: 3 images a part
+        ((4, 4, 11, 11), (6, 4, 3, 3), dict(dilation=2, padding=2), 4),
+        ((4, 3, 40), (5, 3, 3), dict(padding=1), 4),
+        ((4, 2, 5, 6, 7), (3, 2, 3, 3, 3), dict(padding=1, stride=2), 2),
+    ]
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
+    for xshape, wshape, kw, parts in cases:
+        xn, wn = rng.standard_normal(xshape, dtype=np.float32), rng.standard_normal(wshape, dtype=np.float32)
+        x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+        out = x.conv2d(w, **kw)
+        gn = rng.standard_normal(out.shape, dtype=np.float32)
+        assert nn_ops._weight_gradient_batch_parts(x, Tensor(gn), w, out.shape) == parts
+        gx, gw = out.gradient(x, w, gradient=Tensor(gn))
+        tx, tw = torch.from_numpy(xn).requires_grad_(), torch.from_numpy(wn).requires_grad_()
+        conv[len(xshape)](tx, tw, **kw).backward(torch.from_numpy(gn))
+        np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_a_small_conv_weight_gradient_reads_the_input_through_its_gates():
