@@ -189,6 +189,22 @@ def test_cmplt_lift():
     assert (a * 3 < -7).simplify() is (a < -2)  # a*3 < -7 <=> a <= -3
 
 
+def test_cmplt_drops_terms_smaller_than_the_gcd():
+    r, lane, k = var("r", 0, 1000), var("lane", 0, 7), var("k", 0, 1)
+    assert (r * 8 + lane < 4096).simplify() is (r < 512)  # a vector's lanes leave its row's gate
+    assert (k * 800 + r * 8 + lane < 4096).simplify() is (k * 800 + r * 8 < 4096).simplify()  # gcd(800, 8, 4096)
+    for x in (r * 8 + var("wide", 0, 8), r * 8 + lane, r * 8 + lane - 1, r * 6 + lane):
+        for bound in (4096, 4092, 40):
+            for vals in (
+                {"r": rv, "lane": min(lv, 7), "wide": lv} for rv in (0, 4, 510, 511, 512, 682) for lv in (0, 7, 8)
+            ):
+                lt, simple = x < bound, (x < bound).simplify()
+                env = {n.arg[0]: vals[n.arg[0]] for n in lt.toposort() if n.op is Ops.DEFINE_VAR}
+                assert evaluate(simple, env, False)[simple] == evaluate(lt, env, False)[lt], (fmt(x), bound, vals)
+    assert (r * 8 + var("wide", 0, 8) < 4096).simplify() is not (r < 512)  # a lane past 7 may cross the bound
+    assert (r * 6 + lane < 4096).simplify() is not (r < 683)  # gcd(6, 4096) = 2 <= lane's 7
+
+
 def test_where_with_constant_condition():
     a, b = var("a"), var("b")
     assert c(True, dtypes.bool).where(a, b).simplify() is a

@@ -237,13 +237,33 @@ def _fold_mod_nonneg(x: UOp, c: UOp) -> UOp | None:
 
 
 def lift_cmplt(x: UOp, c: UOp) -> UOp | None:
-    """# a + k < c -> a < c - k ; a*k < c -> a < ceil(c/k) for k > 0"""
+    """# a + k < c -> a < c - k ; a*k < c -> a < ceil(c/k) for k > 0 ; a + b < c -> a < c when g divides c and every
+    # coefficient of a, and 0 <= b < g"""
     if not is_int(x):
         return None
     if x.op is Ops.ADD and x.src[1].op is Ops.CONST:
         return x.src[0] < UOp.const(x.dtype, c.arg - x.src[1].arg)
     if x.op is Ops.MUL and x.src[1].op is Ops.CONST and x.src[1].arg > 0:
         return x.src[0] < UOp.const(x.dtype, -((-c.arg) // x.src[1].arg))
+    if x.op is Ops.ADD:
+        return _drop_small_terms_cmplt(x, c)
+    return None
+
+
+def _drop_small_terms_cmplt(x: UOp, c: UOp) -> UOp | None:
+    """a + b < c with a a multiple of g, g | c and 0 <= b < g: a < c (a <= c - g, so a + b < c; a + b < c, so a < c).
+    A vector lane added to its row's index (8*r + lane < 4096) then leaves the compare: a gate that holds for all the
+    lanes of a vector or none is one branch around a plain load, not a mask (a concatenation's masked loads fetch from
+    far outside their buffer in the lanes they skip, where a page that is not mapped costs a microcode assist)."""
+    terms, const = split_sum(x)
+    if const != 0 or len(terms) < 2:
+        return None
+    by_size = sorted(terms, key=lambda t: abs(t[1]))
+    for i in range(1, len(terms)):
+        small = by_size[:i]
+        g = math.gcd(c.arg, *[k for _, k in by_size[i:]])
+        if g > 1 and (rest := build_sum(small, 0, x)).vmin >= 0 and rest.vmax < g:
+            return build_sum([t for t in terms if t not in small], 0, x) < c  # (the sum's own order: canonical)
     return None
 
 
@@ -310,7 +330,7 @@ symbolic = PatternMatcher(
                 else None
             ),
         ),
-        # a + k < c -> a < c-k ; a*k < c -> a < ceil(c/k)
+        # a + k < c -> a < c-k ; a*k < c -> a < ceil(c/k) ; a*g + b < c -> a*g < c for g | c, 0 <= b < g
         (UPat.var("x") < UPat.cvar("c"), lift_cmplt),
         # where(True, a, b) -> a ; where(False, a, b) -> b ; where(c, a, a) -> a
         (UPat(Ops.WHERE, src=(UPat.cvar("c"), UPat.var("a"), UPat.var("b"))), lambda c, a, b: a if c.arg else b),
