@@ -15,7 +15,9 @@ _buffer_ids = itertools.count()
 
 
 _buffers_data = buffers.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
-_buffers_remove = buffers._remove  # type: ignore[attr-defined]  # the callback its references carry
+# the callback its references carry: the dict's own pop, which drops a dead node's entry without WeakKeyDictionary's
+# Python frame (buffers is only iterated over a copy of its dict, engine/jit.py, so its iteration guard is moot)
+_buffers_remove = _buffers_data.pop
 _BUFFER = Ops.BUFFER  # (a global read: Ops.X goes through the enum metaclass's getattr hook on 3.11)
 _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the source of each BUFFER made on it
 

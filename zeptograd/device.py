@@ -257,6 +257,24 @@ class Buffer:
         return f"<Buffer {self.device} {self.size} {self.dtype}>"
 
 
+_object_new = object.__new__
+
+
+def allocated_buffer(device: str, size: int, dtype: DType, allocator: Allocator) -> Buffer:
+    """Buffer(device, size, dtype) with its memory from `allocator` (its device's) and its handle read now, as
+    `Buffer.ptr` does on first use, in one Python frame (not __init__'s, ptr's and the allocator's own): the schedule
+    cache's plans (engine/realize.py: _run_plan) allocate every new buffer of a realize here."""
+    b = _object_new(Buffer)
+    b.device, b.size, b.dtype, b.readers = device, size, dtype, None
+    nbytes = size * dtype.itemsize
+    b._mem, b._ptr = allocator.alloc_with_handle(nbytes)
+    b._allocator = allocator
+    used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
+    if used > GlobalCounters.mem_peak:
+        GlobalCounters.mem_peak = used
+    return b
+
+
 # ***** the interfaces of a backend *****
 
 

@@ -645,7 +645,9 @@ class TinyJit:
 
         in_bufs = _realized_inputs(tensors)
         rng_before = _rng_snapshot()
-        existing = list(buffers.values())  # state (weights) vs outputs allocated by the capture; held to keep ids
+        # state (weights) vs outputs allocated by the capture; held to keep ids (a copy of the dict: C code, during
+        # which no weakref callback changes it)
+        existing = list(_buffers_data.copy().values())
         items = _Capture(list(in_bufs.values()))
         _realize._capturing.append(items)
         try:
