@@ -617,10 +617,8 @@ def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dic
 
 def _plan_kernels(plan: schedule_cache.Plan) -> list[tuple] | None:
     """(compiled kernel, buffer indices, bytes moved) per call of `plan`, each from the compiled-kernel cache as
-    get_kernel finds it, kept on the plan while that cache is the one it was found in and has not shrunk; None where
-    one is missing (emptied since: the general path compiles it)."""
-    if (runs := plan.runs) is not None and plan.runs_cache is _kernel_cache and len(_kernel_cache) >= plan.runs_len:
-        return runs
+    get_kernel finds it, kept on the plan (_run_plan uses them while that cache is the one they were found in and has
+    not shrunk); None where one is missing (emptied since: the general path compiles it)."""
     runs = []
     for key, index, mem in plan.calls:
         if (kernel := _kernel_cache.get(key)) is None or kernel.vars:
@@ -643,7 +641,9 @@ def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[
             bufs.append(leaf._cache_key[5])  # type: ignore[index]
         if len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
             return False
-    if (runs := _plan_kernels(plan)) is None:
+    if ((runs := plan.runs) is None or plan.runs_cache is not _kernel_cache or len(_kernel_cache) < plan.runs_len) and (
+        runs := _plan_kernels(plan)
+    ) is None:  # (its kernels, looked up again only where the cache changed)
         return False
     if plan.check_capacity:
         for device, size, dtype in plan.new_bufs:

@@ -439,9 +439,15 @@ def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | N
                 if not _check(u, realized):
                     return None
                 break
-        else:
-            if not _memo_ready(u, m, realized, gen, ep):
+        else:  # (_memo_ready, inline)
+            if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
                 return None
+            if m is not None and m[0] == gen:
+                m[3] = ep
+            elif not _key_node(u):
+                return None
+            for s in u.src:
+                s._cache_key[4] = True  # type: ignore[index]
     if _knobs[0] != ContextVar.version:
         knob_values()
     if len(outs) == 1:
