@@ -141,13 +141,16 @@ _buffers_data = _own_dict(buffers)
 
 # every knob, a live view of ContextVar._cache (knobs are only ever added to it, so their values name them)
 _knob_vars = ContextVar._cache.values()
-_knobs: list = [-1, ()]  # [ContextVar.version, the knobs' values then]
+_knobs: list = [-1, (), -1]  # [ContextVar.version, the knobs' values then, their id in _knob_ids]
+_knob_ids: dict[tuple, int] = {}  # each set of knob values met -> a number
 
 
 def knob_values() -> tuple:
     """The value of every knob (part of each key: codegen reads them), read again only after one changed."""
     if _knobs[0] != ContextVar.version:
         _knobs[0], _knobs[1] = ContextVar.version, tuple([v.value for v in _knob_vars])
+        # (a fast key holds this int, not the tuple: no hash of every knob's value per lookup)
+        _knobs[2] = _knob_ids.setdefault(_knobs[1], len(_knob_ids))
     return _knobs[1]
 
 
@@ -452,10 +455,10 @@ def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | N
         knob_values()
     if len(outs) == 1:
         m = outs[0]._cache_key
-        return (m[1], _knobs[1]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
+        return (m[1], _knobs[2]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
     sids = tuple([u._cache_key[1] for u in outs])  # type: ignore[index]
     leaves, where = _merge([_leaves(u, u._cache_key) for u in outs])  # type: ignore[arg-type]
-    return (sids, where, _knobs[1]), leaves
+    return (sids, where, _knobs[2]), leaves
 
 
 @dataclasses.dataclass
