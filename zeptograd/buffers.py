@@ -7,7 +7,7 @@ import weakref
 
 from zeptograd.device import Buffer
 from zeptograd.dtype import DType
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import Ops, UOp, fresh_uop
 
 # a BUFFER UOp -> its Buffer; the Buffer lives exactly as long as some graph holds the UOp
 buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
@@ -25,7 +25,7 @@ _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the sou
 def new_buffer_uop(device: str, size: int, dtype: DType, buf: Buffer | None = None) -> UOp:
     if (src := _device_uops.get(device)) is None:
         src = _device_uops[device] = (UOp(Ops.DEVICE, arg=device),)
-    u = UOp(_BUFFER, dtype, src, (next(_buffer_ids), size))
+    u = fresh_uop(_BUFFER, dtype, src, (next(_buffer_ids), size), (size,))  # (a new id: no node has its key)
     _buffers_data[weakref.ref(u, _buffers_remove)] = buf if buf is not None else Buffer(device, size, dtype)
     return u
 
