@@ -498,6 +498,10 @@ def test_replay_calls_prebuilt_kernel_calls_and_schedules_nothing(device, monkey
     made = []
     real_call = ops.UOpMeta.__call__
     monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    from zeptograd import buffers
+
+    real_fresh = buffers.fresh_uop  # (a new BUFFER's node: built without UOpMeta's lookup)
+    monkeypatch.setattr(buffers, "fresh_uop", lambda *args: made.append(args[0]) or real_fresh(*args))
     results = []
     for seed in (10, 20):
         x, y = rnd(16, seed=seed), rnd(16, seed=seed + 1)
@@ -540,6 +544,10 @@ def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
     made = []
     real_call = ops.UOpMeta.__call__
     monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    from zeptograd import buffers
+
+    real_fresh = buffers.fresh_uop  # (a new BUFFER's node: built without UOpMeta's lookup)
+    monkeypatch.setattr(buffers, "fresh_uop", lambda *args: made.append(args[0]) or real_fresh(*args))
     first = f(a, b)
     node = weakref.ref(first.uop)  # (a reference would be a use)
     del first
