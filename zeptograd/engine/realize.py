@@ -685,8 +685,8 @@ def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[
             remember_realized(node, value)
             return True
         b = bufs[i]
-        buf_uop = new_buffer_uop(b.device, b.size, b.dtype, b)
-        t.uop = value = buf_uop if shape is None else reshape_uop(buf_uop, shape)
+        out_uop = new_buffer_uop(b.device, b.size, b.dtype, b)
+        t.uop = value = out_uop if shape is None else reshape_uop(out_uop, shape)
         if getrefcount(node) > 2:  # (`node` and getrefcount's argument): something else holds the node, note it
             remember_realized(node, value)
         return True
