@@ -7,7 +7,7 @@ import weakref
 
 from zeptograd.device import Buffer
 from zeptograd.dtype import DType
-from zeptograd.uop.ops import Ops, UOp
+from zeptograd.uop.ops import Ops, UOp, fresh_uop
 
 # a BUFFER UOp -> its Buffer; the Buffer lives exactly as long as some graph holds the UOp
 buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
@@ -15,7 +15,9 @@ _buffer_ids = itertools.count()
 
 
 _buffers_data = buffers.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
-_buffers_remove = buffers._remove  # type: ignore[attr-defined]  # the callback its references carry
+# the callback its references carry: the dict's own pop, which drops a dead node's entry without WeakKeyDictionary's
+# Python frame (buffers is only iterated over a copy of its dict, engine/jit.py, so its iteration guard is moot)
+_buffers_remove = _buffers_data.pop
 _BUFFER = Ops.BUFFER  # (a global read: Ops.X goes through the enum metaclass's getattr hook on 3.11)
 _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the source of each BUFFER made on it
 
@@ -23,7 +25,7 @@ _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the sou
 def new_buffer_uop(device: str, size: int, dtype: DType, buf: Buffer | None = None) -> UOp:
     if (src := _device_uops.get(device)) is None:
         src = _device_uops[device] = (UOp(Ops.DEVICE, arg=device),)
-    u = UOp(_BUFFER, dtype, src, (next(_buffer_ids), size))
+    u = fresh_uop(_BUFFER, dtype, src, (next(_buffer_ids), size), (size,))  # (a new id: no node has its key)
     _buffers_data[weakref.ref(u, _buffers_remove)] = buf if buf is not None else Buffer(device, size, dtype)
     return u
 

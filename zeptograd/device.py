@@ -250,12 +250,44 @@ class Buffer:
         if self._allocator is not None:
             GlobalCounters.mem_used -= self.size * self.dtype.itemsize
             try:
-                self._allocator.free_with_handle(self._mem, self._ptr)
+                if type(allocator := self._allocator) is HostAllocator:  # (free_with_handle, inline: every realize's
+                    mem = self._mem  # outputs come back here)
+                    if self._ptr is not None:
+                        allocator.cached_handles[id(mem)] = self._ptr
+                    allocator.free_cache.setdefault(mem.nbytes, []).append(mem)
+                else:
+                    allocator.free_with_handle(self._mem, self._ptr)
             except Exception:  # interpreter shutdown
                 pass
 
     def __repr__(self):
         return f"<Buffer {self.device} {self.size} {self.dtype}>"
+
+
+_object_new = object.__new__
+
+
+def allocated_buffer(device: str, size: int, dtype: DType, allocator: Allocator) -> Buffer:
+    """Buffer(device, size, dtype) with its memory from `allocator` (its device's) and its handle read now, as
+    `Buffer.ptr` does on first use, in one Python frame (not __init__'s, ptr's and the allocator's own): the schedule
+    cache's plans (engine/realize.py: _run_plan) allocate every new buffer of a realize here."""
+    b = _object_new(Buffer)
+    b.device, b.size, b.dtype, b.readers = device, size, dtype, None
+    nbytes = size * dtype.itemsize
+    if type(allocator) is HostAllocator and (cached := allocator.free_cache.get(nbytes)):  # (alloc_with_handle's
+        try:  # reuse, inline: every realize allocates its outputs here)
+            b._mem = mem = cached.pop()
+        except IndexError:  # another thread took the last one since the check
+            b._mem, b._ptr = allocator.alloc_with_handle(nbytes)
+        else:
+            b._ptr = mem.ctypes.data if (handle := allocator.cached_handles.pop(id(mem), None)) is None else handle
+    else:
+        b._mem, b._ptr = allocator.alloc_with_handle(nbytes)
+    b._allocator = allocator
+    used = GlobalCounters.mem_used = GlobalCounters.mem_used + nbytes
+    if used > GlobalCounters.mem_peak:
+        GlobalCounters.mem_peak = used
+    return b
 
 
 # ***** the interfaces of a backend *****

@@ -498,6 +498,10 @@ def test_replay_calls_prebuilt_kernel_calls_and_schedules_nothing(device, monkey
     made = []
     real_call = ops.UOpMeta.__call__
     monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    from zeptograd import buffers
+
+    real_fresh = buffers.fresh_uop  # (a new BUFFER's node: built without UOpMeta's lookup)
+    monkeypatch.setattr(buffers, "fresh_uop", lambda *args: made.append(args[0]) or real_fresh(*args))
     results = []
     for seed in (10, 20):
         x, y = rnd(16, seed=seed), rnd(16, seed=seed + 1)
@@ -540,6 +544,10 @@ def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
     made = []
     real_call = ops.UOpMeta.__call__
     monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    from zeptograd import buffers
+
+    real_fresh = buffers.fresh_uop  # (a new BUFFER's node: built without UOpMeta's lookup)
+    monkeypatch.setattr(buffers, "fresh_uop", lambda *args: made.append(args[0]) or real_fresh(*args))
     first = f(a, b)
     node = weakref.ref(first.uop)  # (a reference would be a use)
     del first
@@ -574,3 +582,35 @@ def test_a_replay_on_the_last_calls_inputs_looks_up_no_buffer(monkeypatch):
     z = Tensor(np.full(8, 2, dtype=np.float32)).realize()
     np.testing.assert_allclose(f(x, z).numpy(), np.arange(8) * 2 + 1)  # a new input: looked up
     np.testing.assert_allclose(f(x, y).numpy(), np.arange(8) + 1)
+
+
+def test_a_fast_replay_leaves_the_input_pointers_in_place_and_writes_them_when_the_inputs_change():
+    """The fast replay leaves the inputs' pointers in the kernels' argument lists: the same inputs again write none
+    (the slots already hold them); other inputs, a view input, a copied aliased input and a call through the general
+    path each write them again, so every call reads its own inputs."""
+    xs = [Tensor(np.full(8, 10.0**i, dtype=np.float32)).realize() for i in range(3)]
+    f = TinyJit(lambda a, b: a + b)
+    for _ in range(3):
+        f(xs[0], xs[1])
+    cap = f.captured
+    assert cap is not None and cap.inputs_in_place
+    ptrs = [args[pos] for _, args, _, pos, _ in cap.fast_slots]
+    assert sorted(ptrs) == sorted(_buf(x).ptr for x in xs[:2])
+    for i, j in [(0, 1), (1, 2), (1, 2), (0, 1), (2, 0)]:
+        np.testing.assert_equal(f(xs[i], xs[j]).numpy(), np.full(8, 10.0**i + 10.0**j))
+    view = xs[2].reshape(2, 4).reshape(8)  # a view of a whole buffer: not a BUFFER node
+    np.testing.assert_equal(f(view, xs[0]).numpy(), np.full(8, 101.0))
+    assert not cap.inputs_in_place  # (the view's pointer is not one `last_inputs` names)
+    np.testing.assert_equal(f(xs[2], xs[0]).numpy(), np.full(8, 101.0))
+    np.testing.assert_equal(f(xs[1] + 0, xs[0]).numpy(), np.full(8, 11.0))  # a lazy input: the general path
+    assert not cap.inputs_in_place
+    np.testing.assert_equal(f(xs[2], xs[0]).numpy(), np.full(8, 101.0))
+    out = f(xs[2], xs[0])
+    np.testing.assert_equal(f(out, xs[0]).numpy(), np.full(8, 102.0))  # aliases the output it writes: copied
+    np.testing.assert_equal(f(xs[2], xs[0]).numpy(), np.full(8, 101.0))
+
+
+def _buf(t: Tensor):
+    from zeptograd.buffers import buffers
+
+    return buffers[t.uop]

@@ -168,6 +168,10 @@ def test_a_hit_builds_no_uop_for_its_key(count, monkeypatch):
     made = []
     real_call = ops.UOpMeta.__call__
     monkeypatch.setattr(ops.UOpMeta, "__call__", lambda cls, *args, **kw: made.append(args[0]) or real_call(cls, *args))
+    from zeptograd import buffers
+
+    real_fresh = buffers.fresh_uop  # (a new BUFFER's node: built without UOpMeta's lookup)
+    monkeypatch.setattr(buffers, "fresh_uop", lambda *args: made.append(args[0]) or real_fresh(*args))
     hits = sc.Stats.hits
     lazy.realize()
     monkeypatch.undo()

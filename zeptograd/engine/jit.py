@@ -488,6 +488,9 @@ class CapturedJit:
     # per input position, (a weak reference to the uop of the last fast replay's argument there, its Buffer), or None
     last_inputs: list[tuple[weakref.ref, Buffer] | None] = field(init=False)
     single_output: bool = field(init=False)  # the function returned one Tensor (not sharded): _wrap is outs[0]
+    # the input slots hold the pointers of the Buffers in last_inputs (a fast replay left them there): the next fast
+    # replay of the same inputs writes none
+    inputs_in_place: bool = field(init=False, default=False)
 
     def __post_init__(self):
         self.direct, self.wraps = [], []
@@ -555,6 +558,7 @@ class CapturedJit:
 
     def drop_inputs(self):
         """Forget the input pointers between calls (the inputs' memory may be freed and reused)."""
+        self.inputs_in_place = False
         for ptrs, args, wrap, pos, _ in self.fast_slots:
             ptrs[pos] = 0
             if wrap is not None:
@@ -620,11 +624,16 @@ class TinyJit:
                 return ret
             self.cnt += 1
             with _realize.engine_lock:  # its kernels run as one realize
-                if VIZ.value:  # the replay is one entry of VIZ's timeline (zeptograd/viz/record.py)
-                    from zeptograd.viz import record
-
-                    return record.jit_replay(self.captured, lambda: self._replay(tensors, others))
+                if VIZ.value:
+                    return self._viz_replay(tensors, others)
                 return self._replay(tensors, others)
+
+    def _viz_replay(self, tensors, others):
+        """_replay as one entry of VIZ's timeline (zeptograd/viz/record.py). (Its own method: a lambda in __call__
+        would make __call__'s locals closure cells, built on every call.)"""
+        from zeptograd.viz import record
+
+        return record.jit_replay(self.captured, lambda: self._replay(tensors, others))
 
     # --- call 1, and any call while another TinyJit captures in this thread ---
     def _run(self, args, kwargs, tensors):
@@ -645,7 +654,9 @@ class TinyJit:
 
         in_bufs = _realized_inputs(tensors)
         rng_before = _rng_snapshot()
-        existing = list(buffers.values())  # state (weights) vs outputs allocated by the capture; held to keep ids
+        # state (weights) vs outputs allocated by the capture; held to keep ids (a copy of the dict: C code, during
+        # which no weakref callback changes it)
+        existing = list(_buffers_data.copy().values())
         items = _Capture(list(in_bufs.values()))
         _realize._capturing.append(items)
         try:
@@ -803,6 +814,9 @@ class TinyJit:
             return _NOT_FAST
         bufs = []
         seen = cap.last_inputs
+        # every input is the one whose pointer the last fast replay left in its slots (cap.inputs_in_place): none to
+        # write again
+        same = cap.inputs_in_place
         i = -1
         for t in args:
             i += 1
@@ -812,6 +826,7 @@ class TinyJit:
             if (last := seen[i]) is not None and last[0]() is u:  # the input of the last call: its Buffer
                 bufs.append(last[1])  # (a weak map's lookup compares UOps through their rich comparison: slow)
                 continue
+            same = False
             shape, dtype, device = sig[i]
             if u.shape != shape or u.dtype is not dtype or t.device != device:
                 return _NOT_FAST
@@ -821,6 +836,8 @@ class TinyJit:
                 seen[i] = (weakref.ref(u), b)  # (a BUFFER node's Buffer never changes)
             elif (b := _whole_buffer(u)) is None:
                 return _NOT_FAST
+            else:
+                seen[i] = None  # (its pointer is not the one `seen` names)
             bufs.append(b)
         if len(bufs) == 2:
             if bufs[0] is bufs[1]:
@@ -831,6 +848,7 @@ class TinyJit:
         for out in fresh:  # (the check of prepare, inline: the last call's one uop, referred to by the list alone)
             if len(out.handed) != 1 or sys.getrefcount(out.handed[0]) > 2:
                 out.prepare(cap)
+        copied = False
         if written or len(fresh) != 1 or fresh[0].buf in bufs:  # (else no input can alias what the replay writes)
             for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
                 aliased = id(b) in written
@@ -838,27 +856,27 @@ class TinyJit:
                     aliased = aliased or out.buf is b
                 if aliased:
                     bufs[i] = _copy_buffer(b)
-        for ptrs, args_, wrap, pos, i in cap.fast_slots:
-            if (p := bufs[i]._ptr) is None:
-                p = bufs[i].ptr
-            ptrs[pos] = p
-            if wrap is not None:
-                args_[pos] = wrap(p)
-        try:
-            if cap.plain and DEBUG.value < 2:  # (run, inline)
-                for fn, fn_args in cap.direct:
-                    fn(*fn_args)
-                counters = GlobalCounters
-                counters.kernel_count += len(cap.calls)
-                counters.global_ops += cap.n_ops
-                counters.global_mem += cap.mem
-            else:
-                cap.run(_NO_VALUES)
-        finally:  # (drop_inputs, inline)
-            for ptrs, args_, wrap, pos, _ in cap.fast_slots:
-                ptrs[pos] = 0
+                    copied = True
+        if not same or copied:
+            for ptrs, args_, wrap, pos, i in cap.fast_slots:
+                if (p := bufs[i]._ptr) is None:
+                    p = bufs[i].ptr
+                ptrs[pos] = p
                 if wrap is not None:
-                    args_[pos] = wrap(0)
+                    args_[pos] = wrap(p)
+        # the pointers stay in the slots after the call (no kernel runs on them before a replay writes them again or,
+        # where every input is the same, finds them in place): the inputs' Buffers are held by `seen` meanwhile
+        cap.inputs_in_place = False
+        if cap.plain and DEBUG.value < 2:  # (run, inline)
+            for fn, fn_args in cap.direct:
+                fn(*fn_args)
+            counters = GlobalCounters
+            counters.kernel_count += len(cap.calls)
+            counters.global_ops += cap.n_ops
+            counters.global_mem += cap.mem
+        else:
+            cap.run(_NO_VALUES)
+        cap.inputs_in_place = not copied and None not in seen
         if cap.single_output and (spec := cap.outputs[0])[0] == "fresh":  # (the common case: one fresh output)
             out = fresh[spec[1]]
             u = out.handed[0] if len(out.handed) == 1 else out.hand_out()

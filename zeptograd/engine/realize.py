@@ -16,7 +16,7 @@ import numpy as np
 from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.codegen.opt.heuristic import symbolic_work
-from zeptograd.device import Buffer, Device, GlobalCounters, check_capacity
+from zeptograd.device import Buffer, Device, GlobalCounters, allocated_buffer, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine import schedule_cache
 from zeptograd.engine.schedule_cache import cached_schedule
@@ -46,7 +46,9 @@ _clean: weakref.WeakSet[UOp] = weakref.WeakSet()
 # the WeakKeyDictionaries' own dicts of weak references, for lookups and stores on every realize without a Python
 # frame (schedule_cache._own_dict)
 _realized_data = schedule_cache._own_dict(_realized)
-_realized_remove = _realized._remove  # type: ignore[attr-defined]  # the callback its references carry
+# the callback its references carry: the dict's own pop, which drops a dead node's entry without WeakKeyDictionary's
+# Python frame (nothing iterates _realized, so its iteration guard is moot)
+_realized_remove = _realized_data.pop
 _clean_data = _clean.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
 _epoch = schedule_cache.epoch
 _fast_key = schedule_cache.fast_key
@@ -614,25 +616,46 @@ def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dic
     return (written, assigns) if assigns else None
 
 
+def _plan_kernels(plan: schedule_cache.Plan) -> list[tuple] | None:
+    """(compiled kernel, buffer indices, bytes moved) per call of `plan`, each from the compiled-kernel cache as
+    get_kernel finds it, kept on the plan (_run_plan uses them while that cache is the one they were found in and has
+    not shrunk); None where one is missing (emptied since: the general path compiles it)."""
+    runs = []
+    for key, index, mem in plan.calls:
+        if (kernel := _kernel_cache.get(key)) is None or kernel.vars:
+            return None
+        runs.append((kernel, index, mem))
+    plan.runs, plan.runs_cache, plan.runs_len = runs, _kernel_cache, len(_kernel_cache)
+    return runs
+
+
 def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[Tensor]) -> bool:
     """Realize `tensors` by a Plan of the schedule cache (their graph's inputs: `leaves`): allocate, run the kernels,
     point each tensor at its value. False, having done nothing, where two inputs are one Buffer."""
-    bufs = []
-    for leaf in leaves:
-        bufs.append(leaf._cache_key[5])  # type: ignore[index]  # (its Buffer, in the memo fast_key just checked)
-    if len(bufs) > 1 and (bufs[0] is bufs[1] if len(bufs) == 2 else len({id(b) for b in bufs}) < len(bufs)):
-        return False  # (the walk numbers one Buffer once: another template)
-    kernels = []
-    for key, _, _ in plan.calls:  # each from the compiled-kernel cache, as get_kernel finds it
-        if (kernel := _kernel_cache.get(key)) is None or kernel.vars:  # (emptied since): the general path compiles
+    if len(leaves) == 2:  # (the common case: a binary op's two inputs)
+        bufs = [leaves[0]._cache_key[5], leaves[1]._cache_key[5]]  # type: ignore[index]  # (their Buffers, in the
+        if bufs[0] is bufs[1]:  # memos fast_key just checked); the walk numbers one Buffer once: another template
             return False
-        kernels.append(kernel)
-    for device, size, dtype in plan.new_bufs:
-        bufs.append(Buffer(device, size, dtype))
+    else:
+        bufs = []
+        for leaf in leaves:
+            bufs.append(leaf._cache_key[5])  # type: ignore[index]
+        if len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
+            return False
+    if ((runs := plan.runs) is None or plan.runs_cache is not _kernel_cache or len(_kernel_cache) < plan.runs_len) and (
+        runs := _plan_kernels(plan)
+    ) is None:  # (its kernels, looked up again only where the cache changed)
+        return False
     if plan.check_capacity:
+        for device, size, dtype in plan.new_bufs:
+            bufs.append(Buffer(device, size, dtype))
         check_capacity(bufs)
+    else:  # each allocated now, with its handle (Buffer.ptr's work, in one frame), before the first kernel's clock
+        opened = Device._opened
+        for device, size, dtype in plan.new_bufs:
+            bufs.append(allocated_buffer(device, size, dtype, (opened.get(device) or Device[device]).allocator))
     counters = GlobalCounters
-    for kernel, (_, index, mem) in zip(kernels, plan.calls):
+    for kernel, index, mem in runs:
         ptrs = []
         for i in index:
             if (p := bufs[i]._ptr) is None:
@@ -652,6 +675,22 @@ def _run_plan(plan: schedule_cache.Plan, leaves: tuple[UOp, ...], tensors: list[
         counters.global_ops += kernel.n_ops
         counters.global_mem += mem
     n_in = len(leaves)
+    if len(tensors) == 1:  # (the loop below for one tensor, without its zip and dict)
+        if (spec := plan.outs[0]) is None:
+            return True
+        i, shape = spec
+        t = tensors[0]
+        node = t.uop
+        if i < n_in:  # a view of an input
+            t.uop = value = leaves[i] if shape is None else reshape_uop(leaves[i], shape)
+            remember_realized(node, value)
+            return True
+        b = bufs[i]
+        out_uop = new_buffer_uop(b.device, b.size, b.dtype, b)
+        t.uop = value = out_uop if shape is None else reshape_uop(out_uop, shape)
+        if getrefcount(node) > 2:  # (`node` and getrefcount's argument): something else holds the node, note it
+            remember_realized(node, value)
+        return True
     made: dict[int, UOp] = {}
     for t, spec in zip(tensors, plan.outs):
         if spec is None:
@@ -722,7 +761,7 @@ _NO_MEMORY: frozenset[int] = frozenset()
 
 
 _memories_data = schedule_cache._own_dict(_memories)  # (lookups and stores without WeakKeyDictionary's frames)
-_memories_remove = _memories._remove  # type: ignore[attr-defined]  # the callback its references carry
+_memories_remove = _memories_data.pop  # the callback its references carry (as _realized_remove: no Python frame)
 
 
 def _memory_of(b: UOp | None) -> frozenset[int]:
@@ -831,7 +870,7 @@ def _live_readers(
     # a copy of the weak references by dict.copy, which runs no Python code and no weakref callback while it copies
     # (list(d.values()) iterates: a garbage collection on its allocation ran a dead tensor's removal callback and
     # changed the dict mid-iteration); other threads may add tensors meanwhile, and one still being made has no uop
-    for ref in list(live_tensors.data.copy().values()):  # type: ignore[attr-defined]  # WeakValueDictionary's dict
+    for ref in list(live_tensors.copy()):
         if made_before is not None and ref.key >= made_before:
             break  # (the dict is in the order the tensors were made)
         if (t := ref()) is None or id(t) in skip or (u := getattr(t, "uop", None)) is None:

@@ -141,13 +141,16 @@ _buffers_data = _own_dict(buffers)
 
 # every knob, a live view of ContextVar._cache (knobs are only ever added to it, so their values name them)
 _knob_vars = ContextVar._cache.values()
-_knobs: list = [-1, ()]  # [ContextVar.version, the knobs' values then]
+_knobs: list = [-1, (), -1]  # [ContextVar.version, the knobs' values then, their id in _knob_ids]
+_knob_ids: dict[tuple, int] = {}  # each set of knob values met -> a number
 
 
 def knob_values() -> tuple:
     """The value of every knob (part of each key: codegen reads them), read again only after one changed."""
     if _knobs[0] != ContextVar.version:
         _knobs[0], _knobs[1] = ContextVar.version, tuple([v.value for v in _knob_vars])
+        # (a fast key holds this int, not the tuple: no hash of every knob's value per lookup)
+        _knobs[2] = _knob_ids.setdefault(_knobs[1], len(_knob_ids))
     return _knobs[1]
 
 
@@ -439,17 +442,23 @@ def fast_key(outs: list[UOp], realized: dict) -> tuple[Any, tuple[UOp, ...]] | N
                 if not _check(u, realized):
                     return None
                 break
-        else:
-            if not _memo_ready(u, m, realized, gen, ep):
+        else:  # (_memo_ready, inline)
+            if realized and (value := realized.get(weakref.ref(u))) is not None and value is not u:
                 return None
+            if m is not None and m[0] == gen:
+                m[3] = ep
+            elif not _key_node(u):
+                return None
+            for s in u.src:
+                s._cache_key[4] = True  # type: ignore[index]
     if _knobs[0] != ContextVar.version:
         knob_values()
     if len(outs) == 1:
         m = outs[0]._cache_key
-        return (m[1], _knobs[1]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
+        return (m[1], _knobs[2]), (m[2] if m[2] is not None else (outs[0],))  # type: ignore[index]  # (_leaves)
     sids = tuple([u._cache_key[1] for u in outs])  # type: ignore[index]
     leaves, where = _merge([_leaves(u, u._cache_key) for u in outs])  # type: ignore[arg-type]
-    return (sids, where, _knobs[1]), leaves
+    return (sids, where, _knobs[2]), leaves
 
 
 @dataclasses.dataclass
@@ -463,6 +472,11 @@ class Plan:
     outs: list[tuple[int, tuple | None] | None]  # per output: (buffer index, shape of a reshape or None) of its value,
     # or None: it stays what it is
     check_capacity: bool  # a buffer of over 128 MiB: its device's capacity is checked before the first kernel
+    # (realize._plan_kernels) per call: (its compiled kernel, index, bytes), found in the compiled-kernel cache
+    # `runs_cache` when it held `runs_len` kernels; None until a run looked them up
+    runs: list[tuple] | None = None
+    runs_cache: dict | None = None
+    runs_len: int = 0
 
 
 def make_plan(

@@ -39,27 +39,31 @@ _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal 
 # every Tensor alive, in the order they were made: when an assign overwrites a buffer, the engine finds here the lazy
 # tensors that must read its old contents first, and the views of it that must read the new ones
 # (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
-live_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+# A dict of weak references (each its own key; its `key` the tensor's number in creation order) whose callback is the
+# dict's own pop: a tensor's death removes it without a Python frame (a WeakValueDictionary's callback is one).
+live_tensors: dict[_LiveRef, None] = {}
 _tensor_ids = itertools.count()
-_live_data = live_tensors.data  # type: ignore[attr-defined]  # its own dict of weak references (a store without a frame)
-_live_remove = live_tensors._remove  # type: ignore[attr-defined]  # the callback its references carry
+_live_remove = live_tensors.pop
 _grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
-_grad_remove = _grad_uops._remove  # type: ignore[attr-defined]  # the callback its references carry
+# (the set's own discard: no Python frame when the node dies; nothing iterates _grad_uops, so WeakSet's guard is moot)
+_grad_remove = _grad_data.discard
 _former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
 
 
 class _LiveRef(weakref.ref):
-    """live_tensors' reference to a tensor: weakref.KeyedRef (what WeakValueDictionary stores) built in C, its key set
-    after (KeyedRef's __new__ and __init__ are two Python calls for every tensor made)."""
+    """live_tensors' reference to a tensor, hashed by its own identity (a weak reference hashes its referent: a
+    Python-level Tensor.__hash__ call for every tensor made), `key` the tensor's number in creation order."""
 
     __slots__ = ("key",)
     key: int
+    __hash__ = object.__hash__
+    __eq__ = object.__eq__
 
 
 def _register_live(t: Tensor) -> None:
     ref = _LiveRef(t, _live_remove)
-    ref.key = key = next(_tensor_ids)
-    _live_data[key] = ref  # live_tensors[key] = t
+    ref.key = next(_tensor_ids)
+    live_tensors[ref] = None
 
 
 _device_spellings = Device._spellings  # a valid device name -> its one spelling
@@ -73,8 +77,8 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
     t = _tensor_new(Tensor)
     t.uop, t.device, t.requires_grad, t.grad = uop, device, None, None
     ref = _LiveRef(t, _live_remove)  # (_register_live, inline)
-    ref.key = key = next(_tensor_ids)
-    _live_data[key] = ref
+    ref.key = next(_tensor_ids)
+    live_tensors[ref] = None
     return t
 
 
@@ -200,8 +204,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             ret = _tensor_new(Tensor)
             ret.uop, ret.device, ret.requires_grad, ret.grad = uop, self.device, None, None
             ref = _LiveRef(ret, _live_remove)
-            ref.key = key = next(_tensor_ids)
-            _live_data[key] = ref
+            ref.key = next(_tensor_ids)
+            live_tensors[ref] = None
         else:
             ret = Tensor(uop, device=device or self.device)
         if _grad_data:

@@ -306,13 +306,25 @@ class UOpMeta(type):
         return ret
 
 
+def fresh_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tuple | None) -> UOp:
+    """UOp(op, dtype, src, arg) for a key no node has had (its arg holds a number drawn for it: a new BUFFER's), with
+    its `shape`: built and published without UOpMeta's lookup and shape inference (every realize makes one)."""
+    ret = _object_new(UOp)
+    ret.op, ret.dtype, ret.src, ret.arg, ret.shape = op, dtype, src, arg, shape
+    ret._vrange = ret._cache_key = None
+    ref = _CacheRef(ret, _uncache)
+    ref.key = key = (op, dtype, src, arg)
+    _uop_cache[key] = ref  # (no other thread can build this key: no node of it existed)
+    return ret
+
+
 class UOp(MathMixin, metaclass=UOpMeta):
     """A node of every graph zeptograd builds. Equal UOps are the same object, so `is` is equality."""
 
     # _cache_key: the schedule cache's memo of this node's structure (engine/schedule_cache.py: fast_key), or None
     __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "_cache_key", "__weakref__")
 
-    if TYPE_CHECKING:  # (UOpMeta.__call__ builds every UOp, without an __init__ call)
+    if TYPE_CHECKING:  # (UOpMeta.__call__ builds every UOp but a new BUFFER's, fresh_uop's: no __init__ call)
 
         def __init__(self, op: Ops, dtype: DType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None): ...
 
