@@ -174,6 +174,22 @@ def test_float16(bounds):
     np.testing.assert_allclose(got.numpy().astype(np.float32), ref.astype(np.float32), rtol=1e-2, atol=2e-3)
 
 
+def test_float64(bounds):
+    """float64 stays float64 (no panels: they are float32 only) and matches torch's to float64 rounding."""
+    q, k, v = (randn(1, 2, 64, 16).astype(np.float64) for _ in range(3))
+    check(q, k, v, rtol=1e-12, atol=1e-14, is_causal=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_masks_over_threads(kind, bounds):
+    """Sizes whose attention kernel runs on several cores (codegen/opt/heuristic.py: thread_nests after the score
+    tile), with a padding mask per batch and a float mask per head."""
+    q, k, v = randn(2, 4, 256, 32), randn(2, 4, 256, 32), randn(2, 4, 256, 32)
+    mask = rng.random((2, 1, 1, 256)) > 0.2 if kind == "bool" else randn(2, 4, 256, 256)
+    check(q, k, v, mask=mask)
+
+
 GRAD_CASES = [
     ((1, 2, 64, 16), (1, 2, 64, 16), dict(is_causal=True)),
     ((1, 2, 48, 32), (1, 2, 100, 32), dict(is_causal=True)),
