@@ -389,6 +389,7 @@ class NNMixin:
         attn_mask: Tensor | None = None,
         dropout_p: float = 0.0,
         is_causal: bool = False,
+        scale: float | None = None,
         enable_gqa: bool = False,
     ):
         if enable_gqa:
@@ -397,19 +398,26 @@ class NNMixin:
         keys_t = key.transpose(-2, -1)
         if _keys_in_panels(self, keys_t):
             keys_t = _stored_in_column_panels(keys_t)
-        qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]))
+        qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
+        masked_rows = attn_mask is not None  # (is_causal's top-left aligned tril keeps key 0 in every row)
         if is_causal:
             if attn_mask is not None:
                 raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
         if attn_mask is not None:
-            qk = qk + (attn_mask.where(0, -math.inf) if attn_mask.dtype == dtypes.bool else attn_mask)
+            qk = qk + (attn_mask.where(0, -math.inf).cast(qk.dtype) if attn_mask.dtype == dtypes.bool else attn_mask)
         # softmax(qk) @ v with the division after the product (as flash attention): sum_j (e_j / l) v_j =
         # (sum_j e_j v_j) / l, so the scheduler keeps exp's row in a row buffer read by the sum and by the product with
         # v, and the N x N probabilities are never a tensor of their own (dropout's mask scales e_j as it did e_j / l)
         x = qk._float()
-        e = (x - x.detach()._max(-1, keepdim=True)).exp()
-        return (e.dropout(dropout_p) @ value) / e.sum(-1, keepdim=True)
+        m = x.detach()._max(-1, keepdim=True)
+        if masked_rows:  # a row whose every key is masked (max -inf) gives zeros as torch's: e = exp(-inf - 0) = 0, 0/1
+            m = (m == -math.inf).where(0, m)
+        e = (x - m).exp()
+        total = e.sum(-1, keepdim=True)  # (>= exp(0) = 1 in every row but a fully masked one)
+        return ((e.dropout(dropout_p) @ value) / ((total == 0).where(1, total) if masked_rows else total)).cast(
+            self.dtype
+        )
 
     # ***** classification helpers and losses *****
     def _one_hot_along(self: Tensor, num_classes: int, dim: int = -1) -> Tensor:
