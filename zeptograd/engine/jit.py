@@ -9,8 +9,9 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
 Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
 calls in which only the pointers of the input buffers change (each call made once as the compiled function and its
-prepared arguments, Program.direct_call; positional Tensor arguments take TinyJit._fast_replay). So the function
-body runs exactly twice, whatever the number of calls.
+prepared arguments, Program.direct_call; with positional Tensor arguments only, a replay is one straight-line
+function written and compiled for the capture, _build_fast_replay). So the function body runs exactly twice,
+whatever the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
 a constant tensor is given a buffer). Other arguments are part of the capture: on replay they must equal the
@@ -73,7 +74,7 @@ from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
-from zeptograd.tensor.tensor import _tensor_of
+from zeptograd.tensor.tensor import _live_remove, _LiveRef, _tensor_ids, _tensor_new, _tensor_of, live_tensors
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
 
@@ -491,6 +492,8 @@ class CapturedJit:
     # the input slots hold the pointers of the Buffers in last_inputs (a fast replay left them there): the next fast
     # replay of the same inputs writes none
     inputs_in_place: bool = field(init=False, default=False)
+    # where fast_sig is set, the replay written for this capture (_build_fast_replay): args -> outputs or _NOT_FAST
+    fast_replay: Callable[[tuple], Any] | None = field(init=False)
 
     def __post_init__(self):
         self.direct, self.wraps = [], []
@@ -516,6 +519,7 @@ class CapturedJit:
         self.tensor_type = Tensor
         self.last_inputs = [None] * len(self.signature)
         self.single_output = isinstance(self.ret, Tensor) and len(self.outputs) == 1 and not any(self.out_groups)
+        self.fast_replay = _build_fast_replay(self) if self.fast_sig is not None else None
 
     def set_ptr(self, ci: int, pos: int, ptr: Any):
         """Point argument `pos` of call `ci` at `ptr` (a buffer's handle)."""
@@ -565,8 +569,167 @@ class CapturedJit:
                 args[pos] = wrap(0)
 
 
+def _input_of(cap: CapturedJit, i: int, t: Any, u: UOp) -> Buffer | None:
+    """The Buffer of fast-replay input `i` that is not the last call's one (its signature checked), else None; it is
+    remembered in cap.last_inputs where it is a BUFFER node (whose Buffer never changes)."""
+    assert cap.fast_sig is not None
+    shape, dtype, device = cap.fast_sig[i]
+    if u.shape != shape or u.dtype is not dtype or t.device != device:
+        return None
+    if u.op is Ops.BUFFER:
+        if (b := _buffers_data.get(weakref.ref(u))) is None:
+            return None
+        cap.last_inputs[i] = (weakref.ref(u), b)
+        return b
+    cap.last_inputs[i] = None  # (its pointer is not the one last_inputs names)
+    return _whole_buffer(u)
+
+
+def _copy_aliased(cap: CapturedJit, bufs: list[Buffer]) -> bool:
+    """Replace each input Buffer aliasing memory the replay writes (a returned tensor passed back in) by a copy;
+    whether any was."""
+    copied = False
+    for i, b in enumerate(bufs):
+        if id(b) in cap.written or any(out.buf is b for out in cap.fresh):
+            bufs[i] = _copy_buffer(b)
+            copied = True
+    return copied
+
+
+def _fast_outputs(cap: CapturedJit, args: tuple) -> Any:
+    """The outputs of a fast replay, in the structure the function returned them (the general case)."""
+    outs = []
+    handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in cap.fresh]
+    for spec in cap.outputs:
+        if spec[0] == "fresh":
+            u = handed[spec[1]]
+            outs.append(_tensor_of(u if u.shape == spec[2] else reshape_uop(u, spec[2]), spec[3]))
+        elif spec[0] == "buf":
+            outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
+        elif spec[0] == "in":
+            outs.append(args[spec[1][1]])
+        else:
+            outs.append(cap.tensor_type(rebind(spec[1], {}), device=spec[2]))
+    if cap.single_output:
+        return outs[0]
+    return _wrap(cap.ret, _regroup(outs, cap.out_groups) if cap.out_groups and any(cap.out_groups) else outs)
+
+
+def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
+    """The replay of a capture of positional Tensor arguments (cap.fast_sig) as one straight-line function, written
+    for this capture and compiled once: the input checks unrolled, the kernels' prepared direct calls (Program.
+    direct_call) one line each, the output Tensor made inline. It returns _NOT_FAST where an argument is not a
+    realized Tensor of the captured signature or one buffer is passed twice (the general path then raises, or
+    realizes the lazy input). Every bytecode here runs per replay, so the generated code is what the loops of a
+    generic replay would do for this capture, with the constant tests decided at the build."""
+    assert cap.fast_sig is not None
+    n = len(cap.fast_sig)
+    env: dict[str, Any] = {
+        "cap": cap, "Tensor": cap.tensor_type, "NOT_FAST": _NOT_FAST, "seen": cap.last_inputs, "input_of": _input_of,
+        "refcount": sys.getrefcount, "copy_aliased": _copy_aliased, "DEBUG": DEBUG, "NO_VALUES": _NO_VALUES,
+        "counters": GlobalCounters, "fast_outputs": _fast_outputs, "reshape_uop": reshape_uop,
+        "tensor_new": _tensor_new, "LiveRef": _LiveRef, "live_remove": _live_remove, "tensor_ids": _tensor_ids,
+        "live_tensors": live_tensors,
+    }  # fmt: skip
+    names = [f"b{i}" for i in range(n)]
+    lines = ["def replay(args):", f"    if len(args) != {n}:", "        return NOT_FAST"]
+    if n:
+        lines.append(f"    {', '.join(f't{i}' for i in range(n))}, = args")
+        lines.append(f"    if {' or '.join(f'type(t{i}) is not Tensor' for i in range(n))}:")
+        lines.append("        return NOT_FAST")
+    # every input is the one whose pointer the last replay left in its slots (cap.inputs_in_place): none to write
+    lines.append("    same = cap.inputs_in_place")
+    for i in range(n):  # the input of the last call: its Buffer (a weak map's lookup compares UOps: slow)
+        lines += [
+            f"    u = t{i}.uop",
+            f"    last = seen[{i}]",
+            "    if last is not None and last[0]() is u:",
+            f"        b{i} = last[1]",
+            "    else:",
+            "        same = False",
+            f"        b{i} = input_of(cap, {i}, t{i}, u)",
+            f"        if b{i} is None:",
+            "            return NOT_FAST",
+        ]
+    pairs = [f"{names[i]} is {names[j]}" for i in range(n) for j in range(i + 1, n)]
+    if 0 < len(pairs) <= 6:
+        lines += [f"    if {' or '.join(pairs)}:", "        return NOT_FAST"]
+    elif pairs:
+        lines += [f"    if len({{{', '.join(f'id({b})' for b in names)}}}) < {n}:", "        return NOT_FAST"]
+    for k, out in enumerate(cap.fresh):  # prepare's check: the last call's one uop, referred to by the list alone
+        env[f"fresh{k}"] = out
+        lines += [
+            f"    handed = fresh{k}.handed",
+            "    if len(handed) != 1 or refcount(handed[0]) > 2:",
+            f"        fresh{k}.prepare(cap)",
+        ]
+    # an input aliasing memory the replay writes (a returned tensor passed back in) is copied
+    copy = [f"        bufs = [{', '.join(names)}]", "        copied = copy_aliased(cap, bufs)"]
+    copy.append(f"        {', '.join(names)}, = bufs" if n else "        pass")
+    if cap.written or len(cap.fresh) != 1:
+        lines += ["    if True:", *copy]
+    elif n:
+        lines += ["    copied = False", f"    if {' or '.join(f'{b} is fresh0.buf' for b in names)}:", *copy]
+    else:
+        lines.append("    copied = False")
+    lines.append("    if not same or copied:")
+    by_input: dict[int, list[int]] = {}
+    for k, (ptrs, args_, wrap, pos, i) in enumerate(cap.fast_slots):
+        by_input.setdefault(i, []).append(k)
+        env[f"P{k}"], env[f"A{k}"], env[f"W{k}"] = ptrs, args_, wrap
+    for i, slots in by_input.items():
+        lines += [f"        p = b{i}._ptr", "        if p is None:", f"            p = b{i}.ptr"]
+        for k in slots:
+            ptrs, args_, wrap, pos, _ = cap.fast_slots[k]
+            lines.append(f"        P{k}[{pos}] = p")
+            if wrap is not None:
+                lines.append(f"        A{k}[{pos}] = W{k}(p)")
+            elif args_ is not ptrs:
+                lines.append(f"        A{k}[{pos}] = p")
+    lines.append("        pass")
+    # the pointers stay in the slots after the call (no kernel runs on them before a replay writes them again or,
+    # where every input is the same, finds them in place): the inputs' Buffers are held by `seen` meanwhile
+    lines.append("    cap.inputs_in_place = False")
+    if cap.plain:
+        lines.append("    if DEBUG.value < 2:")
+        for c, (fn, fn_args) in enumerate(cap.direct):
+            env[f"F{c}"], env[f"FA{c}"] = fn, fn_args
+            lines.append(f"        F{c}(*FA{c})")
+        lines += [
+            f"        counters.kernel_count += {len(cap.calls)}",
+            f"        counters.global_ops += {cap.n_ops}",
+            f"        counters.global_mem += {cap.mem}",
+            "    else:",
+            "        cap.run(NO_VALUES)",
+        ]
+    else:
+        lines.append("    cap.run(NO_VALUES)")
+    in_place = " and ".join(["not copied", *(f"seen[{i}] is not None" for i in range(n))])
+    lines.append(f"    cap.inputs_in_place = {in_place}")
+    spec = cap.outputs[0] if cap.outputs else None
+    if cap.single_output and spec is not None and spec[0] == "fresh":  # the common case: one fresh output
+        k = spec[1]
+        env["out_shape"], env["out_device"] = spec[2], spec[3]
+        lines += [
+            f"    handed = fresh{k}.handed",
+            f"    u = handed[0] if len(handed) == 1 else fresh{k}.hand_out()",
+            *(["    u = reshape_uop(u, out_shape)"] if (cap.fresh[k].buf.size,) != tuple(spec[2]) else []),
+            # (tensor.py's _tensor_of, inline)
+            "    t = tensor_new(Tensor)",
+            "    t.uop, t.device, t.requires_grad, t.grad = u, out_device, None, None",
+            "    ref = LiveRef(t, live_remove)",
+            "    ref.key = next(tensor_ids)",
+            "    live_tensors[ref] = None",
+            "    return t",
+        ]
+    else:
+        lines.append("    return fast_outputs(cap, args)")
+    exec(compile("\n".join(lines) + "\n", f"<TinyJit replay of {', '.join(cap.names) or 'nothing'}>", "exec"), env)
+    return env["replay"]
+
+
 _all_jits: weakref.WeakSet[TinyJit] = weakref.WeakSet()
-_NOT_FAST = object()  # TinyJit._fast_replay: the general path must take this call
+_NOT_FAST = object()  # CapturedJit.fast_replay: the general path must take this call
 _NO_VALUES: dict[str, int] = {}  # the Variable values of a replay that takes none (never written)
 _buffers_data = _own_dict(buffers)  # buffers' own dict of weak references: a lookup without a Python frame
 _capturing = _realize._capturing
@@ -607,7 +770,7 @@ class TinyJit:
             # lock alone: every other replay of this jit (the only code that patches its pointers) holds it too
             with _realize.engine_lock:
                 if self.captured is cap and self.cnt >= 2 and not _capturing.stack and not VIZ.value:
-                    ret = self._fast_replay(cap, args)
+                    ret = cap.fast_replay(args)
                     if ret is not _NOT_FAST:
                         self.cnt += 1
                         return ret
@@ -801,101 +964,6 @@ class TinyJit:
                 else:
                     outs.append(_buffer_tensor(spec[1], shape, spec[3]))
         return _wrap(cap.ret, _regroup(outs, cap.out_groups))
-
-    @staticmethod
-    def _fast_replay(cap: CapturedJit, args: tuple) -> Any:
-        """_replay for a capture of positional Tensor arguments (cap.fast_sig): the same kernels and outputs, or
-        _NOT_FAST where an argument is not a realized Tensor of the captured signature, or one buffer is passed
-        twice (the general path then raises, or realizes the lazy input)."""
-        Tensor = cap.tensor_type
-        sig = cap.fast_sig
-        assert sig is not None
-        if len(args) != len(sig):
-            return _NOT_FAST
-        bufs = []
-        seen = cap.last_inputs
-        # every input is the one whose pointer the last fast replay left in its slots (cap.inputs_in_place): none to
-        # write again
-        same = cap.inputs_in_place
-        i = -1
-        for t in args:
-            i += 1
-            if type(t) is not Tensor:
-                return _NOT_FAST
-            u = t.uop
-            if (last := seen[i]) is not None and last[0]() is u:  # the input of the last call: its Buffer
-                bufs.append(last[1])  # (a weak map's lookup compares UOps through their rich comparison: slow)
-                continue
-            same = False
-            shape, dtype, device = sig[i]
-            if u.shape != shape or u.dtype is not dtype or t.device != device:
-                return _NOT_FAST
-            if u.op is Ops.BUFFER:
-                if (b := _buffers_data.get(weakref.ref(u))) is None:
-                    return _NOT_FAST
-                seen[i] = (weakref.ref(u), b)  # (a BUFFER node's Buffer never changes)
-            elif (b := _whole_buffer(u)) is None:
-                return _NOT_FAST
-            else:
-                seen[i] = None  # (its pointer is not the one `seen` names)
-            bufs.append(b)
-        if len(bufs) == 2:
-            if bufs[0] is bufs[1]:
-                return _NOT_FAST
-        elif len(bufs) > 2 and len({id(b) for b in bufs}) < len(bufs):
-            return _NOT_FAST
-        fresh, written = cap.fresh, cap.written
-        for out in fresh:  # (the check of prepare, inline: the last call's one uop, referred to by the list alone)
-            if len(out.handed) != 1 or sys.getrefcount(out.handed[0]) > 2:
-                out.prepare(cap)
-        copied = False
-        if written or len(fresh) != 1 or fresh[0].buf in bufs:  # (else no input can alias what the replay writes)
-            for i, b in enumerate(bufs):  # an input aliasing memory the replay writes (a returned tensor) is copied
-                aliased = id(b) in written
-                for out in fresh:
-                    aliased = aliased or out.buf is b
-                if aliased:
-                    bufs[i] = _copy_buffer(b)
-                    copied = True
-        if not same or copied:
-            for ptrs, args_, wrap, pos, i in cap.fast_slots:
-                if (p := bufs[i]._ptr) is None:
-                    p = bufs[i].ptr
-                ptrs[pos] = p
-                if wrap is not None:
-                    args_[pos] = wrap(p)
-        # the pointers stay in the slots after the call (no kernel runs on them before a replay writes them again or,
-        # where every input is the same, finds them in place): the inputs' Buffers are held by `seen` meanwhile
-        cap.inputs_in_place = False
-        if cap.plain and DEBUG.value < 2:  # (run, inline)
-            for fn, fn_args in cap.direct:
-                fn(*fn_args)
-            counters = GlobalCounters
-            counters.kernel_count += len(cap.calls)
-            counters.global_ops += cap.n_ops
-            counters.global_mem += cap.mem
-        else:
-            cap.run(_NO_VALUES)
-        cap.inputs_in_place = not copied and None not in seen
-        if cap.single_output and (spec := cap.outputs[0])[0] == "fresh":  # (the common case: one fresh output)
-            out = fresh[spec[1]]
-            u = out.handed[0] if len(out.handed) == 1 else out.hand_out()
-            return _tensor_of(u if u.shape == spec[2] else reshape_uop(u, spec[2]), spec[3])
-        outs = []
-        handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in fresh]
-        for spec in cap.outputs:
-            if spec[0] == "fresh":
-                u = handed[spec[1]]
-                outs.append(_tensor_of(u if u.shape == spec[2] else reshape_uop(u, spec[2]), spec[3]))
-            elif spec[0] == "buf":
-                outs.append(_buffer_tensor(spec[1], spec[2], spec[3]))
-            elif spec[0] == "in":
-                outs.append(args[spec[1][1]])
-            else:
-                outs.append(Tensor(rebind(spec[1], {}), device=spec[2]))
-        if cap.single_output:
-            return outs[0]
-        return _wrap(cap.ret, _regroup(outs, cap.out_groups) if cap.out_groups and any(cap.out_groups) else outs)
 
     @staticmethod
     def _check(cap: CapturedJit, tensors: dict, others: dict):
