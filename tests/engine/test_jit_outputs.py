@@ -92,3 +92,50 @@ def test_state_updated_in_place_is_shared_as_in_torch():
     np.testing.assert_equal(w.numpy(), [4.0, 8.0])
     for r in returned:
         np.testing.assert_equal(r.numpy(), [4.0, 8.0])
+
+
+def _doubling_jits():
+    """The same jitted function taking the written fast replay (positional Tensors) and the general one (a keyword
+    argument), each past its capture."""
+    fast = TinyJit(lambda x: (x * 2).realize())
+    general = TinyJit(lambda x, scale: (x * scale).realize())
+    for i in range(3):
+        fast(Tensor([float(i), 1.0]))
+        general(Tensor([float(i), 1.0]), scale=2.0)
+    return [lambda x: fast(x), lambda x: general(x, scale=2.0)]
+
+
+def test_an_output_marked_requires_grad_does_not_mark_the_next_calls_output():
+    import torch
+
+    for f in _doubling_jits():
+        o = f(Tensor([1.0, 1.0]))
+        o.requires_grad_()
+        (o * 3).sum().backward()
+        np.testing.assert_equal(o.grad.numpy(), [3.0, 3.0])
+        del o  # the next call may write the same buffer again
+        o2 = f(Tensor([5.0, 1.0]))
+        loss = (o2 * 3).sum()
+        ref = (torch.tensor([10.0, 2.0]) * 3).sum()
+        assert bool(o2.requires_grad) is ref.requires_grad is False
+        assert bool(loss.requires_grad) is False
+        np.testing.assert_equal(loss.numpy(), 36.0)
+
+
+def test_a_jit_output_in_a_later_autograd_graph_matches_torch():
+    import torch
+
+    for f in _doubling_jits():
+        w, tw = Tensor([1.0, -2.0], requires_grad=True), torch.tensor([1.0, -2.0], requires_grad=True)
+        for v in (1.0, 4.0, -3.0):
+            o = f(Tensor([v, 0.5]))
+            o.requires_grad_(v > 0)  # some calls' outputs are leaves that require grad, some are not
+            to = torch.tensor([v * 2, 1.0]).requires_grad_(v > 0)
+            (o * w * o).sum().backward()
+            (to * tw * to).sum().backward()
+            np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy())
+            if v > 0:
+                np.testing.assert_allclose(o.grad.numpy(), to.grad.numpy())
+            else:
+                assert o.grad is None and to.grad is None
+            w.grad, tw.grad = None, None

@@ -74,7 +74,15 @@ from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
-from zeptograd.tensor.tensor import _live_remove, _LiveRef, _tensor_ids, _tensor_new, _tensor_of, live_tensors
+from zeptograd.tensor.tensor import (
+    _grad_data,
+    _live_remove,
+    _LiveRef,
+    _tensor_ids,
+    _tensor_new,
+    _tensor_of,
+    live_tensors,
+)
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import bound_vars, is_sint, rebind, rebind_shape, strip_binds, strip_sint, unbound_shape
 
@@ -446,8 +454,10 @@ class _FreshOutput:
             cap.set_ptr(ci, pos, ptr)
 
     def hand_out(self) -> UOp:
-        """A BUFFER uop on this call's values (one per call: the tensors returned on the buffer share it)."""
-        if len(self.handed) != 1:
+        """A BUFFER uop on this call's values (one per call: the tensors returned on the buffer share it). The last
+        call's uop is handed out again unless it was marked as requiring grad (tensor.py's _grad_uops: a tensor
+        made on it would require grad too, where torch's fresh output does not)."""
+        if len(self.handed) != 1 or (_grad_data and weakref.ref(self.handed[0]) in _grad_data):
             self.handed = [new_buffer_uop(self.buf.device, self.buf.size, self.buf.dtype, self.buf)]
         return self.handed[0]
 
@@ -599,7 +609,7 @@ def _copy_aliased(cap: CapturedJit, bufs: list[Buffer]) -> bool:
 def _fast_outputs(cap: CapturedJit, args: tuple) -> Any:
     """The outputs of a fast replay, in the structure the function returned them (the general case)."""
     outs = []
-    handed = [out.handed[0] if len(out.handed) == 1 else out.hand_out() for out in cap.fresh]
+    handed = [out.hand_out() for out in cap.fresh]
     for spec in cap.outputs:
         if spec[0] == "fresh":
             u = handed[spec[1]]
@@ -629,7 +639,7 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
         "refcount": sys.getrefcount, "copy_aliased": _copy_aliased, "DEBUG": DEBUG, "NO_VALUES": _NO_VALUES,
         "counters": GlobalCounters, "fast_outputs": _fast_outputs, "reshape_uop": reshape_uop,
         "tensor_new": _tensor_new, "LiveRef": _LiveRef, "live_remove": _live_remove, "tensor_ids": _tensor_ids,
-        "live_tensors": live_tensors,
+        "live_tensors": live_tensors, "grad_data": _grad_data, "weak_ref": weakref.ref,
     }  # fmt: skip
     names = [f"b{i}" for i in range(n)]
     lines = ["def replay(args):", f"    if len(args) != {n}:", "        return NOT_FAST"]
@@ -712,7 +722,11 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
         env["out_shape"], env["out_device"] = spec[2], spec[3]
         lines += [
             f"    handed = fresh{k}.handed",
-            f"    u = handed[0] if len(handed) == 1 else fresh{k}.hand_out()",
+            # (hand_out, inline where the last call's uop is handed out again)
+            "    if len(handed) == 1 and (not grad_data or weak_ref(handed[0]) not in grad_data):",
+            "        u = handed[0]",
+            "    else:",
+            f"        u = fresh{k}.hand_out()",
             *(["    u = reshape_uop(u, out_shape)"] if (cap.fresh[k].buf.size,) != tuple(spec[2]) else []),
             # (tensor.py's _tensor_of, inline)
             "    t = tensor_new(Tensor)",
