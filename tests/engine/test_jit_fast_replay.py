@@ -99,3 +99,58 @@ def test_a_written_replay_is_not_taken_while_another_jit_captures():
     for _ in range(3):
         np.testing.assert_equal(outer(a, b).numpy(), [4.0, 6.0, 8.0, 10.0])
     assert len(calls) == 1  # the outer jit's first call (not capturing): inner's own replay; then captured inside
+
+
+def _out_buffer(t: Tensor):
+    from zeptograd.buffers import buffers, view_base
+
+    return buffers[view_base(t.uop)]
+
+
+def test_a_loop_that_keeps_the_last_output_alternates_two_buffers():
+    """`out = f(x)` in a loop: the replay writes the buffer of the call before last (the spare, no longer referred
+    to) while the last call's output stays as it was."""
+    f = _jit_add()
+    y = Tensor(np.ones(4, np.float32)).realize()
+    xs = [Tensor(np.full(4, float(i), np.float32)).realize() for i in range(6)]
+    out, used = None, []
+    for i, x in enumerate(xs):
+        prev, out = out, f(x, y)
+        np.testing.assert_equal(out.numpy(), [i + 1.0] * 4)
+        if prev is not None:  # the last output kept its values
+            np.testing.assert_equal(prev.numpy(), [float(i)] * 4)
+        used.append(id(_out_buffer(out)))
+        del prev
+    assert len(set(used[1:])) == 2 and used[1] != used[2] and used[1::2] == [used[1]] * len(used[1::2])
+
+
+def test_a_kept_spare_is_not_written():
+    f = _jit_add()
+    y = Tensor(np.ones(4, np.float32)).realize()
+    kept = [f(Tensor(np.full(4, float(i), np.float32)).realize(), y) for i in range(3)]  # both buffers referred to
+    out = f(Tensor(np.full(4, 9.0, np.float32)).realize(), y)
+    np.testing.assert_equal(out.numpy(), [10.0] * 4)
+    for i, k in enumerate(kept):
+        np.testing.assert_equal(k.numpy(), [i + 1.0] * 4)
+
+
+def test_captures_running_counts_only_running_captures():
+    """A replay skips its thread's capture stack while no capture runs anywhere (realize._captures_running): each
+    capture, one that raises included, leaves the count as it found it."""
+    from zeptograd.engine import realize
+
+    def boom(x):
+        assert realize._captures_running and realize._capturing.stack  # counted while it captures
+        if f.cnt == 1:
+            raise KeyError("failed in the capture")
+        return x + 1
+
+    f = TinyJit(boom)
+    with pytest.raises(AssertionError):
+        f(Tensor([1.0]))  # call 1: not a capture
+    f.cnt = 1
+    with pytest.raises(KeyError, match="failed in the capture"):
+        f(Tensor([1.0]))
+    assert not realize._captures_running
+    g = _jit_add()
+    assert not realize._captures_running and g.captured is not None

@@ -671,8 +671,24 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
         lines += [
             f"    handed = fresh{k}.handed",
             "    if len(handed) != 1 or refcount(handed[0]) > 2:",
-            f"        fresh{k}.prepare(cap)",
+            # the last call's values are referred to, the spare's not (`out = step(x)` in a loop): prepare's swap
+            f"        spare_handed = fresh{k}.spare_handed",
+            "        if len(handed) == 1 and len(spare_handed) == 1 and refcount(spare_handed[0]) <= 2:",
+            f"            buf = fresh{k}.spare",
+            f"            fresh{k}.buf, fresh{k}.spare = buf, fresh{k}.buf",
+            f"            fresh{k}.handed, fresh{k}.spare_handed = spare_handed, handed",
+            "            p = buf._ptr",
+            "            if p is None:",
+            "                p = buf.ptr",
         ]
+        for j, (ci, pos) in enumerate(out.slots):  # (set_ptr, inline)
+            env[f"OP{k}_{j}"], env[f"OA{k}_{j}"], env[f"OW{k}_{j}"] = cap.calls[ci][1], cap.direct[ci][1], cap.wraps[ci]
+            lines.append(f"            OP{k}_{j}[{pos}] = p")
+            if cap.wraps[ci] is not None:
+                lines.append(f"            OA{k}_{j}[{pos}] = OW{k}_{j}(p)")
+            elif cap.direct[ci][1] is not cap.calls[ci][1]:
+                lines.append(f"            OA{k}_{j}[{pos}] = p")
+        lines += ["        else:", f"            fresh{k}.prepare(cap)"]
     # an input aliasing memory the replay writes (a returned tensor passed back in) is copied
     copy = [f"        bufs = [{', '.join(names)}]", "        copied = copy_aliased(cap, bufs)"]
     copy.append(f"        {', '.join(names)}, = bufs" if n else "        pass")
@@ -747,6 +763,7 @@ _NOT_FAST = object()  # CapturedJit.fast_replay: the general path must take this
 _NO_VALUES: dict[str, int] = {}  # the Variable values of a replay that takes none (never written)
 _buffers_data = _own_dict(buffers)  # buffers' own dict of weak references: a lookup without a Python frame
 _capturing = _realize._capturing
+_captures_running = _realize._captures_running
 
 
 def _unlock_jits_in_child():
@@ -779,15 +796,24 @@ class TinyJit:
         return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args, **kwargs):
-        if not kwargs and (cap := self.captured) is not None and cap.fast_sig is not None:
+        if not kwargs and (cap := self.captured) is not None and (fast_replay := cap.fast_replay) is not None:
             # a replay of positional Tensor arguments: no argument dicts, no checks of other values. Under the engine
-            # lock alone: every other replay of this jit (the only code that patches its pointers) holds it too
-            with _realize.engine_lock:
-                if self.captured is cap and self.cnt >= 2 and not _capturing.stack and not VIZ.value:
-                    ret = cap.fast_replay(args)
-                    if ret is not _NOT_FAST:
-                        self.cnt += 1
-                        return ret
+            # lock alone: every other replay of this jit (the only code that patches its pointers) holds it too.
+            # (acquire/release, not `with`: no lookup of __enter__ and __exit__ per call)
+            lock = _realize.engine_lock
+            lock.acquire()
+            try:
+                if (
+                    self.captured is cap
+                    and self.cnt >= 2
+                    and (not _captures_running or not _capturing.stack)
+                    and not VIZ.value
+                    and (ret := fast_replay(args)) is not _NOT_FAST
+                ):
+                    self.cnt += 1
+                    return ret
+            finally:
+                lock.release()
         tensors, others = _split_args(args, kwargs)
         with self._lock:
             if self.cnt == 0 or _realize._capturing.stack:

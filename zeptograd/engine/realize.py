@@ -84,10 +84,17 @@ class _ThreadCaptures(threading.local):
         return self.stack[i]
 
     def append(self, capture):
+        _captures_running.append(None)
         self.stack.append(capture)
 
     def pop(self):
+        _captures_running.pop()
         return self.stack.pop()
+
+
+# one entry per capture running in any thread (list.append/pop are atomic): while it is empty, no thread captures,
+# and a TinyJit replay need not read its own thread's stack (a thread-local attribute read is slow)
+_captures_running: list[None] = []
 
 
 # TinyJit (engine/jit.py) capturing in this thread: run_schedule appends each ScheduleItem it runs to
