@@ -154,3 +154,18 @@ def test_captures_running_counts_only_running_captures():
     assert not realize._captures_running
     g = _jit_add()
     assert not realize._captures_running and g.captured is not None
+
+
+def test_debug_2_prints_the_replayed_kernels_and_counters_count_them(capsys):
+    from zeptograd import GlobalCounters
+    from zeptograd.helpers import Context
+
+    f = _jit_add()
+    x, y = Tensor(np.ones(4, np.float32)).realize(), Tensor(np.full(4, 2.0, np.float32)).realize()
+    for debug in (0, 2):
+        with Context(DEBUG=debug):
+            GlobalCounters.reset()
+            np.testing.assert_equal(f(x, y).numpy(), [3.0] * 4)
+            assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_mem == f.captured.mem
+        printed = capsys.readouterr().out
+        assert ("*** JIT replay: 1 kernels" in printed) == (debug == 2)
