@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from zeptograd import Tensor
-from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
+from zeptograd.codegen.opt import OptOps
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.renderer.cstyle import CStyleRenderer
 from zeptograd.renderer.llvmir import LLVMRenderer
@@ -57,3 +58,20 @@ def test_concatenation_c_source_branches_per_piece():
     xs = [Tensor(rng.standard_normal(n, dtype=np.float32)) for n in SIZES]
     src = rendered(Tensor.cat(*xs), CStyleRenderer(), 32, 1)
     assert src.count("if (") == len(SIZES)  # a piece's vector read under one scalar condition, not lane by lane
+
+
+def test_fused_momentum_update_over_conv_weights_is_vectorized():
+    # SGD's fused momentum update reads each gradient through a flat view: a conv weight's (64, 64, 3, 3) read as
+    # ((i//9)%64)*9 + ((i//3)%3)*3 + i%3 + ... folds to i (uop/symbolic.py: fold_divmod_sum), so the kernel keeps one
+    # loop of 74634 and gets vectors; unfolded, `i % 3` split the loop into 24878 x 3 and the 3 got no lanes (scalar)
+    shapes = ((64, 64, 3, 3), (64,), (64,), (64, 64, 3, 3), (64,), (64,), (10, 64), (10,))
+    grads = [Tensor(rng.standard_normal(s, dtype=np.float32)).contiguous() for s in shapes]
+    momentum = Tensor(np.zeros(sum(g.numel() for g in grads), np.float32)).realize()
+    new = momentum * 0.9 + Tensor.cat(*[g.flatten() for g in grads])
+    Tensor.realize(*grads)
+    (item,) = new.schedule()
+    _, opts = hand_coded_optimizations(ranges_simplified(item.ast), 32, threads=1)  # as codegen's optimize()
+    assert [(o.op, o.axis, o.arg) for o in opts] == [(OptOps.UPCAST, 0, 8)]  # 8 lanes (the tail of 2: scalar)
+    src = rendered(new, LLVMRenderer(simd_bytes=32), 32, 1)
+    assert "load <8 x float>" in src and "store <8 x float>" in src
+    np.testing.assert_allclose(new.numpy(), np.concatenate([g.numpy().ravel() for g in grads]), rtol=1e-6)

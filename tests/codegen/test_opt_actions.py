@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from zeptograd import Context, Tensor
-from zeptograd.codegen import full_rewrite, kernel_name
+from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt, kernel_axes
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.renderer.cstyle import CStyleRenderer
@@ -146,3 +146,29 @@ def test_vector_axis_is_the_one_per_element_accesses_walk():
     axes = kernel_axes(item.ast)
     upcast = [o for o in opts if o.op is OptOps.UPCAST]
     assert upcast and axes[upcast[0].axis].src[0].arg == 32, opts
+
+
+def test_vector_axis_ignores_a_hoisted_reduce_loads():
+    """The pooled gradient of a Linear head: where(relu_mask, 0, (g @ w)[b, c] / 1024) over (b, c, h, w). The reduce
+    over the 10 classes does not vary along h and w, so it runs once per (b, c), before their loop (schedule/policy.py:
+    hoisted_reduce_requests): its w[k, c] loads, stride 1 along c, run 32*64*10 times, the mask and the store 2M
+    times along w. Weighed as if run at every output, the w loads took the vector axis (c) and every store was a
+    scatter 1024 floats apart (resnet_block_train's backward: 12-17 ms, about 30x the contiguous kernel)."""
+    g = Tensor(rng.standard_normal((32, 10), dtype=np.float32)).realize()
+    w = Tensor(rng.standard_normal((10, 64), dtype=np.float32)).realize()
+    mask = Tensor(rng.standard_normal((32, 64, 32, 32), dtype=np.float32) > 0).realize()
+    out = mask.where(0.0, ((g @ w) / 1024).reshape(32, 64, 1, 1).expand(32, 64, 32, 32))
+    (item,) = out.schedule()
+    sink = ranges_simplified(item.ast)  # as codegen's optimize(): h and w merge into one loop of 1024
+    _, opts = hand_coded_optimizations(sink, 32, threads=1)
+    axes = kernel_axes(sink)
+    assert [r.src[0].arg for r in axes] == [32, 64, 1024, 10]
+    upcast = [o for o in opts if o.op is OptOps.UPCAST]
+    assert upcast and axes[upcast[0].axis].src[0].arg == 1024, opts  # the vector goes along the stores
+    # one vector: the column sums' block of 8 vectors per row (longer runs into more accumulators) is not for a reduce
+    # hoisted out of the vector's loop, where a tail of the block would compute the reduce again
+    assert len(upcast) == 1, opts
+    src = c_source(out)
+    assert "zg_floatx8" in src or "zg_floatx16" in src
+    ref = np.where(mask.numpy(), 0, (g.numpy() @ w.numpy() / 1024)[:, :, None, None])
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-8)

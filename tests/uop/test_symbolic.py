@@ -169,6 +169,21 @@ def test_nested_div():
     assert ((a // 2) // 3).simplify() is a // 6
 
 
+def test_flattened_reshape_index_folds_to_its_position():
+    # a (64, 64, 3, 3) buffer read through a flat view: (a//576)*576 + ((a//9)%64)*9 + ((a//3)%3)*3 + a%3 is a,
+    # at any sign (C's truncating division: a concatenation's piece reads it at a position offset below 0)
+    for lo, hi in ((0, 36863), (-36992, 37641)):
+        a = var("a", lo, hi)
+        index = (a // 576) * 576 + ((a // 9) % 64) * 9 + ((a // 3) % 3) * 3 + a % 3
+        assert index.simplify() is a
+        for v in (lo, -577, -10, -1, 0, 1, 575, 576, hi):
+            if lo <= v <= hi:
+                assert evaluate(index, {"a": v}, check_ranges=False)[index] == v
+    b = var("b", -1000, 1000)
+    assert (((b // 4) % 5) * 8 + (b % 4) * 2).simplify() is (b % 20) * 2  # with a common coefficient
+    assert (((b // 4) % 5) * 4 + (b % 3)).simplify().op is Ops.ADD  # different divisors: no fold
+
+
 def test_comparisons_by_range():
     a, b = var("a", 0, 3), var("b", 5, 9)
     assert is_const((a < 4).simplify(), True)

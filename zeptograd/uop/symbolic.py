@@ -268,7 +268,8 @@ def _drop_small_terms_cmplt(x: UOp, c: UOp) -> UOp | None:
 
 
 def fold_divmod_sum(x: UOp) -> UOp | None:
-    """# (a//c)*(c*k) + (a%c)*k -> a*k (ints: a == (a/c)*c + a%c holds for C's division at any sign)"""
+    """# (a//c)*(c*k) + (a%c)*k -> a*k ; ((a//c)%m)*(c*k) + (a%c)*k -> (a%(c*m))*k for c, m > 0 (ints: a ==
+    # (a/c)*c + a%c holds for C's division at any sign, and (a/c)/m == a/(c*m), so the second is a - (a/(c*m))*c*m)"""
     if not is_int(x):
         return None
     terms, const = split_sum(x)
@@ -279,6 +280,13 @@ def fold_divmod_sum(x: UOp) -> UOp | None:
             if coef.get(q) == k * b.src[1].arg:
                 new = [(b.src[0], k) if t is q else (t, c) for t, c in terms if t is not b]
                 return build_sum(new, const, x)
+            c = b.src[1].arg
+            for t, kt in terms:  # a flattened reshape's index: ((a//9)%64)*9 + ((a//3)%3)*3 + a%3 -> a%576
+                m = t.src[1].arg if t.op is Ops.MOD and t.src[0] is q and t.src[1].op is Ops.CONST else 0
+                if c > 0 and m > 0 and kt == k * c:
+                    wider = UOp(Ops.MOD, b.dtype, (b.src[0], UOp.const(b.dtype, c * m)))
+                    new = [(wider, k) if u is t else (u, cu) for u, cu in terms if u is not b]
+                    return build_sum(new, const, x)
     return None
 
 
@@ -347,7 +355,7 @@ symbolic = PatternMatcher(
         ),
         # cast(x) to x's own dtype -> x
         (UPat(Ops.CAST, name="c", src=(UPat.var("x"),)), lambda c, x: x if c.dtype == x.dtype else None),
-        # algebra: (a//c)*c*k + (a%c)*k -> a*k (range merging reads R//n and R%n)
+        # algebra: (a//c)*c*k + (a%c)*k -> a*k ; ((a//c)%m)*c*k + (a%c)*k -> (a%(c*m))*k (merged ranges, reshapes)
         (UPat(Ops.ADD, name="x"), fold_divmod_sum),
     ]
 )

@@ -296,7 +296,25 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         loops = [r for r in axes if r.arg[1] is not AxisType.REDUCE and (r in used or r.arg[0] < inner)]
         return prod(max_trip_count(r) for r in loops)
 
-    weight = {u: total_work if u in runs_in_reduce else runs(u) for u in idxs}
+    # ... and one inside a reduce runs once per iteration of the reduce's loops and of the output loops its body
+    # varies along (with those around them): a reduce that misses an inner output loop is computed before that loop
+    # opens (schedule/policy.py: hoisted_reduce_requests), so its loads are not weighed as if run at every output
+    # (the pooled gradient of a Linear, sum_k g[b, k] * w[k, c] read at every (b, c, h, w): the w loads took the
+    # vector axis, c, and every output was stored with a 1024-float stride)
+    reduce_runs: dict[UOp, int] = {}
+    for red in (u for u in plan.ast.toposort() if u.op is Ops.REDUCE):
+        body = list(red.src[0].toposort())
+        own = set(red.src[1:])
+        used = [r for r in body if r.op is Ops.RANGE and r not in own]
+        if any(u.op is Ops.REDUCE for u in body) or any(r.arg[1] is not AxisType.LOOP for r in used):
+            n = total_work  # nested reduces: counted as run at every iteration of every loop
+        else:
+            inner = max((r.arg[0] for r in used), default=-1)
+            loops = [r for r in axes if r in own or (r.arg[1] is AxisType.LOOP and (r in used or r.arg[0] < inner))]
+            n = prod(max_trip_count(r) for r in loops)
+        for u in body:
+            reduce_runs[u] = max(reduce_runs.get(u, 0), n)
+    weight = {u: reduce_runs.get(u, total_work) if u in runs_in_reduce else runs(u) for u in idxs}
 
     if (scores := score_tile(plan.ast, width)) is not None:  # attention in one kernel: a register tile of scores
         take_score_tile(plan, *scores, width)
@@ -474,8 +492,10 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
-    # 1.16 -> 0.25 ms with 8 vectors)
-    if has_reduce and not is_reduce and len(plan.opts) == 1:
+    # 1.16 -> 0.25 ms with 8 vectors); not where the reduces are hoisted out of the vector's loop (a row's norm before
+    # its columns are divided by it): there they have no accumulator along it, and a tail of the wider block would
+    # be a loop nest computing them again
+    if has_reduce and not is_reduce and len(plan.opts) == 1 and reduces_along(ast, vec_r):
         vectors = 1
         if (vi := index_of(plan.ast, vec_r)) is not None:
             if (more := amount_with_tail(max_trip_count(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
