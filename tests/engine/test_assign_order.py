@@ -501,8 +501,10 @@ def test_an_update_through_detach_is_one_kernel_and_a_flipped_one_still_copies()
 
 def test_a_live_update_value_is_the_assigns_source_not_copied_again():
     """A hand-written SGD step whose gradient reads the parameter through the forward (so Tensor.assign stores the
-    value before the write) while the update's value is a live tensor too: the write reads that tensor's buffer
-    (forward, loss, gradient, the value, the write: 5 kernels; before, a sixth copied the value once more)."""
+    value before the write) while the update's value is a live tensor too: the write reads the gradient's buffer
+    (an output of the schedule, stored first) and the live value becomes what the write stored (forward, loss,
+    gradient, the write: 4 kernels; before, the value was stored and copied in, and a .grad that required grad kept
+    the value from being the write's)."""
     rng = np.random.default_rng(0)
     wn, xn = rng.standard_normal((4, 3), dtype=np.float32), rng.standard_normal((2, 4), dtype=np.float32)
     w, x = Tensor(wn, requires_grad=True).realize(), Tensor(xn).realize()
@@ -512,10 +514,53 @@ def test_a_live_update_value_is_the_assigns_source_not_copied_again():
     w.assign(new)
     k0 = GlobalCounters.kernel_count
     Tensor.realize(loss, w)
-    assert GlobalCounters.kernel_count - k0 == 5
+    assert GlobalCounters.kernel_count - k0 == 4
     wt = torch.tensor(wn, requires_grad=True)
     (torch.tensor(xn) @ wt).relu().sum().backward()
     want = (wt - 0.1 * wt.grad).detach().numpy()
     np.testing.assert_allclose(w.numpy(), want, rtol=1e-6)
     np.testing.assert_allclose(new.numpy(), want, rtol=1e-6)
     np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-6)
+
+
+def test_a_hand_written_sgd_step_is_one_kernel_per_parameter_and_its_live_values_keep_their_step():
+    """mlp_step's update `new = [p.detach() - lr * p.grad]`, the gradients reading the parameters through the
+    forward: each parameter's write reads its gradient's buffer, one kernel per parameter; the live values are what
+    the writes stored, copied out only when the next step writes the parameters again (so they hold their own
+    step's numbers, as torch's)."""
+    rng = np.random.default_rng(1)
+    xn, yn = rng.standard_normal((8, 6), dtype=np.float32), rng.standard_normal((8, 3), dtype=np.float32)
+    wns = [rng.standard_normal(s, dtype=np.float32) for s in ((6, 5), (5,), (5, 3))]
+    ws = [Tensor(w, requires_grad=True).realize() for w in wns]
+    wts = [torch.tensor(w, requires_grad=True) for w in wns]
+    x, y = Tensor(xn).realize(), Tensor(yn).realize()
+    kept, kernels = [], []
+    for _ in range(3):
+        loss = (((x @ ws[0] + ws[1]).relu() @ ws[2] - y) ** 2).mean()
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        for p, n in zip(ws, new):
+            p.assign(n)
+        k0 = GlobalCounters.kernel_count
+        Tensor.realize(loss, *ws)
+        kernels.append(GlobalCounters.kernel_count - k0)
+        for p in ws:
+            p.grad = None
+        lt = (((torch.tensor(xn) @ wts[0] + wts[1]).relu() @ wts[2] - torch.tensor(yn)) ** 2).mean()
+        lt.backward()
+        with torch.no_grad():
+            for wt in wts:
+                wt -= 0.1 * wt.grad
+                wt.grad = None
+        kept.append((new, [wt.detach().clone().numpy() for wt in wts]))
+        np.testing.assert_allclose(loss.item(), lt.item(), rtol=1e-5)
+    for p in ws:
+        p.grad = None
+    loss = (((x @ ws[0] + ws[1]).relu() @ ws[2] - y) ** 2).mean()
+    loss.backward()
+    forward_backward = len(Tensor.schedule(loss, *[p.grad for p in ws]))
+    # one write per parameter; from the second step on, one copy each of the last step's live values too
+    assert kernels == [forward_backward + len(ws)] + [forward_backward + 2 * len(ws)] * 2, (kernels, forward_backward)
+    for new, want in kept:
+        for n, w in zip(new, want):
+            np.testing.assert_allclose(n.numpy(), w, rtol=1e-5, atol=1e-6)

@@ -296,3 +296,19 @@ def test_hand_written_sgd_loop_reading_the_loss_matches_torch():
             tw.grad = None
         assert zl == pytest.approx(tl.item(), rel=1e-5)
     np.testing.assert_allclose(zw.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_after_backward_does_not_require_grad():
+    # torch: a leaf's .grad after backward() (no create_graph) is detached, even where the gradient reads the leaf
+    # (w * w, a relu mask); so is the hand-written update built from it, and an accumulated .grad
+    x = data((4, 5), seed=2)
+    w1, w2 = data((5, 6), seed=3), data((6, 3), seed=4)
+    zw1, zw2 = Tensor(w1, requires_grad=True), Tensor(w2, requires_grad=True)
+    tw1, tw2 = torch.tensor(w1, requires_grad=True), torch.tensor(w2, requires_grad=True)
+    for _ in range(2):
+        ((Tensor(x) @ zw1).relu() @ zw2 * (zw2 * zw2).sum()).sum().backward()
+        ((torch.tensor(x) @ tw1).relu() @ tw2 * (tw2 * tw2).sum()).sum().backward()
+    for z, t in ((zw1, tw1), (zw2, tw2)):
+        assert t.grad.requires_grad is False and not z.grad.requires_grad  # (None: tinygrad's "not asked for")
+        assert not (z.detach() - 0.1 * z.grad).requires_grad
+        np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6)

@@ -874,6 +874,9 @@ def _live_readers(
 
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
+    for value, writer in list(assigned.items()):  # (Tensor.assign wraps a value that reads its target elsewhere)
+        if value.op is Ops.CONTIGUOUS:
+            assigned.setdefault(value.src[0], writer)
     # a copy of the weak references by dict.copy, which runs no Python code and no weakref callback while it copies
     # (list(d.values()) iterates: a garbage collection on its allocation ran a dead tensor's removal callback and
     # changed the dict mid-iteration); other threads may add tensors meanwhile, and one still being made has no uop

@@ -26,7 +26,7 @@ from zeptograd.schedule.kernel import ScheduleItem, split_kernel
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.policy import MaterializationPolicy
 from zeptograd.schedule.split_reduce import split_reduces
-from zeptograd.uop.ops import AxisType, Ops, UOp
+from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_rangeified, check_tensor_graph
 from zeptograd.uop.upat import graph_rewrite, graph_substitute
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
@@ -128,9 +128,31 @@ def assign_outputs_in_place(sink: UOp) -> UOp:
     values = {
         a.src[1]: a.src[1].src[0]
         for a in sink.toposort()
-        if a.op is Ops.ASSIGN and a.src[1].op is Ops.CONTIGUOUS and a.src[1].src[0] in computed
+        if a.op is Ops.ASSIGN
+        and a.src[1].op is Ops.CONTIGUOUS
+        and (a.src[1].src[0] in computed or _reads_old_through(a.src[0], a.src[1].src[0], computed))
     }
     return graph_substitute(sink, values) if values else sink
+
+
+def _reads_old_through(target: UOp, value: UOp, computed: set[UOp]) -> bool:
+    """Whether value reads target's buffer only elementwise at the element written, or through outputs computed here
+    (stored before the write, `order_assigns`): the update `p.detach() - lr * p.grad` with the gradient live (its
+    .grad, which reads p through the forward, is an output). Then the write reads those buffers and needs no copy
+    of its value stored first: one kernel per parameter."""
+    buf = buffer_under(target)
+    elementwise, stack = set(), [value]
+    while stack:
+        u = stack.pop()
+        if u in elementwise or u in computed or u is target or u is buf:
+            continue
+        if u.op not in GroupOp.Elementwise and u.op is not Ops.DETACH:
+            if buf in u.toposort(stops=computed):
+                return False
+            continue
+        elementwise.add(u)
+        stack.extend(u.src)
+    return True
 
 
 def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:

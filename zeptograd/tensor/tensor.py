@@ -491,8 +491,9 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             raise RuntimeError("backward: no tensor in this graph requires grad (create one with requires_grad=True)")
         parts = {u for t in leaves if t.uop.op is Ops.MULTI for u in t.uop.src}
         grads = compute_gradient(self.uop, root_grad, set(found), frozenset(parts), nodes)
-        for t in leaves:
+        for t in leaves:  # detached, as torch's without create_graph: an update built from .grad needs no gradient
             if (g := _leaf_grads(t, found, grads)) is not None:
+                g = g.detach()
                 t.grad = g if t.grad is None else t.grad + g
         return self
 
