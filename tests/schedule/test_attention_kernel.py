@@ -161,13 +161,15 @@ def score_loop(src: str, k_arg: str) -> list[str]:
 
 
 def test_the_scores_are_vectors_along_the_keys(one_kernel):
-    """In the rendered score loop (CPU:C): per step of d, two 32-byte vector loads of k's panels (8 keys each), one
-    scalar load of q per query row broadcast to a vector, 4 x 2 multiply-adds, and no shuffle: no horizontal sum
-    of a dot product anywhere in the loop."""
+    """In the rendered score loop (CPU:C): per step of d, two vector loads of k's panels (the host's widest vector:
+    8 keys with AVX2, 16 with AVX-512), one scalar load of q per query row broadcast to a vector, 4 x 2
+    multiply-adds, and no shuffle: no horizontal sum of a dot product anywhere in the loop."""
     item = attention_kernel(sdpa((1, 1, 128, 16), False, "CPU:C"))
-    uops, _ = full_rewrite(item.ast, Device["CPU:C"].renderer)
-    loop = score_loop(Device["CPU:C"].renderer.render("k", uops).src, "data2")
-    assert sum("__builtin_memcpy(&" in line and "(data2+" in line and ", 32);" in line for line in loop) == 2
+    renderer = Device["CPU:C"].renderer
+    uops, _ = full_rewrite(item.ast, renderer)
+    loop = score_loop(renderer.render("k", uops).src, "data2")
+    vector_load = f", {renderer.simd_bytes});"
+    assert sum("__builtin_memcpy(&" in line and "(data2+" in line and vector_load in line for line in loop) == 2
     assert sum("= (*(data1+" in line for line in loop) == 4
     assert not any("shufflevector" in line for line in loop)
 
