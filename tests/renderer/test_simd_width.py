@@ -3,7 +3,10 @@ NEON: 4), the LLVM and C backends by one rule, and codegen makes vectors of the 
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ import pytest
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name
 from zeptograd.engine.realize import schedule_tensors
-from zeptograd.renderer import simd_bytes_for
+from zeptograd.renderer import cpu_simd_bytes, simd_bytes_for
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.runtime.ops_llvm import LLVMCompiler
 
@@ -87,3 +90,26 @@ def test_a_reduce_keeps_its_adds_in_flight(simd_bytes, lanes, accumulators):
     (item,) = schedule_tensors([Tensor(np.ones((64, 4096), np.float32)).sum(axis=1)])
     _, opts = hand_coded_optimizations(item.ast, simd_bytes, threads=1)
     assert [(o.op, o.arg) for o in opts] == [(OptOps.UNROLL, lanes), (OptOps.UNROLL, accumulators)]
+
+
+@pytest.mark.parametrize("knob, host, width", [("", 64, 64), ("32", 64, 32), ("16", 32, 16), ("64", 32, 32)])
+def test_simd_bytes_knob_narrows_the_host_width(monkeypatch, knob, host, width):
+    """SIMD_BYTES renders an AVX-512 host's kernels as an AVX2 host's (32) or an SSE host's (16), never wider than
+    the host's registers."""
+    monkeypatch.setenv("SIMD_BYTES", knob)
+    assert cpu_simd_bytes(host) == width
+
+
+@pytest.mark.parametrize("knob", ["8", "48", "avx2"])
+def test_simd_bytes_knob_rejects_other_widths(monkeypatch, knob):
+    monkeypatch.setenv("SIMD_BYTES", knob)
+    with pytest.raises(ValueError, match=f"SIMD_BYTES={knob!r}"):
+        cpu_simd_bytes(64)
+
+
+def test_simd_bytes_knob_reaches_both_cpu_renderers():
+    """The knob is read when a CPU device is made: both CPU renderers of a fresh process render 4-float vectors."""
+    code = "from zeptograd import Device; print(Device['CPU'].renderer.simd_bytes, Device['CPU:C'].renderer.simd_bytes)"
+    env = {**os.environ, "SIMD_BYTES": "16"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["16", "16"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from zeptograd.dtype import DType, dtypes
@@ -70,6 +71,19 @@ def simd_bytes_for(features: set[str]) -> int:
     and C, but each op is split in halves and a register tile of them spills (8 rows x 2 vectors of 16 lanes are 32
     ymm registers where AVX2 has 16)."""
     return 64 if "avx512f" in features else 32 if "avx" in features or "avx2" in features else 16
+
+
+def cpu_simd_bytes(host: int) -> int:
+    """The vector width CPU kernels use: the host's (`host`), or narrower where the SIMD_BYTES knob says so (16, 32
+    or 64; a width over the host's is the host's). Narrower vectors also mean the register tiles of a host with that
+    many registers (codegen/opt/heuristic.py: `vector_registers`), so SIMD_BYTES=32 on an AVX-512 host compiles the
+    kernels an AVX2 host would (with AVX-512 instructions where the compiler picks them)."""
+    knob = os.getenv("SIMD_BYTES", "")
+    if knob == "":
+        return host
+    if knob not in ("16", "32", "64"):
+        raise ValueError(f"SIMD_BYTES={knob!r}: the vector width in bytes must be 16, 32 or 64")
+    return min(host, int(knob))
 
 
 class Renderer:

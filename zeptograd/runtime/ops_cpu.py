@@ -12,7 +12,7 @@ import os
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import ArgumentError
-from zeptograd.renderer import ProgramSpec, simd_bytes_for
+from zeptograd.renderer import ProgramSpec, cpu_simd_bytes, simd_bytes_for
 from zeptograd.runtime import diskcache
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
@@ -151,5 +151,5 @@ def open_device(name: str) -> CompiledDevice:
     from zeptograd.renderer.cstyle import CStyleRenderer  # imported only for CPU:C (startup time)
 
     compiler, renderer = CCompiler(), CStyleRenderer()
-    renderer.simd_bytes = compiler.vector_bytes  # this host's vector registers (the class's 64 renders for AVX-512)
+    renderer.simd_bytes = cpu_simd_bytes(compiler.vector_bytes)  # the host's vector registers (or SIMD_BYTES)
     return CPUDevice(name, renderer, compiler, HostAllocator())

@@ -21,7 +21,7 @@ from typing import Any
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import DEBUG, getenv
-from zeptograd.renderer import ProgramSpec, simd_bytes_for
+from zeptograd.renderer import ProgramSpec, cpu_simd_bytes, simd_bytes_for
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.runtime import diskcache
 from zeptograd.runtime.elf import LoadedObject, MalformedObject, UnsupportedObject
@@ -160,8 +160,9 @@ class LLVMDevice(CompiledDevice):
     shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
 
     def __init__(self, name: str):
-        compiler = LLVMCompiler()  # the renderer's vectors are as wide as this host's registers
-        super().__init__(name, LLVMRenderer(simd_bytes=compiler.vector_bytes), compiler, HostAllocator())
+        compiler = LLVMCompiler()  # the renderer's vectors are as wide as this host's registers (or SIMD_BYTES)
+        renderer = LLVMRenderer(simd_bytes=cpu_simd_bytes(compiler.vector_bytes))
+        super().__init__(name, renderer, compiler, HostAllocator())
         self.loaded: dict[str, int] = {}  # symbol -> address
         self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
         self._engine: Any = None
