@@ -56,6 +56,21 @@ def test_a_matmul_from_column_panels_tiles_a_whole_panel(simd_bytes, lanes, cols
     assert len(accumulators) >= cols * rows
 
 
+@pytest.mark.parametrize("simd_bytes,lanes,cols,rows", [(32, 8, 4, 3), (64, 16, 2, 8)])
+def test_a_deep_linear_reads_its_weight_from_column_panels(simd_bytes, lanes, cols, rows):
+    """x @ W.T over a depth of 1536 (a BERT layer's second Linear, (batch, seq, 1536) rows): W.T from a copy in
+    column panels, tiled as A @ B is (a broadcast of x per step, the panel's vectors), not as a tile of dot
+    products, which re-reads its 8 rows of x (48 KiB) from L2 for every pair of W's rows."""
+    x = Tensor(rng.standard_normal((2, 64, 1536), dtype=np.float32))
+    w = Tensor(rng.standard_normal((384, 1536), dtype=np.float32)).realize()
+    items = [it for it in (x @ w.T).schedule() if it.ast.op is Ops.SINK]
+    assert len(items) == 2  # W.T's copy in column panels, then the product
+    (matmul,) = [it.ast for it in items if any(u.op is Ops.REDUCE for u in it.ast.toposort())]
+    _, opts = hand_coded_optimizations(ranges_simplified(matmul), simd_bytes, threads=1)
+    assert not any(o.op is OptOps.UNROLL for o in opts)  # no vector along the reduce: no dot products to fold
+    assert [o.arg for o in opts if o.op is OptOps.UPCAST] == [lanes, cols, rows] and lanes * cols == 32
+
+
 def test_panel_matmul_values_match_numpy():
     an = rng.standard_normal((300, 200), dtype=np.float32)  # 300 rows: 3-row tiles with no tail
     bn = rng.standard_normal((200, 1056), dtype=np.float32)  # 33 panels

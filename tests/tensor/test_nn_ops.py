@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, data
-from zeptograd import Context, GlobalCounters, Tensor, dtypes
+from zeptograd import Context, GlobalCounters, Tensor, dtypes, nn
 from zeptograd.tensor import nn_ops
 
 # ----------------------------------------------------------------------------- products
@@ -63,6 +63,29 @@ def test_a_large_right_operand_is_read_from_column_panels():
     assert not nn_ops._packs_right_operand(x, w[0] * 2)  # computed: the copy would be its materialization
     on_python = Tensor(xn, device="PYTHON") @ Tensor(wn[0], device="PYTHON")
     assert _kernels(on_python) == 1
+
+
+def test_a_linear_weight_shared_by_many_rows_is_read_from_column_panels():
+    """x @ W.T, W (N, K) stored row-major (nn.Linear's weight, contiguous along K as x is), reads W.T from a copy in
+    column panels where 1024+ rows of x share it, the rows of every batch dim W broadcasts along counted (a BERT
+    layer's (batch, seq, K)), or 128+ rows over a depth of 1024+; fewer rows over a short depth keep the tile of dot
+    products (no copy). Values and gradients match torch's through the copy."""
+    rng = np.random.default_rng(0)
+    xn, wn = rng.standard_normal((4, 256, 384), dtype=np.float32), rng.standard_normal((384, 384), dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    assert _kernels(x @ w.T) == 2  # 4 x 256 rows share the copy
+    assert _kernels(x[:2] @ w.T) == 1  # 512 rows over a depth of 384: the dot tile
+    deep_x, deep_w = Tensor.empty(128, 1024), Tensor.empty(256, 1024).realize()
+    assert _kernels(deep_x @ deep_w.T) == 2 and _kernels(deep_x[:64] @ deep_w.T) == 1
+    layer = nn.Linear(384, 384)
+    Tensor.realize(layer.weight, layer.bias)  # loaded weights: stored buffers
+    assert _kernels(layer(Tensor.empty(4, 256, 384))) == 2  # the bias added in the product's kernel
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    (x @ w.T).square().sum().backward()
+    (xt @ wt.T).square().sum().backward()
+    np.testing.assert_allclose((x @ w.T).numpy(), (xt @ wt.T).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w.grad.numpy(), wt.grad.numpy(), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-2)
 
 
 def _matmul_reduce_opts(t: Tensor) -> list:

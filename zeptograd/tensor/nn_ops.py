@@ -563,6 +563,16 @@ PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid o
 PANEL_CONFLICT_ROW_BYTES = 2048
 PANEL_CONFLICT_MIN_ROWS = 64
 PANEL_CONFLICT_MIN_DEPTH = 257
+# x @ W.T (nn.Linear: W (N, K) stored row-major, both operands contiguous along K) is otherwise a tile of dot products
+# (codegen/opt/heuristic.py: dot_tile), which re-reads its rows of x, 8 x K floats, for every pair of W's rows: from
+# L1 while they fit (32 KiB from K = 1024 on), from L2 beyond; and folds 16 vector accumulators per tile (noise only
+# over a long K). From the panels, a broadcast of x per step feeds 2 vectors of W.T, and each line of x serves 16
+# steps. On 1 core of an AVX-512 host (Zen 5), copy included, GFLOPS against numpy's, alternating: 2048x1536x384
+# 0.63 -> 1.05, 256x1536x384 0.71-0.76 -> 0.95-1.02, 512x1024x1024 0.89-0.94 -> 0.96-0.99, 2048x384x384 0.87-0.93
+# -> 0.99-1.02, 2048x768x768 0.90-0.92 -> 1.04-1.06; not at 512x384x384 (0.91-0.94 -> 0.85) nor 256x768x768 (1.03-1.06
+# -> 0.94-0.97): the copy, K x N, is no longer noise beside the product there
+TRANSPOSED_PANEL_MIN_ROWS = 1024
+TRANSPOSED_PANEL_DEEP = 1024  # depth from which the dot tile's rows of x fall out of L1: PANEL_MIN_ROWS rows suffice
 
 
 def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
@@ -577,15 +587,41 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
         return False
     if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
         return False
-    (m, k), n = x.shape[-2:], w.shape[-1]
+    m, (k, n) = _rows_per_matrix(x, w), w.shape[-2:]
     if not all(isinstance(v, int) for v in (m, k, n)) or n % PANEL or not _a_stored_matrix(w):
         return False
+    if _contiguous_along_depth(w) and k >= PANEL_MIN_DEPTH:  # W.T: the dot tile's rows of x against the copy
+        if m >= TRANSPOSED_PANEL_MIN_ROWS or (m >= PANEL_MIN_ROWS and k >= TRANSPOSED_PANEL_DEEP):
+            return True
     row_bytes = n * w.dtype.itemsize
     if row_bytes < PANEL_MIN_ROW_BYTES:  # a 2 KiB multiple: the walk down K in a few cache sets (see above)
         return (
             row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
         )
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+
+
+def _rows_per_matrix(x: Tensor, w: Tensor) -> int:
+    """The rows of x that x @ w multiplies by each matrix of w: x's rows times x's batch dims that w broadcasts along
+    (a Linear over (batch, seq, K) multiplies batch * seq rows by its one weight)."""
+    rows = x.shape[-2]
+    w_batch = w.shape[:-2]
+    for i, d in enumerate(reversed(x.shape[:-2])):
+        if i >= len(w_batch) or w_batch[-1 - i] == 1:
+            rows = rows * d
+    return rows
+
+
+def _contiguous_along_depth(w: Tensor) -> bool:
+    """Whether w, (K, N), is a stored (N, K) matrix seen transposed (nn.Linear's weight.T): contiguous along K, the
+    reduce, as x is."""
+    u = w.uop
+    if w.ndim != 2 or u.op is not Ops.PERMUTE or tuple(u.arg) != (1, 0):
+        return False
+    u = u.src[0]
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
 
 
 def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
