@@ -89,12 +89,18 @@ def measure(
     return Timing(statistics.median(times), len(times), min(times), statistics.median(kernel) if counters else None)
 
 
+LOOP_BATCHES = 25  # a batch another process preempts reads several times slower (one lost slice: 4-25 ms)
+
+
 def measure_loop(fn: Callable[[], Any], n: int) -> float:
-    """Seconds per call of a cheap fn: the median of 5 batches of n calls, after a warm-up batch."""
+    """Seconds per call of a cheap fn: the median of LOOP_BATCHES batches of n calls, after a warm-up batch. On a
+    shared machine a batch of a 5 us call takes ~1.5 ms and one preemption adds 4-25 ms to it: a median of 5 batches
+    moved with every third batch hit (a row read 5-33 us at load 8-11 with unchanged CPU time per call); of 25 it
+    moves only when most are."""
     for _ in range(n):
         fn()
     batches = []
-    for _ in range(5):
+    for _ in range(LOOP_BATCHES):
         t = time.perf_counter()
         for _ in range(n):
             fn()
