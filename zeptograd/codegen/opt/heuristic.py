@@ -253,22 +253,13 @@ def window_columns(
 
 
 SLIDING_WINDOW_TILE = (4, (4, 2))  # a sliding-window tile with AVX-512: vectors of columns, row options
+SLIDING_WINDOW_ROWS = 4  # its rows in all: where the output columns give 2, 2 output rows each
 
 
-def sliding_window_tile(
-    simd_bytes: int, n_vectors: int, row: UOp, reduce_axes: list[UOp], broadcast: list[UOp]
-) -> tuple[int, tuple[int, ...], bool] | None:
-    """A register tile for a conv vectorized along its output channels (a channels-last weight): rows along the
-    output columns, whose windows overlap (each broadcast load steps along the rows by less than a window loop's
-    extent: input column ow*s + kw, s < 3 for a 3-wide window; a matmul's rows step by its whole reduce). With
-    AVX-512's 32 registers, 4 vectors x 4 rows (16 accumulators, 4 weight vectors, 4 broadcast values). Measured on
-    an AVX-512 host, CPU time per call, 1 core / both of 2 cores: (8,64,56,56)x(64,64,3,3) pad 1: 2 x 8 (tile_shape's)
-    10.4 / 12.3 ms, 2 x 7 9.1-9.6 / 12.3, 4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8
-    and 6 do not divide 28) 6.4 / 6.9, 2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -.
-    AVX2's 16 registers keep tile_shape's."""
-    cols, rows = SLIDING_WINDOW_TILE
-    if vector_registers(simd_bytes) != 32 or n_vectors % cols or not broadcast:
-        return None
+def window_slides(broadcast: list[UOp], row: UOp, reduce_axes: list[UOp]) -> bool:
+    """Whether neighbouring values of the output loop row read overlapping windows of the broadcast operand: each
+    load steps along row by less than a window loop's extent (input column ow*s + kw, s < 3 for a 3-wide window;
+    row oh*s + kh; a matmul's rows step by its whole reduce)."""
 
     def slides(k: UOp) -> bool:
         if symbolic_size(k) or max_trip_count(k) < 2:
@@ -276,9 +267,53 @@ def sliding_window_tile(
         steps = [(stride(u.src[1], row), stride(u.src[1], k)) for u in broadcast]
         return all(r is not None and w is not None and 0 < r < w * max_trip_count(k) for r, w in steps)
 
-    if not any(slides(k) for k in reduce_axes):
+    return bool(broadcast) and any(slides(k) for k in reduce_axes)
+
+
+def sliding_window_tile(
+    simd_bytes: int, n_vectors: int, row: UOp, reduce_axes: list[UOp], broadcast: list[UOp]
+) -> tuple[int, tuple[int, ...], bool] | None:
+    """A register tile for a conv vectorized along its output channels (a channels-last weight): rows along the
+    output columns, whose windows overlap (`window_slides`). With AVX-512's 32 registers, 4 vectors x 4 rows (16
+    accumulators, 4 weight vectors, 4 broadcast values). Measured on an AVX-512 host, CPU time per call, 1 core /
+    both of 2 cores: (8,64,56,56)x(64,64,3,3) pad 1: 2 x 8 (tile_shape's) 10.4 / 12.3 ms, 2 x 7 9.1-9.6 / 12.3,
+    4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8 and 6 do not divide 28) 6.4 / 6.9,
+    2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. AVX2's 16 registers keep
+    tile_shape's."""
+    cols, rows = SLIDING_WINDOW_TILE
+    if vector_registers(simd_bytes) != 32 or n_vectors % cols or not window_slides(broadcast, row, reduce_axes):
         return None
     return cols, rows, True
+
+
+def second_window_row(
+    axes: list[UOp],
+    rows: int,
+    taken: tuple[UOp, ...],
+    vec_loads: list[UOp],
+    broadcast: list[UOp],
+    reduce_axes: list[UOp],
+) -> tuple[UOp, int] | None:
+    """Where a sliding-window tile's output columns give it fewer than SLIDING_WINDOW_ROWS rows (14 columns: 2), the
+    output rows for the rest: another output loop whose windows overlap and that the vector loads do not use, 2 rows
+    of 2 columns each. (8,256,14,14)x(256,256,3,3) pad 1, one core / both of 2: 4 vectors x 2 columns 27 / - ms, x 4
+    columns and a tail 18 / 21, 2 vectors x 7 columns 11-13 / 16-19, 4 vectors x 2 columns x 2 rows 14-15 / 13-14."""
+    more = SLIDING_WINDOW_ROWS // rows
+    if more < 2:
+        return None
+    return next(
+        (
+            (r, more)
+            for r in reversed(axes)
+            if r.arg[1] is AxisType.LOOP
+            and r not in taken
+            and not symbolic_size(r)
+            and max_trip_count(r) % more == 0
+            and all(stride(u.src[1], r) == 0 for u in vec_loads)
+            and window_slides(broadcast, r, reduce_axes)
+        ),
+        None,
+    )
 
 
 def full_vector_output_axis(
@@ -538,8 +573,11 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                 cols, row_amounts, divisors_first = odd
             broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
             reduce_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.REDUCE]
-            if odd is None and (shape := sliding_window_tile(simd_bytes, n_vectors, tile_row, reduce_axes, broadcast)):
-                cols, row_amounts, divisors_first = shape
+            sliding = (
+                sliding_window_tile(simd_bytes, n_vectors, tile_row, reduce_axes, broadcast) if odd is None else None
+            )
+            if sliding is not None:
+                cols, row_amounts, divisors_first = sliding
             window = None
             if cols == 1 and odd is None:
                 window = window_columns(axes, vec_r, tile_row, vec_loads, broadcast)
@@ -550,7 +588,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             axes = kernel_axes(plan.ast)
             if window is None:
                 ri = next(i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0])
-                take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)))
+                rows = amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)
+                take(Opt(OptOps.UPCAST, ri, rows))
+                if sliding is not None and (
+                    second := second_window_row(
+                        kernel_axes(ast), rows, (vec_r, tile_row), vec_loads, broadcast, reduce_axes
+                    )
+                ):
+                    if (si := index_of(plan.ast, second[0])) is not None:
+                        take(Opt(OptOps.UPCAST, si, second[1]))
             if odd is not None and (vi := index_of(plan.ast, vec_r)) is not None:
                 take(Opt(OptOps.UPCAST, vi, cols))  # its tail nest a tile of the same rows
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
