@@ -684,15 +684,17 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, r
     the input by more than 1 (stride 2), no operand is contiguous along the output's last axis, and codegen's vector
     goes along the output channels instead (codegen/opt/heuristic.py), where the weight, so stored, is read with
     stride 1 and the input is one broadcast value per lane row ((8,64,56,56)x(128,64,3,3) stride 2: 2.2x -> 1.2x
-    torch's time, the kernel on 1 core of an AVX2 host). With stride 1 too where the CPU's vector is 16 lanes
-    (AVX-512) and they do not divide the output's last axis while they divide the output channels: a vector along
-    the columns would be 8 lanes, half the register (ow = 56, (8,64,56,56)x(64,64,3,3) on 1 core of an AVX-512
-    host: 8-lane columns 19 ms, 16 output channels per vector 9 ms; torch 14). Only for convs large enough that the
-    copy's kernel costs nothing beside them, and with 16+ output channels per group (two vectors)."""
+    torch's time, the kernel on 1 core of an AVX2 host). With stride 1 too where the CPU's vector lanes do not divide
+    the output's last axis while they divide the output channels: a vector along the columns would be narrower than
+    the register, or none (on 1 core of an AVX-512 host, pad 1: (8,64,56,56)x(64,64,3,3) 8-lane columns 19 ms, 16
+    output channels per vector 9 ms, torch 14; (8,512,7,7)x(512,512,3,3) no vector at all 850 ms, 17 ms, torch 9;
+    AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
+    56 columns keep theirs). Only for convs large enough that the copy's kernel costs nothing beside them, and with
+    16+ output channels per group (two vectors)."""
     sizes = (bs, *oyx, *wshape)
     if not all(isinstance(v, int) for v in sizes):
         return False
-    if strides[-1] <= 1 and not (lanes >= 16 and oyx[-1] % lanes != 0 and rcout % (2 * lanes) == 0):
+    if strides[-1] <= 1 and not (lanes >= 8 and oyx[-1] % lanes != 0 and rcout % (2 * lanes) == 0):
         return False
     return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
 
