@@ -55,6 +55,8 @@ def test_stride1_conv_stores_its_weight_channels_last_where_16_lanes_leave_a_tai
     assert copy.bufs[0].size == 64 * 64 * 3 * 3
     x, w = Tensor.empty(8, 64, 64, 64), Tensor.empty(64, 64, 3, 3)
     assert len(x.conv2d(w, padding=1).schedule()) == 1  # 64 columns: 4 full vectors, no copy
+    x, w = Tensor.empty(8, 1024, 14, 14), Tensor.empty(256, 1024, 1, 1)
+    assert len(x.conv2d(w).schedule()) == 1  # a 1x1 conv: a matmul, its vector along the output positions
 
 
 def test_avx2_narrow_convs_vectorize_along_output_channels(monkeypatch):
@@ -88,6 +90,12 @@ def test_stride2_conv_tile_per_vector_width(monkeypatch):
     # AVX-512: 4 vectors of co x 4 output columns (before: 2 x 4, 8 accumulators); AVX2: 2 x 4 (12 fit its 16)
     assert hand_coded_optimizations(ast, 64, threads=1)[1] == [Opt(U, 1, 16), Opt(U, 1, 4), Opt(U, 3, 4)]
     assert hand_coded_optimizations(ast, 32, threads=1)[1] == [Opt(U, 1, 8), Opt(U, 1, 2), Opt(U, 3, 4)]
+    # a stride-2 1x1 conv's channels-last weight steps by 1 along the output channels and by cout along its input
+    # channels (the reduce): no overlapping windows, and tile_shape's tile of 2 vectors x 6 rows and a tail, as before
+    x, w = Tensor.empty(8, 1024, 14, 14), Tensor.empty(256, 1024, 1, 1)
+    _, conv = x.conv2d(w, stride=2).schedule()
+    _, opts = hand_coded_optimizations(ranges_simplified(conv.ast), 64, threads=1)
+    assert opts == [Opt(U, 1, 16), Opt(U, 1, 2), Opt(U, 3, 6)]
 
 
 def test_fourteen_and_seven_columns(monkeypatch):

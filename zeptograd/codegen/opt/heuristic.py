@@ -258,14 +258,15 @@ SLIDING_WINDOW_ROWS = 4  # its rows in all: where the output columns give 2, 2 o
 
 def window_slides(broadcast: list[UOp], row: UOp, reduce_axes: list[UOp]) -> bool:
     """Whether neighbouring values of the output loop row read overlapping windows of the broadcast operand: each
-    load steps along row by less than a window loop's extent (input column ow*s + kw, s < 3 for a 3-wide window;
-    row oh*s + kh; a matmul's rows step by its whole reduce)."""
+    load steps along row by at least a window loop's step and less than its extent (input column ow*s + kw, 1 <= s <
+    3 for a 3-wide window; row oh*s + kh). Not a matmul's rows, which step by its whole reduce, nor a channels-last
+    1x1 weight's output channels, which step by less than its input channels (the reduce)."""
 
     def slides(k: UOp) -> bool:
         if symbolic_size(k) or max_trip_count(k) < 2:
             return False
         steps = [(stride(u.src[1], row), stride(u.src[1], k)) for u in broadcast]
-        return all(r is not None and w is not None and 0 < r < w * max_trip_count(k) for r, w in steps)
+        return all(r is not None and w is not None and 0 < w <= r < w * max_trip_count(k) for r, w in steps)
 
     return bool(broadcast) and any(slides(k) for k in reduce_axes)
 
