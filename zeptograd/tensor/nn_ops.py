@@ -156,7 +156,8 @@ class NNMixin:
             rcout, oyx = cout // groups, x.shape[2 : -len(hw)]
             x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
             x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
-            if rcout >= 16 and _output_channels_contiguous(make_tuple(stride, len(hw)), bs, oyx, weight.shape):
+            strides, lanes = make_tuple(stride, len(hw)), _vector_lanes(x.device, x.dtype.itemsize)
+            if rcout >= 16 and _output_channels_contiguous(strides, bs, oyx, weight.shape, rcout, lanes):
                 weight = _stored_output_channels_last(weight, groups)
             w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
             out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
@@ -704,15 +705,33 @@ def _stored_in_column_panels(w: Tensor) -> Tensor:
 CHANNELS_LAST_MIN_MACS = 1 << 26  # a conv this large runs for milliseconds: the weight's copy and its kernel are noise
 
 
-def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple) -> bool:
+def _vector_lanes(device, itemsize: int) -> int:
+    """How many elements of itemsize bytes a CPU device's vector holds (its renderer's width: 16 floats with AVX-512,
+    8 with AVX2); 0 for other devices and tuples of devices."""
+    if not isinstance(device, str) or device.split(":")[0] != "CPU":
+        return 0
+    from zeptograd.device import Device
+
+    return Device[device].renderer.simd_bytes // max(itemsize, 1)
+
+
+def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, rcout: int, lanes: int) -> bool:
     """Whether a conv's weight is stored with its output channels contiguous first: where the last window axis steps
     the input by more than 1 (stride 2), no operand is contiguous along the output's last axis, and codegen's vector
     goes along the output channels instead (codegen/opt/heuristic.py), where the weight, so stored, is read with
     stride 1 and the input is one broadcast value per lane row ((8,64,56,56)x(128,64,3,3) stride 2: 2.2x -> 1.2x
-    torch's time, the kernel on 1 core of an AVX2 host). Only for convs large enough that the copy's kernel costs
-    nothing beside them, and with 16+ output channels per group (two vectors)."""
+    torch's time, the kernel on 1 core of an AVX2 host). With stride 1 too where the CPU's vector lanes do not divide
+    the output's last axis while they divide the output channels: a vector along the columns would be narrower than
+    the register, or none (on 1 core of an AVX-512 host, pad 1: (8,64,56,56)x(64,64,3,3) 8-lane columns 19 ms, 16
+    output channels per vector 9 ms, torch 14; (8,512,7,7)x(512,512,3,3) no vector at all 850 ms, 17 ms, torch 9;
+    AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
+    56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
+    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
+    costs nothing beside them, and with 16+ output channels per group (two vectors)."""
     sizes = (bs, *oyx, *wshape)
-    if strides[-1] <= 1 or not all(isinstance(v, int) for v in sizes):
+    if not all(isinstance(v, int) for v in sizes):
+        return False
+    if strides[-1] <= 1 and not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
         return False
     return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
 

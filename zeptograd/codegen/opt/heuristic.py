@@ -147,10 +147,11 @@ def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int,
 
 def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
     """A tile of dot products over an axis of n_cols columns: (columns, row options largest first). 2 columns x up
-    to 8 rows with AVX-512's 32 registers. With AVX2's 16, at most 12 accumulators, and a column axis of 3 (a conv
-    weight gradient's kx) taken whole rather than 2 and a tail (on 2 cores of an AVX2 host, conv (8,64,56,56)x(64,
-    64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; x @ w.T 64x1024x1024: 2 x 8 6.6 ms, 2 x 4 3.9)."""
-    if vector_registers(simd_bytes) == 32:
+    to 8 rows with AVX-512's 32 registers. A column axis of 3 (a conv weight gradient's kx) is taken whole rather
+    than 2 and a tail, with at most 12 accumulators of AVX2's 16 registers and 16 of AVX-512's 32 (on 2 cores of an
+    AVX2 host, conv (8,64,56,56)x(64,64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; on 1 core of an
+    AVX-512 host: 2 x 8 25 ms, 3 x 4 11; x @ w.T 64x1024x1024 on AVX2: 2 x 8 6.6 ms, 2 x 4 3.9)."""
+    if vector_registers(simd_bytes) == 32 and n_cols != 3:
         return amount_with_tail(n_cols, (2,), divisors_first=True), (8, 6, 4, 2)
     cols = n_cols if n_cols <= 3 else amount_with_tail(n_cols, (2,), divisors_first=True)
     return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
@@ -251,6 +252,107 @@ def window_columns(
     return None
 
 
+SLIDING_WINDOW_TILE = (4, (4, 2))  # a sliding-window tile with AVX-512: vectors of columns, row options
+SLIDING_WINDOW_ROWS = 4  # its rows in all: where the output columns give 2, 2 output rows each
+
+
+def window_slides(broadcast: list[UOp], row: UOp, reduce_axes: list[UOp]) -> bool:
+    """Whether neighbouring values of the output loop row read overlapping windows of the broadcast operand: each
+    load steps along row by at least a window loop's step and less than its extent (input column ow*s + kw, 1 <= s <
+    3 for a 3-wide window; row oh*s + kh). Not a matmul's rows, which step by its whole reduce, nor a channels-last
+    1x1 weight's output channels, which step by less than its input channels (the reduce)."""
+
+    def slides(k: UOp) -> bool:
+        if symbolic_size(k) or max_trip_count(k) < 2:
+            return False
+        steps = [(stride(u.src[1], row), stride(u.src[1], k)) for u in broadcast]
+        return all(r is not None and w is not None and 0 < w <= r < w * max_trip_count(k) for r, w in steps)
+
+    return bool(broadcast) and any(slides(k) for k in reduce_axes)
+
+
+def sliding_window_tile(
+    simd_bytes: int, n_vectors: int, row: UOp, reduce_axes: list[UOp], broadcast: list[UOp]
+) -> tuple[int, tuple[int, ...], bool] | None:
+    """A register tile for a conv vectorized along its output channels (a channels-last weight): rows along the
+    output columns, whose windows overlap (`window_slides`). With AVX-512's 32 registers, 4 vectors x 4 rows (16
+    accumulators, 4 weight vectors, 4 broadcast values). Measured on an AVX-512 host, CPU time per call, 1 core /
+    both of 2 cores: (8,64,56,56)x(64,64,3,3) pad 1: 2 x 8 (tile_shape's) 10.4 / 12.3 ms, 2 x 7 9.1-9.6 / 12.3,
+    4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8 and 6 do not divide 28) 6.4 / 6.9,
+    2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. AVX2's 16 registers keep
+    tile_shape's."""
+    cols, rows = SLIDING_WINDOW_TILE
+    if vector_registers(simd_bytes) != 32 or n_vectors % cols or not window_slides(broadcast, row, reduce_axes):
+        return None
+    return cols, rows, True
+
+
+def second_window_row(
+    axes: list[UOp],
+    rows: int,
+    taken: tuple[UOp, ...],
+    vec_loads: list[UOp],
+    broadcast: list[UOp],
+    reduce_axes: list[UOp],
+) -> tuple[UOp, int] | None:
+    """Where a sliding-window tile's output columns give it fewer than SLIDING_WINDOW_ROWS rows (14 columns: 2), the
+    output rows for the rest: another output loop whose windows overlap and that the vector loads do not use, 2 rows
+    of 2 columns each. (8,256,14,14)x(256,256,3,3) pad 1, one core / both of 2: 4 vectors x 2 columns 27 / - ms, x 4
+    columns and a tail 18 / 21, 2 vectors x 7 columns 11-13 / 16-19, 4 vectors x 2 columns x 2 rows 14-15 / 13-14."""
+    more = SLIDING_WINDOW_ROWS // rows
+    if more < 2:
+        return None
+    return next(
+        (
+            (r, more)
+            for r in reversed(axes)
+            if r.arg[1] is AxisType.LOOP
+            and r not in taken
+            and not symbolic_size(r)
+            and max_trip_count(r) % more == 0
+            and all(stride(u.src[1], r) == 0 for u in vec_loads)
+            and window_slides(broadcast, r, reduce_axes)
+        ),
+        None,
+    )
+
+
+def full_vector_output_axis(
+    axes: list[UOp], vec_i: int, simd_bytes: int, width: int, reduce_loads: list[UOp], weight: dict[UOp, int]
+) -> int | None:
+    """Another output loop for the vector where axes[vec_i] is an output loop that AVX-512's full vectors do not
+    divide (a conv's ow = 56: 3 x 16 lanes and 8 left, so its register tile takes 8 lanes, half of each register): one
+    that full vectors divide and that the reduce's loads read contiguously as often (a channels-last weight's output
+    channels: tensor/nn_ops.py stores it so for such convs). (8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX-512
+    host: 8-lane columns 19 ms, 16 output channels per vector 9 ms. Measured on AVX-512 only: AVX2's 8 lanes divide
+    56, and its kernels keep their vector."""
+    vec_r = axes[vec_i]
+    if (
+        vector_registers(simd_bytes) != 32
+        or vec_r.arg[1] is not AxisType.LOOP
+        or symbolic_size(vec_r)
+        or max_trip_count(vec_r) % width == 0
+    ):
+        return None
+
+    def contiguous_reads(r: UOp) -> int:
+        return sum(weight[u] for u in reduce_loads if stride(u.src[1], r) == 1)
+
+    own = contiguous_reads(vec_r)
+    return next(
+        (
+            i
+            for i, r in enumerate(axes)
+            if r is not vec_r
+            and r.arg[1] is AxisType.LOOP
+            and not symbolic_size(r)
+            and max_trip_count(r) % width == 0
+            and contiguous_reads(r) >= own > 0
+        ),
+        None,
+    )
+
+
 def take_window_tile(plan: OptPlan, rows: UOp, col: UOp, window: UOp) -> None:
     """A tile of WINDOW_TILE_ROWS broadcast rows x vector columns taken along a second output loop (4 output rows,
     each its own vector load, every one feeding both output channels), with the window loop that moves the loads
@@ -346,6 +448,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         range(len(axes)),
         key=lambda i: (contiguous_count(axes[i]) * lanes_worth(axes[i]), axes[i].arg[1] is AxisType.LOOP, i),
     )
+    in_reduce_loads = [u for u in idxs if u in runs_in_reduce]
+    if (full := full_vector_output_axis(axes, vec_i, simd_bytes, width, in_reduce_loads, weight)) is not None:
+        vec_i = full
     vec_r = axes[vec_i]
     is_reduce = vec_r.arg[1] is AxisType.REDUCE
     vec_amt = vec_amount(vec_r)
@@ -468,6 +573,12 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             if odd is not None:
                 cols, row_amounts, divisors_first = odd
             broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
+            reduce_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.REDUCE]
+            sliding = (
+                sliding_window_tile(simd_bytes, n_vectors, tile_row, reduce_axes, broadcast) if odd is None else None
+            )
+            if sliding is not None:
+                cols, row_amounts, divisors_first = sliding
             window = None
             if cols == 1 and odd is None:
                 window = window_columns(axes, vec_r, tile_row, vec_loads, broadcast)
@@ -478,7 +589,15 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
             axes = kernel_axes(plan.ast)
             if window is None:
                 ri = next(i for i, r in enumerate(axes) if r.arg[0] == tile_row.arg[0])
-                take(Opt(OptOps.UPCAST, ri, amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)))
+                rows = amount_with_tail(max_trip_count(axes[ri]), row_amounts, divisors_first)
+                take(Opt(OptOps.UPCAST, ri, rows))
+                if sliding is not None and (
+                    second := second_window_row(
+                        kernel_axes(ast), rows, (vec_r, tile_row), vec_loads, broadcast, reduce_axes
+                    )
+                ):
+                    if (si := index_of(plan.ast, second[0])) is not None:
+                        take(Opt(OptOps.UPCAST, si, second[1]))
             if odd is not None and (vi := index_of(plan.ast, vec_r)) is not None:
                 take(Opt(OptOps.UPCAST, vi, cols))  # its tail nest a tile of the same rows
             # columns outside rows: the panel of B a column tile reads stays in cache across the row tiles
