@@ -34,32 +34,37 @@ _tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is impor
 
 
 # The movements and the sum the rules apply to a gradient take their shapes and axes from a forward node, valid by
-# construction: where no shape is symbolic and the gradient is on one device, each builds the very node the Tensor
+# construction: where the gradient is on one device and no shape is symbolic, each builds the very node the Tensor
 # method would (t.reshape(shape), ...) without that method's argument checks; otherwise it is that method.
+def _symbolic(*shapes: tuple) -> bool:
+    """Whether a size of these shapes is a Variable's expression (none is until a Variable is bound)."""
+    return variable.in_use and any(isinstance(s, UOp) for shape in shapes for s in shape)
+
+
 def _reshape(t: Tensor, shape: tuple) -> Tensor:
     """t.reshape(shape), shape a forward node's (t's element count)."""
-    if variable.in_use or type(t.device) is not str:
+    if type(t.device) is not str or _symbolic(shape, t.shape):
         return t.reshape(shape)
     return t if shape == t.shape else t._new(UOp(Ops.RESHAPE, t.dtype, (t.uop,), shape))
 
 
 def _expand(t: Tensor, shape: tuple) -> Tensor:
     """t.expand(shape), shape a forward node's of t's dimensions (t's sizes, or 1 grown)."""
-    if variable.in_use or type(t.device) is not str or len(shape) != len(t.shape):
+    if type(t.device) is not str or len(shape) != len(t.shape) or _symbolic(shape, t.shape):
         return t.expand(shape)
     return t if shape == t.shape else t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape))
 
 
 def _sum_keepdim(t: Tensor, axes: tuple[int, ...]) -> Tensor:
     """t.sum(axes, keepdim=True), axes sorted, distinct and in range (a forward node's)."""
-    if variable.in_use or type(t.device) is not str or sum_acc_dtype(t.dtype) is not t.dtype:
+    if type(t.device) is not str or sum_acc_dtype(t.dtype) is not t.dtype:
         return t.sum(axes, keepdim=True)
     return t if not axes or not t.shape else t._new(UOp(Ops.REDUCE_AXIS, t.dtype, (t.uop,), (Ops.ADD, axes)))
 
 
 def _permute(t: Tensor, order: tuple[int, ...]) -> Tensor:
     """t.permute(order), order a permutation of t's dimensions (a forward node's, inverted)."""
-    if variable.in_use or type(t.device) is not str:
+    if type(t.device) is not str:
         return t.permute(order)
     return t if order == tuple(range(len(order))) else t._new(UOp(Ops.PERMUTE, t.dtype, (t.uop,), order))
 

@@ -440,7 +440,8 @@ def _schedule(
     if _superseded_data:  # (the dict itself: WeakKeyDictionary's len is a Python call)
         uops = _without_superseded(uops, realized)
     try:  # one walk: the schedule cache's key, and whether a node was realized before
-        w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
+        clean = _realized_count[0] if realized is _realized else -2  # (clean: no node of _realized under it)
+        w = schedule_cache.walk(uops, realized, clean) if schedule_cache.SCHEDULE_CACHE.value else None
     except KeyError:  # a BUFFER without a Buffer: cached_schedule says so
         w = None
     outs = uops if w is not None else substitute_realized(uops, realized)
@@ -787,14 +788,14 @@ def _memory_of(b: UOp | None) -> frozenset[int]:
 def _memories_read(root: UOp) -> frozenset[int]:
     if (mems := root._mems) is not None:
         return mems
-    ref, realized = weakref.ref, _realized_data
+    ref, realized, count = weakref.ref, _realized_data, _realized_count[0]
     stack = [root]
     while stack:
         u = stack[-1]
         if u._mems is not None:
             stack.pop()
             continue
-        if (value := realized.get(ref(u))) is not None:
+        if u._clean != count and (value := realized.get(ref(u))) is not None:  # (a clean node is not realized)
             mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
         elif u.op is Ops.BUFFER:
             mems = _memory_of(u)
@@ -851,8 +852,8 @@ def _live_readers(
             if u in reads:
                 stack.pop()
                 continue
-            if (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a buffer view (or a
-                # constant): the old contents if that memory is written
+            if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
+                # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
                 reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
             elif u.op is Ops.BUFFER:
                 reads[u] = memory_written(u)
@@ -874,6 +875,7 @@ def _live_readers(
         return reads[root]
 
     written_keys = written.keys()
+    count = _realized_count[0]
 
     def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
         return not written_keys.isdisjoint(_memories_read(root))

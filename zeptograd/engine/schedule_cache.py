@@ -72,9 +72,10 @@ class Walk:
     symbolic: bool  # whether a node is a Variable or holds one in its arg (variable.has_symbols, in the same walk)
 
 
-def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
+def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
     """The graph of `outs` as a cache key, in one iterative walk; None if `realized` maps a node of it to another
-    node (it must be replaced by its value first). A KeyError for a BUFFER without a Buffer."""
+    node (it must be replaced by its value first). A KeyError for a BUFFER without a Buffer. `clean`: a node whose
+    UOp._clean holds it maps to nothing in `realized` (engine/realize.py: with_realized_values), not looked up."""
     position: dict[UOp, int] = {}
     nodes: list[UOp] = []
     key: list[tuple] = []
@@ -114,7 +115,8 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
             nodes.append(u)
             key.append((u.op, u.dtype, arg, src))
             continue
-        if realized is not None:  # a node realized to another node (an input buffer may be noted as itself)
+        if realized is not None and u._clean != clean:  # a node realized to another node (an input buffer may be
+            # noted as itself)
             if fast_realized is not None:
                 if (value := fast_realized.get(weakref.ref(u))) is not None and value is not u:
                     return None
