@@ -85,3 +85,34 @@ def test_an_elementwise_update_is_still_one_kernel_with_no_copy():
     a.assign(value)
     assert isinstance(a.uop, UOp) and a.uop.src[1].op.name != "CONTIGUOUS"
     np.testing.assert_allclose(a.numpy(), np.arange(6) * 2 + np.exp(4.0), rtol=1e-6)
+
+
+class _CountingDict(dict):
+    lookups = 0
+
+    def get(self, key, default=None):
+        _CountingDict.lookups += 1
+        return super().get(key, default)
+
+
+def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatch):
+    """The assigns found the step's graph free of realized nodes and marked it clean; the realize's walks (the
+    memories its graph reads, its live readers, the schedule cache's key) do not look each node up in the realized
+    map again (a weak reference made per node and look-up)."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    new = [p.detach() - 0.1 * p.grad for p in ws]
+    for p, n in zip(ws, new):
+        p.assign(n)
+    n_nodes = len(UOp(Ops.SINK, src=tuple(t.uop for t in [loss, *ws])).toposort())
+    # the realized map, counting its look-ups (realize's walks read its dict, the schedule cache's walk the map's)
+    counting = _CountingDict(engine._realized_data)
+    realized = weakref.WeakKeyDictionary()
+    realized.data = counting  # type: ignore[attr-defined]
+    monkeypatch.setattr(engine, "_realized", realized)
+    monkeypatch.setattr(engine, "_realized_data", counting)
+    monkeypatch.setattr(engine, "_realized_remove", counting.pop)
+    _CountingDict.lookups = 0
+    Tensor.realize(loss, *ws)
+    assert n_nodes > 60 and _CountingDict.lookups <= 10, (_CountingDict.lookups, n_nodes)
