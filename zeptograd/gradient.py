@@ -73,6 +73,7 @@ def _permute(t: Tensor, order: tuple[int, ...]) -> Tensor:
 # bases): out UOp -> (the inputs, rule(grad, out, *inputs) -> a gradient per input). The rule must not hold `out`
 # (the key is weak); tensors are passed to it. Interned UOps make an equal graph the same key, with the same rule.
 _custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] = weakref.WeakKeyDictionary()
+_custom_data = _custom_rules.data  # type: ignore[attr-defined]  # its own dict (looked up without a Python frame)
 
 
 def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
@@ -197,16 +198,23 @@ def compute_gradient(
     topo = list(root.toposort() if nodes is None else nodes)
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:
-        if u in targets or any(s in on_path for s in u.src):
+        if u in targets:
             on_path.add(u)
+            continue
+        for s in u.src:  # (a loop, not any() over a generator: a call per node)
+            if s in on_path:
+                on_path.add(u)
+                break
     grads: dict[UOp, Tensor] = {root: root_grad}
     for u in reversed(topo):
         g = grads.get(u)
         if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype) or u in stops:
             continue
-        if (custom := _custom_rules.get(u)) is not None:
+        if _custom_data and (custom := _custom_data.get(weakref.ref(u))) is not None:  # (_custom_rules.get(u))
             srcs, rule = custom
             src_grads = rule(g, _t(u, g), *(_t(s, g) for s in srcs))
+        elif u in targets and on_path.isdisjoint(u.src):  # a leaf's node (a weight's reshape of its buffer): its
+            continue  # sources' gradients would go nowhere
         else:
             srcs, src_grads = u.src, pm_gradient.rewrite(u, ctx=g)
         if src_grads is None:

@@ -385,3 +385,21 @@ def test_half_gradient_sums_accumulate_in_float32_as_before():
     for w, w32 in zip(ws, ws32):
         assert w.grad.dtype == dtypes.float16
         np.testing.assert_allclose(w.grad.numpy().astype(np.float32), w32.grad.numpy(), rtol=2e-2, atol=2e-3)
+
+
+def test_no_rule_runs_for_a_leafs_own_node(monkeypatch):
+    """A 2-D weight's node is a reshape of its buffer; its gradient is the weight's, and the reshape's rule (a
+    gradient for the buffer node, which nothing reads) is not applied."""
+    w = Tensor(np.ones((3, 4), dtype=np.float32), requires_grad=True)
+    x = Tensor(np.ones((4, 2), dtype=np.float32))
+    applied = []
+
+    class Recording:
+        def rewrite(self, u, ctx=None):
+            applied.append(u)
+            return pm_gradient.rewrite(u, ctx=ctx)
+
+    monkeypatch.setattr(gradient, "pm_gradient", Recording())
+    (w @ x).sum().backward()
+    assert w.uop.op is Ops.RESHAPE and applied and w.uop not in applied
+    np.testing.assert_allclose(w.grad.numpy(), np.full((3, 4), 2.0))
