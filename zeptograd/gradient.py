@@ -98,9 +98,9 @@ def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
 
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
     op, axes = ret.arg
-    x, out = _t(ret.src[0], ctx), _t(ret, ctx)
     if op is Ops.ADD:
-        return (_expand(ctx, x.shape),)
+        return (_expand(ctx, ret.src[0].shape),)
+    x, out = _t(ret.src[0], ctx), _t(ret, ctx)
     if op is Ops.MAX:  # the maxima share the gradient evenly, as torch's amax
         is_max = (x == _expand(out, x.shape)).cast(ctx.dtype)
         return (is_max / _expand(_sum_keepdim(is_max, axes), x.shape) * _expand(ctx, x.shape),)
