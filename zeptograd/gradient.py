@@ -99,7 +99,7 @@ def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
     op, axes = ret.arg
     if op is Ops.ADD:
-        return (_expand(ctx, ret.src[0].shape),)
+        return (_expand(ctx, ret.src[0].tensor_shape),)
     x, out = _t(ret.src[0], ctx), _t(ret, ctx)
     if op is Ops.MAX:  # the maxima share the gradient evenly, as torch's amax
         is_max = (x == _expand(out, x.shape)).cast(ctx.dtype)

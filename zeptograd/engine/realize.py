@@ -809,7 +809,7 @@ def _memories_read(root: UOp) -> frozenset[int]:
                 continue
             src = u.src
             if len(src) == 1:
-                mems = src[0]._mems  # type: ignore[assignment]
+                mems = src[0]._mems
             elif len(src) == 2:  # (the common case, without the general loop)
                 m0, m1 = src[0]._mems, src[1]._mems
                 mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1  # type: ignore[operator]
