@@ -37,20 +37,20 @@ _tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is impor
 # construction: where the gradient is on one device and no shape is symbolic, each builds the very node the Tensor
 # method would (t.reshape(shape), ...) without that method's argument checks; otherwise it is that method.
 def _symbolic(*shapes: tuple) -> bool:
-    """Whether a size of these shapes is a Variable's expression (none is until a Variable is bound)."""
-    return variable.in_use and any(isinstance(s, UOp) for shape in shapes for s in shape)
+    """Whether a size of these shapes is a Variable's expression (asked once a Variable was bound: none is before)."""
+    return any(isinstance(s, UOp) for shape in shapes for s in shape)
 
 
 def _reshape(t: Tensor, shape: tuple) -> Tensor:
     """t.reshape(shape), shape a forward node's (t's element count)."""
-    if type(t.device) is not str or _symbolic(shape, t.shape):
+    if type(t.device) is not str or (variable.in_use and _symbolic(shape, t.shape)):
         return t.reshape(shape)
     return t if shape == t.shape else t._new(UOp(Ops.RESHAPE, t.dtype, (t.uop,), shape))
 
 
 def _expand(t: Tensor, shape: tuple) -> Tensor:
     """t.expand(shape), shape a forward node's of t's dimensions (t's sizes, or 1 grown)."""
-    if type(t.device) is not str or len(shape) != len(t.shape) or _symbolic(shape, t.shape):
+    if type(t.device) is not str or len(shape) != len(t.shape) or (variable.in_use and _symbolic(shape, t.shape)):
         return t.expand(shape)
     return t if shape == t.shape else t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape))
 
