@@ -11,10 +11,11 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import dtypes, sum_acc_dtype
 from zeptograd.helpers import argsort
 from zeptograd.schedule.copy import tensor_device
 from zeptograd.tensor import multi
+from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.upat import PatternMatcher, UPat
 
@@ -32,10 +33,47 @@ def _t(u: UOp, like: Tensor) -> Tensor:
 _tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is imported (it imports this module)
 
 
+# The movements and the sum the rules apply to a gradient take their shapes and axes from a forward node, valid by
+# construction: where the gradient is on one device and no shape is symbolic, each builds the very node the Tensor
+# method would (t.reshape(shape), ...) without that method's argument checks; otherwise it is that method.
+def _symbolic(*shapes: tuple) -> bool:
+    """Whether a size of these shapes is a Variable's expression (asked once a Variable was bound: none is before)."""
+    return any(isinstance(s, UOp) for shape in shapes for s in shape)
+
+
+def _reshape(t: Tensor, shape: tuple) -> Tensor:
+    """t.reshape(shape), shape a forward node's (t's element count)."""
+    if type(t.device) is not str or (variable.in_use and _symbolic(shape, t.shape)):
+        return t.reshape(shape)
+    return t if shape == t.shape else t._new(UOp(Ops.RESHAPE, t.dtype, (t.uop,), shape))
+
+
+def _expand(t: Tensor, shape: tuple) -> Tensor:
+    """t.expand(shape), shape a forward node's of t's dimensions (t's sizes, or 1 grown)."""
+    if type(t.device) is not str or len(shape) != len(t.shape) or (variable.in_use and _symbolic(shape, t.shape)):
+        return t.expand(shape)
+    return t if shape == t.shape else t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape))
+
+
+def _sum_keepdim(t: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """t.sum(axes, keepdim=True), axes sorted, distinct and in range (a forward node's)."""
+    if type(t.device) is not str or sum_acc_dtype(t.dtype) is not t.dtype:
+        return t.sum(axes, keepdim=True)
+    return t if not axes or not t.shape else t._new(UOp(Ops.REDUCE_AXIS, t.dtype, (t.uop,), (Ops.ADD, axes)))
+
+
+def _permute(t: Tensor, order: tuple[int, ...]) -> Tensor:
+    """t.permute(order), order a permutation of t's dimensions (a forward node's, inverted)."""
+    if type(t.device) is not str:
+        return t.permute(order)
+    return t if order == tuple(range(len(order))) else t._new(UOp(Ops.PERMUTE, t.dtype, (t.uop,), order))
+
+
 # Composite ops whose gradient is not the one their primitives give (pow: torch's values at 0, inf, nan and negative
 # bases): out UOp -> (the inputs, rule(grad, out, *inputs) -> a gradient per input). The rule must not hold `out`
 # (the key is weak); tensors are passed to it. Interned UOps make an equal graph the same key, with the same rule.
 _custom_rules: weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Callable]] = weakref.WeakKeyDictionary()
+_custom_data = _custom_rules.data  # type: ignore[attr-defined]  # its own dict (looked up without a Python frame)
 
 
 def with_gradient(out: Tensor, inputs: tuple[Tensor, ...], rule: Callable) -> Tensor:
@@ -60,12 +98,12 @@ def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
 
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
     op, axes = ret.arg
-    x, out = _t(ret.src[0], ctx), _t(ret, ctx)
     if op is Ops.ADD:
-        return (ctx.expand(x.shape),)
+        return (_expand(ctx, ret.src[0].tensor_shape),)
+    x, out = _t(ret.src[0], ctx), _t(ret, ctx)
     if op is Ops.MAX:  # the maxima share the gradient evenly, as torch's amax
-        is_max = (x == out.expand(x.shape)).cast(ctx.dtype)
-        return (is_max / is_max.sum(axes, keepdim=True).expand(x.shape) * ctx.expand(x.shape),)
+        is_max = (x == _expand(out, x.shape)).cast(ctx.dtype)
+        return (is_max / _expand(_sum_keepdim(is_max, axes), x.shape) * _expand(ctx, x.shape),)
     if op is Ops.MUL:  # d(prod)/dx_i = prod of the others; at zeros, count them
         zero = x == 0
         others = zero.where(1, x).prod(axes, keepdim=True).expand(x.shape)
@@ -101,12 +139,12 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.TRUNC), lambda ctx: (ctx.zeros_like(),)),
         (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (ctx.cast(ret.src[0].dtype),)),
         (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
-        (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
-        (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(argsort(list(ret.arg))),)),
+        (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (_reshape(ctx, ret.src[0].shape),)),
+        (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (_permute(ctx, tuple(argsort(list(ret.arg)))),)),
         (
             UPat(Ops.EXPAND, name="ret"),
             lambda ctx, ret: (
-                ctx.sum(tuple(i for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)) if a != b), keepdim=True),
+                _sum_keepdim(ctx, tuple(i for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)) if a != b)),
             ),
         ),
         (
@@ -160,16 +198,23 @@ def compute_gradient(
     topo = list(root.toposort() if nodes is None else nodes)
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:
-        if u in targets or any(s in on_path for s in u.src):
+        if u in targets:
             on_path.add(u)
+            continue
+        for s in u.src:  # (a loop, not any() over a generator: a call per node)
+            if s in on_path:
+                on_path.add(u)
+                break
     grads: dict[UOp, Tensor] = {root: root_grad}
     for u in reversed(topo):
         g = grads.get(u)
         if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype) or u in stops:
             continue
-        if (custom := _custom_rules.get(u)) is not None:
+        if _custom_data and (custom := _custom_data.get(weakref.ref(u))) is not None:  # (_custom_rules.get(u))
             srcs, rule = custom
             src_grads = rule(g, _t(u, g), *(_t(s, g) for s in srcs))
+        elif u in targets and on_path.isdisjoint(u.src):  # a leaf's node (a weight's reshape of its buffer): its
+            continue  # sources' gradients would go nowhere
         else:
             srcs, src_grads = u.src, pm_gradient.rewrite(u, ctx=g)
         if src_grads is None:

@@ -361,3 +361,20 @@ def test_a_matmul_read_from_a_copy_of_its_operand_runs_from_a_plan(count, monkey
         monkeypatch.undo()
         for r in results:
             np.testing.assert_allclose(r.numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_hit_places_each_kernels_buffers_by_an_index_made_once(count):
+    """A hit's kernels take their buffers by each one's place among the graph's inputs then the new buffers, an index
+    the template makes at its first hit (not derived from the template's slots again at every hit)."""
+    made = []
+    for i in range(4):
+        w = realized(rnd(4, 3, seed=i))
+        w.assign(w.detach() * 2 + 1)
+        w.realize()
+        np.testing.assert_allclose(w.numpy(), rnd(4, 3, seed=i) * 2 + 1, rtol=1e-6)
+        made.append({id(t): t.item_index for t in sc._cache.values() if t.item_index is not None})
+    assert made[0] == {} and made[1] and made[1].keys() == made[2].keys() == made[3].keys()
+    assert all(made[3][k] is index for k, index in made[1].items())  # (the same lists: made at the first hit)
+    for t in sc._cache.values():
+        if t.item_index is not None:
+            assert [item for item, _ in t.item_index] == [item for item, _ in t.items]

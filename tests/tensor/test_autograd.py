@@ -1,11 +1,13 @@
 """Autograd: requires_grad, backward, .grad, gradient(), detach, no_grad, train; against torch 2.13 (CPU)."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
 
 from tests.tensor.api_helpers import data
-from zeptograd import Tensor, dtypes
+from zeptograd import Tensor, dtypes, gradient
 from zeptograd.gradient import pm_gradient
 from zeptograd.uop.ops import Ops
 
@@ -312,3 +314,92 @@ def test_grad_after_backward_does_not_require_grad():
         assert t.grad.requires_grad is False and not z.grad.requires_grad  # (None: tinygrad's "not asked for")
         assert not (z.detach() - 0.1 * z.grad).requires_grad
         np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _movement_and_sum_calls_in_backward(loss):
+    """The calls of Tensor.reshape/expand/permute/sum that the gradient rules (gradient.py) make in the backward of
+    `loss` (the Tensor ops they call may call these too: broadcasting, with a Variable bound)."""
+    calls = []
+    saved = {name: getattr(Tensor, name) for name in ("reshape", "expand", "permute", "sum")}
+
+    def counting(name):
+        def method(self, *args, **kwargs):
+            if sys._getframe(1).f_code.co_filename == gradient.__file__:
+                calls.append(name)
+            return saved[name](self, *args, **kwargs)
+
+        return method
+
+    try:
+        for name in saved:
+            setattr(Tensor, name, counting(name))
+        loss.backward()
+    finally:
+        for name, method in saved.items():
+            setattr(Tensor, name, method)
+    return calls
+
+
+def _log_softmax_mlp(np_dtype=np.float32):
+    rng = np.random.default_rng(3)
+    x = Tensor(rng.standard_normal((8, 6)).astype(np_dtype)).realize()
+    y = Tensor(rng.standard_normal((8, 3)).astype(np_dtype)).realize()
+    ws = [Tensor(rng.standard_normal(s).astype(np_dtype), requires_grad=True) for s in ((6, 5), (5,), (5, 3))]
+    logits = (x @ ws[0] + ws[1]).relu() @ ws[2]
+    m = logits.max(axis=1, keepdim=True)
+    return -((logits - m - (logits - m).exp().sum(axis=1, keepdim=True).log()) * y).sum(axis=1).mean(), ws
+
+
+@pytest.mark.parametrize("variables_bound", [False, True])
+def test_gradient_rules_build_movements_and_sums_without_the_tensor_methods(variables_bound, monkeypatch):
+    """The rules of RESHAPE, EXPAND, PERMUTE and REDUCE take their shapes from forward nodes, valid by construction:
+    an MLP's backward builds its movements and sums without the Tensor methods' argument checks (eager training
+    builds the gradient graph on every step), and the graph is the one the methods build. So it does once a
+    Variable was bound somewhere (its shapes hold none)."""
+    from zeptograd.uop import variable
+
+    monkeypatch.setattr(variable, "in_use", variables_bound)
+    loss, ws = _log_softmax_mlp()
+    assert _movement_and_sum_calls_in_backward(loss) == []
+    fast = [w.grad.uop for w in ws]
+    for w in ws:
+        w.grad = None
+    saved = (gradient._reshape, gradient._expand, gradient._permute, gradient._sum_keepdim)
+    try:  # the rules through the Tensor methods: the same nodes (interned: the same objects)
+        gradient._reshape = lambda t, shape: t.reshape(shape)
+        gradient._expand = lambda t, shape: t.expand(shape)
+        gradient._permute = lambda t, order: t.permute(order)
+        gradient._sum_keepdim = lambda t, axes: t.sum(axes, keepdim=True)
+        loss.backward()
+    finally:
+        gradient._reshape, gradient._expand, gradient._permute, gradient._sum_keepdim = saved
+    assert all(w.grad.uop is u for w, u in zip(ws, fast))
+
+
+def test_half_gradient_sums_accumulate_in_float32_as_before():
+    """A half gradient's sum takes Tensor.sum (float32 accumulation, cast back), not the rules' direct node."""
+    loss, ws = _log_softmax_mlp(np.float16)
+    assert "sum" in _movement_and_sum_calls_in_backward(loss)
+    loss32, ws32 = _log_softmax_mlp()
+    loss32.backward()
+    for w, w32 in zip(ws, ws32):
+        assert w.grad.dtype == dtypes.float16
+        np.testing.assert_allclose(w.grad.numpy().astype(np.float32), w32.grad.numpy(), rtol=2e-2, atol=2e-3)
+
+
+def test_no_rule_runs_for_a_leafs_own_node(monkeypatch):
+    """A 2-D weight's node is a reshape of its buffer; its gradient is the weight's, and the reshape's rule (a
+    gradient for the buffer node, which nothing reads) is not applied."""
+    w = Tensor(np.ones((3, 4), dtype=np.float32), requires_grad=True)
+    x = Tensor(np.ones((4, 2), dtype=np.float32))
+    applied = []
+
+    class Recording:
+        def rewrite(self, u, ctx=None):
+            applied.append(u)
+            return pm_gradient.rewrite(u, ctx=ctx)
+
+    monkeypatch.setattr(gradient, "pm_gradient", Recording())
+    (w @ x).sum().backward()
+    assert w.uop.op is Ops.RESHAPE and applied and w.uop not in applied
+    np.testing.assert_allclose(w.grad.numpy(), np.full((3, 4), 2.0))

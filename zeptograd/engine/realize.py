@@ -38,18 +38,17 @@ _realized: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 # read from the changed buffer). Plain references without callbacks, on the Buffer (a weak map keyed by the BUFFER
 # node cost a callback per buffer): the dead ones are dropped when the list reaches a power of two, so it stays
 # within twice the live ones.
-# nodes whose graph holds no node of `_realized` (substituting realized values leaves them as they are): the walks
-# below stop at them, so an assign walks only what was built since the last one (a loop of N setitems on one tensor
-# is O(N) in all, not a walk of the whole growing chain per setitem). Emptied whenever a node is realized: it may
-# sit under any of them.
-_clean: weakref.WeakSet[UOp] = weakref.WeakSet()
+# A node whose graph holds no node of `_realized` (substituting realized values leaves it as it is) is marked clean:
+# its UOp._clean slot holds the count of nodes realized then (`_realized_count`), so realizing any node, which may sit
+# under it, unmarks every node at once. The walks below stop at clean nodes, so an assign walks only what was built
+# since the last one (a loop of N setitems on one tensor is O(N) in all, not a walk of the whole growing chain per
+# setitem). (A slot, not a weak set: no weak reference made per node looked up or marked.)
 # the WeakKeyDictionaries' own dicts of weak references, for lookups and stores on every realize without a Python
 # frame (schedule_cache._own_dict)
 _realized_data = schedule_cache._own_dict(_realized)
 # the callback its references carry: the dict's own pop, which drops a dead node's entry without WeakKeyDictionary's
 # Python frame (nothing iterates _realized, so its iteration guard is moot)
 _realized_remove = _realized_data.pop
-_clean_data = _clean.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
 _epoch = schedule_cache.epoch
 _fast_key = schedule_cache.fast_key
 _plans = schedule_cache._plans
@@ -141,16 +140,29 @@ def realized_or_none(u: UOp) -> UOp | None:
 
 def with_realized_values(uops: list[UOp]) -> list[UOp]:
     """uops with every node realized before replaced by what it was realized to. The walk stops at nodes known to
-    hold none (`_clean`); where it finds none, the nodes it walked are marked so."""
-    sink = UOp(Ops.SINK, dtypes.void, tuple(uops))
+    hold none (clean); where it finds none, the nodes it walked are marked so."""
     count = _realized_count[0]
-    ref, clean, realized = weakref.ref, _clean_data, _realized_data  # (the weak sets' own dicts: no frame per node)
-    nodes = sink.toposort(gate=lambda u: (r := ref(u)) not in clean and r not in realized)
-    mapping = {u: v for u in nodes if (v := realized.get(ref(u))) is not None and v is not u}
+    ref, realized = weakref.ref, _realized_data  # (_realized's own dict: no frame per node)
+    seen: set[UOp] = set()
+    mapping: dict[UOp, UOp] = {}
+    stack = [u for u in uops if u._clean != count]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if (v := realized.get(ref(u))) is not None:  # (not walked below: its value stands for its graph)
+            if v is not u:
+                mapping[u] = v
+            continue
+        for s in u.src:
+            if s._clean != count and s not in seen:
+                stack.append(s)
     if mapping:
-        return list(graph_substitute(sink, mapping).src)
+        return list(graph_substitute(UOp(Ops.SINK, dtypes.void, tuple(uops)), mapping).src)
     if count == _realized_count[0]:
-        _clean.update(u for u in nodes if u is not sink)
+        for u in seen:
+            u._clean = count
     return uops
 
 
@@ -428,7 +440,8 @@ def _schedule(
     if _superseded_data:  # (the dict itself: WeakKeyDictionary's len is a Python call)
         uops = _without_superseded(uops, realized)
     try:  # one walk: the schedule cache's key, and whether a node was realized before
-        w = schedule_cache.walk(uops, realized) if schedule_cache.SCHEDULE_CACHE.value else None
+        clean = _realized_count[0] if realized is _realized else -2  # (clean: no node of _realized under it)
+        w = schedule_cache.walk(uops, realized, clean) if schedule_cache.SCHEDULE_CACHE.value else None
     except KeyError:  # a BUFFER without a Buffer: cached_schedule says so
         w = None
     outs = uops if w is not None else substitute_realized(uops, realized)
@@ -470,9 +483,7 @@ def remember_realized(node: UOp, value: UOp):
         if memo[4]:
             _epoch[0] += 1
     _realized_data[weakref.ref(node, _realized_remove)] = value  # _realized[node] = value, without its Python frame
-    _realized_count[0] += 1
-    if _clean_data:  # (the set itself: WeakSet's len is a Python call)
-        _clean.clear()
+    _realized_count[0] += 1  # (every node marked clean is unmarked)
     if _capturing.stack:  # this thread's capture may reuse it: a kernel it recorded computed it (engine/jit.py)
         _capturing[-1].realized.computed.add(node)
     buf = value
@@ -759,16 +770,12 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
     return written
 
 
-# node -> ids of the Buffers its graph reads (a realized node: the one holding its value), kept while the node lives:
-# a realize that writes walks only the nodes built since the last one (a live lazy graph that grows by a node per
-# iteration of a loop that also writes a buffer costs O(1) per iteration, not its whole size). A node realized since
-# it was noted still lists what its graph reads: more, never less, so at worst a reader is checked exactly for nothing.
-_memories: weakref.WeakKeyDictionary[UOp, frozenset[int]] = weakref.WeakKeyDictionary()
+# Per node, the ids of the Buffers its graph reads (a realized node: the one holding its value), in its UOp._mems
+# slot, kept while the node lives: a realize that writes walks only the nodes built since the last one (a live lazy
+# graph that grows by a node per iteration of a loop that also writes a buffer costs O(1) per iteration, not its whole
+# size). A node realized since it was noted still lists what its graph reads: more, never less, so at worst a reader is
+# checked exactly for nothing. (A slot, not a weak map: no weak reference made per node looked up or noted.)
 _NO_MEMORY: frozenset[int] = frozenset()
-
-
-_memories_data = schedule_cache._own_dict(_memories)  # (lookups and stores without WeakKeyDictionary's frames)
-_memories_remove = _memories_data.pop  # the callback its references carry (as _realized_remove: no Python frame)
 
 
 def _memory_of(b: UOp | None) -> frozenset[int]:
@@ -779,42 +786,42 @@ def _memory_of(b: UOp | None) -> frozenset[int]:
 
 
 def _memories_read(root: UOp) -> frozenset[int]:
-    ref, known, realized = weakref.ref, _memories_data, _realized_data
-    if (mems := known.get(ref(root))) is not None:
+    if (mems := root._mems) is not None:
         return mems
+    ref, realized, count = weakref.ref, _realized_data, _realized_count[0]
     stack = [root]
     while stack:
         u = stack[-1]
-        if ref(u) in known:
+        if u._mems is not None:
             stack.pop()
             continue
-        if (value := realized.get(ref(u))) is not None:
+        if u._clean != count and (value := realized.get(ref(u))) is not None:  # (a clean node is not realized)
             mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
         elif u.op is Ops.BUFFER:
             mems = _memory_of(u)
         else:
             waiting = False
             for s in u.src:
-                if ref(s) not in known:
+                if s._mems is None:
                     stack.append(s)
                     waiting = True
             if waiting:
                 continue
             src = u.src
             if len(src) == 1:
-                mems = known[ref(src[0])]
+                mems = src[0]._mems
             elif len(src) == 2:  # (the common case, without the general loop)
-                m0, m1 = known[ref(src[0])], known[ref(src[1])]
-                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1
+                m0, m1 = src[0]._mems, src[1]._mems
+                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1  # type: ignore[operator]
             else:
-                srcs = [known[ref(s)] for s in src]
-                mems = max(srcs, key=len, default=_NO_MEMORY)  # (the common case: every source reads a subset of one)
-                for m in srcs:
-                    if not m <= mems:
-                        mems = mems | m
-        known[ref(u, _memories_remove)] = mems  # _memories[u] = mems
+                srcs = [s._mems for s in src]
+                mems = max(srcs, key=len, default=_NO_MEMORY)  # type: ignore[arg-type]  # (the common case: every
+                for m in srcs:  # source reads a subset of one)
+                    if not m <= mems:  # type: ignore[operator]
+                        mems = mems | m  # type: ignore[operator]
+        u._mems = mems
         stack.pop()
-    return known[ref(root)]
+    return root._mems  # type: ignore[return-value]
 
 
 def _live_readers(
@@ -845,8 +852,8 @@ def _live_readers(
             if u in reads:
                 stack.pop()
                 continue
-            if (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a buffer view (or a
-                # constant): the old contents if that memory is written
+            if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
+                # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
                 reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
             elif u.op is Ops.BUFFER:
                 reads[u] = memory_written(u)
@@ -856,7 +863,7 @@ def _live_readers(
                 waiting = False
                 for s in u.src:
                     if s not in reads:
-                        if (mems := _memories_data.get(weakref.ref(s))) is not None and written_keys.isdisjoint(mems):
+                        if (mems := s._mems) is not None and written_keys.isdisjoint(mems):
                             reads[s] = False  # (its graph reads no written memory at all)
                         else:
                             stack.append(s)
@@ -868,6 +875,7 @@ def _live_readers(
         return reads[root]
 
     written_keys = written.keys()
+    count = _realized_count[0]
 
     def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
         return not written_keys.isdisjoint(_memories_read(root))

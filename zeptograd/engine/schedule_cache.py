@@ -39,6 +39,8 @@ class Template:
     new_bufs: list[tuple[str, int, Any]]  # (device, size, dtype) of each new Buffer
     becomes: dict[int, UOp]  # position of a node in the graph's Walk -> its value, over placeholders
     fresh_inputs: list[int]  # per ("fresh", k) placeholder: the input whose memory its new BUFFER node is over
+    # (_instantiate) per item, its buffers' places among the inputs then the new buffers, made at the first hit
+    item_index: list[tuple[ScheduleItem, list[int]]] | None = None
 
 
 class Stats:
@@ -72,9 +74,10 @@ class Walk:
     symbolic: bool  # whether a node is a Variable or holds one in its arg (variable.has_symbols, in the same walk)
 
 
-def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
+def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
     """The graph of `outs` as a cache key, in one iterative walk; None if `realized` maps a node of it to another
-    node (it must be replaced by its value first). A KeyError for a BUFFER without a Buffer."""
+    node (it must be replaced by its value first). A KeyError for a BUFFER without a Buffer. `clean`: a node whose
+    UOp._clean holds it maps to nothing in `realized` (engine/realize.py: with_realized_values), not looked up."""
     position: dict[UOp, int] = {}
     nodes: list[UOp] = []
     key: list[tuple] = []
@@ -114,7 +117,8 @@ def walk(outs: list[UOp], realized: Any = None) -> Walk | None:
             nodes.append(u)
             key.append((u.op, u.dtype, arg, src))
             continue
-        if realized is not None:  # a node realized to another node (an input buffer may be noted as itself)
+        if realized is not None and u._clean != clean:  # a node realized to another node (an input buffer may be
+            # noted as itself)
             if fast_realized is not None:
                 if (value := fast_realized.get(weakref.ref(u))) is not None and value is not u:
                     return None
@@ -222,12 +226,14 @@ def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UO
     for dev, size, dtype in t.new_bufs:
         new.append(Buffer(dev, size, dtype))
     in_bufs, in_uops, nodes = w.in_bufs, w.in_uops, w.nodes
+    if (item_index := t.item_index) is None:  # (every graph of the template has as many inputs: its key numbers them)
+        n_in = len(in_bufs)
+        item_index = [(item, [i if kind == 0 else n_in + i for kind, i in slots]) for item, slots in t.items]
+        t.item_index = item_index
+    at = (in_bufs + new).__getitem__
     items = []
-    for item, slots in t.items:  # (loops, not comprehensions: each is a call before Python 3.12)
-        bufs = []
-        for kind, i in slots:
-            bufs.append(in_bufs[i] if kind == 0 else new[i])
-        items.append(_copy_item(item, bufs))
+    for item, index in item_index:  # (a loop, not a comprehension: that is a call before Python 3.12)
+        items.append(_copy_item(item, list(map(at, index))))
     new_uops: dict[tuple[str, int], UOp] = {}
 
     def real(p: UOp) -> UOp:

@@ -407,9 +407,9 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             self.uop = value  # (pending is None: an ASSIGN's target has a buffer)
         else:
             stops = {target} if pending is None else {target, pending}
-            nodes = value.toposort(stops=stops)  # what was built since `pending` (and no further)
-            reads_elsewhere = _reads_target_elsewhere(target, value, nodes, stops)
+            reads_elsewhere = _reads_target_elsewhere(target, value, stops)
             if pending is not None:  # fold into one write whose value reads the previous value
+                nodes = value.toposort(stops=stops)  # what was built since `pending` (and no further)
                 value = _substitute_walked(value, nodes, pending, pending.src[1])
             if reads_elsewhere:  # computed before the write: (substituted first, so the CONTIGUOUS is the same node)
                 value = UOp(Ops.CONTIGUOUS, value.dtype, (value,))
@@ -964,24 +964,39 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
-def _reads_target_elsewhere(target: UOp, value: UOp, nodes: dict[UOp, None], stops: set[UOp]) -> bool:
+def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
-    one kernel that writes the buffer would read values it has already overwritten. `nodes` are value's nodes walked
-    down to `stops`: the target, and the pending ASSIGN to it that value's write folds into, which counts as a read of
+    one kernel that writes the buffer would read values it has already overwritten. The search goes down value's
+    graph to `stops`: the target, and the pending ASSIGN to it that value's write folds into, which counts as a read of
     the target: its own value was checked when it was built (it reads the target elementwise, or is CONTIGUOUS), so
-    the walk stops there and costs what was built since."""
+    the search stops there and costs what was built since; it ends at the first read elsewhere it meets (an SGD
+    update's value, which reads its parameter through the whole step's graph, is decided in a few nodes)."""
     buf = buffer_under(target)
-    if buf not in nodes and stops.isdisjoint(nodes):
-        return False
     elementwise, stack = set(), [value]
     while stack:
         u = stack.pop()
         if u not in elementwise and (u.op in GroupOp.Elementwise or u.op is Ops.DETACH):  # (detach: the value)
             elementwise.add(u)
             stack.extend(u.src)
-    return (buf is not target and buf in nodes) or any(
-        u not in elementwise and u not in stops and not stops.isdisjoint(u.src) for u in nodes
-    )
+    seen: set[UOp] = set()
+    stack = [value]
+    found = False
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u in stops:  # (its own graph is not looked into)
+            continue
+        if (u is buf and buf is not target) or (u not in elementwise and not stops.isdisjoint(u.src)):
+            found = True
+            break
+        stack.extend(u.src)
+    reads_target_elsewhere_seen[0] = len(seen)
+    return found
+
+
+reads_target_elsewhere_seen = [0]  # the nodes the last _reads_target_elsewhere met (a count for tests)
 
 
 def _substitute_walked(root: UOp, nodes: dict[UOp, None], old: UOp, new: UOp) -> UOp:

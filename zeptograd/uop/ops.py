@@ -294,7 +294,8 @@ class UOpMeta(type):
             ret.shape = src[-1].shape if op is not _WHERE else src[1].shape
         else:
             ret.shape = _infer_shape(ret)
-        ret._vrange = ret._cache_key = None
+        ret._vrange = ret._cache_key = ret._mems = None
+        ret._clean = -1
         ref = _CacheRef(ret, _uncache)
         ref.key = key  # (before it is published: the callback reads it)
         # published by one atomic setdefault: two threads building the same new node get one object (`is` is
@@ -311,7 +312,8 @@ def fresh_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tupl
     its `shape`: built and published without UOpMeta's lookup and shape inference (every realize makes one)."""
     ret = _object_new(UOp)
     ret.op, ret.dtype, ret.src, ret.arg, ret.shape = op, dtype, src, arg, shape
-    ret._vrange = ret._cache_key = None
+    ret._vrange = ret._cache_key = ret._mems = None
+    ret._clean = -1
     ref = _CacheRef(ret, _uncache)
     ref.key = key = (op, dtype, src, arg)
     _uop_cache[key] = ref  # (no other thread can build this key: no node of it existed)
@@ -321,8 +323,10 @@ def fresh_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tupl
 class UOp(MathMixin, metaclass=UOpMeta):
     """A node of every graph zeptograd builds. Equal UOps are the same object, so `is` is equality."""
 
-    # _cache_key: the schedule cache's memo of this node's structure (engine/schedule_cache.py: fast_key), or None
-    __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "_cache_key", "__weakref__")
+    # _cache_key: the schedule cache's memo of this node's structure (engine/schedule_cache.py: fast_key), or None;
+    # _mems: the memories its graph reads (engine/realize.py: _memories_read), or None until asked; _clean: the count
+    # of nodes realized when its graph was found to hold none of them (engine/realize.py: with_realized_values)
+    __slots__ = ("op", "dtype", "src", "arg", "shape", "_vrange", "_cache_key", "_mems", "_clean", "__weakref__")
 
     if TYPE_CHECKING:  # (UOpMeta.__call__ builds every UOp but a new BUFFER's, fresh_uop's: no __init__ call)
 
@@ -336,6 +340,8 @@ class UOp(MathMixin, metaclass=UOpMeta):
     shape: tuple | None
     _vrange: tuple[Any, Any] | None
     _cache_key: list | None
+    _mems: frozenset[int] | None
+    _clean: int
 
     def __reduce__(self):
         return UOp, (self.op, self.dtype, self.src, self.arg)

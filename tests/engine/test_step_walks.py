@@ -1,0 +1,118 @@
+"""The Python work of an eager training step (bench case mlp_step: forward, backward, a hand-written SGD update
+written with assign, one realize), pinned by what it walks and what it keeps per node, never by a timing."""
+
+import weakref
+
+import numpy as np
+
+from zeptograd import Tensor
+from zeptograd.engine import realize as engine
+from zeptograd.tensor import tensor as tensor_module
+from zeptograd.tensor.tensor import _grad_uops
+from zeptograd.uop.ops import Ops, UOp
+
+
+def _mlp():
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((8, 6), dtype=np.float32)).realize()
+    y = Tensor(rng.standard_normal((8, 3), dtype=np.float32)).realize()
+    ws = [Tensor(rng.standard_normal(s, dtype=np.float32), requires_grad=True).realize() for s in ((6, 5), (5, 3))]
+    return x, y, ws
+
+
+def _loss(x, y, ws):
+    return (((x @ ws[0]).relu() @ ws[1] - y) ** 2).mean()
+
+
+def test_a_writing_realize_keeps_no_weak_reference_per_node():
+    """The memos the engine keeps per node while it lives (the memories its graph reads, whether it holds a
+    realized node) are slots of the node, not weak maps: a realize that writes makes no weak reference, and no
+    callback at its death, per node of the step's graph; the only one is the intern table's."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    new = [p.detach() - 0.1 * p.grad for p in ws]
+    for p, n in zip(ws, new):
+        p.assign(n)
+    Tensor.realize(loss, *ws)  # the gradients, live readers of the old weights, are walked and computed first
+    walked = {u: None for g in (p.grad for p in ws) for u in g.uop.toposort()}
+    walked.update(loss.uop.toposort())  # (its graph, kept for backward)
+    # (but the nodes that other weak maps name: Buffers' nodes, what was realized, what requires grad)
+    nodes = [u for u in walked if u.op is not Ops.BUFFER and u not in engine._realized and u not in _grad_uops]
+    assert len(nodes) >= 8
+    counts = {weakref.getweakrefcount(u) for u in nodes}
+    assert counts == {1}, f"weak references per node: {sorted(counts)}"
+
+
+def test_the_assign_of_an_sgd_update_stops_at_the_first_read_elsewhere():
+    """`p.assign(p.detach() - lr * p.grad)`: the gradient reads p through the forward (not elementwise), so the value
+    is stored before the write; the search for such a read ends at the first one it meets instead of walking the
+    whole step's graph (once per parameter, each step)."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    sizes = []
+    for p in ws:
+        value = p.detach() - 0.1 * p.grad
+        sizes.append(len(value.uop.toposort()))
+        p.assign(value)
+        assert p.uop.src[1].op.name == "CONTIGUOUS"  # (read elsewhere: stored before the write)
+        assert tensor_module.reads_target_elsewhere_seen[0] < sizes[-1]
+    Tensor.realize(loss, *ws)
+
+
+def test_the_search_for_a_read_elsewhere_ends_at_the_first_one():
+    """The first read elsewhere the search meets decides: a long elementwise graph of another buffer beside it is not
+    walked."""
+    p = Tensor(np.arange(4, dtype=np.float32)).realize()
+    chain = Tensor(np.ones(4, dtype=np.float32)).realize()
+    for _ in range(100):
+        chain = chain * 1.5 - 0.5
+    value = p.detach() - 0.1 * (chain + p.sum())
+    assert len(value.uop.toposort()) > 200
+    p.assign(value)
+    assert p.uop.src[1].op is Ops.CONTIGUOUS
+    assert tensor_module.reads_target_elsewhere_seen[0] <= 12, tensor_module.reads_target_elsewhere_seen[0]
+    np.testing.assert_allclose(p.numpy(), np.arange(4) - 0.1 * (1 + 6), rtol=1e-6)
+
+
+def test_an_elementwise_update_is_still_one_kernel_with_no_copy():
+    """The search's other answer: a value that reads its target only elementwise (x += 1 on a chain of
+    elementwise ops of other buffers) is written in place, not stored first."""
+    a = Tensor(np.arange(6, dtype=np.float32)).realize()
+    b = Tensor(np.ones(6, dtype=np.float32)).realize()
+    value = a.detach() * 2 + (b * 3 + 1).exp()
+    a.assign(value)
+    assert isinstance(a.uop, UOp) and a.uop.src[1].op.name != "CONTIGUOUS"
+    np.testing.assert_allclose(a.numpy(), np.arange(6) * 2 + np.exp(4.0), rtol=1e-6)
+
+
+class _CountingDict(dict):
+    lookups = 0
+
+    def get(self, key, default=None):
+        _CountingDict.lookups += 1
+        return super().get(key, default)
+
+
+def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatch):
+    """The assigns found the step's graph free of realized nodes and marked it clean; the realize's walks (the
+    memories its graph reads, its live readers, the schedule cache's key) do not look each node up in the realized
+    map again (a weak reference made per node and look-up)."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    new = [p.detach() - 0.1 * p.grad for p in ws]
+    for p, n in zip(ws, new):
+        p.assign(n)
+    n_nodes = len(UOp(Ops.SINK, src=tuple(t.uop for t in [loss, *ws])).toposort())
+    # the realized map, counting its look-ups (realize's walks read its dict, the schedule cache's walk the map's)
+    counting = _CountingDict(engine._realized_data)
+    realized = weakref.WeakKeyDictionary()
+    realized.data = counting  # type: ignore[attr-defined]
+    monkeypatch.setattr(engine, "_realized", realized)
+    monkeypatch.setattr(engine, "_realized_data", counting)
+    monkeypatch.setattr(engine, "_realized_remove", counting.pop)
+    _CountingDict.lookups = 0
+    Tensor.realize(loss, *ws)
+    assert n_nodes > 60 and _CountingDict.lookups <= 10, (_CountingDict.lookups, n_nodes)
