@@ -27,7 +27,7 @@ from zeptograd.dtype import PtrDType
 from zeptograd.helpers import THREADS, prod
 from zeptograd.renderer import MIN_THREAD_WORK
 from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
-from zeptograd.uop.symbolic import split_sum
+from zeptograd.uop.symbolic import simplify, split_sum
 
 L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
 TALL_TILE_MIN_ROWS = 64  # 3-row tiles leave a tail row where 3 does not divide: noise only among many rows
@@ -489,6 +489,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                 vi = column_panel_loop(axes, row_i, main_ids, broadcast)
             if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
                 take(Opt(OptOps.SWAP, row_i, vi))
+            if window is None and (row_stride := _store_stride(ast.src[0], tile_row)):
+                tile_tail_nests(plan, row_stride, max_trip_count(tile_row), row_amounts, width, simd_bytes)
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
@@ -511,6 +513,65 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     if threads > 1 and total_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
+
+
+TAIL_TILE_VECTORS = (8, 4, 2)  # vectors of columns a leftover row's tile takes (one FMA chain each)
+
+
+def _store_stride(nest: UOp, r: UOp) -> int | None:
+    """r's step in the index of the nest's store into a buffer (None: no such store, or not linear in r)."""
+    st = next((u for u in nest.toposort() if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL), None)
+    return None if st is None else stride(simplify(st.src[0].src[1]), r)
+
+
+def _copies_per_row(nest: UOp, width: int) -> int:
+    """A tail nest's accumulators per row of its tile: each expanded range the store walks contiguously with a power
+    of two of at most `width` lanes is one vector (codegen/expander.py), every other expanded range a copy each."""
+    n = 1
+    for r in {u for u in nest.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.UPCAST}:
+        t = max_trip_count(r)
+        if not (t <= width and t & (t - 1) == 0 and _store_stride(nest, r) == 1):
+            n *= t
+    return n
+
+
+def tile_tail_nests(
+    plan: OptPlan, row_stride: int, n_rows: int, row_amounts: tuple[int, ...], width: int, simd_bytes: int
+) -> None:
+    """The tail nests of a register tile get tiles of their own, from their copies of the tile's loops (split_tail
+    gives a tail fresh loops, which the tile's actions did not split):
+    - the columns' tail (the columns left of the last vector, for every row: `RANGE(rows) x T columns`): its rows
+      (the loop that steps through the store like the tile's rows) as copies, so each step of the reduce feeds
+      rows x T independent accumulators, not one chain of dependent multiply-adds per output (513x257x513 on one
+      AVX-512 core: the 1-column tail, 1/513 of the products, took 17% of the kernel's time);
+    - the rows' tail (the rows left of the last tile, its columns' vectors shared with the tile): more of its
+      vectors of columns (the loop that steps through the store by less than a row) per step, up to 8 chains.
+    Each only where the accumulators fit the tile's budget."""
+    budget = accumulator_budget(simd_bytes)
+    done: set[int] = set()
+    while True:
+        axes = kernel_axes(plan.ast)
+        for nest in plan.ast.src[1:]:
+            nodes = set(nest.toposort())
+            if not any(u.op is Ops.REDUCE for u in nodes):
+                continue
+            per_row = _copies_per_row(nest, width)
+            loops = [r for r in axes if r in nodes and r.arg[1] is AxisType.LOOP and r.arg[0] not in done]
+            rows = next((r for r in loops if _store_stride(nest, r) == row_stride and max_trip_count(r) == n_rows), None)
+            cols = [r for r in loops if 0 < (_store_stride(nest, r) or 0) < row_stride and not symbolic_size(r)]
+            if rows is not None and not symbolic_size(rows):
+                done.add(rows.arg[0])
+                fit = tuple(a for a in row_amounts if a * per_row <= budget)
+                if fit and plan.take(Opt(OptOps.UPCAST, axes.index(rows), amount_with_tail(n_rows, fit, True))):
+                    break
+            elif rows is None and cols:
+                done.add(cols[-1].arg[0])
+                fit = tuple(a for a in TAIL_TILE_VECTORS if a * per_row <= max(budget // 2, 8))
+                amt = largest_divisor(max_trip_count(cols[-1]), fit)
+                if amt > 1 and plan.take(Opt(OptOps.UPCAST, axes.index(cols[-1]), amt)):
+                    break
+        else:
+            return
 
 
 SCORE_TILE_ACCUMULATORS = 8  # vectors a score tile (rows x vectors of keys) and its product with v accumulate in
