@@ -21,7 +21,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 from zeptograd.codegen.expander import live_ranges, row_buffer_of
-from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
+from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes, masks_tail
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.dtype import PtrDType
 from zeptograd.helpers import THREADS, prod
@@ -268,7 +268,11 @@ def take_window_tile(plan: OptPlan, rows: UOp, col: UOp, window: UOp) -> None:
         plan.take(Opt(OptOps.UNROLL, ki, max_trip_count(window)))
 
 
-def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
+def hand_coded_optimizations(
+    ast: UOp, simd_bytes: int = 64, threads: int | None = None, masked_vectors: bool = True
+) -> tuple[UOp, list[Opt]]:
+    """masked_vectors: the renderer has masked vector loads/stores (Renderer.masked_vectors): a register tile's columns
+    left of the last vector, where they are no power of two, are one masked vector (OptOps.MASKED_UPCAST)."""
     threads = THREADS.value if threads is None else threads
     plan = OptPlan(ast)
     take = plan.take
@@ -388,7 +392,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         else:
             vec_amt = whole
     if contiguous_count(vec_r) and vec_amt > 1:
-        take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
+        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows)
+        masked = masked_vectors and tile_rows and not is_reduce and masks_tail(max_trip_count(vec_r) % vec_amt)
+        take(Opt(OptOps.UNROLL if is_reduce else OptOps.MASKED_UPCAST if masked else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)
         tile = dot_tile(kernel_axes(plan.ast), [u for u in idxs if stride(u.src[1], vec_r) == 1]) if is_reduce else None
         if tile is not None:
@@ -544,8 +550,9 @@ def tile_tail_nests(
       (the loop that steps through the store like the tile's rows) as copies, so each step of the reduce feeds
       rows x T independent accumulators, not one chain of dependent multiply-adds per output (513x257x513 on one
       AVX-512 core: the 1-column tail, 1/513 of the products, took 17% of the kernel's time);
-    - the rows' tail (the rows left of the last tile, its columns' vectors shared with the tile): more of its
-      vectors of columns (the loop that steps through the store by less than a row) per step, up to 8 chains.
+    - the rows' tail (the rows left of the last tile, its columns' vectors shared with the tile) of one row of at
+      most 2 vectors: more of its vectors of columns (the loop that steps through the store by less than a row) per
+      step, 8 chains (an FMA's latency times the 2 a cycle).
     Each only where the accumulators fit the tile's budget."""
     budget = accumulator_budget(simd_bytes)
     done: set[int] = set()
@@ -557,16 +564,18 @@ def tile_tail_nests(
                 continue
             per_row = _copies_per_row(nest, width)
             loops = [r for r in axes if r in nodes and r.arg[1] is AxisType.LOOP and r.arg[0] not in done]
-            rows = next((r for r in loops if _store_stride(nest, r) == row_stride and max_trip_count(r) == n_rows), None)
+            rows = next(
+                (r for r in loops if _store_stride(nest, r) == row_stride and max_trip_count(r) == n_rows), None
+            )
             cols = [r for r in loops if 0 < (_store_stride(nest, r) or 0) < row_stride and not symbolic_size(r)]
             if rows is not None and not symbolic_size(rows):
                 done.add(rows.arg[0])
                 fit = tuple(a for a in row_amounts if a * per_row <= budget)
                 if fit and plan.take(Opt(OptOps.UPCAST, axes.index(rows), amount_with_tail(n_rows, fit, True))):
                     break
-            elif rows is None and cols:
+            elif rows is None and cols and per_row <= 2:
                 done.add(cols[-1].arg[0])
-                fit = tuple(a for a in TAIL_TILE_VECTORS if a * per_row <= max(budget // 2, 8))
+                fit = tuple(a for a in TAIL_TILE_VECTORS if a * per_row <= TAIL_TILE_VECTORS[0])
                 amt = largest_divisor(max_trip_count(cols[-1]), fit)
                 if amt > 1 and plan.take(Opt(OptOps.UPCAST, axes.index(cols[-1]), amt)):
                     break
