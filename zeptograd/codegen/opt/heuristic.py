@@ -496,7 +496,7 @@ def hand_coded_optimizations(
             if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
                 take(Opt(OptOps.SWAP, row_i, vi))
             if window is None and (row_stride := _store_stride(ast.src[0], tile_row)):
-                tile_tail_nests(plan, row_stride, max_trip_count(tile_row), row_amounts, width, simd_bytes)
+                tile_tail_nests(plan, row_stride, max_trip_count(tile_row), width, simd_bytes)
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
@@ -522,6 +522,7 @@ def hand_coded_optimizations(
 
 
 TAIL_TILE_VECTORS = (8, 4, 2)  # vectors of columns a leftover row's tile takes (one FMA chain each)
+TAIL_TILE_ROWS = (8, 6, 4, 3, 2)  # rows a column tail's tile takes, as many as its accumulators fit the budget
 
 
 def _store_stride(nest: UOp, r: UOp) -> int | None:
@@ -541,9 +542,7 @@ def _copies_per_row(nest: UOp, width: int) -> int:
     return n
 
 
-def tile_tail_nests(
-    plan: OptPlan, row_stride: int, n_rows: int, row_amounts: tuple[int, ...], width: int, simd_bytes: int
-) -> None:
+def tile_tail_nests(plan: OptPlan, row_stride: int, n_rows: int, width: int, simd_bytes: int) -> None:
     """The tail nests of a register tile get tiles of their own, from their copies of the tile's loops (split_tail
     gives a tail fresh loops, which the tile's actions did not split):
     - the columns' tail (the columns left of the last vector, for every row: `RANGE(rows) x T columns`): its rows
@@ -570,8 +569,8 @@ def tile_tail_nests(
             cols = [r for r in loops if 0 < (_store_stride(nest, r) or 0) < row_stride and not symbolic_size(r)]
             if rows is not None and not symbolic_size(rows):
                 done.add(rows.arg[0])
-                fit = tuple(a for a in row_amounts if a * per_row <= budget)
-                if fit and plan.take(Opt(OptOps.UPCAST, axes.index(rows), amount_with_tail(n_rows, fit, True))):
+                fit = tuple(a for a in TAIL_TILE_ROWS if a * per_row <= budget)
+                if fit and plan.take(Opt(OptOps.UPCAST, axes.index(rows), amount_with_tail(n_rows, fit))):
                     break
             elif rows is None and cols and per_row <= 2:
                 done.add(cols[-1].arg[0])
