@@ -559,8 +559,8 @@ def tile_tail_nests(plan: OptPlan, row_stride: int, n_rows: int, width: int, sim
         axes = kernel_axes(plan.ast)
         for nest in plan.ast.src[1:]:
             nodes = set(nest.toposort())
-            if not any(u.op is Ops.REDUCE for u in nodes):
-                continue
+            if not any(u.op is Ops.REDUCE for u in nodes) or any(u.op is Ops.RANGE and symbolic_size(u) for u in nodes):
+                continue  # (a symbolic size's tail is a loop of n % amount rows, sized for its largest value)
             per_row = _copies_per_row(nest, width)
             loops = [r for r in axes if r in nodes and r.arg[1] is AxisType.LOOP and r.arg[0] not in done]
             rows = next(
