@@ -149,7 +149,7 @@ def matmul_kernel(m: int, k: int, n: int):
 
 def test_the_column_tail_tile_only_for_many_odd_vectors():
     assert column_tail_tile(32, 125, 1000) == (3, (4, 3, 2), True)  # AVX2: 4 rows x 3 vectors
-    assert column_tail_tile(64, 63, 1000) == (2, (8, 6, 4, 2), True)  # AVX-512: 8 x 2
+    assert column_tail_tile(64, 63, 1000) == (2, (8, 6, 4, 2), False)  # AVX-512: 8 x 2, 8 rows if they divide or not
     assert column_tail_tile(32, 128, 1000) is None  # even: tile_shape's tile divides them
     assert column_tail_tile(32, 7, 1000) is None  # a conv's 56-wide rows: a tail would be 1/7 of them
     assert column_tail_tile(32, 125, 8) is None  # few rows
@@ -276,6 +276,15 @@ def test_a_column_tail_is_a_tile_of_rows(simd_bytes, shape):
     sink, _ = hand_coded_optimizations(matmul_kernel(m, k, n), simd_bytes, threads=1)
     tails = [nest for nest in sink.src[1:] if any(u.op is Ops.REDUCE for u in nest.toposort())]
     assert tails and all(_accumulators(nest, simd_bytes) >= 4 for nest in tails if _work(nest) >= m * k)
+
+
+@pytest.mark.parametrize("shape", [(500, 500, 500), (100, 512, 100), (300, 300, 300)])
+def test_many_rows_take_8_row_tiles_with_avx512_whether_or_not_8_divides_them(shape):
+    """500 rows: 8 x 2 and a tail of 4 rows (a tile of the same vectors), not 4 x 2 everywhere because 4 divides 500
+    (1.6 -> 1.1 ms on one AVX-512 core, numpy 1.05)"""
+    m, k, n = shape
+    _, opts = hand_coded_optimizations(matmul_kernel(m, k, n), 64, threads=1)
+    assert Opt(OptOps.UPCAST, 0, 8) in opts and Opt(OptOps.UPCAST, 0, 4) not in opts
 
 
 def test_a_row_tail_of_one_row_takes_more_vectors():

@@ -120,11 +120,15 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     row of B's vectors and A's broadcast value: up to 8 rows x 2 vectors (16 accumulators) with AVX-512's 32
     registers, up to 12 accumulators with AVX2's 16 (8 x 2 spilled). There, 3 rows x 4 vectors where there are rows
     enough for the tail row to be noise (matmul 1024 on 2 cores of an AVX2 host, B in column panels: 8 x 2 50, 3 x
-    4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8."""
+    4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8. With 32
+    registers and many rows, the most rows whether or not they divide: the rows left are a tile of their own (the
+    tile's vectors x the rows left, copies: codegen/opt/tail.py), not a reason for a smaller tile everywhere
+    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us)."""
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), True
+    divisors_first = vector_registers(simd_bytes) == 16 or n_rows < TALL_TILE_MIN_ROWS
+    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), divisors_first
 
 
 COLUMN_TAIL_MIN_VECTORS = 16  # a tile's column tail (under one tile of vectors) is at most 1/8 of the axis
@@ -135,14 +139,15 @@ def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int,
     columns must divide the vectors and leave one: 8 rows x 1 vector, 9 loads per 8 FMAs. Instead, columns that
     leave a tail, taken after the rows so the tail's loop nest shares them (codegen/opt/tail.py: a tail shares the
     expanded ranges it was split under): with AVX2's 16 registers 4 rows x 3 vectors and a 4 x 1-2 tail tile, with
-    AVX-512's 32, 8 x 2 and an 8 x 1 tail. (matmul 1000 on 1 core of an AVX2 host: 8 x 1 57 ms, 4 x 3 26-29,
-    5 x 2 27, 6 x 2 28-33, 3 x 4 45; numpy 30.) None where the vectors are even or too few for a tail to be noise
-    (a conv's 56-wide rows: 7 vectors): tile_shape's choice."""
+    AVX-512's 32, 8 x 2 and an 8 x 1 tail, 8 rows whether or not they divide the rows, as tile_shape's (matmul 500
+    on 1 AVX-512 core: 4 x 2, 4 dividing 500, 1.6 ms; 8 x 2 and a 4-row tail 1.1 ms, numpy 1.05). (matmul 1000 on
+    1 core of an AVX2 host: 8 x 1 57 ms, 4 x 3 26-29, 5 x 2 27, 6 x 2 28-33, 3 x 4 45; numpy 30.) None where the
+    vectors are even or too few for a tail to be noise (a conv's 56-wide rows: 7 vectors): tile_shape's choice."""
     if n_vectors % 2 == 0 or n_vectors < COLUMN_TAIL_MIN_VECTORS or n_rows < TALL_TILE_MIN_ROWS:
         return None
     if vector_registers(simd_bytes) == 16:
         return 3, (4, 3, 2), True
-    return 2, (8, 6, 4, 2), True
+    return 2, (8, 6, 4, 2), False
 
 
 def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
