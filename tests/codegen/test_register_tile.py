@@ -36,7 +36,8 @@ def test_the_tile_fits_the_registers():
     assert tile_shape(32, 128, 28) == (2, (6, 4, 2), True)
     assert tile_shape(32, 7, 1024) == (1, (8, 6, 4, 2), True)
     # AVX-512 (64-byte vectors, 32 registers): 2 vectors x up to 8 rows (16 accumulators)
-    assert tile_shape(64, 64, 1024) == (2, (8, 6, 4, 2), True)
+    assert tile_shape(64, 64, 1024) == (2, (8, 6, 4, 2), False)  # 8 rows, their tail a tile of its own
+    assert tile_shape(64, 64, 28) == (2, (8, 6, 4, 2), True)  # few rows: a row count that divides them
 
 
 @pytest.mark.parametrize("simd_bytes,lanes,cols,rows", [(32, 8, 4, 3), (64, 16, 2, 8)])

@@ -60,6 +60,40 @@ def test_upcast_tail_is_a_second_loop_nest():
     assert [r.src[0].arg for r in kernel_axes(after)] == [2]  # tails are never split again
 
 
+def test_masked_upcast_tail_is_one_gated_vector():
+    a = Tensor(np.ones(37, np.float32))
+    ast = kernel(a * a + 1)
+    after = apply_opt(ast, Opt(OptOps.MASKED_UPCAST, 0, 16))
+    main, tail = after.src
+    assert ranges(main) == [(2, AxisType.LOOP), (16, AxisType.UPCAST)]
+    assert ranges(tail) == [(8, AxisType.UPCAST)]  # the 5 left: 32 + RANGE(8), not 5 copies
+    (t,) = tail.ranges
+    lane = UOp.const(t.dtype, 32) + t
+    gate = lane < UOp.const(t.dtype, 37)
+    accesses = [u for u in tail.toposort() if u.op is Ops.INDEX]
+    assert len(accesses) == 2 and all(u.src[1] is lane and u.src[2] is gate for u in accesses)  # the load too
+    # an amount that divides, or a tail that is a power of two (a narrower vector), or 2: UPCAST's own
+    assert apply_opt(ast, Opt(OptOps.MASKED_UPCAST, 0, 4)) is apply_opt(ast, Opt(OptOps.UPCAST, 0, 4))
+    ast36 = kernel(Tensor(np.ones(36, np.float32)) + 1)
+    assert apply_opt(ast36, Opt(OptOps.MASKED_UPCAST, 0, 16)) is apply_opt(ast36, Opt(OptOps.UPCAST, 0, 16))
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C", "PYTHON"])
+def test_masked_upcast_tail_values(device):
+    x = rng.standard_normal((5, 37)).astype(np.float32)
+    t = Tensor(x, device=device)
+    for out, want, opts in [
+        (t * 2 + 1, x * 2 + 1, [Opt(OptOps.MASKED_UPCAST, 0, 16)]),  # 185 = 11 x 16 + 9
+        (t.sum(0), x.sum(0), [Opt(OptOps.MASKED_UPCAST, 0, 16)]),  # 37 = 2 x 16 + 5
+        ((t * 3).T.contiguous(), (x * 3).T, [Opt(OptOps.MASKED_UPCAST, 0, 16), Opt(OptOps.UPCAST, 1, 5)]),
+    ]:
+        (item,) = schedule_tensors([out])
+        dev = Device[item.device]
+        uops, _ = full_rewrite(item.ast, dev.renderer, opts)
+        dev.build(dev.renderer.render(kernel_name(item.ast), uops))(*[b.ptr for b in item.bufs])
+        np.testing.assert_allclose(item.bufs[0].numpy().reshape(want.shape), want, rtol=1e-6)
+
+
 def test_unroll_tail_adds_a_second_reduce():
     ast = kernel(Tensor(np.ones(37, np.float32)).sum())
     after = apply_opt(ast, Opt(OptOps.UNROLL, 0, 16))

@@ -39,7 +39,9 @@ def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tup
         from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations  # imported for GPUs only (startup time)
 
         return gpu_optimizations(sink, renderer)
-    return hand_coded_optimizations(sink, renderer.simd_bytes, None if renderer.has_threads else 1)
+    return hand_coded_optimizations(
+        sink, renderer.simd_bytes, None if renderer.has_threads else 1, renderer.masked_vectors
+    )
 
 
 def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[list[UOp], list[Opt]]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from zeptograd.codegen.opt.tail import core_id, gate_single_core, split_tail, thread_tail, vector_tail
+from zeptograd.codegen.opt.tail import core_id, gate_single_core, masked_tail, split_tail, thread_tail, vector_tail
 from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substitute
@@ -35,6 +35,7 @@ from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of
 
 class OptOps(Enum):
     UPCAST = auto()  # an output axis -> vector lanes / unrolled copies
+    MASKED_UPCAST = auto()  # UPCAST whose tail (an amount that does not divide) is one masked vector (masks_tail)
     UNROLL = auto()  # a reduce axis -> vector lanes / unrolled copies (several accumulators)
     THREAD = auto()  # an output axis split across CPU cores
     LOCAL = auto()  # an output axis -> GPU local (work-group) ids
@@ -180,6 +181,11 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     n, kind = trip_count(r), r.arg[1]
     if opt.op is not OptOps.SWAP and (opt.arg <= 1 or opt.arg > _vmax(n)):
         raise OptError(f"{opt}: {opt.arg} does not fit the axis size {n}")
+    if opt.op is OptOps.MASKED_UPCAST:
+        upcast = Opt(OptOps.UPCAST, opt.axis, opt.arg)
+        if kind is AxisType.LOOP and isinstance(n, int) and masks_tail(n % opt.arg) and not _has_row_buffer(ast, r):
+            return apply_opt(split_tail(ast, r, opt.arg, masked_tail(n), gate_accesses=True), upcast)
+        opt = upcast  # it divides, or its tail is copies
     shared = shared_row_buffers(ast, r) if opt.op in (OptOps.UPCAST, OptOps.UNROLL, OptOps.SWAP) else set()
     if shared and not (opt.op is OptOps.UPCAST and _divides(n, opt.arg) and isinstance(n, int)):
         raise OptError(  # (an UPCAST that divides the axis gives each lane a row buffer of its own)
@@ -235,6 +241,17 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     else:
         raise OptError(f"{opt.op} is not supported on this target")
     return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
+
+
+def _has_row_buffer(ast: UOp, r: UOp) -> bool:
+    """whether r's loop nest reads or writes a row buffer (a DEFINE_REG array: a masked lane would index past it)"""
+    return any(u.op is Ops.DEFINE_REG for u in _nest_of(ast, r).toposort())
+
+
+def masks_tail(t: int) -> bool:
+    """Whether an UPCAST's tail of t positions runs as one masked vector (codegen/opt/tail.py: masked_tail) rather
+    than t copies: where t is no power of two (those are a narrower vector of their own), and more than 2."""
+    return t > 2 and t & (t - 1) != 0
 
 
 class OptPlan:

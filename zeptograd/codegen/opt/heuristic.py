@@ -21,13 +21,13 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 from zeptograd.codegen.expander import live_ranges, row_buffer_of
-from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
+from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes, masks_tail
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.dtype import PtrDType
 from zeptograd.helpers import THREADS, prod
 from zeptograd.renderer import MIN_THREAD_WORK
 from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
-from zeptograd.uop.symbolic import split_sum
+from zeptograd.uop.symbolic import simplify, split_sum
 
 L2_BLOCK_BYTES = 1 << 19  # a block of an operand read again by every row tile: half of a 1 MiB L2 per core
 TALL_TILE_MIN_ROWS = 64  # 3-row tiles leave a tail row where 3 does not divide: noise only among many rows
@@ -120,11 +120,15 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     row of B's vectors and A's broadcast value: up to 8 rows x 2 vectors (16 accumulators) with AVX-512's 32
     registers, up to 12 accumulators with AVX2's 16 (8 x 2 spilled). There, 3 rows x 4 vectors where there are rows
     enough for the tail row to be noise (matmul 1024 on 2 cores of an AVX2 host, B in column panels: 8 x 2 50, 3 x
-    4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8."""
+    4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8. With 32
+    registers and many rows, the most rows whether or not they divide: the rows left are a tile of their own (the
+    tile's vectors x the rows left, copies: codegen/opt/tail.py), not a reason for a smaller tile everywhere
+    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us)."""
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), True
+    divisors_first = vector_registers(simd_bytes) == 16 or n_rows < TALL_TILE_MIN_ROWS
+    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), divisors_first
 
 
 COLUMN_TAIL_MIN_VECTORS = 16  # a tile's column tail (under one tile of vectors) is at most 1/8 of the axis
@@ -135,14 +139,15 @@ def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int,
     columns must divide the vectors and leave one: 8 rows x 1 vector, 9 loads per 8 FMAs. Instead, columns that
     leave a tail, taken after the rows so the tail's loop nest shares them (codegen/opt/tail.py: a tail shares the
     expanded ranges it was split under): with AVX2's 16 registers 4 rows x 3 vectors and a 4 x 1-2 tail tile, with
-    AVX-512's 32, 8 x 2 and an 8 x 1 tail. (matmul 1000 on 1 core of an AVX2 host: 8 x 1 57 ms, 4 x 3 26-29,
-    5 x 2 27, 6 x 2 28-33, 3 x 4 45; numpy 30.) None where the vectors are even or too few for a tail to be noise
-    (a conv's 56-wide rows: 7 vectors): tile_shape's choice."""
+    AVX-512's 32, 8 x 2 and an 8 x 1 tail, 8 rows whether or not they divide the rows, as tile_shape's (matmul 500
+    on 1 AVX-512 core: 4 x 2, 4 dividing 500, 1.6 ms; 8 x 2 and a 4-row tail 1.1 ms, numpy 1.05). (matmul 1000 on
+    1 core of an AVX2 host: 8 x 1 57 ms, 4 x 3 26-29, 5 x 2 27, 6 x 2 28-33, 3 x 4 45; numpy 30.) None where the
+    vectors are even or too few for a tail to be noise (a conv's 56-wide rows: 7 vectors): tile_shape's choice."""
     if n_vectors % 2 == 0 or n_vectors < COLUMN_TAIL_MIN_VECTORS or n_rows < TALL_TILE_MIN_ROWS:
         return None
     if vector_registers(simd_bytes) == 16:
         return 3, (4, 3, 2), True
-    return 2, (8, 6, 4, 2), True
+    return 2, (8, 6, 4, 2), False
 
 
 def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
@@ -370,7 +375,11 @@ def take_window_tile(plan: OptPlan, rows: UOp, col: UOp, window: UOp) -> None:
         plan.take(Opt(OptOps.UNROLL, ki, max_trip_count(window)))
 
 
-def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None = None) -> tuple[UOp, list[Opt]]:
+def hand_coded_optimizations(
+    ast: UOp, simd_bytes: int = 64, threads: int | None = None, masked_vectors: bool = True
+) -> tuple[UOp, list[Opt]]:
+    """masked_vectors: the renderer has masked vector loads/stores (Renderer.masked_vectors): a register tile's columns
+    left of the last vector, where they are no power of two, are one masked vector (OptOps.MASKED_UPCAST)."""
     threads = THREADS.value if threads is None else threads
     plan = OptPlan(ast)
     take = plan.take
@@ -493,7 +502,9 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
         else:
             vec_amt = whole
     if contiguous_count(vec_r) and vec_amt > 1:
-        take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, vec_i, vec_amt))
+        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows)
+        masked = masked_vectors and tile_rows and not is_reduce and masks_tail(max_trip_count(vec_r) % vec_amt)
+        take(Opt(OptOps.UNROLL if is_reduce else OptOps.MASKED_UPCAST if masked else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)
         tile = dot_tile(kernel_axes(plan.ast), [u for u in idxs if stride(u.src[1], vec_r) == 1]) if is_reduce else None
         if tile is not None:
@@ -608,6 +619,8 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
                 vi = column_panel_loop(axes, row_i, main_ids, broadcast)
             if row_i is not None and vi is not None and row_i < vi and not has_hoisted_reduce(plan.ast):
                 take(Opt(OptOps.SWAP, row_i, vi))
+            if window is None and (row_stride := _store_stride(ast.src[0], tile_row)):
+                tile_tail_nests(plan, row_stride, max_trip_count(tile_row), width, simd_bytes)
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
@@ -630,6 +643,67 @@ def hand_coded_optimizations(ast: UOp, simd_bytes: int = 64, threads: int | None
     if threads > 1 and total_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
+
+
+TAIL_TILE_VECTORS = (8, 4, 2)  # vectors of columns a leftover row's tile takes (one FMA chain each)
+TAIL_TILE_ROWS = (8, 6, 4, 3, 2)  # rows a column tail's tile takes, as many as its accumulators fit the budget
+
+
+def _store_stride(nest: UOp, r: UOp) -> int | None:
+    """r's step in the index of the nest's store into a buffer (None: no such store, or not linear in r)."""
+    st = next((u for u in nest.toposort() if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL), None)
+    return None if st is None else stride(simplify(st.src[0].src[1]), r)
+
+
+def _copies_per_row(nest: UOp, width: int) -> int:
+    """A tail nest's accumulators per row of its tile: each expanded range the store walks contiguously with a power
+    of two of at most `width` lanes is one vector (codegen/expander.py), every other expanded range a copy each."""
+    n = 1
+    for r in {u for u in nest.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.UPCAST}:
+        t = max_trip_count(r)
+        if not (t <= width and t & (t - 1) == 0 and _store_stride(nest, r) == 1):
+            n *= t
+    return n
+
+
+def tile_tail_nests(plan: OptPlan, row_stride: int, n_rows: int, width: int, simd_bytes: int) -> None:
+    """The tail nests of a register tile get tiles of their own, from their copies of the tile's loops (split_tail
+    gives a tail fresh loops, which the tile's actions did not split):
+    - the columns' tail (the columns left of the last vector, for every row: `RANGE(rows) x T columns`): its rows
+      (the loop that steps through the store like the tile's rows) as copies, so each step of the reduce feeds
+      rows x T independent accumulators, not one chain of dependent multiply-adds per output (513x257x513 on one
+      AVX-512 core: the 1-column tail, 1/513 of the products, took 17% of the kernel's time);
+    - the rows' tail (the rows left of the last tile, its columns' vectors shared with the tile) of one row of at
+      most 2 vectors: more of its vectors of columns (the loop that steps through the store by less than a row) per
+      step, 8 chains (an FMA's latency times the 2 a cycle).
+    Each only where the accumulators fit the tile's budget."""
+    budget = accumulator_budget(simd_bytes)
+    done: set[int] = set()
+    while True:
+        axes = kernel_axes(plan.ast)
+        for nest in plan.ast.src[1:]:
+            nodes = set(nest.toposort())
+            if not any(u.op is Ops.REDUCE for u in nodes) or any(u.op is Ops.RANGE and symbolic_size(u) for u in nodes):
+                continue  # (a symbolic size's tail is a loop of n % amount rows, sized for its largest value)
+            per_row = _copies_per_row(nest, width)
+            loops = [r for r in axes if r in nodes and r.arg[1] is AxisType.LOOP and r.arg[0] not in done]
+            rows = next(
+                (r for r in loops if _store_stride(nest, r) == row_stride and max_trip_count(r) == n_rows), None
+            )
+            cols = [r for r in loops if 0 < (_store_stride(nest, r) or 0) < row_stride and not symbolic_size(r)]
+            if rows is not None and not symbolic_size(rows):
+                done.add(rows.arg[0])
+                fit = tuple(a for a in TAIL_TILE_ROWS if a * per_row <= budget)
+                if fit and plan.take(Opt(OptOps.UPCAST, axes.index(rows), amount_with_tail(n_rows, fit))):
+                    break
+            elif rows is None and cols and per_row <= 2:
+                done.add(cols[-1].arg[0])
+                fit = tuple(a for a in TAIL_TILE_VECTORS if a * per_row <= TAIL_TILE_VECTORS[0])
+                amt = largest_divisor(max_trip_count(cols[-1]), fit)
+                if amt > 1 and plan.take(Opt(OptOps.UPCAST, axes.index(cols[-1]), amt)):
+                    break
+        else:
+            return
 
 
 SCORE_TILE_ACCUMULATORS = 8  # vectors a score tile (rows x vectors of keys) and its product with v accumulate in

@@ -17,6 +17,12 @@ tail's nest follows the main one in the SINK: the linearizer runs the nests in t
 What t is depends on the action:
 - UPCAST/UNROLL (`vector_tail`): T < c positions as unrolled copies (`RANGE(T, UPCAST|UNROLL)`, a constant for
   T = 1): no loop, and scalar unless the tail shares the kernel's vector lanes;
+- UPCAST of a T that is no power of two and more than 2 (`masked_tail`, `apply_opt`'s choice: `masks_tail`): one
+  more vector of the next power of two, `M + RANGE(2**k, UPCAST)`, every access along it gated by `M + lane < n`
+  (a masked vector load/store where the renderer has them, else a gated access per lane): matmul 1001's 9 columns
+  left over are one masked vector of 16, not 9 scalar copies of each row (register tiles of 8 rows x 9 scalars
+  would not fit the registers); lanes past n compute on loads of 0 and are never stored (integer division is made
+  total by codegen/lower.py); not where the nest reads a row buffer (a masked lane would index past it);
 - THREAD (`thread_tail`): T < cores iterations, one per core: t = min(core_id, T-1), the tail's stores gated by
   core_id < T (every core runs the kernel; the clamp keeps the other cores' loads in bounds).
 
@@ -78,8 +84,22 @@ def _drop_empty(b: UOp) -> UOp:
     return b.src[0] if len(b.src) == 1 else b
 
 
-def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
-    """RANGE(n) -> RANGE(M) in the kernel, plus a tail for the n - M remaining iterations (see the module doc)."""
+def _gate_access(ctx: tuple[UOp, UOp], idx: UOp) -> UOp | None:
+    """# INDEX(global, i[, v]) -> INDEX(global, i, v & gate) where i walks the masked tail's range"""
+    lanes, gate = ctx
+    if idx.src[0].op is not Ops.DEFINE_GLOBAL or lanes not in idx.src[1].toposort():
+        return None
+    if len(idx.src) > 2 and (idx.src[2] is gate or (idx.src[2].op is Ops.AND and gate in idx.src[2].src)):
+        return None
+    return idx.replace(src=(idx.src[0], idx.src[1], gate if len(idx.src) < 3 else idx.src[2] & gate))
+
+
+pm_gate_access = PatternMatcher([(UPat(Ops.INDEX, name="idx"), _gate_access)])
+
+
+def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn, gate_accesses: bool = False) -> UOp:
+    """RANGE(n) -> RANGE(M) in the kernel, plus a tail for the n - M remaining iterations (see the module doc).
+    gate_accesses: the tail's gate on every access along its lanes (masked_tail), not only on its stores."""
     from zeptograd.codegen.opt import pm_fix_range_lists
 
     if r.src[0].op is Ops.CONST:
@@ -108,7 +128,10 @@ def split_tail(ast: UOp, r: UOp, amt: int, tail: TailFn) -> UOp:
         value, gate = tail(m, t, next_id)
         next_id += 1
         copy = graph_rewrite(graph_substitute(b, {**fresh, r: value}), pm_fix_range_lists)
-        if gate is not None:
+        if gate is not None and gate_accesses:
+            lanes = next(u for u in value.toposort() if u.op is Ops.RANGE)
+            copy = graph_rewrite(copy, pm_gate_access, ctx=(lanes, gate))
+        elif gate is not None:
             copy = graph_rewrite(copy, pm_gate_store, ctx=gate)
         tails[b] = _drop_empty(copy)
     main = graph_substitute(ast, {r: UOp.range(m, r.arg[0], r.arg[1])})
@@ -127,6 +150,20 @@ def vector_tail(kind: AxisType) -> TailFn:
         if isinstance(t, UOp):  # 0 to amt-1 iterations, known at run time: a loop of the axis's kind
             return start + UOp.range(t, axis, AxisType.LOOP if kind is AxisType.UPCAST else AxisType.REDUCE), None
         return (start + UOp.range(t, axis, kind) if t > 1 else start), None
+
+    return fn
+
+
+def masked_tail(n: int) -> TailFn:
+    """the T remaining positions of an UPCAST as one more whole vector, M + RANGE(amt, UPCAST), every access along it
+    gated by M + lane < n: a masked vector load/store where the renderer has them (Renderer.masked_vectors), else a
+    gated access per lane (codegen/devectorizer.py)"""
+
+    def fn(m: int | UOp, t: int | UOp, axis: int) -> tuple[UOp, UOp | None]:
+        assert isinstance(m, int) and isinstance(t, int)  # (apply_opt: a size known at compile time)
+        amt = 1 << (t - 1).bit_length()
+        value = UOp.const(dtypes.index, m) + UOp.range(amt, axis, AxisType.UPCAST)
+        return value, value < UOp.const(dtypes.index, n)
 
     return fn
 
