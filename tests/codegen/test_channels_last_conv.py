@@ -123,12 +123,12 @@ def test_channels_last_conv_gradients_match_torch(small_threshold):
 
 
 def test_the_weight_copy_reads_its_rows_in_blocks():
-    """The channels-last copy of a (2048, 1024) 1x1 weight (ResNet-50's stride-2 downsample at batch 1) stores along
+    """The channels-last copy of a (2048, 1024) 1x1 weight (a strided conv's channels-last weight) stores along
     cout and reads along cin: each of a vector's lanes reads a row 4 KiB from the next. Unblocked, one output row
     walked all 2048 rows of the read (a page per lane, 9.3 ms on 2 AVX2 cores); in blocks (TILE) of
     TRANSPOSE_BLOCK_ROWS rows, the outer loop walks a block's rows, each line read for 16 steps (1.4 ms)."""
     (w, wn) = data(2048, 1024, 1, 1)
-    copy, _ = Tensor.empty(1, 1024, 14, 14).conv2d(w, stride=2).schedule()
+    copy = nn_ops._stored_output_channels_last(w.realize(), 1).contiguous().schedule()[0]  # the channels-last copy
     _, opts = hand_coded_optimizations(simplify_ranges(copy.ast), 32, threads=2)  # AVX2: 8 lanes
     assert opts[0].op is OptOps.UPCAST and opts[0].arg == 8
     assert [(o.op, o.arg) for o in opts if o.op is OptOps.TILE] == [(OptOps.TILE, 2)]  # 16 rows: 2 vectors
