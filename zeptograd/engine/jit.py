@@ -728,12 +728,15 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
     # an input aliasing memory the replay writes (a returned tensor passed back in) is copied
     copy = [f"        bufs = [{', '.join(names)}]", "        copied = copy_aliased(cap, bufs)"]
     copy.append(f"        {', '.join(names)}, = bufs" if n else "        pass")
-    if cap.written or len(cap.fresh) != 1:
+    # (copy_aliased's test, inline: a set lookup per input in `written`, an identity test per fresh output)
+    env["written"] = cap.written
+    aliased = [f"{b} is fresh{k}.buf" for b in names for k in range(len(cap.fresh))]
+    aliased += [f"id({b}) in written" for b in names] if cap.written else []
+    lines.append("    copied = False")
+    if len(aliased) > 12:
         lines += ["    if True:", *copy]
-    elif n:
-        lines += ["    copied = False", f"    if {' or '.join(f'{b} is fresh0.buf' for b in names)}:", *copy]
-    else:
-        lines.append("    copied = False")
+    elif aliased:
+        lines += [f"    if {' or '.join(aliased)}:", *copy]
     lines.append("    if not same or copied:")
     by_input: dict[int, list[int]] = {}
     for k, (ptrs, args_, wrap, pos, i) in enumerate(cap.fast_slots):
