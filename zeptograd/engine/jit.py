@@ -9,8 +9,9 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
 Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
 calls in which only the pointers of the input buffers change (each call made once as the compiled function and its
-prepared arguments, Program.direct_call; with positional Tensor arguments only, a replay is one straight-line
-function written and compiled for the capture, _build_fast_replay). So the function body runs exactly twice,
+prepared arguments, Program.direct_call, and consecutive CPU kernels as one table that one foreign call runs,
+runtime/call_table.py; with positional Tensor arguments only, a replay is one straight-line function written and
+compiled for the capture, _build_fast_replay). So the function body runs exactly twice,
 whatever the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
