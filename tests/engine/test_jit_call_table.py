@@ -114,3 +114,24 @@ def test_cpu_c_kernels_have_their_prototype_bound_once():
     program = f.captured.calls[0][0]
     assert program.fxn.argtypes == (ctypes.c_void_p,) * 3
     assert program.direct_call() == (program.fxn, None)  # plain ints: no c_void_p made per pointer
+
+
+def _releases_gil(runner) -> bool:
+    return not runner._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # a CFUNCTYPE drops the GIL, a PYFUNCTYPE keeps it
+
+
+@pytest.mark.skipif(not call_table.usable, reason="the runner reads 64-bit words")
+def test_a_small_replay_keeps_the_gil_and_a_large_one_releases_it():
+    small = TinyJit(lambda x, y: x + y)
+    x, y = Tensor(np.ones(16, np.float32)).realize(), Tensor(np.ones(16, np.float32)).realize()
+    for _ in range(3):
+        small(x, y)
+    assert small.captured is not None and small.captured.steps[0][0] is not None
+    assert not _releases_gil(small.captured.steps[0][0].runner)
+    large = TinyJit(lambda x, y: x + y)
+    n = call_table.HOLD_GIL_BYTES // 4
+    bx, by = Tensor(np.ones(n, np.float32)).realize(), Tensor(np.ones(n, np.float32)).realize()
+    for _ in range(3):
+        np.testing.assert_equal(large(bx, by).numpy()[:4], [2.0] * 4)
+    tables = [table for table, _ in large.captured.steps if table is not None] if large.captured else []
+    assert all(_releases_gil(table.runner) for table in tables)

@@ -73,6 +73,7 @@ from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
 from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
+from zeptograd.runtime import call_table
 from zeptograd.runtime.call_table import CallTable
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
@@ -548,7 +549,9 @@ class CapturedJit:
 
         def flush():
             if run:
-                table = CallTable(runner, [(addr, self.calls[ci][1]) for ci, addr in run])
+                # kernels that touch little memory in all (a few microseconds) run without releasing the GIL
+                small = self.mem < call_table.HOLD_GIL_BYTES
+                table = CallTable(runner, [(addr, self.calls[ci][1]) for ci, addr in run], small)
                 for j, (ci, _) in enumerate(run):
                     self.table_of[ci] = (table, j)
                 self.steps.append((table, -1))

@@ -84,17 +84,26 @@ def llvm_source() -> str:
     return "\n".join(lines)
 
 
+HOLD_GIL_BYTES = 1 << 18  # a table whose kernels touch less memory in all runs without releasing the GIL
+
+
 def runner_at(addr: int) -> Callable[[Any], None]:
     """The runner at a loaded address as a ctypes function: no argtypes (the table array is passed as its address,
     the cheapest conversion ctypes has); a CFUNCTYPE, so the GIL is released while the kernels run."""
     return ctypes.CFUNCTYPE(None)(addr)
 
 
+def holding_gil(runner: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The same runner called without releasing the GIL (a PYFUNCTYPE): for kernels that touch so little memory
+    that dropping and taking back the GIL (a lock handoff) costs more than they run. The kernels never call Python."""
+    return ctypes.PYFUNCTYPE(None)(ctypes.cast(runner, ctypes.c_void_p).value)
+
+
 class CallTable:
     """Kernel calls `(fn address, pointers)` as one table; `run()` makes them all in one foreign call."""
 
-    def __init__(self, runner: Callable[[Any], None], calls: list[tuple[int, list[int]]]):
-        self.runner = runner
+    def __init__(self, runner: Callable[[Any], None], calls: list[tuple[int, list[int]]], small: bool = False):
+        self.runner = holding_gil(runner) if small else runner
         self.words = ctypes.c_void_p * (1 + sum(2 + len(ptrs) for _, ptrs in calls))
         self.array = self.words()
         self.at: list[int] = []  # per call, the index of its first argument
