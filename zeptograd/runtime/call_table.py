@@ -93,10 +93,10 @@ def runner_at(addr: int) -> Callable[[Any], None]:
     return ctypes.CFUNCTYPE(None)(addr)
 
 
-def holding_gil(runner: Callable[[Any], None]) -> Callable[[Any], None]:
+def holding_gil(runner: Any) -> Callable[[Any], None]:
     """The same runner called without releasing the GIL (a PYFUNCTYPE): for kernels that touch so little memory
     that dropping and taking back the GIL (a lock handoff) costs more than they run. The kernels never call Python."""
-    return ctypes.PYFUNCTYPE(None)(ctypes.cast(runner, ctypes.c_void_p).value)
+    return ctypes.PYFUNCTYPE(None)(ctypes.cast(runner, ctypes.c_void_p).value or 0)
 
 
 class CallTable:
