@@ -379,6 +379,12 @@ class Program:
         the handles as they are). None where a call needs more than that (cores, Variables)."""
         return None
 
+    def native(self) -> tuple[int, Callable[[Any], None]] | None:
+        """(the address of a C function that runs the kernel given only its buffers' pointers, a call_table runner
+        that can call it): a TinyJit replay makes all such calls in one foreign call (runtime/call_table.py). None
+        where the kernel is not such a function (cores, Variables, too many arguments) or no runner could be built."""
+        return None
+
 
 @dataclass
 class CompiledDevice:

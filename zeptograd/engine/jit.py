@@ -9,8 +9,9 @@ Call 1 runs the function normally (compiling its kernels). Call 2 runs it again 
 again if it reads an input (the replay must), and reused otherwise (an ASSIGN done before is never run twice).
 Calls 3+ do not run the function: they replay the captured kernels, a pre-built list of (program, pointers)
 calls in which only the pointers of the input buffers change (each call made once as the compiled function and its
-prepared arguments, Program.direct_call; with positional Tensor arguments only, a replay is one straight-line
-function written and compiled for the capture, _build_fast_replay). So the function body runs exactly twice,
+prepared arguments, Program.direct_call, and consecutive CPU kernels as one table that one foreign call runs,
+runtime/call_table.py; with positional Tensor arguments only, a replay is one straight-line function written and
+compiled for the capture, _build_fast_replay). So the function body runs exactly twice,
 whatever the number of calls.
 
 What is an input: every positional or keyword argument that is a Tensor (inputs are realized before the call;
@@ -72,6 +73,8 @@ from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine import realize as _realize
 from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG, VIZ, ArgumentTypeError
+from zeptograd.runtime import call_table
+from zeptograd.runtime.call_table import CallTable
 from zeptograd.schedule.fold import uniform_const
 from zeptograd.tensor import multi
 from zeptograd.tensor.tensor import (
@@ -504,6 +507,10 @@ class CapturedJit:
     inputs_in_place: bool = field(init=False, default=False)
     # where fast_sig is set, the replay written for this capture (_build_fast_replay): args -> outputs or _NOT_FAST
     fast_replay: Callable[[tuple], Any] | None = field(init=False)
+    # where `plain`, the calls in order as steps: (a CallTable of consecutive native calls, -1) or (None, the call
+    # index of one called directly); the fast replay makes each table's calls in one foreign call
+    steps: list[tuple[CallTable | None, int]] = field(init=False)
+    table_of: list[tuple[CallTable, int] | None] = field(init=False)  # per call: (its table, its index there)
 
     def __post_init__(self):
         self.direct, self.wraps = [], []
@@ -517,6 +524,9 @@ class CapturedJit:
                 self.direct.append((fn, ptrs if wrap is None else [wrap(p) for p in ptrs]))
                 self.wraps.append(wrap)
         self.plain = not self.checks and not any(var_names for _, _, var_names in self.calls)
+        self.steps, self.table_of = [], [None] * len(self.calls)
+        if self.plain:
+            self._build_tables()
         keys = list(self.signature)
         positional = keys == [("arg", i) for i in range(len(keys))]
         simple = positional and not self.others and not self.symbolic and not self.state
@@ -531,11 +541,40 @@ class CapturedJit:
         self.single_output = isinstance(self.ret, Tensor) and len(self.outputs) == 1 and not any(self.out_groups)
         self.fast_replay = _build_fast_replay(self) if self.fast_sig is not None else None
 
+    def _build_tables(self):
+        """steps and table_of: each run of consecutive calls of native kernels (Program.native) that share a runner
+        as one CallTable."""
+        run: list[tuple[int, int]] = []  # (call index, kernel address) of the table being gathered
+        runner: Any = None
+
+        def flush():
+            if run:
+                # kernels that touch little memory in all (a few microseconds) run without releasing the GIL
+                small = self.mem < call_table.HOLD_GIL_BYTES
+                table = CallTable(runner, [(addr, self.calls[ci][1]) for ci, addr in run], small)
+                for j, (ci, _) in enumerate(run):
+                    self.table_of[ci] = (table, j)
+                self.steps.append((table, -1))
+                run.clear()
+
+        for ci, (program, _, _) in enumerate(self.calls):
+            native = getattr(program, "native", lambda: None)()
+            if native is None or native[1] is not runner:
+                flush()
+            if native is None:
+                self.steps.append((None, ci))
+            else:
+                runner = native[1]
+                run.append((ci, native[0]))
+        flush()
+
     def set_ptr(self, ci: int, pos: int, ptr: Any):
         """Point argument `pos` of call `ci` at `ptr` (a buffer's handle)."""
         self.calls[ci][1][pos] = ptr
         if (wrap := self.wraps[ci]) is not None:
             self.direct[ci][1][pos] = wrap(ptr)
+        if (in_table := self.table_of[ci]) is not None:
+            in_table[0].set_ptr(in_table[1], pos, ptr)
 
     def replay(self, in_bufs: dict[ArgKey, Buffer], var_vals: dict[str, int]):
         for ci, pos, key in self.input_slots:
@@ -573,10 +612,8 @@ class CapturedJit:
     def drop_inputs(self):
         """Forget the input pointers between calls (the inputs' memory may be freed and reused)."""
         self.inputs_in_place = False
-        for ptrs, args, wrap, pos, _ in self.fast_slots:
-            ptrs[pos] = 0
-            if wrap is not None:
-                args[pos] = wrap(0)
+        for ci, pos, _ in self.input_slots:
+            self.set_ptr(ci, pos, 0)
 
 
 def _input_of(cap: CapturedJit, i: int, t: Any, u: UOp) -> Buffer | None:
@@ -688,16 +725,22 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
                 lines.append(f"            OA{k}_{j}[{pos}] = OW{k}_{j}(p)")
             elif cap.direct[ci][1] is not cap.calls[ci][1]:
                 lines.append(f"            OA{k}_{j}[{pos}] = p")
+            if (in_table := cap.table_of[ci]) is not None:
+                env[f"OT{k}_{j}"] = in_table[0].array
+                lines.append(f"            OT{k}_{j}[{in_table[0].at[in_table[1]] + pos}] = p")
         lines += ["        else:", f"            fresh{k}.prepare(cap)"]
     # an input aliasing memory the replay writes (a returned tensor passed back in) is copied
     copy = [f"        bufs = [{', '.join(names)}]", "        copied = copy_aliased(cap, bufs)"]
     copy.append(f"        {', '.join(names)}, = bufs" if n else "        pass")
-    if cap.written or len(cap.fresh) != 1:
+    # (copy_aliased's test, inline: a set lookup per input in `written`, an identity test per fresh output)
+    env["written"] = cap.written
+    aliased = [f"{b} is fresh{k}.buf" for b in names for k in range(len(cap.fresh))]
+    aliased += [f"id({b}) in written" for b in names] if cap.written else []
+    lines.append("    copied = False")
+    if len(aliased) > 12:
         lines += ["    if True:", *copy]
-    elif n:
-        lines += ["    copied = False", f"    if {' or '.join(f'{b} is fresh0.buf' for b in names)}:", *copy]
-    else:
-        lines.append("    copied = False")
+    elif aliased:
+        lines += [f"    if {' or '.join(aliased)}:", *copy]
     lines.append("    if not same or copied:")
     by_input: dict[int, list[int]] = {}
     for k, (ptrs, args_, wrap, pos, i) in enumerate(cap.fast_slots):
@@ -712,15 +755,22 @@ def _build_fast_replay(cap: CapturedJit) -> Callable[[tuple], Any]:
                 lines.append(f"        A{k}[{pos}] = W{k}(p)")
             elif args_ is not ptrs:
                 lines.append(f"        A{k}[{pos}] = p")
+            if (in_table := cap.table_of[cap.input_slots[k][0]]) is not None:
+                env[f"T{k}"] = in_table[0].array
+                lines.append(f"        T{k}[{in_table[0].at[in_table[1]] + pos}] = p")
     lines.append("        pass")
     # the pointers stay in the slots after the call (no kernel runs on them before a replay writes them again or,
     # where every input is the same, finds them in place): the inputs' Buffers are held by `seen` meanwhile
     lines.append("    cap.inputs_in_place = False")
     if cap.plain:
         lines.append("    if DEBUG.value < 2:")
-        for c, (fn, fn_args) in enumerate(cap.direct):
-            env[f"F{c}"], env[f"FA{c}"] = fn, fn_args
-            lines.append(f"        F{c}(*FA{c})")
+        for c, (table, ci) in enumerate(cap.steps):
+            if table is not None:  # its calls in one foreign call
+                env[f"R{c}"], env[f"RT{c}"] = table.runner, table.array
+                lines.append(f"        R{c}(RT{c})")
+            else:
+                env[f"F{c}"], env[f"FA{c}"] = cap.direct[ci]
+                lines.append(f"        F{c}(*FA{c})")
         lines += [
             f"        counters.kernel_count += {len(cap.calls)}",
             f"        counters.global_ops += {cap.n_ops}",

@@ -9,11 +9,12 @@ import ctypes
 import functools
 import hashlib
 import os
+from typing import Any, Callable
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import ArgumentError
 from zeptograd.renderer import ProgramSpec, cpu_simd_bytes, simd_bytes_for
-from zeptograd.runtime import diskcache
+from zeptograd.runtime import call_table, diskcache
 
 CFLAGS = ["-O2", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast"]
 
@@ -99,23 +100,31 @@ class CCompiler(Compiler):
 
 
 class CPUProgram(Program):
-    def __init__(self, spec: ProgramSpec, path: str):
+    def __init__(self, spec: ProgramSpec, path: str, runner: Callable[[], Callable[[Any], None] | None] | None = None):
         super().__init__(spec)
         self.lib = ctypes.CDLL(path)
-        self.fxn = self.lib[spec.name]
-        self.fxn.restype = None
+        self.addr = ctypes.cast(self.lib[spec.name], ctypes.c_void_p).value or 0
+        # the prototype bound once (buffers, Variables, core id): a call converts plain ints without Python wrappers
+        argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + (spec.cores > 1))
+        self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(self.addr)
         self.small = small_work(spec)
+        self.runner = runner  # the device's call_table runner, built at the first ask
 
     def direct_call(self):
-        return None if self.spec.cores != 1 or self.spec.vars else (self.fxn, ctypes.c_void_p)
+        return None if self.spec.cores != 1 or self.spec.vars else (self.fxn, None)
+
+    def native(self):
+        if self.spec.cores != 1 or self.spec.vars or self.spec.n_bufs > call_table.MAX_ARGS or self.runner is None:
+            return None
+        runner = self.runner()
+        return None if runner is None else (self.addr, runner)
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
-        args = [ctypes.c_void_p(p) for p in ptrs] + [ctypes.c_int(v) for v in vals]
         if self.spec.cores == 1:
-            self.fxn(*args)
+            self.fxn(*ptrs, *vals)
         else:  # one call per core; ctypes releases the GIL during each
             run_on_cores(
-                lambda core: self.fxn(*args, ctypes.c_int(core)),
+                lambda core: self.fxn(*ptrs, *vals, core),
                 self.spec.cores,
                 self.small is not None and self.small(vals),
             )
@@ -124,15 +133,31 @@ class CPUProgram(Program):
 class CPUDevice(CompiledDevice):
     compiler: CCompiler
     shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
+    _runner: list[Callable[[Any], None] | None] | None = None  # [runner] once asked (call_runner)
+    _runner_lib: Any = None  # keeps the runner's library loaded
 
     def build(self, spec: ProgramSpec) -> CPUProgram:
         """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""
         try:
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner)
         except OSError as e:  # dlopen refused it (e.g. not an ELF library): never trusted again
             diskcache.warn_once(spec.name, f"the cached library of {spec.name} did not load ({e}): compiling it again")
             self.compiler.evict(spec.src)
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src))
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner)
+
+    def call_runner(self) -> Callable[[Any], None] | None:
+        """runtime/call_table.py's runner, compiled from C (once per host: the disk cache keeps it) and loaded at
+        the first ask; None where it cannot be (the replay then calls each kernel itself)."""
+        if self._runner is None:
+            self._runner = [None]
+            if call_table.usable:
+                try:
+                    self._runner_lib = ctypes.CDLL(self.compiler.compile_to_file(call_table.c_source()))
+                    addr = ctypes.cast(self._runner_lib[call_table.RUNNER], ctypes.c_void_p).value or 0
+                    self._runner = [call_table.runner_at(addr)]
+                except (CompileError, OSError) as e:
+                    diskcache.warn_once("call_table", f"the kernel call table's runner did not build ({e})")
+        return self._runner[0]
 
 
 def open_device(name: str) -> CompiledDevice:

@@ -17,13 +17,13 @@ import ctypes
 import functools
 import hashlib
 import re
-from typing import Any
+from typing import Any, Callable
 
 from zeptograd.device import CompiledDevice, CompileError, Compiler, HostAllocator, Program, run_on_cores, small_work
 from zeptograd.helpers import DEBUG, getenv
 from zeptograd.renderer import ProgramSpec, cpu_simd_bytes, simd_bytes_for
 from zeptograd.renderer.llvmir import LLVMRenderer
-from zeptograd.runtime import diskcache
+from zeptograd.runtime import call_table, diskcache
 from zeptograd.runtime.elf import LoadedObject, MalformedObject, UnsupportedObject
 
 OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 for O3
@@ -131,15 +131,22 @@ def _host_memo_name(opt: int) -> str | None:
 class LLVMProgram(Program):
     """A compiled kernel: fn(*buffer pointers, *vars[, core_id]), called once per core when it has a core_id."""
 
-    def __init__(self, spec: ProgramSpec, addr: int):
+    def __init__(self, spec: ProgramSpec, addr: int, runner: Callable[[], Callable[[Any], None] | None] | None = None):
         super().__init__(spec)
         self.addr, self.has_core_id = addr, spec.cores > 1
         argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + self.has_core_id)
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
         self.small = small_work(spec)
+        self.runner = runner  # the device's call_table runner, built at the first ask
 
     def direct_call(self):
         return None if self.has_core_id or self.spec.vars else (self.fxn, None)
+
+    def native(self):
+        if self.has_core_id or self.spec.vars or self.spec.n_bufs > call_table.MAX_ARGS or self.runner is None:
+            return None
+        runner = self.runner()
+        return None if runner is None else (self.addr, runner)
 
     def __call__(self, *ptrs: int, vals: tuple[int, ...] = ()):
         if not self.has_core_id:
@@ -166,12 +173,29 @@ class LLVMDevice(CompiledDevice):
         self.loaded: dict[str, int] = {}  # symbol -> address
         self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
         self._engine: Any = None
+        self._runner: list[Callable[[Any], None] | None] | None = None  # [runner] once asked (call_runner)
 
     def build(self, spec: ProgramSpec) -> LLVMProgram:
         symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
             self.loaded[symbol] = self.load(spec.src, symbol)
-        return LLVMProgram(spec, self.loaded[symbol])
+        return LLVMProgram(spec, self.loaded[symbol], self.call_runner)
+
+    def call_runner(self) -> Callable[[Any], None] | None:
+        """runtime/call_table.py's runner, compiled from LLVM IR (once per host: the disk cache keeps it) and loaded
+        at the first ask; None where it cannot be (the replay then calls each kernel itself)."""
+        if self._runner is None:
+            self._runner = [None]
+            if call_table.usable:
+                try:
+                    src = call_table.llvm_source()
+                    symbol = unique_symbol(src)
+                    if symbol not in self.loaded:
+                        self.loaded[symbol] = self.load(src, symbol)
+                    self._runner = [call_table.runner_at(self.loaded[symbol])]
+                except CompileError as e:
+                    diskcache.warn_once("call_table", f"the kernel call table's runner did not compile ({e})")
+        return self._runner[0]
 
     def load(self, src: str, symbol: str) -> int:
         """Load src's object (compiled or from the cache) and return its function's address. An object the ELF loader

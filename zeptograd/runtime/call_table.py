@@ -1,0 +1,123 @@
+"""A table of kernel calls run by one native function: a TinyJit replay's kernels in one foreign call.
+
+Each ctypes call of a kernel costs about 3,000 CPU instructions (argument conversion, libffi's call interface made
+again, the GIL released and taken back): more than a small kernel's work. A CallTable holds the captured calls as
+words in one ctypes array, `[n, fn0, k0, arg0_0 .. arg0_k0-1, fn1, k1, ...]` (fn a C function that takes k pointer
+arguments), and `zg_run_calls(table)` calls them in order: one foreign call per replay, the pointers written into
+the table only where they change. The runner is compiled once per backend (its source never changes, so the
+on-disk cache keeps it): LLVM IR for the LLVM backend, C for CPU:C.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+MAX_ARGS = 32  # a kernel with more pointer arguments is called on its own (the runner has one call per count)
+RUNNER = "zg_run_calls"
+WORD = ctypes.c_void_p
+usable = ctypes.sizeof(WORD) == 8  # the runner reads 64-bit words
+
+
+def c_source() -> str:
+    cases = []
+    for k in range(MAX_ARGS + 1):
+        proto = ", ".join(["void*"] * k) or "void"
+        args = ", ".join(f"a[{i}]" for i in range(k))
+        cases.append(f"    case {k}: ((void (*)({proto}))f)({args}); break;")
+    return "\n".join(
+        [
+            f"void {RUNNER}(void **t) {{",
+            "  long n = (long)t[0];",
+            "  void **p = t + 1;",
+            "  for (long i = 0; i < n; i++) {",
+            "    void *f = p[0];",
+            "    long k = (long)p[1];",
+            "    void **a = p + 2;",
+            "    switch (k) {",
+            *cases,
+            "    }",
+            "    p += 2 + k;",
+            "  }",
+            "}",
+            "",
+        ]
+    )
+
+
+def llvm_source() -> str:
+    switch = " ".join(f"i64 {k}, label %c{k}" for k in range(MAX_ARGS + 1))
+    lines = [
+        f"define void @{RUNNER}(ptr %t) nounwind {{",
+        "entry:",
+        "  %n = load i64, ptr %t",
+        "  %p0 = getelementptr ptr, ptr %t, i64 1",
+        "  br label %loop",
+        "loop:",
+        "  %i = phi i64 [0, %entry], [%i1, %next]",
+        "  %p = phi ptr [%p0, %entry], [%pn, %next]",
+        "  %done = icmp sge i64 %i, %n",
+        "  br i1 %done, label %exit, label %body",
+        "body:",
+        "  %f = load ptr, ptr %p",
+        "  %kp = getelementptr ptr, ptr %p, i64 1",
+        "  %k = load i64, ptr %kp",
+        "  %a = getelementptr ptr, ptr %p, i64 2",
+        f"  switch i64 %k, label %next [ {switch} ]",
+    ]
+    for k in range(MAX_ARGS + 1):
+        lines.append(f"c{k}:")
+        for i in range(k):
+            lines += [f"  %c{k}p{i} = getelementptr ptr, ptr %a, i64 {i}", f"  %c{k}a{i} = load ptr, ptr %c{k}p{i}"]
+        lines += [f"  call void %f({', '.join(f'ptr %c{k}a{i}' for i in range(k))})", "  br label %next"]
+    lines += [
+        "next:",
+        "  %i1 = add i64 %i, 1",
+        "  %step = add i64 %k, 2",
+        "  %pn = getelementptr ptr, ptr %p, i64 %step",
+        "  br label %loop",
+        "exit:",
+        "  ret void",
+        "}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+HOLD_GIL_BYTES = 1 << 18  # a table whose kernels touch less memory in all runs without releasing the GIL
+
+
+def runner_at(addr: int) -> Callable[[Any], None]:
+    """The runner at a loaded address as a ctypes function: no argtypes (the table array is passed as its address,
+    the cheapest conversion ctypes has); a CFUNCTYPE, so the GIL is released while the kernels run."""
+    return ctypes.CFUNCTYPE(None)(addr)
+
+
+def holding_gil(runner: Any) -> Callable[[Any], None]:
+    """The same runner called without releasing the GIL (a PYFUNCTYPE): for kernels that touch so little memory
+    that dropping and taking back the GIL (a lock handoff) costs more than they run. The kernels never call Python."""
+    return ctypes.PYFUNCTYPE(None)(ctypes.cast(runner, ctypes.c_void_p).value or 0)
+
+
+class CallTable:
+    """Kernel calls `(fn address, pointers)` as one table; `run()` makes them all in one foreign call."""
+
+    def __init__(self, runner: Callable[[Any], None], calls: list[tuple[int, list[int]]], small: bool = False):
+        self.runner = holding_gil(runner) if small else runner
+        self.words = ctypes.c_void_p * (1 + sum(2 + len(ptrs) for _, ptrs in calls))
+        self.array = self.words()
+        self.at: list[int] = []  # per call, the index of its first argument
+        self.array[0] = len(calls)
+        i = 1
+        for addr, ptrs in calls:
+            self.array[i], self.array[i + 1] = addr, len(ptrs)
+            self.at.append(i + 2)
+            for j, p in enumerate(ptrs):
+                self.array[i + 2 + j] = p
+            i += 2 + len(ptrs)
+
+    def set_ptr(self, call: int, pos: int, ptr: int):
+        self.array[self.at[call] + pos] = ptr
+
+    def run(self):
+        self.runner(self.array)
