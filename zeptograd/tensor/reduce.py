@@ -32,6 +32,7 @@ def _recompute_may_differ(u: UOp) -> bool:
 
 
 SCAN_WINDOWS_MAX = 64  # a scan over more elements runs in blocks (`_blocked_scan`): its n x n windows cost O(n^2)
+SCAN_BLOCK = 16  # the block of `_blocked_scan`: each output element combines this many shifted loads
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -44,6 +45,11 @@ def _compare_exchange(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         return a.minimum(b), a.maximum(b)
     swap = (a > b) | (a.isnan() & b.isnan().logical_not())
     return swap.where(b, a), swap.where(a, b)
+
+
+def _combine(op: Ops, a: Tensor, b: Tensor) -> Tensor:
+    """a op b for a scan's op."""
+    return a + b if op is Ops.ADD else a * b if op is Ops.MUL else a.maximum(b)
 
 
 def _sort_eq(a: Tensor, b: Tensor) -> Tensor:
@@ -216,32 +222,54 @@ class ReduceMixin:
             return self.cast(dtype or self.dtype)
         x = self.cast(dtype or self.dtype)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
-        if isinstance(n := x.shape[d], int) and n > SCAN_WINDOWS_MAX:
+        if isinstance(n := x.shape[d], int) and n > SCAN_BLOCK:
             return x.transpose(d, -1)._blocked_scan(op, identity).transpose(d, -1)
         windows, _ = x._scan_windows(d, identity)
         return windows._reduce(op, -1).transpose(d, -1)
 
     def _blocked_scan(self: Tensor, op: Ops, identity) -> Tensor:
-        """The scan along the last axis in blocks of b ~ sqrt(n): each block scanned through its b x b windows (n * b
-        work), the blocks' totals scanned (exclusive: shifted by one block) and combined with each block's elements:
-        O(n^1.5) work instead of the n x n windows' O(n^2). Sums are added in another order than one by one."""
+        """The scan along the last axis in blocks of SCAN_BLOCK: each block scanned as the sum of its SCAN_BLOCK
+        shifted copies (`_shifted_scan`: elementwise, no reduce loop), the blocks' totals scanned the same way
+        (exclusive: shifted by one block) and combined with each block's elements: O(n * SCAN_BLOCK) work in
+        log_SCAN_BLOCK(n) levels, every level's combine one elementwise kernel vectorized along the output.
+        Sums are added in another order than one by one (a tree within a block, blocks after)."""
         n = self.shape[-1]
-        b = 1 << n.bit_length() // 2
-        nb = -(-n // b)
-        blocks = self.pad(((0, 0),) * (self.ndim - 1) + ((0, nb * b - n),), value=identity)
-        blocks = blocks.reshape(*self.shape[:-1], nb, b)
-        within = blocks._scan(-1, op)
+        if n <= SCAN_BLOCK:
+            return self._shifted_scan(op, identity)
+        nb = -(-n // SCAN_BLOCK)
+        blocks = self.pad(((0, 0),) * (self.ndim - 1) + ((0, nb * SCAN_BLOCK - n),), value=identity)
+        blocks = blocks.reshape(*self.shape[:-1], nb, SCAN_BLOCK)
         totals = blocks._reduce(op, -1)  # (..., nb)
-        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)._scan(-1, op)
-        before = before.unsqueeze(-1)
-        out = {Ops.ADD: within + before, Ops.MUL: within * before, Ops.MAX: within.maximum(before)}[op]
-        return out.reshape(*self.shape[:-1], nb * b).shrink(tuple(None for _ in self.shape[:-1]) + ((0, n),))
+        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)._blocked_scan(op, identity)
+        out = _combine(op, blocks._shifted_scan(op, identity), before.unsqueeze(-1))
+        return out.reshape(*self.shape[:-1], nb * SCAN_BLOCK).shrink(tuple(None for _ in self.shape[:-1]) + ((0, n),))
+
+    def _shifted_scan(self: Tensor, op: Ops, identity) -> Tensor:
+        """The inclusive scan along a short last axis of n as op over its n copies shifted right by 0..n-1 (the
+        identity shifted in), combined as a balanced tree: each output element its n gated loads (a vector load per
+        copy where the axis is the vector's), no reduce: no horizontal sum per element, no chain of n dependent adds."""
+        n = self.shape[-1]
+        keep = tuple(None for _ in self.shape[:-1])
+        copies = [self] + [
+            self.pad(((0, 0),) * (self.ndim - 1) + ((s, 0),), value=identity).shrink(keep + ((0, n),))
+            for s in range(1, n)
+        ]
+        while len(copies) > 1:
+            pairs = [_combine(op, a, b) for a, b in zip(copies[::2], copies[1::2])]
+            copies = pairs + copies[len(copies) - len(copies) % 2 :]
+        return copies[0]
+
+    def _acc_scan(self: Tensor, axis: int, op: Ops) -> Tensor:
+        """cumsum/cumprod: ints and bools accumulate (and return) int64, halves accumulate in float32 and return half,
+        as torch (in half, each of a blocked scan's levels would round its partial sums to 11 bits)."""
+        out = self._scan(axis, op, sum_acc_dtype(self.dtype))
+        return out.cast(self.dtype) if self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def cumsum(self: Tensor, axis: int = 0) -> Tensor:
-        return self._scan(axis, Ops.ADD, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+        return self._acc_scan(axis, Ops.ADD)
 
     def cumprod(self: Tensor, axis: int = 0) -> Tensor:
-        return self._scan(axis, Ops.MUL, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+        return self._acc_scan(axis, Ops.MUL)
 
     def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
         """(running max, index of the last element equal to it), as torch."""
