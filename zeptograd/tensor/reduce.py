@@ -31,8 +31,9 @@ def _recompute_may_differ(u: UOp) -> bool:
     return False
 
 
-SCAN_WINDOWS_MAX = 64  # a scan over more elements runs in blocks (`_blocked_scan`): its n x n windows cost O(n^2)
-SCAN_BLOCK = 16  # the block of `_blocked_scan`: each output element combines this many shifted loads
+# a scan runs in blocks of this many (`_blocked_scan`; a scan through n x n windows would cost O(n^2)): each output
+# element of a block combines this many shifted loads, and log_SCAN_BLOCK(n) levels scan the blocks' totals
+SCAN_BLOCK = 16
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -207,7 +208,8 @@ class ReduceMixin:
         ret = (x - m).exp().sum(axis, keepdim=True).log() + m
         return ret if keepdim else ret.reshape(x._max(axis).shape)
 
-    # ***** scans: each output i reduces the inputs j <= i, through a triangular mask (one reduce) *****
+    # ***** scans: in blocks of shifted copies (`_blocked_scan`); a symbolic length through a triangular mask, each
+    # output i reducing the inputs j <= i (one reduce) *****
     def _scan_windows(self: Tensor, d: int, identity) -> tuple[Tensor, Tensor]:
         """(x moved to the last axis and repeated as rows i: x[..., i, j] = x[j] where j <= i, else identity; mask)"""
         x = self.transpose(d, -1)
@@ -222,9 +224,9 @@ class ReduceMixin:
             return self.cast(dtype or self.dtype)
         x = self.cast(dtype or self.dtype)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
-        if isinstance(n := x.shape[d], int) and n > SCAN_BLOCK:
+        if isinstance(x.shape[d], int):
             return x.transpose(d, -1)._blocked_scan(op, identity).transpose(d, -1)
-        windows, _ = x._scan_windows(d, identity)
+        windows, _ = x._scan_windows(d, identity)  # its length is known when the kernel runs: no blocks
         return windows._reduce(op, -1).transpose(d, -1)
 
     def _blocked_scan(self: Tensor, op: Ops, identity) -> Tensor:
