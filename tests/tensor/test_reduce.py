@@ -266,12 +266,16 @@ def test_blocked_scans_of_empty_dims():
 
 
 def test_long_cumsum_error_against_float64():
-    """A million float32 elements: the blocked scan's error against a float64 cumsum stays a few ulps of the
-    running total (a float32 running sum one by one is ~100x worse here)."""
+    """A million float32 elements in [0, 1): against a float64 cumsum the blocked scan is within 2 ulps of the
+    running total, 0.45 ulp rms (tensor/reduce.py: _blocked_scan adds its terms from the smallest, so one add
+    rounds at the total's magnitude; a level by level combine, or the sqrt(n) windows before, rounded there once per
+    level: 2.1-2.9 ulps, 0.54 rms; a float32 running sum one by one is ~100x worse)."""
     x = np.random.default_rng(29).random(10**6, dtype=np.float32)
     ref = np.cumsum(x.astype(np.float64))
-    err = np.abs(Tensor(x).cumsum(0).numpy().astype(np.float64) - ref).max()
-    assert err <= 4 * np.spacing(np.float32(ref[-1]))
+    err = Tensor(x).cumsum(0).numpy().astype(np.float64) - ref
+    ulp = np.spacing(np.float32(ref[-1]))
+    assert np.abs(err).max() <= 2 * ulp
+    assert np.sqrt(np.mean(err**2)) <= 0.45 * ulp
 
 
 # ----------------------------------------------------------------------------- softmax

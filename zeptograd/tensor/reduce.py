@@ -230,21 +230,32 @@ class ReduceMixin:
         return windows._reduce(op, -1).transpose(d, -1)
 
     def _blocked_scan(self: Tensor, op: Ops, identity) -> Tensor:
-        """The scan along the last axis in blocks of SCAN_BLOCK: each block scanned as the sum of its SCAN_BLOCK
-        shifted copies (`_shifted_scan`: elementwise, no reduce loop), the blocks' totals scanned the same way
-        (exclusive: shifted by one block) and combined with each block's elements: O(n * SCAN_BLOCK) work in
-        log_SCAN_BLOCK(n) levels, every level's combine one elementwise kernel vectorized along the output.
-        Sums are added in another order than one by one (a tree within a block, blocks after)."""
+        """The scan along the last axis in blocks of SCAN_BLOCK (`_scan_terms`), its terms combined from the
+        smallest (the element's own block) to the largest (the blocks before it at the top level): each op rounds at
+        the magnitude of its partial result, one op at the magnitude of the total."""
+        terms = self._scan_terms(op, identity)
+        out = terms[0]
+        for t in terms[1:]:
+            out = _combine(op, out, t)
+        return out
+
+    def _scan_terms(self: Tensor, op: Ops, identity) -> list[Tensor]:
+        """Terms, each of self's shape, whose op over all is the inclusive scan along the last axis: the scan within
+        each block of SCAN_BLOCK elements (`_shifted_scan`: elementwise, no reduce loop), then the terms of the
+        exclusive scan of the blocks' totals (the one reduce per level), each broadcast over its block's elements:
+        log_SCAN_BLOCK(n) levels, O(n * SCAN_BLOCK) loads."""
         n = self.shape[-1]
         if n <= SCAN_BLOCK:
-            return self._shifted_scan(op, identity)
+            return [self._shifted_scan(op, identity)]
         nb = -(-n // SCAN_BLOCK)
+        keep = tuple(None for _ in self.shape[:-1])
         blocks = self.pad(((0, 0),) * (self.ndim - 1) + ((0, nb * SCAN_BLOCK - n),), value=identity)
         blocks = blocks.reshape(*self.shape[:-1], nb, SCAN_BLOCK)
         totals = blocks._reduce(op, -1)  # (..., nb)
-        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)._blocked_scan(op, identity)
-        out = _combine(op, blocks._shifted_scan(op, identity), before.unsqueeze(-1))
-        return out.reshape(*self.shape[:-1], nb * SCAN_BLOCK).shrink(tuple(None for _ in self.shape[:-1]) + ((0, n),))
+        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)  # exclusive: one block on
+        terms = [blocks._shifted_scan(op, identity)]
+        terms += [t.unsqueeze(-1).expand(*blocks.shape) for t in before._scan_terms(op, identity)]
+        return [t.reshape(*self.shape[:-1], nb * SCAN_BLOCK).shrink(keep + ((0, n),)) for t in terms]
 
     def _shifted_scan(self: Tensor, op: Ops, identity) -> Tensor:
         """The inclusive scan along a short last axis of n as op over its n copies shifted right by 0..n-1 (the
