@@ -304,6 +304,8 @@ def test_costly_prologue_is_stored_before_a_matmul():
 def test_cheap_index_prologue_stays_inlined_into_a_reduce():
     """An arange mask (no buffer read) or a relu (no transcendental) expanded into a reduce is not stored."""
     x, _ = realized(4, 12)
+    below = Tensor.arange(12).reshape(1, 12) <= Tensor.arange(12).reshape(12, 1)  # a triangular mask: j <= i
+    assert count_kernels(below.where(x.unsqueeze(1).expand(4, 12, 12), 0).sum(-1)) == 1
     assert count_kernels(x.cumsum(1)) == 1
     (a, an), (w, wn) = realized(6, 8), realized(8, 5)
     n, out = run(a.relu() @ w)

@@ -31,7 +31,9 @@ def _recompute_may_differ(u: UOp) -> bool:
     return False
 
 
-SCAN_WINDOWS_MAX = 64  # a scan over more elements runs in blocks (`_blocked_scan`): its n x n windows cost O(n^2)
+# a scan runs in blocks of this many (`_blocked_scan`; a scan through n x n windows would cost O(n^2)): each output
+# element of a block combines this many shifted loads, and log_SCAN_BLOCK(n) levels scan the blocks' totals
+SCAN_BLOCK = 16
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -44,6 +46,11 @@ def _compare_exchange(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         return a.minimum(b), a.maximum(b)
     swap = (a > b) | (a.isnan() & b.isnan().logical_not())
     return swap.where(b, a), swap.where(a, b)
+
+
+def _combine(op: Ops, a: Tensor, b: Tensor) -> Tensor:
+    """a op b for a scan's op."""
+    return a + b if op is Ops.ADD else a * b if op is Ops.MUL else a.maximum(b)
 
 
 def _sort_eq(a: Tensor, b: Tensor) -> Tensor:
@@ -201,7 +208,8 @@ class ReduceMixin:
         ret = (x - m).exp().sum(axis, keepdim=True).log() + m
         return ret if keepdim else ret.reshape(x._max(axis).shape)
 
-    # ***** scans: each output i reduces the inputs j <= i, through a triangular mask (one reduce) *****
+    # ***** scans: in blocks of shifted copies (`_blocked_scan`); a symbolic length through a triangular mask, each
+    # output i reducing the inputs j <= i (one reduce) *****
     def _scan_windows(self: Tensor, d: int, identity) -> tuple[Tensor, Tensor]:
         """(x moved to the last axis and repeated as rows i: x[..., i, j] = x[j] where j <= i, else identity; mask)"""
         x = self.transpose(d, -1)
@@ -216,32 +224,65 @@ class ReduceMixin:
             return self.cast(dtype or self.dtype)
         x = self.cast(dtype or self.dtype)
         identity = {Ops.ADD: 0, Ops.MUL: 1, Ops.MAX: dtypes.min(x.dtype)}[op]
-        if isinstance(n := x.shape[d], int) and n > SCAN_WINDOWS_MAX:
+        if isinstance(x.shape[d], int):
             return x.transpose(d, -1)._blocked_scan(op, identity).transpose(d, -1)
-        windows, _ = x._scan_windows(d, identity)
+        windows, _ = x._scan_windows(d, identity)  # its length is known when the kernel runs: no blocks
         return windows._reduce(op, -1).transpose(d, -1)
 
     def _blocked_scan(self: Tensor, op: Ops, identity) -> Tensor:
-        """The scan along the last axis in blocks of b ~ sqrt(n): each block scanned through its b x b windows (n * b
-        work), the blocks' totals scanned (exclusive: shifted by one block) and combined with each block's elements:
-        O(n^1.5) work instead of the n x n windows' O(n^2). Sums are added in another order than one by one."""
+        """The scan along the last axis in blocks of SCAN_BLOCK (`_scan_terms`), its terms combined from the
+        smallest (the element's own block) to the largest (the blocks before it at the top level): each op rounds at
+        the magnitude of its partial result, one op at the magnitude of the total."""
+        terms = self._scan_terms(op, identity)
+        out = terms[0]
+        for t in terms[1:]:
+            out = _combine(op, out, t)
+        return out
+
+    def _scan_terms(self: Tensor, op: Ops, identity) -> list[Tensor]:
+        """Terms, each of self's shape, whose op over all is the inclusive scan along the last axis: the scan within
+        each block of SCAN_BLOCK elements (`_shifted_scan`: elementwise, no reduce loop), then the terms of the
+        exclusive scan of the blocks' totals (the one reduce per level), each broadcast over its block's elements:
+        log_SCAN_BLOCK(n) levels, O(n * SCAN_BLOCK) loads."""
         n = self.shape[-1]
-        b = 1 << n.bit_length() // 2
-        nb = -(-n // b)
-        blocks = self.pad(((0, 0),) * (self.ndim - 1) + ((0, nb * b - n),), value=identity)
-        blocks = blocks.reshape(*self.shape[:-1], nb, b)
-        within = blocks._scan(-1, op)
+        if n <= SCAN_BLOCK:
+            return [self._shifted_scan(op, identity)]
+        nb = -(-n // SCAN_BLOCK)
+        keep = tuple(None for _ in self.shape[:-1])
+        blocks = self.pad(((0, 0),) * (self.ndim - 1) + ((0, nb * SCAN_BLOCK - n),), value=identity)
+        blocks = blocks.reshape(*self.shape[:-1], nb, SCAN_BLOCK)
         totals = blocks._reduce(op, -1)  # (..., nb)
-        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)._scan(-1, op)
-        before = before.unsqueeze(-1)
-        out = {Ops.ADD: within + before, Ops.MUL: within * before, Ops.MAX: within.maximum(before)}[op]
-        return out.reshape(*self.shape[:-1], nb * b).shrink(tuple(None for _ in self.shape[:-1]) + ((0, n),))
+        before = totals.pad(((0, 0),) * (totals.ndim - 1) + ((1, -1),), value=identity)  # exclusive: one block on
+        terms = [blocks._shifted_scan(op, identity)]
+        terms += [t.unsqueeze(-1).expand(*blocks.shape) for t in before._scan_terms(op, identity)]
+        return [t.reshape(*self.shape[:-1], nb * SCAN_BLOCK).shrink(keep + ((0, n),)) for t in terms]
+
+    def _shifted_scan(self: Tensor, op: Ops, identity) -> Tensor:
+        """The inclusive scan along a short last axis of n as op over its n copies shifted right by 0..n-1 (the
+        identity shifted in), combined as a balanced tree: each output element its n gated loads (a vector load per
+        copy where the axis is the vector's), no reduce: no horizontal sum per element, no chain of n dependent adds."""
+        n = self.shape[-1]
+        keep = tuple(None for _ in self.shape[:-1])
+        copies = [self] + [
+            self.pad(((0, 0),) * (self.ndim - 1) + ((s, 0),), value=identity).shrink(keep + ((0, n),))
+            for s in range(1, n)
+        ]
+        while len(copies) > 1:
+            pairs = [_combine(op, a, b) for a, b in zip(copies[::2], copies[1::2])]
+            copies = pairs + copies[len(copies) - len(copies) % 2 :]
+        return copies[0]
+
+    def _acc_scan(self: Tensor, axis: int, op: Ops) -> Tensor:
+        """cumsum/cumprod: ints and bools accumulate (and return) int64, halves accumulate in float32 and return half,
+        as torch (in half, each of a blocked scan's levels would round its partial sums to 11 bits)."""
+        out = self._scan(axis, op, sum_acc_dtype(self.dtype))
+        return out.cast(self.dtype) if self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def cumsum(self: Tensor, axis: int = 0) -> Tensor:
-        return self._scan(axis, Ops.ADD, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+        return self._acc_scan(axis, Ops.ADD)
 
     def cumprod(self: Tensor, axis: int = 0) -> Tensor:
-        return self._scan(axis, Ops.MUL, sum_acc_dtype(self.dtype) if not dtypes.is_float(self.dtype) else None)
+        return self._acc_scan(axis, Ops.MUL)
 
     def cummax(self: Tensor, axis: int = 0) -> tuple[Tensor, Tensor]:
         """(running max, index of the last element equal to it), as torch."""
