@@ -564,7 +564,7 @@ def test_replay_reuses_its_output_node_once_nothing_refers_to_it(monkeypatch):
 def test_a_replay_on_the_last_calls_inputs_looks_up_no_buffer(monkeypatch):
     """The fast replay keeps each input position's last BUFFER node and its Buffer: the same inputs again need no
     lookup in the weak map of buffers (whose lookups compare UOps through their rich comparison); new inputs do."""
-    from zeptograd.engine import jit as jit_module
+    from zeptograd.engine import jit_replay
 
     x, y = Tensor(np.arange(8, dtype=np.float32)).realize(), Tensor(np.ones(8, dtype=np.float32)).realize()
     f = TinyJit(lambda a, b: a * b + 1)
@@ -575,10 +575,10 @@ def test_a_replay_on_the_last_calls_inputs_looks_up_no_buffer(monkeypatch):
         def get(self, *args):
             raise AssertionError("looked up a buffer")
 
-    real = jit_module._buffers_data
-    monkeypatch.setattr(jit_module, "_buffers_data", NoLookups())
+    real = jit_replay._buffers_data
+    monkeypatch.setattr(jit_replay, "_buffers_data", NoLookups())
     np.testing.assert_allclose(f(x, y).numpy(), np.arange(8) + 1)
-    monkeypatch.setattr(jit_module, "_buffers_data", real)
+    monkeypatch.setattr(jit_replay, "_buffers_data", real)
     z = Tensor(np.full(8, 2, dtype=np.float32)).realize()
     np.testing.assert_allclose(f(x, z).numpy(), np.arange(8) * 2 + 1)  # a new input: looked up
     np.testing.assert_allclose(f(x, y).numpy(), np.arange(8) + 1)
