@@ -399,11 +399,11 @@ class NNMixin:
         if _keys_in_panels(self, keys_t):
             keys_t = _stored_in_column_panels(keys_t)
         qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
-        masked_rows = attn_mask is not None  # (is_causal's top-left aligned tril keeps key 0 in every row)
         if is_causal:
             if attn_mask is not None:
                 raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
-            attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
+            return _causal_attention(qk._float(), value, dropout_p).cast(self.dtype)
+        masked_rows = attn_mask is not None
         if attn_mask is not None:
             qk = qk + (attn_mask.where(0, -math.inf).cast(qk.dtype) if attn_mask.dtype == dtypes.bool else attn_mask)
         # softmax(qk) @ v with the division after the product (as flash attention): sum_j (e_j / l) v_j =
@@ -586,6 +586,23 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
             row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
         )
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+
+
+def _causal_attention(x: Tensor, value: Tensor, dropout_p: float) -> Tensor:
+    """softmax(x) @ value over the keys torch's tril(ones(L, S)) keeps (key j <= query i), every step gated by the
+    mask itself: the scores' max reduces where(seen, x, -inf), the exp's sum where(seen, e, 0), the product with value
+    where(seen, e * v, 0). A masked key's contribution is so the reduce's identity whatever x and v hold (torch skips
+    those keys: an inf or nan in them changes nothing), and codegen ends each key loop of a tile of query rows at the
+    tile's last seen key (`codegen/causal.py`): half the work of the full rows. Key 0 is seen by every row, so the
+    max is never -inf from the mask alone."""
+    L, S = x.shape[-2:]
+    rows = type(x).arange(L, device=x.device).reshape(L, 1)
+    seen = type(x).arange(S, device=x.device).reshape(1, S) < rows + 1
+    x = seen.where(x, -math.inf)
+    e = seen.where((x - x.detach()._max(-1, keepdim=True)).exp(), 0)
+    total = e.sum(-1, keepdim=True)
+    products = e.dropout(dropout_p).unsqueeze(-1) * value.unsqueeze(-3)  # (..., L, S, D): a matmul's broadcast product
+    return seen.unsqueeze(-1).where(products, 0).sum(-2) / total
 
 
 def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
