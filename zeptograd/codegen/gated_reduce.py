@@ -22,7 +22,7 @@ from zeptograd.codegen.accumulator import reduce_identity
 from zeptograd.dtype import dtypes
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
 from zeptograd.uop.symbolic import symbolic
-from zeptograd.uop.upat import graph_rewrite
+from zeptograd.uop.upat import graph_rewrite, graph_substitute
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 Linear = tuple[dict[UOp, int], int]  # sum of coefficient * atom, plus a constant
@@ -105,11 +105,12 @@ def _closed_inside(red: UOp) -> set[UOp]:
 _VARYING = (AxisType.UPCAST, AxisType.UNROLL, AxisType.LOCAL, AxisType.GROUP)
 
 
-def loop_end(red: UOp, form: Linear) -> tuple[UOp, UOp] | None:
-    """(r, its new end) for the reduce range r with the largest coefficient a > 0 in the gate form a*r + rest < 0:
-    ceil(-min(rest) / a), where min(rest) takes the loops around red at their values and every range varying within
-    an iteration of r (lanes, unrolled copies, a GPU's local ids, red's other ranges, inner loops) at its smallest
-    term. None where rest holds anything else that varies (a division of a range, a load)."""
+def loop_end(red: UOp, form: Linear) -> tuple[UOp, UOp, UOp] | None:
+    """(r, end, full) for the reduce range r with the largest coefficient a > 0 in the gate form a*r + rest < 0:
+    every lane is gated off from end = ceil(-min(rest) / a) on, and on below full = ceil(-max(rest) / a), where
+    min/max(rest) take the loops around red at their values and every range varying within an iteration of r
+    (lanes, unrolled copies, a GPU's local ids, red's other ranges, inner loops) at its smallest/largest term.
+    None where rest holds anything else that varies (a division of a range, a load)."""
     terms, const = form
     own = [r for r in red.src[1:] if r.op is Ops.RANGE and r.arg[1] is AxisType.REDUCE and terms.get(r, 0) > 0]
     if not own:
@@ -118,29 +119,35 @@ def loop_end(red: UOp, form: Linear) -> tuple[UOp, UOp] | None:
     a = terms[r]
     inside = _closed_inside(red) | set(red.src[1:])
     fixed: UOp = UOp.const(r.dtype, -const)
-    lowest = 0
+    lowest = highest = 0
     for x, k in terms.items():
         if x is r:
             continue
         if x.op is Ops.RANGE and (x.arg[1] in _VARYING or x in inside):
             lowest += k * (x.vmin if k > 0 else x.vmax)
-        elif inside.isdisjoint(y for y in x.toposort() if y.op is Ops.RANGE) and all(
-            y.op not in (Ops.LOAD, Ops.REDUCE) for y in x.toposort()
-        ) and all(y.arg[1] not in _VARYING for y in x.toposort() if y.op is Ops.RANGE):
+            highest += k * (x.vmax if k > 0 else x.vmin)
+        elif (
+            inside.isdisjoint(y for y in x.toposort() if y.op is Ops.RANGE)
+            and all(y.op not in (Ops.LOAD, Ops.REDUCE) for y in x.toposort())
+            and all(y.arg[1] not in _VARYING for y in x.toposort() if y.op is Ops.RANGE)
+        ):
             fixed = fixed - (x if x.dtype == r.dtype else x.cast(r.dtype)) * k
         else:
             return None
-    # every contribution is the identity once a*r >= -rest for the smallest rest: r >= ceil((fixed - lowest) / a)
+    # a*r + rest >= 0 on every lane once r >= ceil((fixed - lowest) / a); < 0 on every lane while r < ceil((fixed -
+    # highest) / a); both clamped to 0..n
     n = trip_count(r)
-    end = graph_rewrite(((fixed - lowest).maximum(UOp.const(r.dtype, 0)) + (a - 1)) // a, symbolic)
-    if isinstance(n, int):
-        if end.vmin >= n:
-            return None
-        if end.vmax > n:
-            end = graph_rewrite((end < n).where(end, UOp.const(r.dtype, n)), symbolic)
-    else:
-        end = graph_rewrite((end < n).where(end, n), symbolic)
-    return r, end
+    n_uop = n if isinstance(n, UOp) else UOp.const(r.dtype, n)
+
+    def bound(x: UOp) -> UOp:
+        b = graph_rewrite((x.maximum(UOp.const(r.dtype, 0)) + (a - 1)) // a, symbolic)
+        return b if isinstance(n, int) and b.vmax <= n else graph_rewrite((b < n_uop).where(b, n_uop), symbolic)
+
+    end = bound(fixed - lowest)
+    if isinstance(n, int) and end.vmin >= n:
+        return None
+    full = bound(fixed - highest)
+    return r, end, graph_rewrite((full < end).where(full, end), symbolic) if full.vmax > end.vmin else full
 
 
 def _row_buffers_filled(red: UOp) -> list[tuple[UOp, Linear]] | None:
@@ -189,8 +196,10 @@ def _key(form: Linear) -> tuple:
     return (frozenset(form[0].items()), form[1])
 
 
-def gated_end(sink: UOp, red: UOp) -> tuple[UOp, UOp] | None:
-    """(red's range, that range ending at its gate's bound), where red's gate allows it (the module's docstring)"""
+def gated_end(sink: UOp, red: UOp) -> UOp | None:
+    """red with its range ending at its gate's bound, where red's gate allows it (the module's docstring): the
+    iterations where the gate holds on every lane as a loop without it, the partial ones after it as a second loop
+    with it (as a tail: `codegen/opt/tail.py`)"""
     if red.arg not in (Ops.ADD, Ops.MAX, Ops.MUL) or (gv := gated_body(red)) is None:
         return None
     if (filled := _row_buffers_filled(red)) is None:
@@ -198,23 +207,60 @@ def gated_end(sink: UOp, red: UOp) -> tuple[UOp, UOp] | None:
     for form in gate_forms(gv[0]):
         if (found := loop_end(red, form)) is None:
             continue
-        r, end = found
+        r, end, full = found
         # each row buffer filled: its gate is a function of the slot, index + rest, and read only under it
         rests = [_minus(form, idx_form) for _, idx_form in filled]
-        if all(
+        if not all(
             not any(x in red.src[1:] for x in rest[0]) and _reads_gated(sink, buf, rest)
             for (buf, _), rest in zip(filled, rests)
         ):
-            return r, UOp(Ops.RANGE, r.dtype, (end,), r.arg)
+            continue
+        # a gate of several parts stays whole (only this one is known to hold), and so does a reduce over a GPU's
+        # local ids (a second loop would need ids of its own)
+        if gv[0].op is not Ops.CMPLT or any(
+            x.op is Ops.RANGE and x.arg[1] in (AxisType.LOCAL, AxisType.GROUP) for x in red.toposort()
+        ):
+            return red.substitute({r: UOp(Ops.RANGE, r.dtype, (end,), r.arg)})
+        return _peeled(sink, red, r, end, full, gv[0])
     return None
+
+
+def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:
+    """# REDUCE(where(g, x, id), r) -> REDUCE(x, r < full) op REDUCE(where(g, x, id), full <= r < end)"""
+    from zeptograd.codegen.opt import pm_fix_range_lists
+    from zeptograd.codegen.opt.tail import bound_ranges
+
+    next_id = max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1
+    fresh: dict[UOp, UOp] = {}
+    for s in bound_ranges(red, r):
+        if s is not r:
+            fresh[s], next_id = UOp.range(s.src[0], next_id, s.arg[1]), next_id + 1
+    wheres = {u: u.src[1] for u in red.src[0].toposort() if u.op is Ops.WHERE and u.src[0] is gate}
+    main = graph_substitute(graph_substitute(red, wheres), {r: UOp(Ops.RANGE, r.dtype, (full,), r.arg)})
+    main = graph_rewrite(main, pm_fix_range_lists)
+    part = UOp(Ops.RANGE, r.dtype, (graph_rewrite(end - full, symbolic),), (next_id, AxisType.REDUCE))
+    # the tail's range list names its own loop, not the ranges full + part is made of (those are loops around it)
+    body = graph_rewrite(graph_substitute(red.src[0], {**fresh, r: full + part}), pm_fix_range_lists)
+    tail = UOp(Ops.REDUCE, red.dtype, (body, *(part if x is r else fresh.get(x, x) for x in red.src[1:])), red.arg)
+    return UOp(red.arg, red.dtype, (main, tail))
 
 
 @named_pass("end_gated_reduces", "a reduce gated by a bound on its range ends its loop there")
 def end_gated_reduces(sink: UOp) -> UOp:
-    """every gated reduce's range ends at its bound, decided on the kernel as it is (one pass, not to a fixed point:
-    a range that ends at its bound already would be bounded again)"""
-    ends = {}
-    for u in sink.toposort():
-        if u.op is Ops.REDUCE and u.src[0].op in (Ops.WHERE, Ops.AFTER) and (found := gated_end(sink, u)) is not None:
-            ends[found[0]] = found[1]
-    return sink.substitute(ends) if ends else sink
+    """every gated reduce's range ends at its bound, one reduce at a time in the kernel's order (a later reduce reads
+    an earlier one's row buffer and value), each once: its loops are not bounded again"""
+    done: set[int] = set()
+    while True:
+        for u in sink.toposort():
+            if u.op is not Ops.REDUCE or u.src[0].op not in (Ops.WHERE, Ops.AFTER):
+                continue
+            ids = {r.arg[0] for r in u.src[1:] if r.op is Ops.RANGE}
+            if not ids.isdisjoint(done):
+                continue
+            done |= ids
+            if (new := gated_end(sink, u)) is not None:
+                done |= {r.arg[0] for r in new.toposort() if r.op is Ops.RANGE}
+                sink = graph_substitute(sink, {u: new})
+                break
+        else:
+            return sink
