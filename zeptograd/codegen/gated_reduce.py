@@ -216,9 +216,12 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
         ):
             continue
         # a gate of several parts stays whole (only this one is known to hold), and so does a reduce over a GPU's
-        # local ids (a second loop would need ids of its own)
-        if gv[0].op is not Ops.CMPLT or any(
-            x.op is Ops.RANGE and x.arg[1] in (AxisType.LOCAL, AxisType.GROUP) for x in red.toposort()
+        # local ids (a second loop would need ids of its own) or over loops besides r and vector lanes (not split:
+        # the linearizer found no order for the two nests' accumulators)
+        if (
+            gv[0].op is not Ops.CMPLT
+            or any(x.op is Ops.RANGE and x.arg[1] in (AxisType.LOCAL, AxisType.GROUP) for x in red.toposort())
+            or any(x is not r and x.op is Ops.RANGE and x.arg[1] is AxisType.REDUCE for x in red.src[1:])
         ):
             return red.substitute({r: UOp(Ops.RANGE, r.dtype, (end,), r.arg)})
         return _peeled(sink, red, r, end, full, gv[0])
