@@ -30,8 +30,8 @@ def attention_uops(shape_q, shape_k, causal, device="CPU") -> list[UOp]:
 
 
 def key_loops_bounded_by_the_query(uops: list[UOp]) -> list[UOp]:
-    """the loops whose end is an expression of another loop (the query rows' loop)"""
-    return [u for u in uops if u.op is Ops.RANGE and any(x.op is Ops.RANGE for x in u.src[0].toposort())]
+    """the loops whose end is an expression of another loop (the query rows' loop, or a GPU's thread id)"""
+    return [u for u in uops if u.op is Ops.RANGE and any(x.op in (Ops.RANGE, Ops.SPECIAL) for x in u.src[0].toposort())]
 
 
 def end_at(r: UOp, value: int) -> int:
@@ -129,3 +129,21 @@ def test_masked_keys_never_reach_the_output(n):
     want = reference(q, clean_k, clean_v)
     np.testing.assert_allclose(got[..., : n - 4, :], want[..., : n - 4, :], rtol=1e-5, atol=3e-6)
     assert np.isnan(got[..., n - 4 :, :]).all()
+
+
+@pytest.mark.parametrize("renderer", ["OpenCL", "CUDA", "C", "LLVM"])
+def test_the_renderers_take_a_loop_end_of_the_query_index(renderer):
+    """A key loop's end is an expression of the query loop (a GPU's query thread id): each renderer writes it as the
+    loop's bound, not a literal"""
+    from zeptograd.renderer.cstyle import CStyleRenderer
+    from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer
+    from zeptograd.renderer.llvmir import LLVMRenderer
+
+    ren = {"OpenCL": OpenCLRenderer, "CUDA": CUDARenderer, "C": CStyleRenderer, "LLVM": LLVMRenderer}[renderer]()
+    q, k, v = (Tensor.empty(1, 2, 128, 32) for _ in range(3))
+    with Context(**{SCHEDULE_CACHE.key: 0}):
+        items = [it for it in q.scaled_dot_product_attention(k, v, is_causal=True).schedule() if it.ast.op is Ops.SINK]
+    uops = full_rewrite(items[-1].ast, ren)[0]
+    assert key_loops_bounded_by_the_query(uops)
+    src = ren.render("k", uops).src
+    assert src
