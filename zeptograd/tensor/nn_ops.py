@@ -595,14 +595,28 @@ def _causal_attention(x: Tensor, value: Tensor, dropout_p: float) -> Tensor:
     those keys: an inf or nan in them changes nothing), and codegen ends each key loop of a tile of query rows at the
     tile's last seen key (`codegen/causal.py`): half the work of the full rows. Key 0 is seen by every row, so the
     max is never -inf from the mask alone."""
-    L, S = x.shape[-2:]
-    rows = type(x).arange(L, device=x.device).reshape(L, 1)
-    seen = type(x).arange(S, device=x.device).reshape(1, S) < rows + 1
-    x = seen.where(x, -math.inf)
-    e = seen.where((x - x.detach()._max(-1, keepdim=True)).exp(), 0)
+    seen = _causal_mask(x)
+    s = seen.where(x, -math.inf)
+    e = seen.where((s - s.detach()._max(-1, keepdim=True)).exp(), 0)
     total = e.sum(-1, keepdim=True)
     products = e.dropout(dropout_p).unsqueeze(-1) * value.unsqueeze(-3)  # (..., L, S, D): a matmul's broadcast product
-    return seen.unsqueeze(-1).where(products, 0).sum(-2) / total
+    out = seen.unsqueeze(-1).where(products, 0).sum(-2) / total
+    return out if dropout_p > 0 else with_gradient(out, (x, value), _causal_attention_grad)
+
+
+def _causal_mask(x: Tensor) -> Tensor:
+    """torch's tril(ones(L, S)) for scores x of (..., L, S): key j seen by query i where j <= i"""
+    L, S = x.shape[-2:]
+    return type(x).arange(S, device=x.device).reshape(1, S) < type(x).arange(L, device=x.device).reshape(L, 1) + 1
+
+
+def _causal_attention_grad(g: Tensor, out: Tensor, x: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v: its backward
+    is the plain attention's kernels (the gated forms' would gate every product of dO @ v.T and e.T @ dO). Equal
+    where the gated forward is: every row sees key 0, so its max is finite and a masked key's e is 0."""
+    y = x + _causal_mask(x).where(0, -math.inf).cast(x.dtype)
+    e = (y - y.detach()._max(-1, keepdim=True)).exp()
+    return tuple((e @ value / e.sum(-1, keepdim=True)).gradient(x, value, gradient=g))
 
 
 def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
