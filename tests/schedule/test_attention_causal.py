@@ -167,3 +167,35 @@ def test_the_backward_gates_no_product():
         if u.op is Ops.WHERE and u.src[2].op is Ops.CONST and u.src[2].arg == 0 and dtypes.is_float(u.dtype)
     ]
     assert not gates
+
+
+def kernel_uops(t: Tensor) -> list[list[UOp]]:
+    with Context(**{SCHEDULE_CACHE.key: 0}):
+        items = [it for it in t.schedule() if it.ast.op is Ops.SINK]
+    return [full_rewrite(it.ast, Device["CPU"].renderer)[0] for it in items]
+
+
+@pytest.mark.parametrize("n", [200, 512])
+def test_a_triangular_sum_ends_at_its_row(n):
+    """Any reduce whose terms are where(j < i + 1, x, 0) (codegen/gated_reduce.py, not only attention's): row i's
+    loop ends by i, the values unchanged"""
+    x = rng.standard_normal((n, n)).astype(np.float32)
+    seen = Tensor.arange(n).reshape(1, n) < Tensor.arange(n).reshape(n, 1) + 1
+    out = seen.where(Tensor(x), 0).sum(-1)
+    assert any(key_loops_bounded_by_the_query(u) for u in kernel_uops(out))
+    np.testing.assert_allclose(out.numpy(), np.tril(x).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_masked_softmax_read_under_its_gate():
+    """A causal softmax written by hand with every step gated: its exp is a row buffer filled in the sum's loop and
+    read by the division under the same gate at the index it reads, so the sum's loop ends at the row's last key
+    (a skipped slot is never read)"""
+    n = 128
+    x = Tensor(rng.standard_normal((n, n)).astype(np.float32))
+    seen = Tensor.arange(n).reshape(1, n) < Tensor.arange(n).reshape(n, 1) + 1
+    s = seen.where(x, -np.inf)
+    e = seen.where((s - s.max(-1, keepdim=True)).exp(), 0)
+    out = e / e.sum(-1, keepdim=True)
+    assert any(key_loops_bounded_by_the_query(u) for u in kernel_uops(out))
+    want = torch.softmax(torch.from_numpy(x.numpy()).masked_fill(~torch.ones(n, n).tril().bool(), -np.inf), -1)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
