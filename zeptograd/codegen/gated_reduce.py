@@ -241,8 +241,13 @@ def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:
     wheres = {u: u.src[1] for u in red.src[0].toposort() if u.op is Ops.WHERE and u.src[0] is gate}
     main = graph_substitute(graph_substitute(red, wheres), {r: UOp(Ops.RANGE, r.dtype, (full,), r.arg)})
     main = graph_rewrite(main, pm_fix_range_lists)
-    part = UOp(Ops.RANGE, r.dtype, (graph_rewrite(end - full, symbolic),), (next_id, AxisType.REDUCE))
+    rest = graph_rewrite(end - full, symbolic)
+    if rest.op is Ops.CONST and rest.arg <= 0:  # no partial block: the loop without the gate is all of it
+        return main
+    if full.op is Ops.CONST and full.arg <= 0:  # no full block: the gated loop alone
+        return red.substitute({r: UOp(Ops.RANGE, r.dtype, (end,), r.arg)})
     # the tail's range list names its own loop, not the ranges full + part is made of (those are loops around it)
+    part = UOp(Ops.RANGE, r.dtype, (rest,), (next_id, AxisType.REDUCE))
     body = graph_rewrite(graph_substitute(red.src[0], {**fresh, r: full + part}), pm_fix_range_lists)
     tail = UOp(Ops.REDUCE, red.dtype, (body, *(part if x is r else fresh.get(x, x) for x in red.src[1:])), red.arg)
     return UOp(red.arg, red.dtype, (main, tail))
