@@ -5,6 +5,7 @@ from __future__ import annotations
 from zeptograd.codegen.accumulator import lower_reduces
 from zeptograd.codegen.devectorizer import pm_devectorize
 from zeptograd.codegen.expander import expand
+from zeptograd.codegen.gated_reduce import end_gated_reduces
 from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import lower_index_dtypes, pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
@@ -49,6 +50,7 @@ def full_rewrite(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) ->
     sink, opts = optimize(ast, renderer, opts)
     check_kernel(sink, "the optimizer")
     sink = graph_rewrite(sink, symbolic)  # the split ranges' index arithmetic, simplified again
+    sink = end_gated_reduces(sink)  # a reduce gated by a bound on its range (causal attention) ends its loop there
     if not renderer.has_local:  # GPU threads take a pad's border for free; CPU loops don't
         # window reads gated by a pad: border and interior parts, the interior ungated
         sink = peel_borders(sink, renderer.simd_bytes)
