@@ -35,9 +35,12 @@ def key_loops_bounded_by_the_query(uops: list[UOp]) -> list[UOp]:
     return [u for u in uops if u.op is Ops.RANGE and any(x.op in (Ops.RANGE, Ops.SPECIAL) for x in u.src[0].toposort())]
 
 
-def end_at(r: UOp, value: int) -> int:
-    """r's trip count with every loop its end depends on at value"""
-    outer = {x: UOp.const(x.dtype, value) for x in r.src[0].toposort() if x.op is Ops.RANGE}
+def end_at(r: UOp, last: bool) -> int:
+    """r's trip count in the first query tile (every loop and core id its end depends on at 0) or the last one (each
+    at its largest value: where the kernel splits the query rows over cores, the last core's last tile)"""
+    outer = {
+        x: UOp.const(x.dtype, x.vmax if last else 0) for x in r.src[0].toposort() if x.op in (Ops.RANGE, Ops.SPECIAL)
+    }
     end = graph_rewrite(graph_substitute(r.src[0], outer), symbolic)
     assert end.op is Ops.CONST, end
     return end.arg
@@ -53,8 +56,7 @@ def test_key_loops_end_at_the_query_tiles_last_key(noopt):
         assert not key_loops_bounded_by_the_query(attention_uops((1, 1, 256, 64), (1, 1, 256, 64), False))
     assert len(bounded) >= 3
     assert all(r.arg[1] is AxisType.REDUCE for r in bounded)
-    last = max(max(x.vmax for x in r.src[0].toposort() if x.op is Ops.RANGE) for r in bounded)
-    first_tile, last_tile = sum(end_at(r, 0) for r in bounded), sum(end_at(r, last) for r in bounded)
+    first_tile, last_tile = sum(end_at(r, False) for r in bounded), sum(end_at(r, True) for r in bounded)
     assert first_tile * 8 <= last_tile, (first_tile, last_tile)
 
 
