@@ -88,6 +88,96 @@ def test_a_linear_weight_shared_by_many_rows_is_read_from_column_panels():
     np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-3, atol=1e-2)
 
 
+def test_a_linear_over_a_depth_of_no_whole_vectors_reads_copies_with_padded_rows():
+    """x @ W.T (W (N, K) stored, the dot tile) where K leaves a tail of scalar copies (no power of two) over a large
+    enough product reads copies of x and W whose rows are padded with zeros to whole vectors of the renderer (two
+    kernels more, no tail left, every row aligned); a tail of one vector, a whole number of vectors, a small product
+    or W read from panels keep the product as it is."""
+    lanes = nn_ops._vector_lanes("CPU", 4)
+    padded = -(-263 // lanes) * lanes  # 263 = 16 * 16 + 7 = 32 * 8 + 7: 7 scalar copies on AVX-512 and AVX2
+    x, w = Tensor.empty(512, 263), Tensor.empty(513, 263).realize()
+    sched = (x @ w.T).schedule()
+    assert sum(item.ast.op.name == "SINK" for item in sched) == 3
+    assert sorted(b.size for item in sched[:2] for b in item.bufs[:1]) == [512 * padded, 513 * padded]
+    assert _kernels(Tensor.empty(2, 256, 263) @ w.T) == 3  # a Linear over (batch, seq, K): its rows counted
+    assert _kernels(x[:, : lanes * 16] @ Tensor.empty(513, lanes * 16).realize().T) == 1  # whole vectors
+    assert _kernels(x[:, :257] @ Tensor.empty(513, 257).realize().T) == 1  # one scalar copy: the copies cost more
+    assert _kernels(x[:64] @ w[:64].T) == 1  # a small product
+    assert _kernels(Tensor.empty(2048, 263) @ Tensor.empty(512, 263).realize().T) == 2  # column panels
+    assert _kernels(Tensor.empty(512, 263, device="PYTHON") @ Tensor.empty(513, 263, device="PYTHON").T) == 1
+
+
+def test_a_linear_over_a_depth_of_no_whole_vectors_reads_column_panels_from_fewer_rows():
+    """x @ W.T with K no whole number of vectors (the dot tile's tail and misaligned rows) and N a multiple of 32 reads
+    W.T from column panels from 128 rows and ~25M multiply-adds on, not only from 1024 rows or a depth of 1024."""
+    w = Tensor.empty(384, 263).realize()  # 263 = 7 past whole vectors of 16 and of 8
+    assert _kernels(Tensor.empty(256, 263) @ w.T) == 2
+    assert _kernels(Tensor.empty(2, 128, 263) @ w.T) == 2  # batched: its rows counted
+    assert _kernels(Tensor.empty(256, 256) @ Tensor.empty(384, 256).realize().T) == 1  # whole vectors: the dot tile
+    assert _kernels(Tensor.empty(256, 257) @ Tensor.empty(256, 257).realize().T) == 1  # a small product
+    assert _kernels(Tensor.empty(64, 1001) @ Tensor.empty(1024, 1001).realize().T) == 1  # few rows
+
+
+@pytest.mark.parametrize("device,noopt", [("CPU", 0), ("CPU", 1), ("CPU:C", 0)])
+@pytest.mark.parametrize("k", [257, 1001])
+def test_odd_depth_column_panels_values_and_gradients(device, noopt, k, monkeypatch):
+    """Through the column panels of an odd depth (forced at a small size), values and gradients match torch's."""
+    monkeypatch.setattr(nn_ops, "TRANSPOSED_PANEL_TAIL_MIN_MACS", 0)
+    rng = np.random.default_rng(k)
+    xn, wn = rng.standard_normal((2, 64, k), dtype=np.float32), rng.standard_normal((32, k), dtype=np.float32)
+    x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
+    assert _kernels(x @ w.T) == 2
+    with Context(NOOPT=noopt):
+        out = x @ w.T
+        out.square().sum().backward()
+        out_n, xg, wg = out.numpy(), x.grad.numpy(), w.grad.numpy()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    out_t = xt @ wt.T
+    out_t.square().sum().backward()
+    np.testing.assert_allclose(out_n, out_t.detach().numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(xg, xt.grad.numpy(), rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(wg, wt.grad.numpy(), rtol=1e-3, atol=5e-2)
+
+
+@pytest.mark.parametrize("m,k,n", [(256, 1024, 256), (256, 263, 384), (512, 263, 513)])
+def test_a_linear_read_from_copies_takes_its_gradients_from_x_and_w_themselves(m, k, n):
+    """x @ W.T read from copies (column panels, padded rows) has the gradients of x @ W.T itself: x's is g @ W, W
+    row-major (a tile of rows and vectors along K), not a reduce along the panels' split N (a tile of dot products of
+    32: 256x1024x256's backward 28 ms on 1 AVX-512 core, 2.4 with g @ W)."""
+    from zeptograd.codegen.opt import OptOps
+
+    x, w = Tensor.empty(m, k, requires_grad=True), Tensor.empty(n, k, requires_grad=True).realize()
+    assert _kernels(x @ w.T) == (2 if n % 32 == 0 else 3)  # (the copies)
+    (x @ w.T).square().sum().backward()
+    assert not any(o.op is OptOps.UNROLL for o in _matmul_reduce_opts(x.grad))
+    assert x.grad.shape == (m, k) and w.grad.shape == (n, k)
+
+
+@pytest.mark.parametrize("device,noopt", [("CPU", 0), ("CPU", 1), ("CPU:C", 0), ("PYTHON", 0)])
+@pytest.mark.parametrize("k", [1, 3, 17, 257, 1001])
+def test_padded_depth_copies_values_and_gradients(device, noopt, k, monkeypatch):
+    """Through the padded copies (forced at small sizes), values and gradients match torch's, a batched x too."""
+    if device == "PYTHON" and k == 1001:
+        pytest.skip("slow on the PYTHON device")
+    monkeypatch.setattr(nn_ops, "PADDED_DEPTH_MIN_MACS", 0)
+    monkeypatch.setattr(nn_ops, "TAIL_PIECES_PER_COPIED_DEPTH", 0.0)
+    rng = np.random.default_rng(k)
+    xn, wn = rng.standard_normal((2, 3, k), dtype=np.float32), rng.standard_normal((5, k), dtype=np.float32)
+    x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
+    lanes = nn_ops._vector_lanes(device, 4)
+    assert _kernels(x @ w.T) == (3 if lanes and k % lanes else 1)
+    with Context(NOOPT=noopt):
+        out = x @ w.T
+        (out.square() * Tensor(np.arange(30, dtype=np.float32).reshape(2, 3, 5), device=device)).sum().backward()
+        out_n, xg, wg = out.numpy(), x.grad.numpy(), w.grad.numpy()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    out_t = xt @ wt.T
+    (out_t.square() * torch.arange(30, dtype=torch.float32).reshape(2, 3, 5)).sum().backward()
+    np.testing.assert_allclose(out_n, out_t.detach().numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(xg, xt.grad.numpy(), rtol=1e-4, atol=1e-2)
+    np.testing.assert_allclose(wg, wt.grad.numpy(), rtol=1e-4, atol=1e-2)
+
+
 def _matmul_reduce_opts(t: Tensor) -> list:
     """The hand-coded optimizer's actions for the last kernel of t's schedule, for an AVX2 host on one core."""
     from zeptograd.codegen import ranges_simplified

@@ -76,14 +76,20 @@ class NNMixin:
             raise ArgumentError(
                 f"matmul of incompatible shapes {x.shape} and {w.shape}: {x.shape[-1]} != {w.shape[axis_w]}"
             )
+        linear_operands = (x, w) if _contiguous_along_depth(w) else None
         if _packs_right_operand(x, w):
             w = _as_itself(_stored_in_column_panels(w), w)
         elif _transposes_right_operand(x, w):
             w = _as_itself(w.transpose(-1, -2).contiguous().transpose(-1, -2), w)
+        elif depth := _padded_depth(x, w):
+            x, w = _padded_along_depth(x, depth), _padded_along_depth(w.T, depth).T
+        else:
+            linear_operands = None
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
-        return (x * w).sum(-1, dtype=dtype).cast(out_dt)
+        out = (x * w).sum(-1, dtype=dtype).cast(out_dt)
+        return out if linear_operands is None else with_gradient(out, linear_operands, _linear_gradients)
 
     def matmul(self: Tensor, x: Tensor, reverse: bool = False, dtype: DTypeLike | None = None) -> Tensor:
         return x.dot(self, dtype=dtype) if reverse else self.dot(x, dtype=dtype)
@@ -578,6 +584,12 @@ PANEL_CONFLICT_MIN_DEPTH = 257
 # -> 0.94-0.97): the copy, K x N, is no longer noise beside the product there
 TRANSPOSED_PANEL_MIN_ROWS = 1024
 TRANSPOSED_PANEL_DEEP = 1024  # depth from which the dot tile's rows of x fall out of L1: PANEL_MIN_ROWS rows suffice
+# Where K is no whole number of vectors the dot tile loads across cache lines and adds a tail after its horizontal
+# sums (see PADDED_DEPTH_MIN_MACS below); the panels have neither (a broadcast of x per step of K, 32 columns of W.T
+# 128 bytes apart) and pay from PANEL_MIN_ROWS rows and ~25M multiply-adds on (1 AVX-512 core, copy included,
+# alternating: 256x1001x256 0.90 -> 0.66 ms, 512x263x384 0.82 -> 0.54, 512x257x384 0.61 -> 0.53, 256x263x384
+# 0.45 -> 0.35, 128x1001x256 0.48 -> 0.41, 512x129x384 0.35 -> 0.33; not 256x257x256 0.25 -> 0.28, 128x1001x128)
+TRANSPOSED_PANEL_TAIL_MIN_MACS = 24 << 20
 
 
 def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
@@ -598,6 +610,8 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     if _contiguous_along_depth(w) and k >= PANEL_MIN_DEPTH:  # W.T: the dot tile's rows of x against the copy
         if m >= TRANSPOSED_PANEL_MIN_ROWS or (m >= PANEL_MIN_ROWS and k >= TRANSPOSED_PANEL_DEEP):
             return True
+        if m >= PANEL_MIN_ROWS and m * k * n >= TRANSPOSED_PANEL_TAIL_MIN_MACS and k % _vector_lanes(w.device, 4):
+            return True  # K no whole number of vectors: the dot tile's tail and misaligned rows (see above)
     row_bytes = n * w.dtype.itemsize
     if row_bytes < PANEL_MIN_ROW_BYTES:  # a 2 KiB multiple: the walk down K in a few cache sets (see above)
         return (
@@ -664,6 +678,53 @@ def _causal_attention_grad(g: Tensor, out: Tensor, x: Tensor, value: Tensor) -> 
     y = x + _causal_mask(x).where(0, -math.inf).cast(x.dtype)
     e = (y - y.detach()._max(-1, keepdim=True)).exp()
     return tuple((e @ value / e.sum(-1, keepdim=True)).gradient(x, value, gradient=g))
+
+
+# x @ W.T's dot tile (codegen/opt/heuristic.py: dot_tile) loads a vector of K per step from each of its rows of x and
+# of W. Where K is no multiple of the vector, its rows start inside vectors (loads that cross cache lines) and the
+# K % lanes positions left over are a tail after the horizontal sums: one vector of its own where they are a power of
+# two, else one scalar copy of the tile per position (K = 1001 with 16 lanes: 9 copies of 16 products). From copies of
+# x and W whose rows are padded with zeros to a whole number of vectors, every load is aligned and there is no tail
+# (0 * 0 adds 0: the sums are the same). The copies, O((M + N) * K) and two kernels more, pay where the tail's pieces
+# (copies, or 1 vector) times M * N are more than (M + N) * K (TAIL_PIECES_PER_COPIED_DEPTH), from 2^26 multiply-adds
+# on. 1 core of an AVX-512 host, copies included, alternating in one process: 1001^3 13.3 -> 9.4-9.7 ms,
+# 512x1001x513 3.6 -> 2.8-2.9, 256x1001x256 0.93 -> 0.76-0.81, 512x263x513 1.12 -> 0.86, 1000x100x1000 1.57 -> 1.37,
+# 1000x257x1000 3.17 -> 2.92; not at 512x257x513 (0.79 -> 0.82: one scalar copy over 16 vectors), 512x264x513
+# (0.89 -> 0.93: the tail one vector), 512x129x513 0.44 -> 0.48, 256x257x256 0.24 -> 0.31, 128x1001x128 0.27 -> 0.30
+PADDED_DEPTH_MIN_MACS = 1 << 26
+TAIL_PIECES_PER_COPIED_DEPTH = 1.0
+
+
+def _padded_depth(x: Tensor, w: Tensor) -> int:
+    """The depth, K rounded up to a whole number of vectors, at which x @ w, w = W.T with W (N, K) a stored matrix
+    (nn.Linear's weight), reads copies of x and W with their rows padded with zeros; 0 where it does not: K already a
+    whole number of vectors, or a tail too cheap or a product too small to pay for the copies (see above), and where
+    W.T is read from column panels (N a multiple of PANEL: `_packs_right_operand`, tried first)."""
+    if x.ndim < 2 or not _contiguous_along_depth(w) or x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
+        return 0
+    m, (k, n) = _rows_per_matrix(x, w), w.shape
+    if not all(isinstance(v, int) for v in (m, k, n)) or m * k * n < PADDED_DEPTH_MIN_MACS:
+        return 0
+    if not (lanes := _vector_lanes(w.device, w.dtype.itemsize)) or not (tail := k % lanes):
+        return 0
+    pieces = 1 if tail & (tail - 1) == 0 else tail
+    return -(-k // lanes) * lanes if m * n * pieces > TAIL_PIECES_PER_COPIED_DEPTH * (m + n) * k else 0
+
+
+def _linear_gradients(g: Tensor, out: Tensor, x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of x @ w, w = W.T (K, N) with W (N, K) stored, read from x and W themselves, not from the copies
+    the product read (column panels, padded rows): g @ W, a matmul whose B is W row-major (N, K), and x.T @ g over
+    all of x's rows. Through the copies, x's gradient reduced along the panels' split N, a tile of dot products of
+    32 (256x1024x256 x @ W.T's backward on 1 AVX-512 core: 28 ms in panels, a few without)."""
+    k, n = w.shape
+    return g.dot(w.T), x.reshape(-1, k).T.dot(g.reshape(-1, n))
+
+
+def _padded_along_depth(t: Tensor, depth: int) -> Tensor:
+    """A copy of t whose last axis is padded with zeros to depth; its gradient is the gradient's first K columns."""
+    k = t.shape[-1]
+    copy = t.pad(((0, 0),) * (t.ndim - 1) + ((0, depth - k),)).contiguous()
+    return with_gradient(copy, (t,), lambda g, out, src: (g[..., :k],))
 
 
 def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
