@@ -69,7 +69,8 @@ def test_avx2_narrow_convs_vectorize_along_output_channels(monkeypatch):
         copy, conv = x.conv2d(w, padding=1).schedule()
         assert copy.bufs[0].size == w.numel()
         _, opts = hand_coded_optimizations(ranges_simplified(conv.ast), 32, threads=1)
-        assert opts == [Opt(U, 1, 8), Opt(U, 1, 2), Opt(U, 3, rows)]
+        # axis 7: a block's 32 output channels (tensor/nn_ops.py: _output_channel_block), axis 1 the blocks
+        assert opts[:3] == [Opt(U, 7, 8), Opt(U, 7, 2), Opt(U, 3, rows)]
 
 
 def test_stride1_conv_tile_per_vector_width(monkeypatch):
@@ -88,8 +89,9 @@ def test_stride2_conv_tile_per_vector_width(monkeypatch):
     lanes(monkeypatch, 16)
     ast = conv_ast(128, 2)
     # AVX-512: 4 vectors of co x 4 output columns (before: 2 x 4, 8 accumulators); AVX2: 2 x 4 (12 fit its 16)
-    assert hand_coded_optimizations(ast, 64, threads=1)[1] == [Opt(U, 1, 16), Opt(U, 1, 4), Opt(U, 3, 4)]
-    assert hand_coded_optimizations(ast, 32, threads=1)[1] == [Opt(U, 1, 8), Opt(U, 1, 2), Opt(U, 3, 4)]
+    # (axis 7: a block's 64 output channels, tensor/nn_ops.py: _output_channel_block; axis 1 the 2 blocks)
+    assert hand_coded_optimizations(ast, 64, threads=1)[1] == [Opt(U, 7, 16), Opt(U, 7, 4), Opt(U, 3, 4)]
+    assert hand_coded_optimizations(ast, 32, threads=1)[1][:3] == [Opt(U, 7, 8), Opt(U, 7, 2), Opt(U, 3, 4)]
     # a stride-2 1x1 conv's channels-last weight steps by 1 along the output channels and by cout along its input
     # channels (the reduce): no overlapping windows, and tile_shape's tile of 2 vectors x 6 rows and a tail, as before
     # (read in place: a large one stores its subsampled input first, tests/codegen/test_strided_pointwise_conv.py)
@@ -97,7 +99,7 @@ def test_stride2_conv_tile_per_vector_width(monkeypatch):
     x, w = Tensor.empty(8, 1024, 14, 14), Tensor.empty(256, 1024, 1, 1)
     _, conv = x.conv2d(w, stride=2).schedule()
     _, opts = hand_coded_optimizations(ranges_simplified(conv.ast), 64, threads=1)
-    assert opts == [Opt(U, 1, 16), Opt(U, 1, 2), Opt(U, 3, 6)]
+    assert opts == [Opt(U, 5, 16), Opt(U, 5, 2), Opt(U, 3, 6)]  # axis 5: a block's 64 output channels
 
 
 def test_fourteen_and_seven_columns(monkeypatch):
@@ -108,12 +110,12 @@ def test_fourteen_and_seven_columns(monkeypatch):
     x, w = Tensor.empty(8, 256, 14, 14), Tensor.empty(256, 256, 3, 3)
     (ast,) = [it.ast for it in x.conv2d(w, padding=1).schedule() if any(u.op is Ops.REDUCE for u in it.ast.toposort())]
     _, opts = hand_coded_optimizations(ranges_simplified(ast), 64, threads=1)
-    assert opts == [Opt(U, 1, 16), Opt(U, 1, 4), Opt(U, 3, 2), Opt(U, 2, 2)]
+    assert opts == [Opt(U, 7, 16), Opt(U, 7, 4), Opt(U, 3, 2), Opt(U, 2, 2)]  # axis 7: a block's output channels
     # ow = 7: 4 columns and a tail of 3 (before: no action at all, a scalar loop: 850 ms against 17 now, torch 9)
     x, w = Tensor.empty(8, 512, 7, 7), Tensor.empty(512, 512, 3, 3)
     (ast,) = [it.ast for it in x.conv2d(w, padding=1).schedule() if any(u.op is Ops.REDUCE for u in it.ast.toposort())]
     _, opts = hand_coded_optimizations(ranges_simplified(ast), 64, threads=1)
-    assert opts == [Opt(U, 1, 16), Opt(U, 1, 4), Opt(U, 3, 4)]
+    assert opts == [Opt(U, 7, 16), Opt(U, 7, 4), Opt(U, 3, 4)]
 
 
 @pytest.mark.parametrize("cout, stride", [(64, 1), (128, 2)])
