@@ -316,6 +316,34 @@ def _case_matmul(n_full):
     return case
 
 
+def _case_sdpa(causal: bool):
+    """scaled_dot_product_attention forward, (1, 1, 2048, 64) float32, against torch's (numpy: n/a); FLOPs of the
+    full rows (q @ k.T and the product with v: 4 N^2 d), also for causal, which needs half of them."""
+
+    def case(q):
+        import zeptograd  # noqa: F401
+
+        shape = (1, 1, 64, 16) if q else (1, 1, 2048, 64)
+        arrs = [_np(shape, seed) for seed in (1, 2, 3)]
+        zq, zk, zv = (_zg(a) for a in arrs)
+        t = _torch()
+        tq, tk, tv = (t.from_numpy(a) for a in arrs) if t else (None, None, None)
+        n, d = shape[2], shape[3]
+        torch_fn = (lambda: t.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)) if t else None
+        return Spec(
+            {
+                "zeptograd": lambda: zq.scaled_dot_product_attention(zk, zv, is_causal=causal).realize(),
+                "numpy": None,
+                "torch": torch_fn,
+            },
+            "flops",
+            flops=4 * n * n * d,
+            note=f"{shape} float32{', is_causal' if causal else ''}, forward; numpy: n/a",
+        )
+
+    return case
+
+
 def _np_conv2d(x, w):
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     win = np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3))  # N,C,H,W,3,3
@@ -563,6 +591,8 @@ CASES: dict[str, Callable[[bool], Spec]] = {
     "conv2d": case_conv2d,
     "conv2d_stride2": case_conv2d_stride2,
     "conv2d_backward": case_conv2d_backward,
+    "sdpa": _case_sdpa(causal=False),
+    "sdpa_causal": _case_sdpa(causal=True),
     "mlp_step": _case_mlp_step(jit=False),
     "mlp_step_jit": _case_mlp_step(jit=True),
     "first_call": case_first_call,
