@@ -8,6 +8,8 @@
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
 - a transposed copy (lanes reading rows a page apart): TILE blocks of a few rows, each row's line read for 16 steps;
 - the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
+  each core a contiguous block, or every amt-th iteration where the loop's iterations grow in work along it (a gated
+  reduce inside ends its loop by this loop's value: causal attention's query tiles);
 - an amount that does not divide its axis: the largest part it divides, and a tail for the rest.
 
 A symbolic loop (a size from a Variable) counts as its largest size (the kernel serves every value, so it is
@@ -910,6 +912,23 @@ def reduces_along(ast: UOp, r: UOp) -> bool:
     return any(u.op is Ops.REDUCE and any(x.arg[0] == r.arg[0] for x in u.src[0].ranges) for u in ast.toposort())
 
 
+CACHE_LINE_BYTES = 64
+
+
+def interleaves(ast: UOp, nest: UOp, r: UOp) -> bool:
+    """Whether the cores take every other iteration of r rather than contiguous blocks (OptOps.THREAD_INTERLEAVED):
+    where a gated reduce's loop ends by r's value (codegen/gated_reduce.py: causal attention's key loops end at the
+    query tile's last row, so the last block's iterations are the longest), and where each iteration of r stores its
+    own whole cache lines (neighbouring cores writing one line would pass it back and forth)."""
+    from zeptograd.codegen.gated_reduce import ends_along
+
+    st = next((u for u in nest.toposort() if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL), None)
+    if st is None or not isinstance(ptr := st.src[0].src[0].dtype, PtrDType):
+        return False
+    step = stride(simplify(st.src[0].src[1]), r)
+    return step is not None and (abs(step) * ptr.base.itemsize) % CACHE_LINE_BYTES == 0 and ends_along(ast, r)
+
+
 def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozenset()) -> None:
     """THREAD in each loop nest of the kernel (the main one, and tails with enough work): its outermost output loop
     the core count divides, else its outermost with at least 8 iterations per core, else its longest."""
@@ -933,7 +952,10 @@ def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozens
                 max(loops, key=lambda r: max_trip_count(r)),
             )
             tried.add(loops[0].arg[0])
-            plan.take(Opt(OptOps.THREAD, axes.index(r), threads))
+            # a contiguous block per core, unless r's iterations differ in work: then every threads-th one per core
+            op = OptOps.THREAD_INTERLEAVED if interleaves(plan.ast, nest, r) else OptOps.THREAD
+            if not plan.take(Opt(op, axes.index(r), threads)) and op is not OptOps.THREAD:
+                plan.take(Opt(OptOps.THREAD, axes.index(r), threads))
             break
         else:
             return
