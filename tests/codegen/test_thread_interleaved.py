@@ -92,14 +92,21 @@ def test_non_triangular_kernels_keep_contiguous_blocks(simd_bytes):
         assert OptOps.THREAD in [x.op for x in o] and OptOps.THREAD_INTERLEAVED not in [x.op for x in o], o
 
 
-def test_rows_sharing_a_cache_line_stay_contiguous():
-    """a triangular row sum (4-byte rows: every other row per core would pass the output's lines between the cores)
-    keeps contiguous blocks though its loop ends by the row"""
+@pytest.mark.parametrize("device", ["CPU", "CPU:C"])
+def test_rows_narrower_than_a_cache_line_interleave_in_blocks_of_a_line(device):
+    """a triangular row sum (row i sums x[i, :i+1]: its loop ends by i) stores 4-byte rows: the cores take blocks of a
+    cache line's 16 rows in turn (TILE, then the block loop interleaved), so neighbouring cores never write one line;
+    the work balanced, the values numpy's"""
     n = 512
-    seen = Tensor.arange(n).reshape(1, n) < Tensor.arange(n).reshape(n, 1) + 1
+    x = rng.standard_normal((n, n)).astype(np.float32)
+    seen = Tensor.arange(n, device=device).reshape(1, n) < Tensor.arange(n, device=device).reshape(n, 1) + 1
     with Context(THREADS=2):
-        _, opts = last_kernel(seen.where(Tensor.empty(n, n), 0).sum(-1))
-    assert OptOps.THREAD in [o.op for o in opts] and OptOps.THREAD_INTERLEAVED not in [o.op for o in opts], opts
+        out = seen.where(Tensor(x, device=device), 0).sum(-1)
+        uops, opts = last_kernel(out)
+        assert opts[-2:] == [Opt(OptOps.TILE, 0, 64 // 4), Opt(OptOps.THREAD_INTERLEAVED, 0, 2)], opts
+        work = work_per_core(uops)
+        assert max(work) <= 1.1 * min(work), work
+        np.testing.assert_allclose(out.numpy(), np.tril(x).sum(-1), rtol=1e-5, atol=1e-5)
 
 
 def test_interleaved_split_algebra():
