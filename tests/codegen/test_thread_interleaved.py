@@ -144,3 +144,19 @@ def test_values_on_two_cores_match_torch(device, shape):
             Tensor(k, device=device), Tensor(v, device=device), is_causal=True
         )
         np.testing.assert_allclose(got.numpy(), reference(q, k, v).numpy(), rtol=1e-5, atol=3e-6)
+
+
+def test_beam_offers_the_interleaved_split_where_work_grows():
+    """BEAM's actions (engine/search.py) include THREAD_INTERLEAVED for the causal query loop, not without the mask"""
+    from zeptograd.codegen import ranges_simplified
+    from zeptograd.engine.search import actions
+
+    def kernel_actions(causal: bool) -> set[OptOps]:
+        q, k, v = (Tensor.empty(1, 1, 256, 64) for _ in range(3))
+        with Context(**{SCHEDULE_CACHE.key: 0}):
+            t = q.scaled_dot_product_attention(k, v, is_causal=causal)
+            items = [it for it in t.schedule() if it.ast.op is Ops.SINK]
+        return {a.op for a in actions(ranges_simplified(items[-1].ast), 2)}
+
+    assert OptOps.THREAD_INTERLEAVED in kernel_actions(True)
+    assert OptOps.THREAD_INTERLEAVED not in kernel_actions(False) and OptOps.THREAD in kernel_actions(False)
