@@ -253,6 +253,20 @@ def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:
     return UOp(red.arg, red.dtype, (main, tail))
 
 
+def ends_along(sink: UOp, r: UOp) -> bool:
+    """Whether end_gated_reduces will end a reduce's loop at a bound that depends on loop r: the iterations of r differ
+    in work (causal attention's query tiles: the first one's key loops are short, the last one's full). The optimizer
+    asks this before the pass runs, of the same graph: it splits such a loop over cores by every other iteration."""
+    for red in sink.toposort():
+        if red.op is not Ops.REDUCE or red.src[0].op not in (Ops.WHERE, Ops.AFTER) or r not in red.toposort():
+            continue
+        if (new := gated_end(sink, red)) is not None and any(
+            u.op is Ops.RANGE and r in u.src[0].toposort() for u in new.toposort()
+        ):
+            return True
+    return False
+
+
 @named_pass("end_gated_reduces", "a reduce gated by a bound on its range ends its loop there")
 def end_gated_reduces(sink: UOp) -> UOp:
     """every gated reduce's range ends at its bound, one reduce at a time in the kernel's order (a later reduce reads

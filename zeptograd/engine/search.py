@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from zeptograd.codegen import full_rewrite, kernel_name, optimize, ranges_simplified
+from zeptograd.codegen.gated_reduce import ends_along
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
 from zeptograd.device import Buffer, Device, Program
 from zeptograd.helpers import BEAM_BUDGET, THREADS, VIZ, ArgumentError, cache_dir, prod
@@ -68,6 +69,8 @@ def actions(ast: UOp, threads: int) -> list[Opt]:
         out += [Opt(OptOps.UPCAST if loop else OptOps.UNROLL, i, a) for a in AMOUNTS if n % a == 0 and a <= n]
         if loop and not threaded and threads > 1 and n % threads == 0:
             out.append(Opt(OptOps.THREAD, i, threads))
+            if ends_along(ast, r):  # its iterations grow in work along it: every threads-th one per core
+                out.append(Opt(OptOps.THREAD_INTERLEAVED, i, threads))
         out += [Opt(OptOps.SWAP, i, j) for j in range(i + 1, len(axes)) if axes[j].arg[1] is r.arg[1] and loop]
         out += [Opt(OptOps.TILE, i, a) for a in (16, 64, 128) if loop and n % a == 0 and a < n]  # cache blocks
     return out

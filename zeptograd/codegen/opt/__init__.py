@@ -5,6 +5,7 @@ first, then reduces). UPCAST/UNROLL/THREAD split that range with the algebra of 
 
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, UPCAST|UNROLL)     (the inner part becomes vector lanes / copies)
     RANGE(n) -> SPECIAL(core_id, amt)*(n/amt) + RANGE(n/amt)     (THREAD: each core takes a contiguous block)
+    RANGE(n) -> RANGE(n/amt)*amt + SPECIAL(core_id, amt)         (THREAD_INTERLEAVED: every amt-th iteration)
     RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP)        (GPU: codegen/gpudims.py makes them local ids)
     RANGE(n) -> RANGE'(n/amt)*amt + RANGE(amt)                    (TILE: RANGE' nests outside every other loop)
 
@@ -17,6 +18,12 @@ every value of the variables: UPCAST/UNROLL take RANGE(n//amt)*amt + RANGE(amt) 
 ones cut at n by the loop's own bound (no gate, no load past n):
 
     RANGE(n) -> SPECIAL(core_id, amt)*c + RANGE(c - max((core_id+1)*c - n, 0))
+
+THREAD_INTERLEAVED takes no tail either: core c runs the iterations c, c+amt, c+2*amt, ... below n, ceil((n-c)/amt)
+of them, RANGE(n) -> RANGE((n - core_id + amt-1) // amt)*amt + core_id. It is for a loop whose iterations grow in
+work along it (the heuristic's choice: a gated reduce inside ends its loop by this loop's value,
+codegen/gated_reduce.py): contiguous blocks would give the last core the longest iterations, every amt-th one gives
+each core a share of the short and the long.
 
 TILE, LOCAL and GROUP need amt to divide n for every value (n = 16*v, say), and refuse otherwise.
 """
@@ -37,7 +44,8 @@ class OptOps(Enum):
     UPCAST = auto()  # an output axis -> vector lanes / unrolled copies
     MASKED_UPCAST = auto()  # UPCAST whose tail (an amount that does not divide) is one masked vector (masks_tail)
     UNROLL = auto()  # a reduce axis -> vector lanes / unrolled copies (several accumulators)
-    THREAD = auto()  # an output axis split across CPU cores
+    THREAD = auto()  # an output axis split across CPU cores, each a contiguous block
+    THREAD_INTERLEAVED = auto()  # an output axis split across CPU cores, each every amt-th iteration
     LOCAL = auto()  # an output axis -> GPU local (work-group) ids
     GROUP = auto()  # a reduce axis -> GPU local ids, reduced through shared memory
     SWAP = auto()  # exchange the nesting of two output axes (arg: the other axis)
@@ -194,7 +202,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
         if (opt.op is OptOps.UPCAST) != (kind is AxisType.LOOP):
             raise OptError(f"{opt}: UPCAST splits output axes, UNROLL reduce axes; axis {opt.axis} is {kind.name}")
-    if opt.op is OptOps.THREAD:
+    if opt.op in (OptOps.THREAD, OptOps.THREAD_INTERLEAVED):
         if kind is not AxisType.LOOP:
             raise OptError(f"{opt}: only an output loop can be split across cores")
         core = UOp(Ops.SPECIAL, dtypes.index, (UOp.const(dtypes.index, opt.arg),), "core_id")
@@ -206,6 +214,11 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
             raise OptError(f"{opt}: TILE splits an output loop evenly; axis {opt.axis} is {kind.name} of size {n}")
         first = min(u.arg[0] for u in ast.toposort() if u.op is Ops.RANGE)
         new = UOp.range(_div(n, opt.arg), first - 1, AxisType.LOOP) * opt.arg + UOp.range(opt.arg, r.arg[0], kind)
+        return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
+    if opt.op is OptOps.THREAD_INTERLEAVED:
+        # RANGE(n) -> RANGE(ceil((n - core)/amt))*amt + core: core c takes c, c+amt, ... below n (n/amt if amt divides)
+        count = _div(n, opt.arg) if _divides(n, opt.arg) else ((n - core + (opt.arg - 1)) // opt.arg).simplify()
+        new = UOp.range(count, r.arg[0], AxisType.LOOP) * opt.arg + core if n != opt.arg else core
         return graph_rewrite(graph_substitute(ast, {r: new}), pm_fix_range_lists)
     if opt.op is not OptOps.SWAP and not _divides(n, opt.arg):
         # the largest part the amount divides, then a tail (codegen/opt/tail.py): vector lanes and cores only

@@ -9,6 +9,9 @@
 - a transposed copy (lanes reading rows a page apart): TILE blocks of a few rows, each row's line read for 16 steps
   (with 16 lanes the vector is the block: its loop outermost);
 - the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
+  each core a contiguous block, or every amt-th iteration where the loop's iterations grow in work along it (a gated
+  reduce inside ends its loop by this loop's value: causal attention's query tiles), in blocks of a cache line's
+  rows where a row is narrower;
 - an amount that does not divide its axis: the largest part it divides, and a tail for the rest.
 
 A symbolic loop (a size from a Variable) counts as its largest size (the kernel serves every value, so it is
@@ -920,6 +923,34 @@ def reduces_along(ast: UOp, r: UOp) -> bool:
     return any(u.op is Ops.REDUCE and any(x.arg[0] == r.arg[0] for x in u.src[0].ranges) for u in ast.toposort())
 
 
+CACHE_LINE_BYTES = 64
+
+
+def interleave_block(ast: UOp, nest: UOp, r: UOp) -> int | None:
+    """The iterations of r the cores take in turn (OptOps.THREAD_INTERLEAVED) rather than contiguous blocks, where a
+    gated reduce's loop ends by r's value (codegen/gated_reduce.py: causal attention's key loops end at the query
+    tile's last row, so the last block's iterations are the longest): 1 where each iteration of r stores its own
+    whole cache lines, else as many as store one line (a triangular row sum's 4-byte rows: 16 of them, TILE's
+    blocks), so that neighbouring cores never write one line and pass it back and forth. None: contiguous blocks."""
+    from zeptograd.codegen.gated_reduce import ends_along
+
+    st = next((u for u in nest.toposort() if u.op is Ops.STORE and u.src[0].src[0].op is Ops.DEFINE_GLOBAL), None)
+    if st is None or not isinstance(ptr := st.src[0].src[0].dtype, PtrDType):
+        return None
+    if not (step := stride(simplify(st.src[0].src[1]), r)):
+        return None
+    row_bytes = abs(step) * ptr.base.itemsize
+    if row_bytes % CACHE_LINE_BYTES == 0:
+        block = 1
+    elif CACHE_LINE_BYTES % row_bytes == 0 and not symbolic_size(r) and r.arg[0] == min(x.arg[0] for x in nest.ranges):
+        block = CACHE_LINE_BYTES // row_bytes  # (r outermost in its nest: TILE's block loop goes where r is)
+        if max_trip_count(r) % block != 0:
+            return None
+    else:
+        return None
+    return block if ends_along(ast, r) else None
+
+
 def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozenset()) -> None:
     """THREAD in each loop nest of the kernel (the main one, and tails with enough work): its outermost output loop
     the core count divides, else its outermost with at least 8 iterations per core, else its longest."""
@@ -943,7 +974,16 @@ def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozens
                 max(loops, key=lambda r: max_trip_count(r)),
             )
             tried.add(loops[0].arg[0])
-            plan.take(Opt(OptOps.THREAD, axes.index(r), threads))
+            # a contiguous block per core, unless r's iterations differ in work: then every threads-th one (or block
+            # of a cache line's rows: TILE, and its block loop, the kernel's first axis, interleaved) per core
+            block = interleave_block(plan.ast, nest, r)
+            if block is not None and block > 1:
+                fits = max_trip_count(r) // block >= threads
+                block = block if fits and plan.take(Opt(OptOps.TILE, axes.index(r), block)) else None
+            i = axes.index(r) if block in (None, 1) else 0
+            op = OptOps.THREAD if block is None else OptOps.THREAD_INTERLEAVED
+            if not plan.take(Opt(op, i, threads)) and op is not OptOps.THREAD:
+                plan.take(Opt(OptOps.THREAD, i, threads))
             break
         else:
             return
