@@ -116,3 +116,35 @@ def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatc
     _CountingDict.lookups = 0
     Tensor.realize(loss, *ws)
     assert n_nodes > 60 and _CountingDict.lookups <= 10, (_CountingDict.lookups, n_nodes)
+
+
+def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
+    """The realize of an SGD step finds the live tensors that read the old weights (the gradients) in one walk over
+    their new nodes: the memories each node reads are noted in the same walk that decides whether it reads the old
+    contents, not in a pass of their own before it (each node visited once, not twice)."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    grads = [p.grad for p in ws]
+    new = [p.detach() - 0.1 * p.grad for p in ws]
+    for p, n in zip(ws, new):
+        p.assign(n)
+    under_readers = UOp(Ops.SINK, src=tuple(t.uop for t in [*grads, *new, loss])).toposort()
+    Tensor.realize(loss, *ws)
+    visits = engine.live_reader_visits[0]
+    assert 10 < visits <= len(under_readers), (visits, len(under_readers))
+
+
+def test_a_live_graph_that_reads_no_written_memory_is_walked_once():
+    """A live lazy graph over another buffer is walked once to note the memories it reads; a later write stops at its
+    root."""
+    a = Tensor(np.arange(4, dtype=np.float32)).realize()
+    other = Tensor(np.ones(4, dtype=np.float32)).realize()
+    chain = other
+    for _ in range(40):
+        chain = chain * 1.5 + 1
+    a.assign(a + 1).realize()
+    assert 80 <= engine.live_reader_visits[0] <= 100, engine.live_reader_visits[0]
+    a.assign(a + 1).realize()
+    assert engine.live_reader_visits[0] <= 2, engine.live_reader_visits[0]
+    np.testing.assert_allclose(a.numpy(), np.arange(4) + 2)

@@ -785,43 +785,26 @@ def _memory_of(b: UOp | None) -> frozenset[int]:
     return frozenset((id(buf),))
 
 
-def _memories_read(root: UOp) -> frozenset[int]:
-    if (mems := root._mems) is not None:
-        return mems
-    ref, realized, count = weakref.ref, _realized_data, _realized_count[0]
-    stack = [root]
-    while stack:
-        u = stack[-1]
-        if u._mems is not None:
-            stack.pop()
-            continue
-        if u._clean != count and (value := realized.get(ref(u))) is not None:  # (a clean node is not realized)
-            mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
-        elif u.op is Ops.BUFFER:
-            mems = _memory_of(u)
-        else:
-            waiting = False
-            for s in u.src:
-                if s._mems is None:
-                    stack.append(s)
-                    waiting = True
-            if waiting:
-                continue
-            src = u.src
-            if len(src) == 1:
-                mems = src[0]._mems
-            elif len(src) == 2:  # (the common case, without the general loop)
-                m0, m1 = src[0]._mems, src[1]._mems
-                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1  # type: ignore[operator]
-            else:
-                srcs = [s._mems for s in src]
-                mems = max(srcs, key=len, default=_NO_MEMORY)  # type: ignore[arg-type]  # (the common case: every
-                for m in srcs:  # source reads a subset of one)
-                    if not m <= mems:  # type: ignore[operator]
-                        mems = mems | m  # type: ignore[operator]
-        u._mems = mems
-        stack.pop()
-    return root._mems  # type: ignore[return-value]
+def _union_of_sources(src: tuple[UOp, ...]) -> frozenset[int] | None:
+    """The memories read by a node with sources `src`, from their UOp._mems; None where one is not known."""
+    if len(src) == 1:
+        return src[0]._mems
+    if len(src) == 2:  # (the common case, without the general loop)
+        m0, m1 = src[0]._mems, src[1]._mems
+        if m0 is None or m1 is None:
+            return None
+        return m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1
+    srcs = [s._mems for s in src]
+    if None in srcs:
+        return None
+    mems = max(srcs, key=len, default=_NO_MEMORY)  # type: ignore[arg-type]  # (the common case: every source reads a
+    for m in srcs:  # subset of one)
+        if not m <= mems:  # type: ignore[operator]
+            mems = mems | m  # type: ignore[operator]
+    return mems
+
+
+live_reader_visits = [0]  # the nodes the last _live_readers walked (a count for tests)
 
 
 def _live_readers(
@@ -846,7 +829,11 @@ def _live_readers(
         return b is not None and (buf := _buffers_data.get(weakref.ref(b))) is not None and id(buf) in written
 
     def reads_old(root: UOp) -> bool:
+        """Whether root's value is computed from an overwritten memory's old contents. The same walk notes the
+        memories each node it finishes reads (UOp._mems, kept across calls), so a later call stops at once where a
+        graph reads no written memory: one pass over the nodes built since, not one for the memories and one here."""
         stack = [root]
+        visits = 0
         while stack:
             u = stack[-1]
             if u in reads:
@@ -854,11 +841,16 @@ def _live_readers(
                 continue
             if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
                 # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
-                reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+                mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+                if u._mems is None:  # (one noted before it was realized lists its graph's: more, kept)
+                    u._mems = mems
+                reads[u] = not written_keys.isdisjoint(mems)
             elif u.op is Ops.BUFFER:
-                reads[u] = memory_written(u)
-            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule
-                reads[u] = False
+                if (mems := u._mems) is None:
+                    mems = u._mems = _memory_of(u)
+                reads[u] = not written_keys.isdisjoint(mems)
+            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
+                reads[u] = False  # are left unknown: its graph is not walked)
             else:
                 waiting = False
                 for s in u.src:
@@ -870,15 +862,20 @@ def _live_readers(
                             waiting = True
                 if waiting:
                     continue
+                if u._mems is None:
+                    u._mems = _union_of_sources(u.src)
                 reads[u] = any(reads[s] for s in u.src)
+            visits += 1
             stack.pop()
+        live_reader_visits[0] += visits
         return reads[root]
 
     written_keys = written.keys()
     count = _realized_count[0]
+    live_reader_visits[0] = 0
 
-    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
-        return not written_keys.isdisjoint(_memories_read(root))
+    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`, or are
+        return (mems := root._mems) is None or not written_keys.isdisjoint(mems)  # not known yet (reads_old notes them)
 
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
