@@ -1,6 +1,7 @@
 """The Python work of an eager training step (bench case mlp_step: forward, backward, a hand-written SGD update
 written with assign, one realize), pinned by what it walks and what it keeps per node, never by a timing."""
 
+import sys
 import weakref
 
 import numpy as np
@@ -148,3 +149,33 @@ def test_a_live_graph_that_reads_no_written_memory_is_walked_once():
     a.assign(a + 1).realize()
     assert engine.live_reader_visits[0] <= 2, engine.live_reader_visits[0]
     np.testing.assert_allclose(a.numpy(), np.arange(4) + 2)
+
+
+def test_the_assigns_and_realize_of_a_step_run_no_python_level_weak_map_code():
+    """The engine's weak maps (what was realized, the Buffers of BUFFER nodes, the pending writes, what requires
+    grad) are read and written through their own dicts, with the dicts' own methods as callbacks: an SGD step's
+    assigns and realize run no Python frame of the weakref module (a WeakValueDictionary made per parameter, a
+    WeakKeyDictionary's get or store per look-up: a few frames per parameter and step)."""
+    x, y, ws = _mlp()
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            frames.append(frame.f_code.co_name)
+
+    for step in range(3):  # (the first compiles its kernels; the later ones drop what the one before left)
+        d = (x @ ws[0]).relu() @ ws[1] - y
+        loss = (d * d).mean()  # (not `** 2`: pow's gradient rule is noted in a weak map of its own)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        frames.clear()
+        sys.setprofile(profile)
+        try:
+            for p, n in zip(ws, new):
+                p.assign(n)
+            Tensor.realize(loss, *ws)
+            for p in ws:
+                p.grad = None
+        finally:
+            sys.setprofile(None)
+        assert step == 0 or frames == [], frames

@@ -48,6 +48,9 @@ _grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set 
 # (the set's own discard: no Python frame when the node dies; nothing iterates _grad_uops, so WeakSet's guard is moot)
 _grad_remove = _grad_data.discard
 _former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
+_grad_leaves_data = _grad_leaves.data  # type: ignore[attr-defined]  # its own dict of weak references
+# (the dict's own pop as its references' callback: no Python frame when the node dies; nothing iterates it)
+_former_remove = _former_data.pop
 
 
 class _LiveRef(weakref.ref):
@@ -418,8 +421,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             note_pending_write(self)
             if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
                 note_superseded(pending, self.uop)
-        if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
-            _grad_uops.add(self.uop)
+        if self.requires_grad or weakref.ref(x.uop) in _grad_data:  # a parameter stays one after an optimizer step
+            _grad_data.add(weakref.ref(self.uop, _grad_remove))  # (_grad_uops.add, without a frame)
         return self
 
     def _assign_select(self, mask: UOp, value: UOp, under: UOp | None = None) -> Tensor:
@@ -874,9 +877,14 @@ def _keep_graph(t: Tensor, graph: UOp) -> None:
     built on the leaf, each walk of the next step's graph substituting it again. The leaf stays on its new buffer,
     requiring grad, as nn/optim.py's step leaves a parameter; a graph built on the ASSIGN before still finds the leaf
     there (`_former_leaf_uops`)."""
-    if graph.op is Ops.ASSIGN and t.uop is not graph and _grad_leaves.get(id(t)) is t:
-        _grad_uops.add(t.uop)
-        _former_leaf_uops[graph] = weakref.ref(t)
+    if (
+        graph.op is Ops.ASSIGN
+        and t.uop is not graph
+        and (leaf := _grad_leaves_data.get(id(t))) is not None  # (_grad_leaves.get, without a frame)
+        and leaf() is t
+    ):
+        _grad_data.add(weakref.ref(t.uop, _grad_remove))  # (_grad_uops.add, without a frame)
+        _former_data[weakref.ref(graph, _former_remove)] = weakref.ref(t)  # (_former_leaf_uops[graph] = ..., ditto)
     else:
         t.uop = graph
 
