@@ -852,16 +852,16 @@ def _live_readers(
                     u._mems = mems
                 reads[u] = not written_keys.isdisjoint(mems)
             elif u.op is Ops.BUFFER:
-                if (mems := u._mems) is None:
-                    mems = u._mems = _memory_of(u)
-                reads[u] = not written_keys.isdisjoint(mems)
+                if (known := u._mems) is None:
+                    known = u._mems = _memory_of(u)
+                reads[u] = not written_keys.isdisjoint(known)
             elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
                 reads[u] = False  # are left unknown: its graph is not walked)
             else:
                 waiting = False
                 for s in u.src:
                     if s not in reads:
-                        if (mems := s._mems) is not None and written_keys.isdisjoint(mems):
+                        if (known := s._mems) is not None and written_keys.isdisjoint(known):
                             reads[s] = False  # (its graph reads no written memory at all)
                         else:
                             stack.append(s)
