@@ -1,6 +1,7 @@
 """The Python work of an eager training step (bench case mlp_step: forward, backward, a hand-written SGD update
 written with assign, one realize), pinned by what it walks and what it keeps per node, never by a timing."""
 
+import gc
 import sys
 import weakref
 
@@ -179,3 +180,34 @@ def test_the_assigns_and_realize_of_a_step_run_no_python_level_weak_map_code():
         finally:
             sys.setprofile(None)
         assert step == 0 or frames == [], frames
+
+
+def test_the_collector_does_not_run_inside_the_realize_of_a_step():
+    """Tensor.realize of a step keeps the cycle collector paused until the graph it lets go (the parameters' writes:
+    the whole step's graph) is freed by reference count: a collection triggered by the realize's allocations would
+    scan that graph, alive just before, find nothing and promote it (one per eager step; every few steps a full
+    collection of the process). Here the threshold is set low enough for the realize's allocations to cross it."""
+    x, y, ws = _mlp()
+    threshold = gc.get_threshold()
+    for _ in range(3):
+        loss = _loss(x, y, ws)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        for p, n in zip(ws, new):
+            p.assign(n)
+        started: list[int] = []
+
+        def note(phase, info):
+            if phase == "start":
+                started.append(info["generation"])
+
+        gc.callbacks.append(note)
+        gc.set_threshold(gc.get_count()[0] + 100, *threshold[1:])
+        try:
+            Tensor.realize(loss, *ws)
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(note)
+        assert started == []
+        for p in ws:
+            p.grad = None
