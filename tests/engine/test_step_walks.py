@@ -1,6 +1,8 @@
 """The Python work of an eager training step (bench case mlp_step: forward, backward, a hand-written SGD update
 written with assign, one realize), pinned by what it walks and what it keeps per node, never by a timing."""
 
+import gc
+import sys
 import weakref
 
 import numpy as np
@@ -116,3 +118,96 @@ def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatc
     _CountingDict.lookups = 0
     Tensor.realize(loss, *ws)
     assert n_nodes > 60 and _CountingDict.lookups <= 10, (_CountingDict.lookups, n_nodes)
+
+
+def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
+    """The realize of an SGD step finds the live tensors that read the old weights (the gradients) in one walk over
+    their new nodes: the memories each node reads are noted in the same walk that decides whether it reads the old
+    contents, not in a pass of their own before it (each node visited once, not twice)."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    grads = [p.grad for p in ws]
+    new = [p.detach() - 0.1 * p.grad for p in ws]
+    for p, n in zip(ws, new):
+        p.assign(n)
+    under_readers = UOp(Ops.SINK, src=tuple(t.uop for t in [*grads, *new, loss])).toposort()
+    Tensor.realize(loss, *ws)
+    visits = engine.live_reader_visits[0]
+    assert 10 < visits <= len(under_readers), (visits, len(under_readers))
+
+
+def test_a_live_graph_that_reads_no_written_memory_is_walked_once():
+    """A live lazy graph over another buffer is walked once to note the memories it reads; a later write stops at its
+    root."""
+    a = Tensor(np.arange(4, dtype=np.float32)).realize()
+    other = Tensor(np.ones(4, dtype=np.float32)).realize()
+    chain = other
+    for _ in range(40):
+        chain = chain * 1.5 + 1
+    a.assign(a + 1).realize()
+    assert 80 <= engine.live_reader_visits[0] <= 100, engine.live_reader_visits[0]
+    a.assign(a + 1).realize()
+    assert engine.live_reader_visits[0] <= 2, engine.live_reader_visits[0]
+    np.testing.assert_allclose(a.numpy(), np.arange(4) + 2)
+
+
+def test_the_assigns_and_realize_of_a_step_run_no_python_level_weak_map_code():
+    """The engine's weak maps (what was realized, the Buffers of BUFFER nodes, the pending writes, what requires
+    grad) are read and written through their own dicts, with the dicts' own methods as callbacks: an SGD step's
+    assigns and realize run no Python frame of the weakref module (a WeakValueDictionary made per parameter, a
+    WeakKeyDictionary's get or store per look-up: a few frames per parameter and step)."""
+    x, y, ws = _mlp()
+    frames: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.endswith(("weakref.py", "_weakrefset.py")):
+            frames.append(frame.f_code.co_name)
+
+    for step in range(3):  # (the first compiles its kernels; the later ones drop what the one before left)
+        d = (x @ ws[0]).relu() @ ws[1] - y
+        loss = (d * d).mean()  # (not `** 2`: pow's gradient rule is noted in a weak map of its own)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        frames.clear()
+        sys.setprofile(profile)
+        try:
+            for p, n in zip(ws, new):
+                p.assign(n)
+            Tensor.realize(loss, *ws)
+            for p in ws:
+                p.grad = None
+        finally:
+            sys.setprofile(None)
+        assert step == 0 or frames == [], frames
+
+
+def test_the_collector_does_not_run_inside_the_realize_of_a_step():
+    """Tensor.realize of a step keeps the cycle collector paused until the graph it lets go (the parameters' writes:
+    the whole step's graph) is freed by reference count: a collection triggered by the realize's allocations would
+    scan that graph, alive just before, find nothing and promote it (one per eager step; every few steps a full
+    collection of the process). Here the threshold is set low enough for the realize's allocations to cross it."""
+    x, y, ws = _mlp()
+    threshold = gc.get_threshold()
+    for _ in range(3):
+        loss = _loss(x, y, ws)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        for p, n in zip(ws, new):
+            p.assign(n)
+        started: list[int] = []
+
+        def note(phase, info):
+            if phase == "start":
+                started.append(info["generation"])
+
+        gc.callbacks.append(note)
+        gc.set_threshold(gc.get_count()[0] + 100, *threshold[1:])
+        try:
+            Tensor.realize(loss, *ws)
+        finally:
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(note)
+        assert started == []
+        for p in ws:
+            p.grad = None

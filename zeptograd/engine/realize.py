@@ -131,11 +131,11 @@ def current_capture():
 
 def realized_value(u: UOp) -> UOp:
     """What the lazy node u was realized to (a buffer view or a constant), or u itself if it was not."""
-    return _realized.get(u, u)
+    return _realized_data.get(weakref.ref(u), u)  # (its own dict: no frame)
 
 
 def realized_or_none(u: UOp) -> UOp | None:
-    return _realized.get(u)
+    return _realized_data.get(weakref.ref(u))
 
 
 def with_realized_values(uops: list[UOp]) -> list[UOp]:
@@ -199,7 +199,7 @@ def current_view(u: UOp) -> UOp:
     """u, or, if u is a view of an ASSIGN folded into later ones, the same view of the last of them: a view shows the
     tensor's latest contents, as a torch view does."""
     root = view_root(u)
-    if root not in _superseded:
+    if not _superseded_data or weakref.ref(root) not in _superseded_data:  # (its own dict: no frame)
         return u
     head = root
     while head in _superseded:
@@ -219,15 +219,21 @@ def _without_superseded(uops: list[UOp], realized) -> list[UOp]:
 
 
 # memory (id of its Buffer) -> the live tensors holding a write into it that has not run (an ASSIGN, from
-# Tensor.assign): a view of that memory read before the write runs runs it first and shows it, as a torch view does
-_pending_writes: dict[int, weakref.WeakValueDictionary[int, Tensor]] = {}  # (keyed by id: a Tensor's == is an op)
+# Tensor.assign): a view of that memory read before the write runs runs it first and shows it, as a torch view does.
+# Per memory, id of the tensor -> a weak reference to it (keyed by id: a Tensor's == is an op); plain references
+# without callbacks, not a WeakValueDictionary (its Python-level construction, stores and iteration cost every
+# parameter of an optimizer step a few frames): a dead tensor's entry is dropped by the next `_writes_into` of its
+# memory, as one whose write ran.
+_pending_writes: dict[int, dict[int, weakref.ref[Tensor]]] = {}
 
 
 def note_pending_write(t: Tensor) -> None:
     """t.uop is a new ASSIGN into a buffer's memory."""
     target = buffer_under(t.uop.src[0])
-    if target is not None and target in buffers:
-        _pending_writes.setdefault(id(buffers[target]), weakref.WeakValueDictionary())[id(t)] = t
+    if target is not None and (buf := _buffers_data.get(weakref.ref(target))) is not None:
+        if (writers := _pending_writes.get(id(buf))) is None:
+            writers = _pending_writes[id(buf)] = {}
+        writers[id(t)] = weakref.ref(t)
 
 
 def _writes_into(mem: int) -> list[Tensor]:
@@ -236,13 +242,16 @@ def _writes_into(mem: int) -> list[Tensor]:
     if writers is None:
         return []
     live = []
-    for key, w in list(writers.items()):
-        root = view_root(w.uop)
-        target = buffer_under(root.src[0]) if root.op is Ops.ASSIGN and root not in _realized else None
-        if target is not None and target in buffers and id(buffers[target]) == mem:
-            live.append(w)
-        else:
-            writers.pop(key, None)
+    for key, ref in list(writers.items()):
+        if (w := ref()) is not None:
+            root = view_root(w.uop)
+            target = (
+                buffer_under(root.src[0]) if root.op is Ops.ASSIGN and weakref.ref(root) not in _realized_data else None
+            )
+            if target is not None and (buf := _buffers_data.get(weakref.ref(target))) is not None and id(buf) == mem:
+                live.append(w)
+                continue
+        del writers[key]
     if not live:
         del _pending_writes[mem]
     return live
@@ -258,7 +267,11 @@ def _writes_seen_by_views(tensors: list[Tensor]) -> list[Tensor]:
         root = view_root(t.uop)
         # one writer only: writes by several view tensors into one memory were each built on its old contents, and
         # run together they can't be ordered (README: deliberate differences)
-        if root.op is Ops.BUFFER and root in buffers and len(writers := _writes_into(id(buffers[root]))) == 1:
+        if (
+            root.op is Ops.BUFFER
+            and (buf := _buffers_data.get(weakref.ref(root))) is not None
+            and len(writers := _writes_into(id(buf))) == 1
+        ):
             found |= {id(w): w for w in writers if w is not t}
     return list(found.values())
 
@@ -500,7 +513,7 @@ def remember_realized(node: UOp, value: UOp):
 
 def forget_written(buf: UOp):
     """Buffer `buf` was written by an ASSIGN: the graphs realized into its memory no longer hold their value there."""
-    if (b := buffers.get(buf)) is not None and (readers := b.readers) is not None:
+    if (b := _buffers_data.get(weakref.ref(buf))) is not None and (readers := b.readers) is not None:
         b.readers = None
         for ref in readers:
             if (node := ref()) is not None:
@@ -626,8 +639,8 @@ def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dic
     assigns: dict[UOp, None] = {}
     for t in tensors:
         u = t.uop
-        if u.op is Ops.ASSIGN and u not in _realized:
-            if (target := buffer_under(u.src[0])) is None or (b := buffers.get(target)) is None:
+        if u.op is Ops.ASSIGN and weakref.ref(u) not in _realized_data:  # (the maps' own dicts: no frame)
+            if (target := buffer_under(u.src[0])) is None or (b := _buffers_data.get(weakref.ref(target))) is None:
                 return None
             written[id(b)] = None
             assigns[u] = None
@@ -766,7 +779,7 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
         if old.op is Ops.ASSIGN and (target := buffer_under(old.src[0])) is not None:
             new_buf = buffer_under(new)
             assert new_buf is not None, "an ASSIGN becomes a view of its target's buffer"
-            written[id(buffers[target])] = new_buf
+            written[id(_buffers_data[weakref.ref(target)])] = new_buf  # (buffers[target], without a frame)
     return written
 
 
@@ -785,43 +798,19 @@ def _memory_of(b: UOp | None) -> frozenset[int]:
     return frozenset((id(buf),))
 
 
-def _memories_read(root: UOp) -> frozenset[int]:
-    if (mems := root._mems) is not None:
-        return mems
-    ref, realized, count = weakref.ref, _realized_data, _realized_count[0]
-    stack = [root]
-    while stack:
-        u = stack[-1]
-        if u._mems is not None:
-            stack.pop()
-            continue
-        if u._clean != count and (value := realized.get(ref(u))) is not None:  # (a clean node is not realized)
-            mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
-        elif u.op is Ops.BUFFER:
-            mems = _memory_of(u)
-        else:
-            waiting = False
-            for s in u.src:
-                if s._mems is None:
-                    stack.append(s)
-                    waiting = True
-            if waiting:
-                continue
-            src = u.src
-            if len(src) == 1:
-                mems = src[0]._mems
-            elif len(src) == 2:  # (the common case, without the general loop)
-                m0, m1 = src[0]._mems, src[1]._mems
-                mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1  # type: ignore[operator]
-            else:
-                srcs = [s._mems for s in src]
-                mems = max(srcs, key=len, default=_NO_MEMORY)  # type: ignore[arg-type]  # (the common case: every
-                for m in srcs:  # source reads a subset of one)
-                    if not m <= mems:  # type: ignore[operator]
-                        mems = mems | m  # type: ignore[operator]
-        u._mems = mems
-        stack.pop()
-    return root._mems  # type: ignore[return-value]
+def _union_of_sources(src: tuple[UOp, ...]) -> frozenset[int] | None:
+    """The memories read by a node with sources `src`, from their UOp._mems; None where one is not known."""
+    srcs = [s._mems for s in src]
+    if None in srcs:
+        return None
+    mems = max(srcs, key=len, default=_NO_MEMORY)  # type: ignore[arg-type]  # (the common case: every source reads a
+    for m in srcs:  # subset of one)
+        if not m <= mems:  # type: ignore[operator]
+            mems = mems | m  # type: ignore[operator]
+    return mems
+
+
+live_reader_visits = [0]  # the nodes the last _live_readers walked (a count for tests)
 
 
 def _live_readers(
@@ -846,7 +835,11 @@ def _live_readers(
         return b is not None and (buf := _buffers_data.get(weakref.ref(b))) is not None and id(buf) in written
 
     def reads_old(root: UOp) -> bool:
+        """Whether root's value is computed from an overwritten memory's old contents. The same walk notes the
+        memories each node it finishes reads (UOp._mems, kept across calls), so a later call stops at once where a
+        graph reads no written memory: one pass over the nodes built since, not one for the memories and one here."""
         stack = [root]
+        visits = 0
         while stack:
             u = stack[-1]
             if u in reads:
@@ -854,31 +847,52 @@ def _live_readers(
                 continue
             if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
                 # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
-                reads[u] = memory_written(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+                mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
+                if u._mems is None:  # (one noted before it was realized lists its graph's: more, kept)
+                    u._mems = mems
+                reads[u] = not written_keys.isdisjoint(mems)
             elif u.op is Ops.BUFFER:
-                reads[u] = memory_written(u)
-            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule
-                reads[u] = False
+                if (known := u._mems) is None:
+                    known = u._mems = _memory_of(u)
+                reads[u] = not written_keys.isdisjoint(known)
+            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
+                reads[u] = False  # are left unknown: its graph is not walked)
             else:
                 waiting = False
                 for s in u.src:
                     if s not in reads:
-                        if (mems := s._mems) is not None and written_keys.isdisjoint(mems):
+                        if (known := s._mems) is not None and written_keys.isdisjoint(known):
                             reads[s] = False  # (its graph reads no written memory at all)
                         else:
                             stack.append(s)
                             waiting = True
                 if waiting:
                     continue
-                reads[u] = any(reads[s] for s in u.src)
+                src = u.src
+                if len(src) == 2:  # (the common case inline: no frame, no generator)
+                    s0, s1 = src
+                    if u._mems is None and (m0 := s0._mems) is not None and (m1 := s1._mems) is not None:
+                        u._mems = m0 if m1 <= m0 else m1 if m0 <= m1 else m0 | m1
+                    reads[u] = reads[s0] or reads[s1]
+                elif len(src) == 1:
+                    if u._mems is None:
+                        u._mems = src[0]._mems
+                    reads[u] = reads[src[0]]
+                else:
+                    if u._mems is None:
+                        u._mems = _union_of_sources(src)
+                    reads[u] = any(reads[s] for s in src)
+            visits += 1
             stack.pop()
+        live_reader_visits[0] += visits
         return reads[root]
 
     written_keys = written.keys()
     count = _realized_count[0]
+    live_reader_visits[0] = 0
 
-    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`
-        return not written_keys.isdisjoint(_memories_read(root))
+    def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`, or are
+        return (mems := root._mems) is None or not written_keys.isdisjoint(mems)  # not known yet (reads_old notes them)
 
     readers, aliases, stored = [], [], []
     assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}

@@ -97,15 +97,20 @@ def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
         if u in position:
             continue
         if expanded:
-            src = tuple(map(position.__getitem__, u.src))
-            if u.op is Ops.BUFFER:
+            if len(u_src := u.src) == 2:  # (the common cases without a map and its calls)
+                src: tuple[int, ...] = (position[u_src[0]], position[u_src[1]])
+            elif len(u_src) == 1:
+                src = (position[u_src[0]],)
+            else:
+                src = tuple(map(position.__getitem__, u_src))
+            if (op := u.op) is _BUFFER:
                 b = held[weakref.ref(u)]
                 if (i := index.get(id(b))) is None:
                     i = index[id(b)] = len(in_bufs)
                     in_bufs.append(b)
                     in_uops.append(u)
                 arg: Any = ("in", i, u.arg[1])
-            elif u.op is Ops.ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
+            elif op is _ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
                 arg, n_assign = ("assign", n_assign), n_assign + 1
             else:
                 arg = u.arg
@@ -115,7 +120,7 @@ def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
                 symbolic = u.op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
             position[u] = len(nodes)
             nodes.append(u)
-            key.append((u.op, u.dtype, arg, src))
+            key.append((op, u.dtype, arg, src))
             continue
         if realized is not None and u._clean != clean:  # a node realized to another node (an input buffer may be
             # noted as itself)

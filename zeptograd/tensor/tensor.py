@@ -7,7 +7,7 @@ import itertools
 import math
 import weakref
 from contextlib import ContextDecorator
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from zeptograd import gradient as _gradient
 from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
-from zeptograd.helpers import ArgumentError, ArgumentTypeError
+from zeptograd.helpers import ArgumentError, ArgumentTypeError, gc_paused
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor import multi
 from zeptograd.tensor.elementwise import ElementwiseMixin
@@ -48,6 +48,9 @@ _grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set 
 # (the set's own discard: no Python frame when the node dies; nothing iterates _grad_uops, so WeakSet's guard is moot)
 _grad_remove = _grad_data.discard
 _former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
+_grad_leaves_data = _grad_leaves.data  # type: ignore[attr-defined]  # its own dict of weak references
+# (the dict's own pop as its references' callback: no Python frame when the node dies; nothing iterates it)
+_former_remove = _former_data.pop
 
 
 class _LiveRef(weakref.ref):
@@ -279,22 +282,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             from zeptograd.engine.realize import realize_tensors
 
             _engine_realize[0] = realize_tensors
-        if not lst and self.uop.op is not Ops.MULTI:  # one tensor on one device (the common case, fewer steps)
-            if self.requires_grad:
-                grad_graph = self.uop
-                realize_tensors([self])
-                _keep_graph(self, grad_graph)
-            else:
-                realize_tensors([self])
+        if not lst and self.uop.op is not Ops.MULTI and not self.requires_grad:  # one tensor on one device, no
+            realize_tensors([self])  # graph kept (the common case, fewer steps)
             return self
-        tensors = [self, *lst]
-        keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
-        sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
-        realize_tensors([p for t in tensors for p in sharded.get(t, [t])])  # (substitutes the realized buffer
-        for t, ps in sharded.items():  # wherever the graph is used again)
-            t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
-        for t, u in keep:
-            _keep_graph(t, u)
+        _realize_keeping_graphs([self, *lst], realize_tensors)
         return self
 
     def _realized_uop(self) -> UOp:
@@ -418,8 +409,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
             note_pending_write(self)
             if pending is not None:  # it never runs: a tensor built on it reads its value, a view of it the last write
                 note_superseded(pending, self.uop)
-        if self.requires_grad or x.uop in _grad_uops:  # a parameter stays one after an optimizer step
-            _grad_uops.add(self.uop)
+        if self.requires_grad or weakref.ref(x.uop) in _grad_data:  # a parameter stays one after an optimizer step
+            _grad_data.add(weakref.ref(self.uop, _grad_remove))  # (_grad_uops.add, without a frame)
         return self
 
     def _assign_select(self, mask: UOp, value: UOp, under: UOp | None = None) -> Tensor:
@@ -866,6 +857,23 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
 
 
+@gc_paused
+def _realize_keeping_graphs(tensors: list[Tensor], realize_tensors: Callable[[list[Tensor]], None]) -> None:
+    """Tensor.realize: `tensors` realized in one schedule, each that requires grad pointed at its graph again (for
+    backward). The cycle collector stays paused until the graphs let go here (a parameter's write: the whole step
+    that computed its update) are freed, by reference count, as this returns: those frees bring the count of young
+    objects back down, so the realize's own allocations trigger no collection that would scan that whole graph,
+    alive just before, find nothing to collect and promote it (one per eager training step, and every few steps a
+    full collection of the process)."""
+    keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
+    sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
+    realize_tensors([p for t in tensors for p in sharded.get(t, [t])])  # (substitutes the realized buffer
+    for t, ps in sharded.items():  # wherever the graph is used again)
+        t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
+    for t, u in keep:
+        _keep_graph(t, u)
+
+
 def _keep_graph(t: Tensor, graph: UOp) -> None:
     """After realizing t, which requires grad, point it at its graph again (a later backward goes through it: the
     scheduler substitutes the realized value wherever the graph is read). Not a leaf whose graph is a write into it
@@ -874,9 +882,14 @@ def _keep_graph(t: Tensor, graph: UOp) -> None:
     built on the leaf, each walk of the next step's graph substituting it again. The leaf stays on its new buffer,
     requiring grad, as nn/optim.py's step leaves a parameter; a graph built on the ASSIGN before still finds the leaf
     there (`_former_leaf_uops`)."""
-    if graph.op is Ops.ASSIGN and t.uop is not graph and _grad_leaves.get(id(t)) is t:
-        _grad_uops.add(t.uop)
-        _former_leaf_uops[graph] = weakref.ref(t)
+    if (
+        graph.op is Ops.ASSIGN
+        and t.uop is not graph
+        and (leaf := _grad_leaves_data.get(id(t))) is not None  # (_grad_leaves.get, without a frame)
+        and leaf() is t
+    ):
+        _grad_data.add(weakref.ref(t.uop, _grad_remove))  # (_grad_uops.add, without a frame)
+        _former_data[weakref.ref(graph, _former_remove)] = weakref.ref(t)  # (_former_leaf_uops[graph] = ..., ditto)
     else:
         t.uop = graph
 
