@@ -14,7 +14,8 @@ import torch
 from zeptograd import Context, Tensor
 from zeptograd.codegen import full_rewrite
 from zeptograd.codegen.opt import OptOps
-from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes, max_trip_count, stride
+from zeptograd.codegen.opt.access import stride
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes, max_trip_count
 from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.renderer.cstyle import CStyleRenderer
 from zeptograd.tensor import nn_ops

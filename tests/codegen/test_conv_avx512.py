@@ -23,7 +23,8 @@ import torch
 from zeptograd import Context, Tensor
 from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
 from zeptograd.codegen.opt import Opt, OptOps
-from zeptograd.codegen.opt.heuristic import accumulator_budget, hand_coded_optimizations, vector_registers
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.opt.tiles import accumulator_budget, vector_registers
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.tensor import nn_ops
 from zeptograd.uop.ops import Ops

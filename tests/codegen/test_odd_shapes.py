@@ -4,7 +4,7 @@
   256 rows and the rest reduced beside their partials (schedule/split_reduce.py): two kernels, the first threaded,
   where it was one loop on one core;
 - a matmul whose columns are an odd number of vectors (1000 = 125 x 8) takes a register tile whose columns leave a
-  tail, after its rows, so the tail's loop nest is a tile of the same rows (codegen/opt/heuristic.py:
+  tail, after its rows, so the tail's loop nest is a tile of the same rows (codegen/opt/tiles.py:
   column_tail_tile), where it was 8 rows x 1 vector.
 """
 
@@ -18,7 +18,8 @@ import pytest
 from zeptograd import Context, Tensor
 from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
 from zeptograd.codegen.opt import Opt, OptOps
-from zeptograd.codegen.opt.heuristic import column_tail_tile, hand_coded_optimizations
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.opt.tiles import column_tail_tile
 from zeptograd.helpers import prod
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.uop.ops import AxisType, Ops

@@ -15,7 +15,8 @@ import pytest
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name, ranges_simplified
 from zeptograd.codegen.opt import Opt, OptOps
-from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, tile_shape
+from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
+from zeptograd.codegen.opt.tiles import tile_shape
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.uop.ops import Ops
 

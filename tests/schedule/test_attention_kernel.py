@@ -4,7 +4,7 @@
 in its sum's loop, and the product with v reads those: no N x N buffer is ever written to memory, and the division by
 the sum comes after the product (tensor/nn_ops.py: scaled_dot_product_attention). On the CPU backends sdpa reads its
 keys from a copy in panels of 32 keys (`_keys_in_panels`: one small kernel, O(N*d) memory), so codegen's score tile
-(codegen/opt/heuristic.py: `score_tile`) loads vectors of keys: then one attention kernel at every size whose scores
+(codegen/opt/tiles.py: `score_tile`) loads vectors of keys: then one attention kernel at every size whose scores
 outgrow q and k (`ROW_TILED_BUFFER_BYTES`). Keys gathered (a length that is no multiple of 32, or attention written
 by hand) take that path only over `EXPANDED_BUFFER_BYTES`: the `one_kernel` fixture lowers both bounds to 0."""
 
@@ -131,7 +131,7 @@ def test_the_exp_row_is_filled_in_its_sum_not_in_the_product_with_v(one_kernel):
 def test_the_score_tile(one_kernel):
     """Keys in panels: the scores are a register tile of 4 query rows x 2 vectors of 8 keys (AVX2's 32 bytes), the
     exp loop a vector along the keys, the product with v the same 4 rows x 2 vectors of its columns
-    (codegen/opt/heuristic.py: score_tile). Keys gathered (k itself, 264 = 8 x 33 keys: no panels): 8 rows x 1
+    (codegen/opt/tiles.py: score_tile). Keys gathered (k itself, 264 = 8 x 33 keys: no panels): 8 rows x 1
     vector, each gathered vector feeding 8 rows."""
     item = attention_kernel(sdpa((1, 1, 256, 64), False))
     _, opts = hand_coded_optimizations(ranges_simplified(item.ast), 32, threads=1)  # (as codegen/optimize: the keys

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from zeptograd.codegen.accumulator import AccContext, range_scopes, reduce_to_acc
 from zeptograd.codegen.opt import OptError
-from zeptograd.codegen.opt.heuristic import stride
+from zeptograd.codegen.opt.access import stride
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
 from zeptograd.renderer import Renderer

@@ -15,7 +15,7 @@ import numpy as np
 
 from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
 from zeptograd.codegen import full_rewrite, kernel_name
-from zeptograd.codegen.opt.heuristic import symbolic_work
+from zeptograd.codegen.opt.access import symbolic_work
 from zeptograd.device import Buffer, Device, GlobalCounters, allocated_buffer, check_capacity
 from zeptograd.dtype import dtypes
 from zeptograd.engine import schedule_cache

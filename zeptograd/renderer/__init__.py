@@ -76,7 +76,7 @@ def simd_bytes_for(features: set[str]) -> int:
 def cpu_simd_bytes(host: int) -> int:
     """The vector width CPU kernels use: the host's (`host`), or narrower where the SIMD_BYTES knob says so (16, 32
     or 64; a width over the host's is the host's). Narrower vectors also mean the register tiles of a host with that
-    many registers (codegen/opt/heuristic.py: `vector_registers`), so SIMD_BYTES=32 on an AVX-512 host compiles the
+    many registers (codegen/opt/tiles.py: `vector_registers`), so SIMD_BYTES=32 on an AVX-512 host compiles the
     kernels an AVX2 host would (with AVX-512 instructions where the compiler picks them)."""
     knob = os.getenv("SIMD_BYTES", "")
     if knob == "":

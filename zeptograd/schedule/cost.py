@@ -51,14 +51,14 @@ KERNEL = 65536  # a kernel's fixed cost: a launch, a pass's startup, a thread ha
 SCALAR_OP = {Ops.EXP2: 256, Ops.LOG2: 256, Ops.SIN: 256, Ops.COS: 256, Ops.TAN: 256, Ops.SQRT: 32, Ops.RECIPROCAL: 32}
 SCALAR_ALU = 2
 SIMD_WIDTH = 16  # float32 lanes of an AVX-512 vector
-# a register tile (codegen/opt/heuristic.py: tile_shape) loads each operand once per row or column of the tile: 3 rows x
+# a register tile (codegen/opt/tiles.py: tile_shape) loads each operand once per row or column of the tile: 3 rows x
 # 4 vectors with AVX2, 8 x 2 with AVX-512. Measured on an AVX2 host, 2 cores: (1000x512) @ (512x169) as a kernel of its
 # own ~130 GFLOPS, fused into a reduce over its 169 outputs (SqueezeNet's conv + relu + global pool) 5.5 GFLOPS
 TILE_REUSE = 8
 # a contraction's output that outgrows its operands (`CostModel.expands`: attention's N x N scores of N x d q and k,
 # N / 2d times their size) and whose buffer exceeds this is the memory cliff a row buffer removes: storing it is not
 # weighed. Below it, with the keys gathered (k read along d: codegen's score tile of 8 query rows x a vector of 8 keys
-# built of scalar loads, codegen/opt/heuristic.py: score_tile), the one kernel is about as fast as the stored scores'
+# built of scalar loads, codegen/opt/tiles.py: score_tile), the one kernel is about as fast as the stored scores'
 # tiled matmul ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time: 1.02-1.06x; a query row at a time it was
 # 1.5x), and attention written by hand 1.2-1.3x: there the normal comparison decides (it stores them)
 EXPANDED_BUFFER_BYTES = 256 << 20

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from zeptograd.codegen.accumulator import range_scopes
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
-from zeptograd.codegen.opt.heuristic import accesses, largest_divisor, stride
+from zeptograd.codegen.opt.access import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import AxisType, Ops, UOp, max_trip_count
