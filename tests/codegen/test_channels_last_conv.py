@@ -1,4 +1,4 @@
-"""A large strided conv stores its weight with the output channels contiguous (tensor/nn_ops.py), so codegen's
+"""A large strided conv stores its weight with the output channels contiguous (tensor/conv_layout.py), so codegen's
 vector goes along the output channels: the weight is a contiguous vector load, the input (read every other column)
 one broadcast value per row of the register tile, whose rows are output columns (codegen/opt/heuristic.py), and the
 tile's border column, where the pad's gate differs between its rows, is peeled (codegen/peel.py). Before, the
@@ -18,7 +18,7 @@ from zeptograd.codegen.opt.access import stride
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes, max_trip_count
 from zeptograd.codegen.simplify import simplify_ranges
 from zeptograd.renderer.cstyle import CStyleRenderer
-from zeptograd.tensor import nn_ops
+from zeptograd.tensor import conv_layout, nn_ops
 from zeptograd.uop.ops import AxisType, Ops
 
 rng = np.random.default_rng(0)
@@ -32,7 +32,7 @@ def data(*shape):
 @pytest.fixture
 def small_threshold(monkeypatch):
     """Small shapes take the channels-last weight too (the threshold keeps it off convs too small to pay a kernel)."""
-    monkeypatch.setattr(nn_ops, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
 
 
 def test_large_stride2_conv_vectorizes_along_output_channels(monkeypatch):
@@ -43,6 +43,7 @@ def test_large_stride2_conv_vectorizes_along_output_channels(monkeypatch):
         assert copy.bufs[0].size == w.numel()  # the weight, stored channels-last
         ast = simplify_ranges(conv.ast)
         co = len(kernel_axes(ast)) - 1  # a block's output channels: (n, blocks, oh, ow, cin, kh, kw, block)
+        assert max_trip_count(kernel_axes(ast)[co]) == 4 * lanes  # the lanes the conv was given (nn_ops reads them)
         sink, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
         # before: [UPCAST ow 8, UPCAST co 8 (rows), SWAP]: a gathered stride-2 input vector
         assert opts[0].op is OptOps.UPCAST and opts[0].axis == co and opts[0].arg == lanes  # co: a vector's lanes
@@ -136,7 +137,7 @@ def test_the_weight_copy_reads_its_rows_in_blocks():
     walked all 2048 rows of the read (a page per lane, 9.3 ms on 2 AVX2 cores); in blocks (TILE) of
     TRANSPOSE_BLOCK_ROWS rows, the outer loop walks a block's rows, each line read for 16 steps (1.4 ms)."""
     (w, wn) = data(2048, 1024, 1, 1)
-    copy = nn_ops._stored_output_channels_last(w.realize(), 1).contiguous().schedule()[0]  # the channels-last copy
+    copy = conv_layout._stored_output_channels_last(w.realize(), 1).contiguous().schedule()[0]  # the channels-last copy
     _, opts = hand_coded_optimizations(simplify_ranges(copy.ast), 32, threads=2)  # AVX2: 8 lanes
     assert opts[0].op is OptOps.UPCAST and opts[0].arg == 8
     assert [(o.op, o.arg) for o in opts if o.op is OptOps.TILE] == [(OptOps.TILE, 2)]  # 16 rows: 2 vectors
@@ -156,7 +157,7 @@ def test_a_3x3_weight_copy_reads_its_rows_in_blocks_of_one_vector_with_16_lanes(
     rather than all 512 of them at every input column (a page per lane: 3.3 -> 0.7 ms on 1 AVX-512 core, the
     conv's copy and kernel 5.3 -> 2.3 ms)."""
     w, wn = data(512, 512, 3, 3)
-    copy = nn_ops._stored_output_channels_last(w.realize(), 1).contiguous().schedule()[0]
+    copy = conv_layout._stored_output_channels_last(w.realize(), 1).contiguous().schedule()[0]
     ast = simplify_ranges(copy.ast)
     lanes = simd_bytes // 4
     _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
@@ -166,7 +167,7 @@ def test_a_3x3_weight_copy_reads_its_rows_in_blocks_of_one_vector_with_16_lanes(
     if lanes == 16:  # the vector's loop outermost, the cores then splitting the rows of each block
         _, opts = hand_coded_optimizations(ast, simd_bytes, threads=2)
         assert [o.op for o in opts] == [OptOps.UPCAST, OptOps.SWAP, OptOps.THREAD] and opts[2].axis == 1
-    last = nn_ops._stored_output_channels_last(w, 1)
+    last = conv_layout._stored_output_channels_last(w, 1)
     np.testing.assert_array_equal(last.numpy(), wn)
     moved = w.permute(1, 2, 3, 0).contiguous()
     np.testing.assert_array_equal(moved.numpy(), np.transpose(wn, (1, 2, 3, 0)))
@@ -192,7 +193,7 @@ def test_the_channels_last_weight_is_stored_in_blocks_of_a_tiles_output_channels
     if simd_bytes == 64:  # AVX-512's tile takes the block whole: 4 vectors x 2 columns x 2 rows
         assert [(o.axis, o.arg) for o in opts[1:]] == [(6, 4), (2, 2), (1, 2)]
     # fewer output channels than two blocks: one block, the plain channels-last layout
-    monkeypatch.setattr(nn_ops, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
     x, w = Tensor.empty(1, 64, 14, 14), Tensor.empty(block, 64, 3, 3)
     _, conv = x.conv2d(w, padding=1).schedule()
     assert [max_trip_count(r) for r in kernel_axes(simplify_ranges(conv.ast))] == [block, 14, 14, 64, 3, 3]

@@ -1,6 +1,6 @@
 """A conv on a CPU with AVX-512 (16-float vectors, 32 registers).
 
-- tensor/nn_ops.py: a large stride-1 conv whose output columns 16 lanes do not divide (ow = 56: 3 x 16 and 8 left)
+- tensor/conv_layout.py: a large stride-1 conv whose output columns 16 lanes do not divide (ow = 56: 3 x 16 and 8 left)
   stores its weight with the output channels contiguous, as a strided conv does; with 8 lanes (AVX2), which divide
   56, it keeps one kernel.
 - heuristic: the vector then goes along the output channels (full vectors divide them), not along the columns, where
@@ -26,7 +26,7 @@ from zeptograd.codegen.opt import Opt, OptOps
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.opt.tiles import accumulator_budget, vector_registers
 from zeptograd.renderer.llvmir import LLVMRenderer
-from zeptograd.tensor import nn_ops
+from zeptograd.tensor import conv_layout, nn_ops
 from zeptograd.uop.ops import Ops
 
 rng = np.random.default_rng(0)
@@ -34,7 +34,8 @@ U, S = OptOps.UPCAST, OptOps.SWAP
 
 
 def lanes(monkeypatch, n: int) -> None:
-    """The CPU's vector as n floats wide, whichever host runs the test (the weight's layout follows it)."""
+    """The CPU's vector as n floats wide, whichever host runs the test (the weight's layout follows it): on nn_ops,
+    whose conv2d reads it."""
     monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: n, raising=False)
 
 
@@ -70,7 +71,7 @@ def test_avx2_narrow_convs_vectorize_along_output_channels(monkeypatch):
         copy, conv = x.conv2d(w, padding=1).schedule()
         assert copy.bufs[0].size == w.numel()
         _, opts = hand_coded_optimizations(ranges_simplified(conv.ast), 32, threads=1)
-        # axis 7: a block's 32 output channels (tensor/nn_ops.py: _output_channel_block), axis 1 the blocks
+        # axis 7: a block's 32 output channels (tensor/conv_layout.py: _output_channel_block), axis 1 the blocks
         assert opts[:3] == [Opt(U, 7, 8), Opt(U, 7, 2), Opt(U, 3, rows)]
 
 
@@ -90,7 +91,7 @@ def test_stride2_conv_tile_per_vector_width(monkeypatch):
     lanes(monkeypatch, 16)
     ast = conv_ast(128, 2)
     # AVX-512: 4 vectors of co x 4 output columns (before: 2 x 4, 8 accumulators); AVX2: 2 x 4 (12 fit its 16)
-    # (axis 7: a block's 64 output channels, tensor/nn_ops.py: _output_channel_block; axis 1 the 2 blocks)
+    # (axis 7: a block's 64 output channels, tensor/conv_layout.py: _output_channel_block; axis 1 the 2 blocks)
     assert hand_coded_optimizations(ast, 64, threads=1)[1] == [Opt(U, 7, 16), Opt(U, 7, 4), Opt(U, 3, 4)]
     assert hand_coded_optimizations(ast, 32, threads=1)[1][:3] == [Opt(U, 7, 8), Opt(U, 7, 2), Opt(U, 3, 4)]
     # a stride-2 1x1 conv's channels-last weight steps by 1 along the output channels and by cout along its input
@@ -139,7 +140,7 @@ def test_the_tile_fits_avx512_registers(monkeypatch, cout, stride):
 @pytest.fixture
 def channels_last_16(monkeypatch):
     """Small convs take the 16-lane path too (the threshold keeps the copy off convs too small to pay a kernel)."""
-    monkeypatch.setattr(nn_ops, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
     lanes(monkeypatch, 16)
 
 

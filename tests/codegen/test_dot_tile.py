@@ -23,7 +23,7 @@ def data(*shape):
 
 def dot_t(x: Tensor, w: Tensor) -> Tensor:
     """x @ w.T as the products summed over the shared last axis: the kernel this file's tile is for, without the
-    column-panel copy that `@` reads a large right operand through (tensor/nn_ops.py)."""
+    column-panel copy that `@` reads a large right operand through (tensor/matmul_layout.py)."""
     return (x.unsqueeze(-2) * w).sum(-1)
 
 

@@ -1,6 +1,6 @@
 """A matmul's register tile sized to the host's vector registers, and B read from column panels.
 
-x @ w on the CPU backends reads a large w from a copy laid out in panels of 32 columns (tensor/nn_ops.py); the
+x @ w on the CPU backends reads a large w from a copy laid out in panels of 32 columns (tensor/matmul_layout.py); the
 heuristic (codegen/opt/heuristic.py) tiles those 32 columns as 4 AVX2 vectors x 3 rows (12 accumulators of 16
 registers) or 2 AVX-512 vectors x 8 rows (16 of 32), and steps through the panels outside the row tiles so one
 panel stays in cache while every row of A passes it."""

@@ -1,4 +1,4 @@
-"""A strided 1x1 conv (ResNet's downsample) stores its subsampled input first (tensor/nn_ops.py), then runs as a
+"""A strided 1x1 conv (ResNet's downsample) stores its subsampled input first (tensor/conv_layout.py), then runs as a
 stride-1 1x1 conv: a matmul whose vector goes along its output positions, read contiguously from the copy. Read in
 place, the input stepped by the stride along every output position, so the vector went along the output channels
 with a channels-last weight: (1,1024,14,14)x(2048,1024,1,1) stride 2 took 16 ms on one AVX-512 core (torch 1.7),
@@ -14,7 +14,7 @@ from zeptograd import Context, Tensor
 from zeptograd.codegen.opt import OptOps
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.simplify import simplify_ranges
-from zeptograd.tensor import nn_ops
+from zeptograd.tensor import conv_layout
 from zeptograd.uop.ops import Ops
 
 rng = np.random.default_rng(0)
@@ -55,7 +55,7 @@ CASES = [
 @pytest.mark.parametrize("kw, xs, ws", CASES)
 @pytest.mark.parametrize("dev", ["CPU", "CPU:C", "NOOPT"])
 def test_strided_pointwise_conv_values_match_torch(monkeypatch, kw, xs, ws, dev):
-    monkeypatch.setattr(nn_ops, "SUBSAMPLED_MIN_MACS", 1)  # small shapes take the copy too
+    monkeypatch.setattr(conv_layout, "SUBSAMPLED_MIN_MACS", 1)  # small shapes take the copy too
     (x, xn), (w, wn) = data(*xs), data(*ws)
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d}[len(xs)]
     ref = conv(torch.from_numpy(xn), torch.from_numpy(wn), **kw).numpy()
@@ -68,7 +68,7 @@ def test_strided_pointwise_conv_values_match_torch(monkeypatch, kw, xs, ws, dev)
 
 
 def test_strided_pointwise_conv_gradients_match_torch(monkeypatch):
-    monkeypatch.setattr(nn_ops, "SUBSAMPLED_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "SUBSAMPLED_MIN_MACS", 1)
     xn, wn = rng.standard_normal((2, 6, 11, 14), dtype=np.float32), rng.standard_normal((16, 6, 1, 1), dtype=np.float32)
     x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
     copy, _ = x.conv2d(w, stride=2).schedule()

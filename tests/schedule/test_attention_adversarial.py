@@ -1,6 +1,6 @@
 """Attention against torch.nn.functional.scaled_dot_product_attention at the shapes that stress its CPU paths
 (tests/schedule/test_attention_kernel.py tests their structure): key counts off the panels of 32 keys and the vector
-width (tensor/nn_ops.py: `_keys_in_panels`), odd head sizes, queries and keys of different lengths (cross attention,
+width (tensor/attention.py: `_keys_in_panels`), odd head sizes, queries and keys of different lengths (cross attention,
 is_causal's top-left aligned mask), broadcast boolean and float masks, fully masked rows, `scale=`, views in
 (B, N, H, d) layout, scores of large magnitude, float16, gradients, and the other devices and NOOPT (the score tile,
 codegen/opt/tiles.py: `score_tile`, and the row buffers per lane, codegen/opt: `_row_buffer_per_lane`, off)."""

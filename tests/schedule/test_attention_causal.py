@@ -1,4 +1,4 @@
-"""Causal attention skips the keys no row of a query tile sees (tensor/nn_ops.py: `_causal_attention`, which gates
+"""Causal attention skips the keys no row of a query tile sees (tensor/attention.py: `_causal_attention`, which gates
 the scores' max, the exp's sum and the product with v by the mask itself; codegen/gated_reduce.py, which ends each
 such gated reduce's loop at the bound its gate puts on its range: the tile's last seen key, the iterations where the
 gate holds on every lane as a loop without it, the partial ones after it with it). Half the key loop iterations of
@@ -153,7 +153,7 @@ def test_the_renderers_take_a_loop_end_of_the_query_index(renderer):
 
 
 def test_the_backward_gates_no_product():
-    """The gradient is the additive mask's (tensor/nn_ops.py: `_causal_attention_grad`): the backward's kernels are
+    """The gradient is the additive mask's (tensor/attention.py: `_causal_attention_grad`): the backward's kernels are
     the plain attention's (dO @ v.T, e.T @ dO as plain contractions), no where(mask, ., 0) around their products,
     which would cost a select per multiply-add (the gated forward's own gradient: (1, 1, 2048, 64) 98 -> 124 ms)."""
     q, k, v = (Tensor(rng.standard_normal((1, 1, 256, 64)).astype(np.float32), requires_grad=True) for _ in range(3))

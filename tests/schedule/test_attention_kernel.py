@@ -208,7 +208,7 @@ def test_values_match_torch(device, one_kernel):
             if device == "CL":
                 assert GlobalCounters.kernel_count > 1
             else:
-                panels = device.startswith("CPU") and shape[2] % 32 == 0  # (tensor/nn_ops.py: _keys_in_panels)
+                panels = device.startswith("CPU") and shape[2] % 32 == 0  # (tensor/attention.py: _keys_in_panels)
                 assert GlobalCounters.kernel_count == (2 if panels else 1)
 
 
@@ -259,7 +259,7 @@ def test_gathered_keys_below_the_memory_bound_are_stored(causal, monkeypatch):
     reads k itself), the scores are under EXPANDED_BUFFER_BYTES: the cost model weighs storing them and does (a
     tiled matmul); the exp stays a row buffer computed once per score, read by its sum and by the product with v:
     2 kernels, is_causal too (its mask gates the attention kernel's reads of the stored scores, not the scores:
-    `tensor/nn_ops.py: _causal_attention`)."""
+    `tensor/attention.py: _causal_attention`)."""
     monkeypatch.setattr(cost, "ROW_TILED_BUFFER_BYTES", 1 << 30)
     n = 2048
     items = kernels(sdpa((1, 1, n, 64), causal))

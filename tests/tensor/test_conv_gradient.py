@@ -95,8 +95,8 @@ def test_non_overlapping_pool_gradient_works_on_the_input():
 def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
     """The weight gradient of a padded conv large enough (CHANNELS_LAST_MIN_MACS) reads its input from a padded
     copy: its reduce runs over the output positions, so each pad gate would be a vector mask built in the inner loop
-    (tensor/nn_ops.py: _padded_input_for_weight_gradient). The copy is one kernel writing the padded input; the weight
-    gradient's kernel reads nothing through a gate; values against torch."""
+    (tensor/conv_layout.py: _padded_input_for_weight_gradient). The copy is one kernel writing the padded input; the
+    weight gradient's kernel reads nothing through a gate; values against torch."""
     import torch
 
     xn = rng.standard_normal((2, 64, 32, 32), dtype=np.float32)  # 2*64*32*32 outputs x 64*9: 75M multiply-adds
@@ -128,7 +128,7 @@ def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
 def test_a_large_conv_weight_gradient_is_summed_in_parts_of_the_batch(xshape, wshape, kw, parts):
     """A large conv's weight gradient (a small output over a reduce of the whole batch's positions) is summed per
     part of the batch first, each part's sums stored, so a part's images stay in cache while every weight tile
-    passes them (tensor/nn_ops.py: _weight_gradient_batch_parts): the kernel writing the parts' sums, then their
+    passes them (tensor/conv_layout.py: _weight_gradient_batch_parts): the kernel writing the parts' sums, then their
     sum. Only the schedule: the values are checked against torch below."""
     x, w = Tensor.empty(*xshape), Tensor.empty(*wshape, requires_grad=True)
     out = x.conv2d(w, **kw)
@@ -151,10 +151,10 @@ def test_a_conv_weight_gradient_summed_in_parts_matches_torch(monkeypatch):
     stride 2 with odd input sizes, dilation, 1-d and 3-d, and a part of several images; values against torch."""
     import torch
 
-    from zeptograd.tensor import nn_ops
+    from zeptograd.tensor import conv_layout
 
-    monkeypatch.setattr(nn_ops, "CHANNELS_LAST_MIN_MACS", 1)
-    monkeypatch.setattr(nn_ops, "WEIGHT_GRADIENT_PART_MIN_POSITIONS", 40)
+    monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "WEIGHT_GRADIENT_PART_MIN_POSITIONS", 40)
     cases = [
         ((4, 6, 9, 9), (8, 3, 3, 3), dict(groups=2, stride=2, padding=1), 2),  # 5x5 outputs: 2 images a part
         ((6, 4, 7, 5), (4, 4, 3, 2), dict(stride=(2, 1), padding=(1, 0)), 2),  # 4x4 outputs: 3 images a part
@@ -168,7 +168,7 @@ def test_a_conv_weight_gradient_summed_in_parts_matches_torch(monkeypatch):
         x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
         out = x.conv2d(w, **kw)
         gn = rng.standard_normal(out.shape, dtype=np.float32)
-        assert nn_ops._weight_gradient_batch_parts(x, Tensor(gn), w, out.shape) == parts
+        assert conv_layout._weight_gradient_batch_parts(x, Tensor(gn), w, out.shape) == parts
         gx, gw = out.gradient(x, w, gradient=Tensor(gn))
         tx, tw = torch.from_numpy(xn).requires_grad_(), torch.from_numpy(wn).requires_grad_()
         conv[len(xshape)](tx, tw, **kw).backward(torch.from_numpy(gn))

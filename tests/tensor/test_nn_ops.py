@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from tests.slow import fast_first
 from tests.tensor.api_helpers import V, check, data
 from zeptograd import Context, GlobalCounters, Tensor, dtypes, nn
-from zeptograd.tensor import nn_ops
+from zeptograd.tensor import matmul_layout, nn_ops
 
 # ----------------------------------------------------------------------------- products
 
@@ -60,7 +60,7 @@ def test_a_large_right_operand_is_read_from_column_panels():
     assert _kernels(x @ w[0, :, :512]) == 1  # rows 2 KB apart stay in the caches
     assert _kernels(Tensor(xn.astype(np.float64)) @ Tensor(wn[0].astype(np.float64))) == 1
     assert _kernels(x @ Tensor.ones(192, 1024)) == 1  # a broadcast: a copy would make it a full matrix
-    assert not nn_ops._packs_right_operand(x, w[0] * 2)  # computed: the copy would be its materialization
+    assert not matmul_layout._packs_right_operand(x, w[0] * 2)  # computed: the copy would be its materialization
     on_python = Tensor(xn, device="PYTHON") @ Tensor(wn[0], device="PYTHON")
     assert _kernels(on_python) == 1
 
@@ -93,7 +93,7 @@ def test_a_linear_over_a_depth_of_no_whole_vectors_reads_copies_with_padded_rows
     enough product reads copies of x and W whose rows are padded with zeros to whole vectors of the renderer (two
     kernels more, no tail left, every row aligned); a tail of one vector, a whole number of vectors, a small product
     or W read from panels keep the product as it is."""
-    lanes = nn_ops._vector_lanes("CPU", 4)
+    lanes = matmul_layout._vector_lanes("CPU", 4)
     padded = -(-263 // lanes) * lanes  # 263 = 16 * 16 + 7 = 32 * 8 + 7: 7 scalar copies on AVX-512 and AVX2
     x, w = Tensor.empty(512, 263), Tensor.empty(513, 263).realize()
     sched = (x @ w.T).schedule()
@@ -122,7 +122,7 @@ def test_a_linear_over_a_depth_of_no_whole_vectors_reads_column_panels_from_fewe
 @pytest.mark.parametrize("k", [257, 1001])
 def test_odd_depth_column_panels_values_and_gradients(device, noopt, k, monkeypatch):
     """Through the column panels of an odd depth (forced at a small size), values and gradients match torch's."""
-    monkeypatch.setattr(nn_ops, "TRANSPOSED_PANEL_TAIL_MIN_MACS", 0)
+    monkeypatch.setattr(matmul_layout, "TRANSPOSED_PANEL_TAIL_MIN_MACS", 0)
     rng = np.random.default_rng(k)
     xn, wn = rng.standard_normal((2, 64, k), dtype=np.float32), rng.standard_normal((32, k), dtype=np.float32)
     x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
@@ -159,12 +159,12 @@ def test_padded_depth_copies_values_and_gradients(device, noopt, k, monkeypatch)
     """Through the padded copies (forced at small sizes), values and gradients match torch's, a batched x too."""
     if device == "PYTHON" and k == 1001:
         pytest.skip("slow on the PYTHON device")
-    monkeypatch.setattr(nn_ops, "PADDED_DEPTH_MIN_MACS", 0)
-    monkeypatch.setattr(nn_ops, "TAIL_PIECES_PER_COPIED_DEPTH", 0.0)
+    monkeypatch.setattr(matmul_layout, "PADDED_DEPTH_MIN_MACS", 0)
+    monkeypatch.setattr(matmul_layout, "TAIL_PIECES_PER_COPIED_DEPTH", 0.0)
     rng = np.random.default_rng(k)
     xn, wn = rng.standard_normal((2, 3, k), dtype=np.float32), rng.standard_normal((5, k), dtype=np.float32)
     x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
-    lanes = nn_ops._vector_lanes(device, 4)
+    lanes = matmul_layout._vector_lanes(device, 4)
     assert _kernels(x @ w.T) == (3 if lanes and k % lanes else 1)
     with Context(NOOPT=noopt):
         out = x @ w.T
@@ -215,8 +215,9 @@ def test_narrow_right_operands_that_are_not_copied():
         assert _kernels(x @ Tensor(rng.standard_normal(shape, dtype=np.float32))) == 1
     assert _kernels(x[:32] @ Tensor(rng.standard_normal((512, 10), dtype=np.float32))) == 1  # few rows
     assert _kernels(x[:, :32] @ Tensor(rng.standard_normal((32, 10), dtype=np.float32))) == 1  # a short depth
-    assert not nn_ops._transposes_right_operand(x, Tensor(rng.standard_normal((512, 10), dtype=np.float32)) * 2)
-    assert not nn_ops._transposes_right_operand(x.cast("float64"), Tensor.ones(512, 10, dtype="float64").contiguous())
+    assert not matmul_layout._transposes_right_operand(x, Tensor(rng.standard_normal((512, 10), dtype=np.float32)) * 2)
+    ones64 = Tensor.ones(512, 10, dtype="float64").contiguous()
+    assert not matmul_layout._transposes_right_operand(x.cast("float64"), ones64)
 
 
 @pytest.mark.slow
@@ -700,6 +701,7 @@ def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, mon
         return len(out.uop.toposort()), len(w.grad.uop.toposort()), w.grad.numpy()
 
     fwd, copied, g = nodes()
+    # (on nn_ops, whose dot reads them: matmul_layout's own names are left as they are)
     monkeypatch.setattr(nn_ops, "_packs_right_operand", lambda x, w: False)
     monkeypatch.setattr(nn_ops, "_transposes_right_operand", lambda x, w: False)
     fwd_plain, plain, g_plain = nodes()

@@ -6,7 +6,7 @@ where identity is the reduce's (0 for a sum, -inf for a max, 1 for a product), a
 kernel's ranges: a loop around the reduce (a fixed value in it) counts at its value, vector lanes, unrolled copies
 and the reduce's other ranges at their smallest term, so an iteration past the bound gives every lane the identity
 and skipping it changes no bit of the result. The gate stays: the last iterations before the bound are partial
-(some lanes or rows of a tile still gated). Causal attention (`tensor/nn_ops.py: _causal_attention`): the key loops
+(some lanes or rows of a tile still gated). Causal attention (`tensor/attention.py: _causal_attention`): the key loops
 of a tile of 4 query rows q..q+3 stop after key q+3, not at the row's end.
 
 Such a reduce may also fill a row buffer (a DEFINE_REG it stores to in its loop, read by later loops): a skipped

@@ -63,7 +63,7 @@ TILE_REUSE = 8
 # 1.5x), and attention written by hand 1.2-1.3x: there the normal comparison decides (it stores them)
 EXPANDED_BUFFER_BYTES = 256 << 20
 # ... and where the contraction reads its operand along the row with stride 1 (attention's keys stored in panels,
-# tensor/nn_ops.py: _keys_in_panels), codegen computes the row buffer's scores as a register tile of query rows x
+# tensor/attention.py: _keys_in_panels), codegen computes the row buffer's scores as a register tile of query rows x
 # vectors of keys loaded whole, faster than the stored scores at every size measured: (1, 1, 2048, 64) 0.73x (torch
 # 0.62-0.75x), causal 0.73x, (1, 4, 1024, 32) 0.70x, (1, 12, 128, 32) 0.91x, (1, 1, 128, 32) 0.92x (median kernel
 # CPU time, one process, 2 AVX2 cores under load)

@@ -170,7 +170,7 @@ class MaterializationPolicy:
 
     def reads_row_contiguously(self, x: UOp, fill: Request, below: set[UOp]) -> bool:
         """Whether the contractions x's fill computes (`reduces_below`) read an operand that varies along the row with
-        stride 1 in its buffer, or in panels of it (attention's keys: tensor/nn_ops.py, _keys_in_panels): index j or
+        stride 1 in its buffer, or in panels of it (attention's keys: tensor/attention.py, _keys_in_panels): index j or
         j % P, P >= 8, of the row's range j. Their loads then go along the keys as vectors (codegen's score tile)."""
         if not below:
             return False

@@ -111,7 +111,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
 
 
 def layout_copy(x: UOp) -> bool:
-    """A copy of a buffer's view (a matmul operand stored in column panels or transposed: tensor/nn_ops.py), not
+    """A copy of a buffer's view (a matmul operand stored in column panels or transposed: tensor/matmul_layout.py), not
     noted as realized where it is not an output: computed again it gives the same bits, and a graph that notes no
     node but its outputs gets a plan of the schedule cache (engine/schedule_cache.py: make_plan; a 512^3 matmul took
     the schedule cache's walk on every call)."""

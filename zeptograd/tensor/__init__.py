@@ -8,6 +8,9 @@ needed. The class is assembled from one mixin per family of ops, each composed f
   movement.py     composite movement: squeeze ... cat, stack, repeat, roll, sliding windows, rearrange
   reduce.py       reductions, scans, softmax, sort and topk
   nn_ops.py       matmul and einsum, convolutions, pooling, normalization, losses, attention
+  matmul_layout.py  which copy of a matmul's operand the product reads (panels, transposed, padded) and its gradients
+  conv_layout.py  a convolution's operand layouts, its weight gradient in parts of the batch, conv_transpose2d
+  attention.py    attention's helpers: causal attention gated by its mask, keys read in panels
   indexing.py     __getitem__ / __setitem__, gather, scatter, masked ops, nonzero
   random.py       random numbers and initializers
   helpers.py      argument normalization shared by the mixins (axes, broadcast shapes, pool padding)

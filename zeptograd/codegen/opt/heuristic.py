@@ -377,7 +377,7 @@ TRANSPOSE_BLOCK_ROWS = 16  # rows of a transposed read one block walks: each row
 
 def is_transposed_copy(ast: UOp, vec_r: UOp, idxs: list[UOp], itemsize: int) -> bool:
     """An elementwise kernel whose vector lanes (along the store's contiguous axis) gather a load from rows far
-    apart (stride of a page or more: a weight stored transposed, tensor/nn_ops.py's cout-last copy), where the same
+    apart (stride of a page or more: a weight stored transposed, tensor/conv_layout.py's cout-last copy), where the same
     load is contiguous along an outer loop: each lane's row is read one element per outer step."""
     loops = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.LOOP and r.arg[0] != vec_r.arg[0]]
     for u in idxs:

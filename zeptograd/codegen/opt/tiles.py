@@ -76,7 +76,7 @@ def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
 
 def column_panel_loop(axes: list[UOp], row_i: int, main_ids: AbstractSet[int], broadcast: list[UOp]) -> int | None:
     """Where a tile took the whole vector axis, the output loop after the rows that steps through B's column
-    panels: B stored as (N/32, K, 32) (tensor/nn_ops.py: _stored_in_column_panels), a loop the rows' operand (A,
+    panels: B stored as (N/32, K, 32) (tensor/matmul_layout.py: _stored_in_column_panels), a loop the rows' operand (A,
     broadcast along the columns) does not use."""
     return next(
         (
@@ -240,9 +240,9 @@ def full_vector_output_axis(
     """Another output loop for the vector where axes[vec_i] is an output loop that AVX-512's full vectors do not
     divide (a conv's ow = 56: 3 x 16 lanes and 8 left, so its register tile takes 8 lanes, half of each register): one
     that full vectors divide and that the reduce's loads read contiguously as often (a channels-last weight's output
-    channels: tensor/nn_ops.py stores it so for such convs). (8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX-512
-    host: 8-lane columns 19 ms, 16 output channels per vector 9 ms. Measured on AVX-512 only: AVX2's 8 lanes divide
-    56, and its kernels keep their vector."""
+    channels: tensor/conv_layout.py stores it so for such convs). (8,64,56,56)x(64,64,3,3) pad 1 on one core of an
+    AVX-512 host: 8-lane columns 19 ms, 16 output channels per vector 9 ms. Measured on AVX-512 only: AVX2's 8 lanes
+    divide 56, and its kernels keep their vector."""
     vec_r = axes[vec_i]
     if (
         vector_registers(simd_bytes) != 32
@@ -409,7 +409,7 @@ def take_score_tile(plan: OptPlan, rows: UOp, keys: UOp, contiguous: bool, other
     """A register tile of query rows x vectors of keys, reduced over d with a vector load of k along the keys and a
     broadcast of q per row (no horizontal sum), each row's row buffers its own (codegen/opt: `_row_buffer_per_lane`);
     the exp loop one vector along the keys, and the product with v a tile of the same rows x vectors of v's columns.
-    Keys read contiguously (k.T in panels of keys: tensor/nn_ops.py, `_keys_in_panels`): 4 rows x 2 vectors of
+    Keys read contiguously (k.T in panels of keys: tensor/attention.py, `_keys_in_panels`): 4 rows x 2 vectors of
     keys, 4 rows x 2 vectors of columns. Gathered (k itself: 8 scalar loads and shuffles per vector): 8 rows x 1
     vector, so each gather feeds 8 rows. Measured on 2 AVX2 cores at (1, 1, 2048, 64), median kernel CPU time in one
     process against the stored scores' kernels: in panels 4 x 2 0.67-0.74x (torch 0.61-0.76x), 8 x 1 0.88x, 4 x 4

@@ -1,0 +1,75 @@
+"""scaled_dot_product_attention's helpers (tensor/nn_ops.py): causal attention gated by its mask, and the keys read
+from a copy in column panels."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import dtypes
+from zeptograd.gradient import with_gradient
+from zeptograd.tensor.matmul_layout import PANEL, _packs_right_operand
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+# is_causal over more keys than this gates every step by the mask (`_causal_attention`): its key loops end at the
+# query tile's last key. At 32 keys (one panel, the loop unrolled) nothing is skipped and the gated graph's kernels
+# cost more than the additive mask's (examples/gpt_tiny.py's training step at ctx 32: 4.1 -> 4.8 ms on one core)
+CAUSAL_SKIP_MIN_KEYS = 32
+
+
+def _causal_attention(x: Tensor, value: Tensor, dropout_p: float) -> Tensor:
+    """softmax(x) @ value over the keys torch's tril(ones(L, S)) keeps (key j <= query i), every step gated by the
+    mask itself: the scores' max reduces where(seen, x, -inf), the exp's sum where(seen, e, 0), the product with value
+    where(seen, e * v, 0). A masked key's contribution is so the reduce's identity whatever x and v hold (torch skips
+    those keys: an inf or nan in them changes nothing), and codegen ends each key loop of a tile of query rows at the
+    tile's last seen key (`codegen/gated_reduce.py`): half the work of the full rows. Key 0 is seen by every row, so the
+    max is never -inf from the mask alone."""
+    seen = _causal_mask(x)
+    s = seen.where(x, -math.inf)
+    e = seen.where((s - s.detach()._max(-1, keepdim=True)).exp(), 0)
+    total = e.sum(-1, keepdim=True)
+    products = e.dropout(dropout_p).unsqueeze(-1) * value.unsqueeze(-3)  # (..., L, S, D): a matmul's broadcast product
+    out = seen.unsqueeze(-1).where(products, 0).sum(-2) / total
+    return out if dropout_p > 0 else with_gradient(out, (x, value), _causal_attention_grad)
+
+
+def _causal_mask(x: Tensor) -> Tensor:
+    """torch's tril(ones(L, S)) for scores x of (..., L, S): key j seen by query i where j <= i"""
+    L, S = x.shape[-2:]
+    return type(x).arange(S, device=x.device).reshape(1, S) < type(x).arange(L, device=x.device).reshape(L, 1) + 1
+
+
+def _causal_attention_grad(g: Tensor, out: Tensor, x: Tensor, value: Tensor) -> tuple[Tensor, ...]:
+    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v: its backward
+    is the plain attention's kernels (the gated forms' would gate every product of dO @ v.T and e.T @ dO). Equal
+    where the gated forward is: every row sees key 0, so its max is finite and a masked key's e is 0."""
+    y = x + _causal_mask(x).where(0, -math.inf).cast(x.dtype)
+    e = (y - y.detach()._max(-1, keepdim=True)).exp()
+    return tuple((e @ value / e.sum(-1, keepdim=True)).gradient(x, value, gradient=g))
+
+
+def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
+    """Whether attention reads its keys, k.T of shape (..., d, N), from a copy stored in panels of PANEL keys (d x 32
+    each, contiguous): where its scores are computed in one kernel with no N x N buffer (schedule/cost.py:
+    row_buffer_is_cheaper, over ROW_TILED_BUFFER_BYTES of scores), codegen's score tile (codegen/opt/heuristic.py:
+    score_tile) loads a vector of keys per step of d: in panels, 32 bytes of one panel walked down d; from k itself,
+    8 scalar loads and shuffles of keys 4*d bytes apart ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time:
+    0.72x the stored scores' kernels in panels, 1.05x gathered). The copy is O(N*d) memory and one small kernel.
+    Float32 on the CPU backends (a GPU computes the scores in several kernels), keys a multiple of PANEL, and not
+    where x @ k.T packs them already (`_packs_right_operand`)."""
+    from zeptograd.schedule import cost  # (the bound is read at the call: tests lower it)
+
+    if keys_t.ndim < 2 or not isinstance(keys_t.device, str) or keys_t.device.split(":")[0] != "CPU":
+        return False
+    if q.dtype != dtypes.float32 or keys_t.dtype != dtypes.float32:
+        return False
+    (m, d), n = q.shape[-2:], keys_t.shape[-1]
+    batch = [max(a, b) for a, b in zip(q.shape[-3::-1], keys_t.shape[-3::-1])]
+    if not all(isinstance(v, int) for v in (m, d, n, *batch)) or n % PANEL or m * n <= (m + n) * d:
+        return False  # (scores no larger than q and k: stored, schedule/cost.py: expands)
+    if math.prod(batch) * m * n * q.dtype.itemsize <= cost.ROW_TILED_BUFFER_BYTES:
+        return False
+    return not _packs_right_operand(q, keys_t)

@@ -1,0 +1,174 @@
+"""The layouts a convolution reads its operands in (a channels-last weight, in blocks of a register tile's output
+channels; a strided 1x1 conv's subsampled input; a padded input for the weight gradient), its weight gradient summed
+in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from zeptograd.dtype import dtypes
+from zeptograd.tensor.helpers import flat_to_grouped, make_tuple, resolve_pool_pads
+
+if TYPE_CHECKING:
+    from zeptograd.tensor import Tensor
+
+
+CHANNELS_LAST_MIN_MACS = 1 << 26  # a conv this large runs for milliseconds: the weight's copy and its kernel are noise
+
+
+def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, rcout: int, lanes: int) -> bool:
+    """Whether a conv's weight is stored with its output channels contiguous first: where the last window axis steps
+    the input by more than 1 (stride 2), no operand is contiguous along the output's last axis, and codegen's vector
+    goes along the output channels instead (codegen/opt/heuristic.py), where the weight, so stored, is read with
+    stride 1 and the input is one broadcast value per lane row ((8,64,56,56)x(128,64,3,3) stride 2: 2.2x -> 1.2x
+    torch's time, the kernel on 1 core of an AVX2 host). With stride 1 too where the CPU's vector lanes do not divide
+    the output's last axis while they divide the output channels: a vector along the columns would be narrower than
+    the register, or none (on 1 core of an AVX-512 host, pad 1: (8,64,56,56)x(64,64,3,3) 8-lane columns 19 ms, 16
+    output channels per vector 9 ms, torch 14; (8,512,7,7)x(512,512,3,3) no vector at all 850 ms, 17 ms, torch 9;
+    AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
+    56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
+    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
+    costs nothing beside them, and with 16+ output channels per group (two vectors)."""
+    sizes = (bs, *oyx, *wshape)
+    if not all(isinstance(v, int) for v in sizes):
+        return False
+    if strides[-1] <= 1 and not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
+        return False
+    return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
+
+
+SUBSAMPLED_MIN_MACS = 1 << 20  # the copy is 1/cout of the conv's work: only a kernel's launch to pay for
+
+
+def _subsampled_pointwise_input(strides: tuple, bs, oyx: tuple, wshape: tuple, lanes: int) -> bool:
+    """Whether a strided 1x1 conv (ResNet's downsample) reads a stored copy of its subsampled input: a matmul along
+    its output positions then, as a stride-1 1x1 conv, where the input read in place steps by the stride along every
+    output position and no operand is contiguous there: with a channels-last weight the vector went along the output
+    channels, the whole weight streamed once per few output positions; without, the reduce was unrolled along the
+    input channels. On 1 core of an AVX-512 host, batch 1, ms before -> after (torch): (1,1024,14,14)x(2048,1024,1,1)
+    stride 2 15.9 -> 3.5 (1.7), (1,512,28,28)x(1024,512,1,1) 5.8 -> 1.6 (1.1), (1,256,56,56)x(512,256,1,1) 2.2 -> 1.1
+    (1.4), (1,1024,14,14)x(256,1024,1,1) 6.7 -> 0.5 (0.75). The copy's elements are 1/cout of the multiply-adds. On
+    the CPU backends, for convs of at least SUBSAMPLED_MIN_MACS multiply-adds."""
+    if lanes == 0 or any(k != 1 for k in wshape[2:]) or all(s == 1 for s in strides):
+        return False
+    sizes = (bs, *oyx, *wshape)
+    return all(isinstance(v, int) for v in sizes) and bs * math.prod(oyx) * math.prod(wshape) >= SUBSAMPLED_MIN_MACS
+
+
+def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_shape: tuple) -> bool:
+    """Whether a conv's weight gradient reads its input from a padded copy rather than through the pad's gates: its
+    reduce runs over the output positions, so each gate is a mask built in the inner loop (the expander's vector
+    lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
+    register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
+    that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
+    75 -> 41 ms, the copy ~2 ms)."""
+    if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
+        return False
+    sizes = (*out_shape, *wshape[1:])
+    return all(isinstance(v, int) for v in sizes) and math.prod(sizes) >= CHANNELS_LAST_MIN_MACS
+
+
+WEIGHT_GRADIENT_PART_MIN_POSITIONS = 1024  # output positions per part: a 32x32 image
+WEIGHT_GRADIENT_MAX_PARTS = 64
+WEIGHT_GRADIENT_MAX_PART_ELEMENTS = 1 << 22  # the parts' sums, all together: 16 MiB of float32
+
+
+def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape: tuple) -> int:
+    """Into how many parts of the batch a conv's weight gradient is summed first, each part's sum stored and the
+    parts then summed (1: one reduce over every output position). The weight gradient is a small output (cout x cin x
+    window) over a long reduce (batch x output positions); as one reduce, each register tile of it streams the whole
+    batch's output gradient and input from memory, which no cache holds (ResNet's (32,64,32,32) block: 5 MiB per tile,
+    3072 tiles). Summed per part of the batch, a part's images stay in L2 while every weight tile passes them
+    ((32,64,32,32) x (64,64,3,3), one image per part: 85 -> 55 ms; (8,64,56,56): 42 -> 29 ms, on 1 core of an AVX2
+    host). A part holds the fewest images with WEIGHT_GRADIENT_PART_MIN_POSITIONS output positions (so each tile's
+    accumulators are folded rarely), at most WEIGHT_GRADIENT_MAX_PARTS parts and WEIGHT_GRADIENT_MAX_PART_ELEMENTS
+    elements of the parts' sums (a 512 x 512 x 3 x 3 weight: at most 1 part, no split). On the CPU backends, float32,
+    for convs of at least CHANNELS_LAST_MIN_MACS multiply-adds."""
+    if not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
+        return 1
+    if any(t.dtype != dtypes.float32 for t in (x, g, weight)):
+        return 1
+    bs, positions = out_shape[0], out_shape[2:]
+    sizes = (*out_shape, *weight.shape[1:])
+    if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
+        return 1
+    per_image, weight_elements = math.prod(positions), math.prod(weight.shape)
+    for images in range(1, bs + 1):
+        parts = bs // images
+        if bs % images or images * per_image < WEIGHT_GRADIENT_PART_MIN_POSITIONS:
+            continue
+        if parts <= WEIGHT_GRADIENT_MAX_PARTS and parts * weight_elements <= WEIGHT_GRADIENT_MAX_PART_ELEMENTS:
+            return parts
+    return 1
+
+
+def _weight_gradient_in_batch_parts(
+    x: Tensor, g: Tensor, weight: Tensor, pads: list, groups: int, stride, dilation, parts: int
+) -> Tensor:
+    """conv2d's weight gradient, sum over (batch, output positions) of the output's gradient times the input's
+    windows, as `parts` sums over the batch's parts (each stored), then their sum (`_weight_gradient_batch_parts`)."""
+    bs, hw = x.shape[0], weight.shape[2:]
+    cout, cin = weight.shape[:2]
+    win = x.pad(pads)._pool(hw, stride, dilation)  # (bs, groups * cin, *out, *hw)
+    out = win.shape[2 : 2 + len(hw)]
+    win = win.reshape(parts, bs // parts, groups, 1, cin, *out, *hw)
+    og = g.reshape(parts, bs // parts, groups, cout // groups, 1, *out, *[1] * len(hw))
+    part_sums = (win * og).sum((1, *range(5, 5 + len(out))))  # (parts, groups, cout / groups, cin, *hw)
+    return part_sums.sum(0).reshape(weight.shape)
+
+
+OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels
+
+
+def _output_channel_block(rcout: int, lanes: int) -> int:
+    """The output channels of a block of the channels-last weight (`_stored_output_channels_last`): 4 vectors, the
+    most a conv's register tile takes (codegen/opt/heuristic.py: 4 with AVX-512, 2 or 4 with AVX2), where they divide
+    the channels, so a tile's weight is one contiguous stream (0: no blocks)."""
+    block = OUTPUT_CHANNEL_BLOCK_VECTORS * lanes
+    return block if lanes and rcout > block and rcout % block == 0 else 0
+
+
+def _stored_output_channels_last(weight: Tensor, groups: int, block: int = 0) -> Tensor:
+    """The same weight, (cout, cin, *hw), read from a copy laid out as (groups, cin, *hw, cout per group), or with
+    block, as (groups, cout per group / block, cin, *hw, block): blocks of `block` output channels, each block's
+    weight contiguous. A register tile of 4 vectors of output channels then reads its weight as one stream, not 256
+    bytes of every cout * 4 (on 1 AVX-512 core, kernel only: (1,256,14,14)x(256,256,3,3) pad 1 2.1 -> 1.2 ms, torch
+    1.1; (8,64,56,56)x(128,64,3,3) stride 2 4.7 -> 4.2; 512 channels at 7x7 1.9 -> 1.8)."""
+    cout, nd = weight.shape[0], weight.ndim
+    if block:
+        w = weight.reshape(groups, cout // groups // block, block, *weight.shape[1:])  # (g, nb, block, cin, *hw)
+        last = w.permute(0, 1, *range(3, nd + 2), 2).contiguous()  # (g, nb, cin, *hw, block)
+        return last.permute(0, 1, nd + 1, *range(2, nd + 1)).reshape(weight.shape)
+    w = weight.reshape(groups, cout // groups, *weight.shape[1:])  # (g, rcout, cin, *hw)
+    last = w.permute(0, *range(2, nd + 1), 1).contiguous()  # (g, cin, *hw, rcout)
+    return last.permute(0, nd, *range(1, nd)).reshape(weight.shape)
+
+
+def _transposed_conv(
+    x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
+) -> Tensor:
+    """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
+    index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
+    x (the output's gradient) stored, padded already where the stride is 1."""
+    hw = weight.shape[2:]
+    w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
+    w = w.contiguous() if weight_copy else w
+    dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
+    grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
+    pads = [
+        p
+        for k, d, (pb, pa), op in reversed(list(zip(hw, dil, grouped, out_pad)))
+        for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
+    ]
+    strides = make_tuple(stride, len(hw))
+    if weight_copy and all(s == 1 for s in strides):
+        x, pads = x.pad(pads).contiguous(), [0] * len(pads)
+    elif weight_copy:
+        x = x.contiguous()
+    if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
+        x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
+        x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
+        x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
+        x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
+    return x.conv2d(w, groups=groups, bias=bias, dilation=dilation, padding=pads)
