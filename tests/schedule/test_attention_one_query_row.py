@@ -1,8 +1,14 @@
-"""A kernel that reads a row buffer whose fill (the reduce over its row) went to another kernel computes the row's
+"""Attention with one query row.
+
+A kernel that reads a row buffer whose fill (the reduce over its row) went to another kernel computes the row's
 value at each read (schedule/kernel.py: `lower_row_buffers`). With one query row, softmax's exp row is filled in its
 sum's loop in a second kernel, while the first (e @ v) reads it in its own loop: there exp is recomputed from the
 scores row, whose fill (the max's loop) and loads the recomputation brings in. Before, those reads of the scores row
-were left unloaded (a pointer where a float is expected): invalid LLVM IR, C that does not compile."""
+were left unloaded (a pointer where a float is expected): invalid LLVM IR, C that does not compile.
+
+Causal, the scores' max is a reduce gated by the key index (codegen/gated_reduce.py: `end_gated_reduces`); where the
+output loop has a tail (codegen/opt/tail.py), each loop nest holds its own copy of that max over the same range, and
+every copy ends at the bound: before, only the first did (two loops of one axis id: the linearizer found no order)."""
 
 from __future__ import annotations
 
@@ -76,3 +82,14 @@ def test_one_query_row_sdpa_backward_matches_torch(device, knobs, d, keys):
         want = [t.detach().numpy() for t in (tout, tq.grad, tk.grad, tv.grad)]
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=f"{name} causal={causal}")
+
+
+@pytest.mark.parametrize("d", [48, 96])
+def test_causal_one_query_row_with_an_output_tail(d):
+    """d = 96 on a host of 64-byte vectors, 48 on one of 32 (an output loop of 3 vectors: a main nest and a tail),
+    on two cores: the forward's kernel compiles and matches torch."""
+    qn, kn, vn = arrays((1, 1, 1, d), (1, 1, 64, d), (1, 1, 64, d))
+    with Context(THREADS=2):
+        got = Tensor(qn).scaled_dot_product_attention(Tensor(kn), Tensor(vn), is_causal=True).numpy()
+    want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, (qn, kn, vn)), is_causal=True)
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
