@@ -270,19 +270,22 @@ def ends_along(sink: UOp, r: UOp) -> bool:
 @named_pass("end_gated_reduces", "a reduce gated by a bound on its range ends its loop there")
 def end_gated_reduces(sink: UOp) -> UOp:
     """every gated reduce's range ends at its bound, one reduce at a time in the kernel's order (a later reduce reads
-    an earlier one's row buffer and value), each once: its loops are not bounded again"""
-    done: set[int] = set()
+    an earlier one's row buffer and value), each once: its loops are not bounded again. Done is kept per range node,
+    not per axis id: the kernel's loop nests (a main part and its tails, codegen/opt/tail.py) each hold a copy of a
+    reduce the output loop does not vary along (the scores' max) over the same range, and every copy ends where the
+    first did (one bounded, the other not: two loops of one axis id, and the linearizer finds no order)"""
+    done: set[UOp] = set()
     while True:
         for u in sink.toposort():
             if u.op is not Ops.REDUCE or u.src[0].op not in (Ops.WHERE, Ops.AFTER):
                 continue
-            ids = {r.arg[0] for r in u.src[1:] if r.op is Ops.RANGE}
-            if not ids.isdisjoint(done):
+            ranges = {r for r in u.src[1:] if r.op is Ops.RANGE}
+            if not ranges.isdisjoint(done):
                 continue
-            done |= ids
             if (new := gated_end(sink, u)) is not None:
-                done |= {r.arg[0] for r in new.toposort() if r.op is Ops.RANGE}
+                done |= {r for r in new.toposort() if r.op is Ops.RANGE}
                 sink = graph_substitute(sink, {u: new})
                 break
+            done |= ranges
         else:
             return sink

@@ -89,20 +89,29 @@ def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at)
         mapping[UOp(Ops.INDEX, b.dtype, (b, b.src[1]))] = value.after(buf.index(r).store(value))
         reads[buf], computed[buf] = r, value
     lowered = graph_substitute(values, mapping)
+    # a row buffer whose fill (its reduce over the row) went to another kernel (a reader of an older version) is
+    # computed at each read here. Its value reads only earlier row buffers and may hold an earlier one's fill (the exp
+    # row's value: the scores row's max), so the recomputations go last to first, all before any load is made: the
+    # reads they bring in are then loaded below, and an earlier row buffer's fill is found where they brought it
+    for buf, r in reversed(reads.items()):
+        nodes = lowered.toposort()
+        if not any(u.op is Ops.REDUCE and r in u.src[1:] for u in nodes):
+            recomputed = {u: computed[buf].substitute({r: u.src[1]}) for u in nodes if _row_read(u, buf, r)}
+            lowered = graph_substitute(lowered, recomputed)
     # one row buffer at a time, in the order they are filled: a later fill's reduce reads an earlier row buffer
     # (attention's exp reads the scores row), so its loads are made first and the later reads wait for that reduce
     for buf, r in reads.items():
         nodes = lowered.toposort()
         fill = next((u for u in nodes if u.op is Ops.REDUCE and r in u.src[1:]), None)
-        loads: dict[UOp, UOp] = {}
-        for u in nodes:
-            if u.op is Ops.INDEX and u.src[0] is buf and u.src[1] is not r:
-                if fill is not None:
-                    loads[u] = buf.after(fill).index(*u.src[1:]).load()
-                else:  # the fill's reduce went to another kernel (a reader of an older version): computed at the read
-                    loads[u] = computed[buf].substitute({r: u.src[1]})
-        lowered = graph_substitute(lowered, loads)
+        if fill is not None:
+            loads = {u: buf.after(fill).index(*u.src[1:]).load() for u in nodes if _row_read(u, buf, r)}
+            lowered = graph_substitute(lowered, loads)
     return lowered
+
+
+def _row_read(u: UOp, buf: UOp, r: UOp) -> bool:
+    """u reads the row buffer buf at an index other than its fill's range r (the fill stores there)."""
+    return u.op is Ops.INDEX and u.src[0] is buf and u.src[1] is not r
 
 
 def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ...], UOp | None, tuple]:
