@@ -118,6 +118,36 @@ def test_template_calls_replay_their_kernels():
         np.testing.assert_allclose(out.numpy(), _conv_ref(model, x).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_template_replay_leaves_out_kernels_of_weights_alone():
+    """A kernel that reads only the model's weights (a conv's weights copied into the layout its kernel reads,
+    64 -> 64 channels on 56x56) runs once, at the capture: a replayed call runs the input's two kernels (relu + pad,
+    conv)."""
+    from zeptograd.device import GlobalCounters
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32), "w")
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [w],
+    )  # fmt: skip
+    runner = OnnxRunner(model)
+    xs = [
+        Tensor(np.random.default_rng(i).standard_normal((1, 64, 56, 56)).astype(np.float32)).realize() for i in range(5)
+    ]
+    outs = [runner({"x": x})["y"].realize() for x in xs[:4]]
+    before = GlobalCounters.kernel_count
+    outs.append(runner({"x": xs[4]})["y"].realize())
+    assert GlobalCounters.kernel_count - before == 2
+    torch = pytest.importorskip("torch")
+    for x, out in zip(xs, outs):
+        ref = torch.nn.functional.conv2d(
+            torch.relu(torch.from_numpy(x.numpy().copy())), torch.from_numpy(numpy_helper.to_array(w).copy()), padding=1
+        )
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-3)
+
+
 def test_template_replay_refused_falls_back_to_the_graph():
     """One buffer given as both inputs after the capture (a replay refuses it: JitError): that call and the later
     ones build the template's graph again; an output that is an input is each call's input."""
