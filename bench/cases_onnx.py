@@ -143,7 +143,7 @@ def _case_model(arch: str, batch: int) -> Callable[[bool], Spec]:
             {"zeptograd": zg, "onnxruntime": ort_run, "torch": torch_run},
             "rate",
             note=f"{what}, input {shape}, inferences/s{why_not}",
-            warmups=2,  # the runner's second call builds the graph later calls substitute their inputs into
+            warmups=3,  # the runner builds its template at the second call and captures its kernels at the third
         )
 
     return case

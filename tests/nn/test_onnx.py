@@ -94,6 +94,82 @@ def test_repeated_calls_substitute_their_inputs_into_a_template():
     assert len(templates) == 2  # one per batch size
 
 
+def test_template_calls_replay_their_kernels():
+    """Once a signature has a template, its calls replay the kernels captured from it (TinyJit): no graph is built or
+    scheduled (the schedule cache is not consulted), each call's outputs are its own and keep their values; numpy
+    inputs too."""
+    pytest.importorskip("torch")
+    from zeptograd.buffers import buffer_under
+    from zeptograd.engine import schedule_cache
+
+    model = _conv_model()
+    runner = OnnxRunner(model)
+    xs = [np.random.default_rng(i).standard_normal((2, 2, 6, 6)).astype(np.float32) for i in range(7)]
+    for x in xs[:3]:
+        runner({"x": Tensor(x)})["y"].numpy()
+    inputs = [Tensor(x).realize() for x in xs[3:]]
+    stats = schedule_cache.Stats
+    looked_up = stats.hits + stats.misses + stats.uncacheable
+    outs = [runner({"x": t})["y"] for t in inputs]
+    assert stats.hits + stats.misses + stats.uncacheable == looked_up
+    assert all(buffer_under(out.uop) is not None for out in outs)  # computed by the call, not lazy graphs
+    outs.append(runner({"x": xs[0]})["y"])
+    for out, x in zip(outs, xs[3:] + xs[:1]):
+        np.testing.assert_allclose(out.numpy(), _conv_ref(model, x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_template_replay_leaves_out_kernels_of_weights_alone():
+    """A kernel that reads only the model's weights (a conv's weights copied into the layout its kernel reads,
+    64 -> 64 channels on 56x56) runs once, at the capture: a replayed call runs the input's two kernels (relu + pad,
+    conv)."""
+    from zeptograd.device import GlobalCounters
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64, 3, 3)).astype(np.float32), "w")
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Conv", ["r", "w"], ["y"], pads=[1, 1, 1, 1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 56, 56])],
+        [w],
+    )  # fmt: skip
+    runner = OnnxRunner(model)
+    xs = [
+        Tensor(np.random.default_rng(i).standard_normal((1, 64, 56, 56)).astype(np.float32)).realize() for i in range(5)
+    ]
+    outs = [runner({"x": x})["y"].realize() for x in xs[:4]]
+    before = GlobalCounters.kernel_count
+    outs.append(runner({"x": xs[4]})["y"].realize())
+    assert GlobalCounters.kernel_count - before == 2
+    torch = pytest.importorskip("torch")
+    for x, out in zip(xs, outs):
+        ref = torch.nn.functional.conv2d(
+            torch.relu(torch.from_numpy(x.numpy().copy())), torch.from_numpy(numpy_helper.to_array(w).copy()), padding=1
+        )
+        np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_template_replay_refused_falls_back_to_the_graph():
+    """One buffer given as both inputs after the capture (a replay refuses it: JitError): that call and the later
+    ones build the template's graph again; an output that is an input is each call's input."""
+    model = _model(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Identity", ["a"], ["y"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("s", TensorProto.FLOAT, [3]),
+         helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )  # fmt: skip
+    runner = OnnxRunner(model)
+    for i in range(6):
+        a = np.arange(3, dtype=np.float32) + i
+        t = Tensor(a).realize()
+        out = runner({"a": t, "b": t} if i == 4 else {"a": a, "b": a + 1})
+        np.testing.assert_array_equal(out["s"].numpy(), a + a if i == 4 else a + a + 1)
+        np.testing.assert_array_equal(out["y"].numpy(), a)
+        if i:  # (the second call builds the template)
+            (template,) = runner._templates.values()
+            assert (template.jit is None) == (i >= 4)
+
+
 def test_a_graph_that_reads_input_values_is_built_each_call():
     """NonZero, and a Slice whose end is an input: the graph depends on the values (any value builds a graph), so
     no template stands for it (its build on placeholders reads one and is dropped)."""
