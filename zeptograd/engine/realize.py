@@ -180,7 +180,7 @@ def is_memory_view(u: UOp) -> bool:
 
 def tensor_clock() -> int:
     """A number above that of every Tensor made so far (TinyJit notes it when a capture begins)."""
-    from zeptograd.tensor.tensor import _tensor_ids
+    from zeptograd.tensor.live import _tensor_ids
 
     return next(_tensor_ids)
 
@@ -759,7 +759,7 @@ def prepare_overwrite(bufs: list) -> None:
 
 def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
     """Views of an overwritten buffer read its new contents, through the new BUFFER node."""
-    from zeptograd.tensor.tensor import _grad_uops as grad_uops
+    from zeptograd.tensor.live import _grad_uops as grad_uops
 
     for t in aliases:
         root = view_root(t.uop)
@@ -825,7 +825,7 @@ def _live_readers(
     walk over the live tensors' graphs together: a node is visited once whatever the number of tensors above it.
     With `made_before` (a `tensor_clock()` value), only the tensors made before then are looked at."""
     from zeptograd.tensor import multi
-    from zeptograd.tensor.tensor import live_tensors
+    from zeptograd.tensor.live import live_tensors
 
     skip = {id(t) for t in realizing}
     realizing_uops = {t.uop for t in realizing}  # (a sharded reader's parts are new Tensors at every scan)
