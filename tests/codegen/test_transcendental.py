@@ -153,7 +153,7 @@ def test_trig_branch_equals_the_per_lane_select_bit_for_bit(monkeypatch, name):
     reductions run on every lane and selected per lane, whichever lanes share its vector; also inside a reduce and
     two trig functions in one kernel"""
     from zeptograd.codegen import transcendental
-    from zeptograd.engine import realize
+    from zeptograd.engine import kernels, realize
 
     x = _mixed_trig_inputs()
     t = Tensor(x)
@@ -164,7 +164,9 @@ def test_trig_branch_equals_the_per_lane_select_bit_for_bit(monkeypatch, name):
 
     branch = run()
     monkeypatch.setattr(transcendental, "_reduce_half_pi", _per_lane_select)
-    monkeypatch.setattr(realize, "_kernel_cache", {})  # the same kernel graphs: compile them again
+    cache: dict = {}  # the same kernel graphs: compile them again
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
     select = run()
     for got, want in zip(branch, select):
         np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -7,7 +7,7 @@ import pytest
 
 from zeptograd import Context, Tensor
 from zeptograd.device import Device
-from zeptograd.engine import realize, search
+from zeptograd.engine import kernels, realize, search
 
 
 @pytest.mark.slow
@@ -27,7 +27,9 @@ def test_beam_finds_a_valid_kernel_and_caches_it(monkeypatch, tmp_path):
     assert len(files) == 1
 
     # a second run (a fresh compile cache) reads the choice from disk: no candidate is rendered again
-    monkeypatch.setattr(realize, "_kernel_cache", {})
+    cache: dict = {}
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
     calls = []
     monkeypatch.setattr(search, "_render", lambda *a: calls.append(a))
     with Context(BEAM=2):

@@ -9,8 +9,8 @@ import numpy as np
 
 from zeptograd import Tensor
 from zeptograd.engine import realize as engine
-from zeptograd.tensor import tensor as tensor_module
-from zeptograd.tensor.tensor import _grad_uops
+from zeptograd.tensor import assign_helpers
+from zeptograd.tensor.live import _grad_uops
 from zeptograd.uop.ops import Ops, UOp
 
 
@@ -59,7 +59,7 @@ def test_the_assign_of_an_sgd_update_stops_at_the_first_read_elsewhere():
         sizes.append(len(value.uop.toposort()))
         p.assign(value)
         assert p.uop.src[1].op.name == "CONTIGUOUS"  # (read elsewhere: stored before the write)
-        assert tensor_module.reads_target_elsewhere_seen[0] < sizes[-1]
+        assert assign_helpers.reads_target_elsewhere_seen[0] < sizes[-1]
     Tensor.realize(loss, *ws)
 
 
@@ -74,7 +74,7 @@ def test_the_search_for_a_read_elsewhere_ends_at_the_first_one():
     assert len(value.uop.toposort()) > 200
     p.assign(value)
     assert p.uop.src[1].op is Ops.CONTIGUOUS
-    assert tensor_module.reads_target_elsewhere_seen[0] <= 12, tensor_module.reads_target_elsewhere_seen[0]
+    assert assign_helpers.reads_target_elsewhere_seen[0] <= 12, assign_helpers.reads_target_elsewhere_seen[0]
     np.testing.assert_allclose(p.numpy(), np.arange(4) - 0.1 * (1 + 6), rtol=1e-6)
 
 

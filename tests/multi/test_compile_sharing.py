@@ -1,4 +1,4 @@
-"""Devices of one backend, renderer and compiler share each compiled kernel (engine/realize.py: get_kernel keyed by
+"""Devices of one backend, renderer and compiler share each compiled kernel (engine/kernels.py: get_kernel keyed by
 CompiledDevice.program_key): a model sharded over n CPU devices compiles as one device does."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 from zeptograd import Tensor, nn
 from zeptograd.device import Device
-from zeptograd.engine import realize
+from zeptograd.engine import kernels, realize
 from zeptograd.nn.optim import SGD
 from zeptograd.uop.ops import Ops
 
@@ -16,15 +16,17 @@ from zeptograd.uop.ops import Ops
 @pytest.fixture
 def codegens(monkeypatch):
     """An empty kernel cache and a list that gets each kernel graph codegen runs on (once per compile)."""
-    monkeypatch.setattr(realize, "_kernel_cache", {})
+    cache: dict = {}
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
     seen: list = []
-    full_rewrite = realize.full_rewrite
+    full_rewrite = kernels.full_rewrite
 
     def counting(ast, renderer, opts=None):
         seen.append(ast)
         return full_rewrite(ast, renderer, opts)
 
-    monkeypatch.setattr(realize, "full_rewrite", counting)
+    monkeypatch.setattr(kernels, "full_rewrite", counting)
     return seen
 
 
@@ -44,7 +46,7 @@ def test_n_devices_compile_as_one(codegens, n):
     compiled_for_one = len(codegens)
     assert compiled_for_one > 0
     codegens.clear()
-    realize._kernel_cache.clear()
+    kernels._kernel_cache.clear()
     devices = tuple(f"CPU:{i}" for i in range(n))
     np.testing.assert_allclose(_replicated_mlp(devices), one, rtol=1e-6, atol=1e-7)
     assert len(codegens) == compiled_for_one  # not n times
@@ -67,9 +69,9 @@ def test_sharded_step_compiles_each_kernel_once(codegens):
         lin(x).cross_entropy(y).backward()
         opt.step()
     lin.weight.numpy()
-    kernels = [k for k in realize._kernel_cache if k[1].op is not Ops.COPY]
-    assert len(codegens) == len(set(codegens)) == len({k[1] for k in kernels})
-    assert len(kernels) == len({k[1] for k in kernels})  # one entry per graph: not one per device
+    entries = [k for k in kernels._kernel_cache if k[1].op is not Ops.COPY]
+    assert len(codegens) == len(set(codegens)) == len({k[1] for k in entries})
+    assert len(entries) == len({k[1] for k in entries})  # one entry per graph: not one per device
 
 
 def test_program_keys():

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from zeptograd import Context, Tensor
-from zeptograd.engine import realize, search
+from zeptograd.engine import kernels, realize, search
 from zeptograd.runtime import diskcache, elf
 from zeptograd.runtime.ops_cpu import CCompiler
 
@@ -358,7 +358,9 @@ def test_bad_beam_choice_is_ignored_and_rewritten(tmp_path, monkeypatch):
     a = Tensor(an).realize()
 
     def run():
-        monkeypatch.setattr(realize, "_kernel_cache", {})
+        cache: dict = {}
+        monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+        monkeypatch.setattr(realize, "_kernel_cache", cache)
         with Context(BEAM=1, BEAM_BUDGET=1):
             np.testing.assert_allclose(a.sum(axis=1).numpy(), an.sum(axis=1), rtol=1e-5)
 

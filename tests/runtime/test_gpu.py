@@ -27,7 +27,7 @@ from zeptograd.codegen import full_rewrite, kernel_name  # noqa: E402
 from zeptograd.codegen.gpudims import assign_dims  # noqa: E402
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opt  # noqa: E402
 from zeptograd.device import Buffer  # noqa: E402
-from zeptograd.engine import realize  # noqa: E402
+from zeptograd.engine import kernels, realize  # noqa: E402
 from zeptograd.engine.realize import schedule_tensors  # noqa: E402
 from zeptograd.renderer import ProgramSpec  # noqa: E402
 from zeptograd.renderer.gpu import CUDARenderer, OpenCLRenderer  # noqa: E402
@@ -473,8 +473,10 @@ def test_sharded_graph_compiles_for_two_cuda_devices(monkeypatch):
     monkeypatch.setattr(ops_cuda, "_driver", lambda: fake)
     # the fake devices leave with the test; a real GPU's CUDA device, opened by an earlier test, steps aside for it
     monkeypatch.setattr(Device, "_opened", {k: v for k, v in Device._opened.items() if not k.startswith("CUDA")})
-    monkeypatch.setattr(realize, "_kernel_cache", {})  # kernels built for that real device are not the fake's
-    monkeypatch.setattr(realize, "_program_keys", {})
+    cache: dict = {}  # kernels built for that real device are not the fake's
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
+    monkeypatch.setattr(kernels, "_program_keys", {})
     devices = ("CUDA", "CUDA:1")
     x = Tensor(np.ones((4, 6), np.float32), device="CPU").shard(devices, axis=1)
     w = Tensor(np.ones((6, 5), np.float32), device="CPU").shard(devices, axis=0)

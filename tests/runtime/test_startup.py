@@ -70,11 +70,13 @@ def test_host_memo_is_the_llvm_key(monkeypatch, tmp_path):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
 def test_loader_runs_kernels(dtype, monkeypatch):
     """Kernels with constant pools and libm calls (scalar exp2/log2/sin), all loaded by runtime/elf.py."""
-    from zeptograd.engine import realize
+    from zeptograd.engine import kernels, realize
 
     dev = LLVMDevice("CPU")
     monkeypatch.setitem(Device._opened, "CPU", dev)
-    monkeypatch.setattr(realize, "_kernel_cache", {})  # every kernel is built by this device
+    cache: dict = {}  # every kernel is built by this device
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
     x = np.array([0.5, 1.5, 2.25], dtype=dtype)
     t = Tensor(x, device="CPU")
     got = ((t * 3 + 1).cast("float32" if dtype != np.float64 else "float64").exp2().log2().sin()).numpy()

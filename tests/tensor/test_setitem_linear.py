@@ -255,7 +255,7 @@ def test_setitems_after_another_tensor_realized_the_pending_write():
 
 def _built_by_one_setitem(t, idx, value) -> tuple[int, int, int]:
     """(graph nodes t gains, UOp constructor calls, Tensors made) by t[idx] = value"""
-    from zeptograd.tensor import tensor as tensor_module
+    from zeptograd.tensor import live
     from zeptograd.uop import ops
 
     calls = [0]
@@ -265,13 +265,13 @@ def _built_by_one_setitem(t, idx, value) -> tuple[int, int, int]:
         calls[0] += 1
         return construct(cls, *args, **kwargs)
 
-    nodes, first_id = len(t.uop.toposort()), next(tensor_module._tensor_ids)
+    nodes, first_id = len(t.uop.toposort()), next(live._tensor_ids)
     ops.UOpMeta.__call__ = counting_construct
     try:
         t[idx] = value
     finally:
         ops.UOpMeta.__call__ = construct
-    return len(t.uop.toposort()) - nodes, calls[0], next(tensor_module._tensor_ids) - first_id - 1
+    return len(t.uop.toposort()) - nodes, calls[0], next(live._tensor_ids) - first_id - 1
 
 
 def test_a_scalar_setitem_builds_eight_nodes_and_no_tensor_ops():

@@ -442,7 +442,7 @@ def test_scheduler_decisions_up_front_and_after_the_walk():
 @pytest.mark.slow  # BEAM times some dozens of candidates
 def test_beam_records_its_candidates_and_the_winner(monkeypatch, tmp_path):
     from zeptograd import Context
-    from zeptograd.engine import realize
+    from zeptograd.engine import kernels, realize
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     rng = np.random.default_rng(4)
@@ -464,7 +464,9 @@ def test_beam_records_its_candidates_and_the_winner(monkeypatch, tmp_path):
     assert all(c[3] in ("", "invalid", "wrong output", "over BEAM_BUDGET") for c in cands)
     assert all((c[2] is None) == (c[3] in ("invalid", "over BEAM_BUDGET")) for c in cands)
     # a second run reads the choice from the disk cache: recorded as such, nothing timed
-    monkeypatch.setattr(realize, "_kernel_cache", {})
+    cache: dict = {}
+    monkeypatch.setattr(kernels, "_kernel_cache", cache)  # (get_kernel's, and _run_plan's in realize)
+    monkeypatch.setattr(realize, "_kernel_cache", cache)
     with record.recording() as rec2, Context(BEAM=2):
         (a @ b).numpy()
     (k2,) = [k for k in rec2.trace["kernels"] if k.get("beam")]

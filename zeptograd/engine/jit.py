@@ -91,7 +91,7 @@ from zeptograd.helpers import DEBUG, VIZ
 from zeptograd.runtime import call_table
 from zeptograd.runtime.call_table import CallTable
 from zeptograd.schedule.fold import uniform_const
-from zeptograd.tensor.tensor import (
+from zeptograd.tensor.live import (
     _grad_data,
 )
 from zeptograd.uop.ops import Ops, UOp

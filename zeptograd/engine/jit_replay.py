@@ -12,15 +12,14 @@ from zeptograd.device import Buffer, GlobalCounters
 from zeptograd.engine.jit_args import _buffer_tensor, _copy_buffer, _regroup, _whole_buffer, _wrap
 from zeptograd.engine.schedule_cache import _own_dict
 from zeptograd.helpers import DEBUG
-from zeptograd.tensor.tensor import (
+from zeptograd.tensor.live import (
     _grad_data,
     _live_remove,
     _LiveRef,
     _tensor_ids,
-    _tensor_new,
-    _tensor_of,
     live_tensors,
 )
+from zeptograd.tensor.tensor import _tensor_new, _tensor_of
 from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import rebind
 

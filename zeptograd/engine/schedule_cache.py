@@ -483,7 +483,7 @@ class Plan:
     outs: list[tuple[int, tuple | None] | None]  # per output: (buffer index, shape of a reshape or None) of its value,
     # or None: it stays what it is
     check_capacity: bool  # a buffer of over 128 MiB: its device's capacity is checked before the first kernel
-    # (realize._plan_kernels) per call: (its compiled kernel, index, bytes), found in the compiled-kernel cache
+    # (kernels._plan_kernels) per call: (its compiled kernel, index, bytes), found in the compiled-kernel cache
     # `runs_cache` when it held `runs_len` kernels; None until a run looked them up
     runs: list[tuple] | None = None
     runs_cache: dict | None = None

@@ -7,66 +7,46 @@ import itertools
 import math
 import weakref
 from contextlib import ContextDecorator
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from zeptograd import gradient as _gradient
-from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop, view_base
+from zeptograd.buffers import buffer_under, new_buffer_uop, reshape_uop, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
-from zeptograd.helpers import ArgumentError, ArgumentTypeError, gc_paused
+from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor import multi
+from zeptograd.tensor.assign_helpers import _buffer_uop, _reads_target_elsewhere, _substitute_walked, _wide_int
 from zeptograd.tensor.elementwise import ElementwiseMixin
 from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, iota_uop, normalize_axis, prod
 from zeptograd.tensor.indexing import IndexMixin
+from zeptograd.tensor.live import (
+    _grad_data,
+    _grad_leaves,
+    _grad_remove,
+    _grad_targets,
+    _grad_uops,
+    _leaf_grads,
+    _live_remove,
+    _LiveRef,
+    _realize_keeping_graphs,
+    _register_live,
+    _tensor_ids,
+    live_tensors,
+)
 from zeptograd.tensor.movement import MovementMixin
 from zeptograd.tensor.nn_ops import NNMixin
 from zeptograd.tensor.random import RandomMixin
 from zeptograd.tensor.reduce import ReduceMixin
+from zeptograd.tensor.symbolic_shapes import _capturing, _check_symbolic_bounds, _symbolic_shape
 from zeptograd.tensor.unary import UnaryMixin
 from zeptograd.uop import variable
-from zeptograd.uop.ops import GroupOp, Ops, UOp
+from zeptograd.uop.ops import Ops, UOp
 from zeptograd.uop.variable import is_sint, sint_arg
 
-_grad_uops: weakref.WeakSet[UOp] = weakref.WeakSet()  # UOps computed from a tensor that requires grad
-_grad_leaves: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()  # requires_grad=True by the user
-# a leaf's ASSIGN that was realized, while a graph built on it lives -> the leaf (`_keep_graph`): gradients through it
-# are the leaf's, as they were before the leaf moved onto its new buffer
-_former_leaf_uops: weakref.WeakKeyDictionary[UOp, weakref.ref[Tensor]] = weakref.WeakKeyDictionary()
 _assign_ids = itertools.count()  # makes every ASSIGN a distinct UOp: two equal writes at different times differ
-# every Tensor alive, in the order they were made: when an assign overwrites a buffer, the engine finds here the lazy
-# tensors that must read its old contents first, and the views of it that must read the new ones
-# (engine/realize.py: _live_readers). Ordered, so that the same program schedules the same graph (schedule cache).
-# A dict of weak references (each its own key; its `key` the tensor's number in creation order) whose callback is the
-# dict's own pop: a tensor's death removes it without a Python frame (a WeakValueDictionary's callback is one).
-live_tensors: dict[_LiveRef, None] = {}
-_tensor_ids = itertools.count()
-_live_remove = live_tensors.pop
-_grad_data = _grad_uops.data  # type: ignore[attr-defined]  # WeakSet's own set of weak references
-# (the set's own discard: no Python frame when the node dies; nothing iterates _grad_uops, so WeakSet's guard is moot)
-_grad_remove = _grad_data.discard
-_former_data = _former_leaf_uops.data  # type: ignore[attr-defined]  # its own dict (empty: nothing to look for)
-_grad_leaves_data = _grad_leaves.data  # type: ignore[attr-defined]  # its own dict of weak references
-# (the dict's own pop as its references' callback: no Python frame when the node dies; nothing iterates it)
-_former_remove = _former_data.pop
-
-
-class _LiveRef(weakref.ref):
-    """live_tensors' reference to a tensor, hashed by its own identity (a weak reference hashes its referent: a
-    Python-level Tensor.__hash__ call for every tensor made), `key` the tensor's number in creation order."""
-
-    __slots__ = ("key",)
-    key: int
-    __hash__ = object.__hash__
-    __eq__ = object.__eq__
-
-
-def _register_live(t: Tensor) -> None:
-    ref = _LiveRef(t, _live_remove)
-    ref.key = next(_tensor_ids)
-    live_tensors[ref] = None
 
 
 _device_spellings = Device._spellings  # a valid device name -> its one spelling
@@ -855,168 +835,3 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if not axes:
             return self
         return self._new(UOp(Ops.FLIP, self.dtype, (self.uop,), tuple(i in axes for i in range(self.ndim))))
-
-
-@gc_paused
-def _realize_keeping_graphs(tensors: list[Tensor], realize_tensors: Callable[[list[Tensor]], None]) -> None:
-    """Tensor.realize: `tensors` realized in one schedule, each that requires grad pointed at its graph again (for
-    backward). The cycle collector stays paused until the graphs let go here (a parameter's write: the whole step
-    that computed its update) are freed, by reference count, as this returns: those frees bring the count of young
-    objects back down, so the realize's own allocations trigger no collection that would scan that whole graph,
-    alive just before, find nothing to collect and promote it (one per eager training step, and every few steps a
-    full collection of the process)."""
-    keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
-    sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
-    realize_tensors([p for t in tensors for p in sharded.get(t, [t])])  # (substitutes the realized buffer
-    for t, ps in sharded.items():  # wherever the graph is used again)
-        t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
-    for t, u in keep:
-        _keep_graph(t, u)
-
-
-def _keep_graph(t: Tensor, graph: UOp) -> None:
-    """After realizing t, which requires grad, point it at its graph again (a later backward goes through it: the
-    scheduler substitutes the realized value wherever the graph is read). Not a leaf whose graph is a write into it
-    (an optimizer's update, `p.assign(p.detach() - lr * p.grad)`): a leaf's value has no history (torch updates a
-    leaf under no_grad), and its ASSIGN kept would drag the whole step that computed the update into every graph
-    built on the leaf, each walk of the next step's graph substituting it again. The leaf stays on its new buffer,
-    requiring grad, as nn/optim.py's step leaves a parameter; a graph built on the ASSIGN before still finds the leaf
-    there (`_former_leaf_uops`)."""
-    if (
-        graph.op is Ops.ASSIGN
-        and t.uop is not graph
-        and (leaf := _grad_leaves_data.get(id(t))) is not None  # (_grad_leaves.get, without a frame)
-        and leaf() is t
-    ):
-        _grad_data.add(weakref.ref(t.uop, _grad_remove))  # (_grad_uops.add, without a frame)
-        _former_data[weakref.ref(graph, _former_remove)] = weakref.ref(t)  # (_former_leaf_uops[graph] = ..., ditto)
-    else:
-        t.uop = graph
-
-
-def _grad_targets(nodes: dict[UOp, None], leaves: list[Tensor]) -> dict[UOp, Tensor]:
-    """The nodes of a graph (`nodes`) whose gradient is a leaf's, for each tensor of `leaves` the graph reaches: its
-    uop (a sharded leaf's parts), and the ASSIGNs it was realized from that the graph was built on."""
-    targets: dict[UOp, Tensor] = {}
-    for t in leaves:
-        parts = multi.gradient_targets(t.uop)
-        if any(u in nodes for u in parts):
-            targets.update((u, t) for u in parts)
-    if _former_data:
-        ids = {id(t) for t in leaves}
-        for u in nodes:
-            if (ref := _former_data.get(weakref.ref(u))) is not None and (t := ref()) is not None and id(t) in ids:
-                targets[u] = t
-    return targets
-
-
-def _leaf_grads(t: Tensor, targets: dict[UOp, Tensor], grads: dict[UOp, Tensor]) -> Tensor | None:
-    """Leaf t's gradient: its uop's plus that of each ASSIGN it was realized from that the graph was built on."""
-    g = _leaf_grad(t.uop, grads)
-    for u, owner in targets.items():
-        if owner is t and u is not t.uop and u.op is Ops.ASSIGN and (more := grads.get(u)) is not None:
-            g = more if g is None else g + more
-    return g
-
-
-def _leaf_grad(u: UOp, grads: dict[UOp, Tensor]) -> Tensor | None:
-    """A leaf's gradient; a sharded leaf's is put together from its parts' (tensor/multi.py)."""
-    return multi.leaf_gradient(u, grads) if u.op is Ops.MULTI else grads.get(u)
-
-
-# ***** symbolic shapes (uop/variable.py) *****
-
-
-def _capturing() -> bool:
-    from zeptograd.engine.realize import is_capturing
-
-    return is_capturing()
-
-
-def _symbolic_shape(shape: tuple, what: str) -> tuple:
-    """Each size an int or an expression of bound Variables, >= 0 (while TinyJit captures: for every value)."""
-    out = tuple(variable.sint_arg(s, what) for s in shape)
-    for s in out:
-        low = s if isinstance(s, int) else variable.sint_value(s)
-        if low < 0 or (_capturing() and isinstance(s, UOp) and s.vmin < 0):
-            raise ArgumentError(f"{what}: sizes must be non-negative, got {s!r} in {out}")
-    return out
-
-
-def _check_symbolic_bounds(pairs: tuple, shape: tuple, what: str):
-    """0 <= begin <= end <= size at the Variables' values; while TinyJit captures, for every value of them."""
-    for (b, e), s in zip(pairs, shape):
-        vb, ve, vs = variable.sint_value(b), variable.sint_value(e), variable.sint_value(s)
-        if not 0 <= vb <= ve <= vs:
-            raise ArgumentError(
-                f"{what} is out of bounds for shape {shape}: ({b!r}, {e!r}) is ({vb}, {ve}) in a dimension of size {vs}"
-            )
-        if _capturing():
-            for lo, hi in ((0, b), (b, e), (e, s)):
-                d = variable.sint_simplify(hi - lo)
-                if isinstance(d, UOp) and d.vmin < 0:
-                    raise ArgumentError(
-                        f"{what} while TinyJit captures: ({b!r}, {e!r}) in a dimension of size {s!r} "
-                        f"is out of bounds for some values of the Variables, and a replay runs with "
-                        f"other values (narrow the Variables' ranges)"
-                    )
-
-
-# ***** graph leaves and assign helpers *****
-
-
-def _wide_int(value: int) -> DType:
-    if not dtypes.int64.min <= value <= dtypes.int64.max:
-        raise ArgumentError(f"the int {value} is out of the range of dtypes.long (torch: Overflow when unpacking long)")
-    return dtypes.int64
-
-
-def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
-    buf = new_buffer_uop(device, arr.size, dtype)
-    buffers[buf].copyin(arr)
-    return reshape_uop(buf, arr.shape)
-
-
-def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
-    """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
-    one kernel that writes the buffer would read values it has already overwritten. The search goes down value's
-    graph to `stops`: the target, and the pending ASSIGN to it that value's write folds into, which counts as a read of
-    the target: its own value was checked when it was built (it reads the target elementwise, or is CONTIGUOUS), so
-    the search stops there and costs what was built since; it ends at the first read elsewhere it meets (an SGD
-    update's value, which reads its parameter through the whole step's graph, is decided in a few nodes)."""
-    buf = buffer_under(target)
-    elementwise, stack = set(), [value]
-    while stack:
-        u = stack.pop()
-        if u not in elementwise and (u.op in GroupOp.Elementwise or u.op is Ops.DETACH):  # (detach: the value)
-            elementwise.add(u)
-            stack.extend(u.src)
-    seen: set[UOp] = set()
-    stack = [value]
-    found = False
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u in stops:  # (its own graph is not looked into)
-            continue
-        if (u is buf and buf is not target) or (u not in elementwise and not stops.isdisjoint(u.src)):
-            found = True
-            break
-        stack.extend(u.src)
-    reads_target_elsewhere_seen[0] = len(seen)
-    return found
-
-
-reads_target_elsewhere_seen = [0]  # the nodes the last _reads_target_elsewhere met (a count for tests)
-
-
-def _substitute_walked(root: UOp, nodes: dict[UOp, None], old: UOp, new: UOp) -> UOp:
-    """root with `old` replaced by `new`, where `nodes` is root's toposort down to at least `old` (graph_substitute
-    without a second walk): only the nodes above `old` are rebuilt."""
-    done = {old: new}
-    for n in nodes:
-        if n is not old and not done.keys().isdisjoint(n.src):
-            done[n] = UOp(n.op, n.dtype, tuple(done.get(s, s) for s in n.src), n.arg)
-    return done.get(root, root)

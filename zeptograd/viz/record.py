@@ -5,7 +5,7 @@
   before and after it are kept. Rewrites of fragments (a rule's own small rewrite) run as usual.
 - `engine/realize.py: _schedule` wraps `create_schedule` in `recorded_schedule`: the tensor graph, its rewrites,
   and the realized nodes with the kernel that stores each.
-- `engine/realize.py: get_kernel` -> `kernel_begin` / `kernel_end` around codegen, only when a kernel is compiled
+- `engine/kernels.py: get_kernel` -> `kernel_begin` / `kernel_end` around codegen, only when a kernel is compiled
   (a cache hit compiles nothing, so each distinct kernel is recorded once; TinyJit replays compile nothing either).
 - `engine/search.py: beam_search` -> `beam_searched`: BEAM's candidates and times, attached to the kernel compiled
   next from that graph.
