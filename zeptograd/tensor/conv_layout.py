@@ -33,7 +33,9 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, r
     AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
     56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
     x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
-    costs nothing beside them, and with 16+ output channels per group (two vectors)."""
+    costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in place would take no
+    vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels per group (two
+    vectors)."""
     sizes = (bs, *oyx, *wshape)
     if not all(isinstance(v, int) for v in sizes):
         return False
