@@ -33,6 +33,7 @@ def data(*shape):
 def small_threshold(monkeypatch):
     """Small shapes take the channels-last weight too (the threshold keeps it off convs too small to pay a kernel)."""
     monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS", 1)
 
 
 def test_large_stride2_conv_vectorizes_along_output_channels(monkeypatch):
@@ -194,6 +195,7 @@ def test_the_channels_last_weight_is_stored_in_blocks_of_a_tiles_output_channels
         assert [(o.axis, o.arg) for o in opts[1:]] == [(6, 4), (2, 2), (1, 2)]
     # fewer output channels than two blocks: one block, the plain channels-last layout
     monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS", 1)
     x, w = Tensor.empty(1, 64, 14, 14), Tensor.empty(block, 64, 3, 3)
     _, conv = x.conv2d(w, padding=1).schedule()
     assert [max_trip_count(r) for r in kernel_axes(simplify_ranges(conv.ast))] == [block, 14, 14, 64, 3, 3]

@@ -141,6 +141,7 @@ def test_the_tile_fits_avx512_registers(monkeypatch, cout, stride):
 def channels_last_16(monkeypatch):
     """Small convs take the 16-lane path too (the threshold keeps the copy off convs too small to pay a kernel)."""
     monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
+    monkeypatch.setattr(conv_layout, "UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS", 1)
     lanes(monkeypatch, 16)
 
 

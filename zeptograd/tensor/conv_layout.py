@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 
 CHANNELS_LAST_MIN_MACS = 1 << 26  # a conv this large runs for milliseconds: the weight's copy and its kernel are noise
+# With stride 1 and columns the vector lanes do not divide, the conv read in place has no vector at all (scalar code,
+# ~2 GFLOPS) or a narrow one: the weight's copy (1/positions of the multiply-adds) pays from small convs on (DenseNet's
+# (1,128,7,7)x(32,128,3,3) pad 1, on 1 AVX-512 core: 1.6 ms scalar -> 0.04 ms with the copy).
+UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS = 1 << 20
 
 
 def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, rcout: int, lanes: int) -> bool:
@@ -29,13 +33,18 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, r
     AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
     56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
     x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
-    costs nothing beside them, and with 16+ output channels per group (two vectors)."""
+    costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in place would take no
+    vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels per group (two
+    vectors)."""
     sizes = (bs, *oyx, *wshape)
     if not all(isinstance(v, int) for v in sizes):
         return False
-    if strides[-1] <= 1 and not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
+    macs = bs * math.prod(oyx) * math.prod(wshape)
+    if strides[-1] > 1:
+        return macs >= CHANNELS_LAST_MIN_MACS
+    if not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
         return False
-    return bs * math.prod(oyx) * math.prod(wshape) >= CHANNELS_LAST_MIN_MACS
+    return macs >= UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS
 
 
 SUBSAMPLED_MIN_MACS = 1 << 20  # the copy is 1/cout of the conv's work: only a kernel's launch to pay for

@@ -128,7 +128,11 @@ def hand_coded_optimizations(
         options = tuple(w for w in (16, 8, 4, 2) if w <= width) or (1,)
         if max_trip_count(r) >= options[0] or symbolic_size(r):
             return amount_with_tail(max_trip_count(r), options)
-        return largest_divisor(max_trip_count(r), options)
+        if (d := largest_divisor(max_trip_count(r), options)) == 1 and max_trip_count(r) >= 8:
+            # an odd axis shorter than the vector (SqueezeNet's 13 pooled columns under AVX-512's 16 lanes): 8 lanes
+            # and a tail, as with AVX2's 8, rather than scalar code
+            return amount_with_tail(max_trip_count(r), tuple(w for w in options if w <= 8))
+        return d
 
     def lanes_worth(r: UOp) -> float:  # 2 lanes of a 3-long axis (a conv's kw) don't pay when another axis has 4+
         n = vec_amount(r)

@@ -171,6 +171,10 @@ def window_columns(
 
 SLIDING_WINDOW_TILE = (4, (4, 2))  # a sliding-window tile with AVX-512: vectors of columns, row options
 SLIDING_WINDOW_ROWS = 4  # its rows in all: where the output columns give 2, 2 output rows each
+# 2 vectors of output channels (32 with AVX-512): up to 8 rows, a divisor first (14 columns: 2 x 7, 16 accumulators
+# at most). 1 AVX-512 core, (1,128,h,h)x(32,128,3,3) pad 1, per call with ~0.15 ms of dispatch: h = 14 0.36 -> 0.30 ms
+# (tile_shape's 2 x 2; 2 x 2 x 2 output rows 0.31), 28 0.52 -> 0.48, 56 1.25 -> 1.25, 7 0.26 -> 0.255.
+SLIDING_WINDOW_TWO_VECTOR_ROWS = (8, 7, 6, 4, 2)
 
 
 def window_slides(broadcast: list[UOp], row: UOp, reduce_axes: list[UOp]) -> bool:
@@ -196,10 +200,14 @@ def sliding_window_tile(
     accumulators, 4 weight vectors, 4 broadcast values). Measured on an AVX-512 host, CPU time per call, 1 core /
     both of 2 cores: (8,64,56,56)x(64,64,3,3) pad 1: 2 x 8 (tile_shape's) 10.4 / 12.3 ms, 2 x 7 9.1-9.6 / 12.3,
     4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8 and 6 do not divide 28) 6.4 / 6.9,
-    2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. AVX2's 16 registers keep
-    tile_shape's."""
+    2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. 2 vectors of output channels:
+    2 x SLIDING_WINDOW_TWO_VECTOR_ROWS. AVX2's 16 registers keep tile_shape's."""
     cols, rows = SLIDING_WINDOW_TILE
-    if vector_registers(simd_bytes) != 32 or n_vectors % cols or not window_slides(broadcast, row, reduce_axes):
+    if vector_registers(simd_bytes) != 32 or not window_slides(broadcast, row, reduce_axes):
+        return None
+    if n_vectors == 2:
+        return 2, SLIDING_WINDOW_TWO_VECTOR_ROWS, True
+    if n_vectors % cols:
         return None
     return cols, rows, True
 
