@@ -93,3 +93,45 @@ def test_causal_one_query_row_with_an_output_tail(d):
         got = Tensor(qn).scaled_dot_product_attention(Tensor(kn), Tensor(vn), is_causal=True).numpy()
     want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, (qn, kn, vn)), is_causal=True)
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", ["CPU", "CPU:C"])
+def test_rows_filled_in_one_loop_recomputed_together(device):
+    """An Adam step of Linear -> train-mode BatchNorm -> relu -> Linear on 4 rows: a kernel recomputes the variance
+    row at its reads, and its value holds the fill of the mean row (filled in the same loop), whose store the
+    recomputation moves to the read's index. That store's target stays an INDEX (it was taken for a read of the mean
+    row and replaced by its value: a STORE through an FDIV, which did not render). The weights after the step match
+    torch's."""
+    from zeptograd import nn
+
+    rng = np.random.default_rng(0)
+    xn, yn = rng.standard_normal((4, 6)).astype(np.float32), np.array([0, 2, 1, 0], np.int32)
+    w1, w2, b2 = (rng.standard_normal(s).astype(np.float32) * 0.5 for s in ((8, 6), (3, 8), (3,)))
+    l1, bn, l2 = nn.Linear(6, 8, bias=False), nn.BatchNorm(8), nn.Linear(8, 3)
+    l1.weight, l2.weight, l2.bias = (Tensor(a, device=device, requires_grad=True) for a in (w1, w2, b2))
+    bn.weight, bn.bias = (
+        Tensor.ones(8, device=device, requires_grad=True),
+        Tensor.zeros(8, device=device, requires_grad=True),
+    )
+    bn.running_mean, bn.running_var = Tensor.zeros(8, device=device), Tensor.ones(8, device=device)
+    params = [l1.weight, bn.weight, bn.bias, l2.weight, l2.bias]
+    opt = nn.optim.Adam(params, lr=0.05)
+    with Tensor.train():
+        opt.zero_grad()
+        l2(bn(l1(Tensor(xn, device=device))).relu()).sparse_categorical_crossentropy(
+            Tensor(yn, device=device)
+        ).backward()
+        opt.step()
+    t1, tb, t2 = torch.nn.Linear(6, 8, bias=False), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3)
+    with torch.no_grad():
+        (
+            t1.weight.copy_(torch.from_numpy(w1)),
+            t2.weight.copy_(torch.from_numpy(w2)),
+            t2.bias.copy_(torch.from_numpy(b2)),
+        )
+    topt = torch.optim.Adam([*t1.parameters(), *tb.parameters(), *t2.parameters()], lr=0.05)
+    tout = t2(tb(t1(torch.from_numpy(xn))).relu())
+    torch.nn.functional.cross_entropy(tout, torch.from_numpy(yn).long()).backward()
+    topt.step()
+    np.testing.assert_allclose(l1.weight.numpy(), t1.weight.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bn.running_var.numpy(), tb.running_var.numpy(), rtol=1e-4, atol=1e-5)

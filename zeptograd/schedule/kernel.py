@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zeptograd.device import Buffer
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.schedule.bufferize import index_parts, kernel_value_nodes, stored_shape
 from zeptograd.schedule.indexing import Rangeify, Request, flat_index
 from zeptograd.uop.ops import Ops, UOp
@@ -110,8 +110,10 @@ def lower_row_buffers(rows: list[UOp], values: UOp, mapping: dict[UOp, UOp], at)
 
 
 def _row_read(u: UOp, buf: UOp, r: UOp) -> bool:
-    """u reads the row buffer buf at an index other than its fill's range r (the fill stores there)."""
-    return u.op is Ops.INDEX and u.src[0] is buf and u.src[1] is not r
+    """u reads the row buffer buf at an index other than its fill's range r (the fill stores there). A pointer INDEX
+    is a store's target, not a read: a recomputed row's value holds the fills of the rows filled in the same loop
+    (batchnorm's mean and variance rows), whose stores the recomputation moved to the read's index."""
+    return u.op is Ops.INDEX and u.src[0] is buf and u.src[1] is not r and not isinstance(u.dtype, PtrDType)
 
 
 def target_index(rf: Rangeify, assign: UOp, req: Request) -> tuple[tuple[UOp, ...], UOp | None, tuple]:
