@@ -30,6 +30,17 @@ PRIME = 131071  # no divisor in 256..8: 511 rows of 256 and 255 left over
 CPU_DEVICES = ["CPU", "CPU:C"]
 
 
+@pytest.fixture
+def avx2_thread_threshold(monkeypatch):
+    """The threading threshold these sizes were chosen at (1 << 15 loop iterations, set on an AVX2 host): the tests
+    using it are about the split's code, not the threshold's value (renderer.MIN_THREAD_WORK)."""
+    from zeptograd import device
+    from zeptograd.codegen.opt import heuristic
+
+    monkeypatch.setattr(heuristic, "MIN_THREAD_WORK", 1 << 15)
+    monkeypatch.setattr(device, "MIN_THREAD_WORK", 1 << 15)
+
+
 def kernels(t: Tensor) -> list:
     return [it.ast for it in t.schedule() if it.ast.op is Ops.SINK]
 
@@ -37,7 +48,7 @@ def kernels(t: Tensor) -> list:
 # ***** a big reduce of a size nothing divides: split with a tail *****
 
 
-def test_a_prime_sized_sum_is_two_kernels_the_first_threaded():
+def test_a_prime_sized_sum_is_two_kernels_the_first_threaded(avx2_thread_threshold):
     x = Tensor(rng.standard_normal(PRIME, dtype=np.float32))
     first, second = kernels(x.sum())  # before: one kernel, a single loop of 131071 on one core
     out_first = next(u for u in first.toposort() if u.op is Ops.STORE)
@@ -56,7 +67,7 @@ def test_a_divisible_sum_keeps_its_split_without_a_tail():
 
 
 @pytest.mark.parametrize("shape", [(1000, 1000), (4096, 4096), (1009, 1013)])
-def test_a_full_reduce_of_a_matrix_is_split(shape):
+def test_a_full_reduce_of_a_matrix_is_split(shape, avx2_thread_threshold):
     """No single axis of these gives 256 rows of 256+: before, one loop on one core. Now the first axis's rows with
     the other axis ((4096, 4096): 256 x (16, 4096)), or, both sizes prime, the flat tensor's."""
     x = Tensor.empty(*shape)

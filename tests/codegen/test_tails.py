@@ -26,6 +26,17 @@ from zeptograd.uop.ops import AxisType, Ops, UOp  # noqa: E402
 rng = np.random.default_rng(0)
 
 
+@pytest.fixture
+def avx2_thread_threshold(monkeypatch):
+    """The threading threshold these sizes were chosen at (1 << 15 loop iterations, set on an AVX2 host): the tests
+    using it are about the split's code, not the threshold's value (renderer.MIN_THREAD_WORK)."""
+    from zeptograd import device
+    from zeptograd.codegen.opt import heuristic
+
+    monkeypatch.setattr(heuristic, "MIN_THREAD_WORK", 1 << 15)
+    monkeypatch.setattr(device, "MIN_THREAD_WORK", 1 << 15)
+
+
 def kernel(t: Tensor) -> UOp:
     (item,) = t.schedule()
     return item.ast
@@ -144,7 +155,7 @@ def test_loop_nests_run_one_after_another():
 # ***** the code before (a scalar loop on one core) and after *****
 
 
-def test_elementwise_code_before_and_after():
+def test_elementwise_code_before_and_after(avx2_thread_threshold):
     a, b = Tensor(np.ones(1_000_003, np.float32)), Tensor(np.ones(1_000_003, np.float32))
     ast = kernel(a + b)
     before = c_source(ast, [])  # what the heuristic did before tails: no divisor of 1_000_003, so nothing

@@ -97,7 +97,7 @@ def test_rows_narrower_than_a_cache_line_interleave_in_blocks_of_a_line(device):
     """a triangular row sum (row i sums x[i, :i+1]: its loop ends by i) stores 4-byte rows: the cores take blocks of a
     cache line's 16 rows in turn (TILE, then the block loop interleaved), so neighbouring cores never write one line;
     the work balanced, the values numpy's"""
-    n = 512
+    n = 2048  # n^2 / 2 iterations: over MIN_THREAD_WORK
     x = rng.standard_normal((n, n)).astype(np.float32)
     seen = Tensor.arange(n, device=device).reshape(1, n) < Tensor.arange(n, device=device).reshape(n, 1) + 1
     with Context(THREADS=2):

@@ -21,6 +21,17 @@ rng = np.random.default_rng(0)
 CPU_DEVICES = ["CPU", "CPU:C", "PYTHON"]
 
 
+@pytest.fixture
+def avx2_thread_threshold(monkeypatch):
+    """The threading threshold these sizes were chosen at (1 << 15 loop iterations, set on an AVX2 host): the tests
+    using it are about the split's code, not the threshold's value (renderer.MIN_THREAD_WORK)."""
+    from zeptograd import device
+    from zeptograd.codegen.opt import heuristic
+
+    monkeypatch.setattr(heuristic, "MIN_THREAD_WORK", 1 << 15)
+    monkeypatch.setattr(device, "MIN_THREAD_WORK", 1 << 15)
+
+
 @pytest.fixture(params=CPU_DEVICES)
 def device(request) -> str:
     try:
@@ -141,7 +152,7 @@ def test_a_loop_that_may_run_once_keeps_its_body():
 # ***** what the heuristic chooses, and the code before and after *****
 
 
-def test_heuristic_elementwise_and_reduce_over_a_symbolic_axis():
+def test_heuristic_elementwise_and_reduce_over_a_symbolic_axis(avx2_thread_threshold):
     ast = kernel(X.shrink(((0, N.bind(1000)),)) * 2 + 1)
     assert hand_coded_optimizations(ast, 64, threads=2)[1] == [Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.THREAD, 0, 2)]
     before = c_source(ast, [])  # what the heuristic did before: nothing
@@ -343,7 +354,7 @@ def test_variable_index_errors():
         x[: Variable("j", 1, 10)]
 
 
-def test_small_values_run_on_one_core():
+def test_small_values_run_on_one_core(avx2_thread_threshold):
     # the kernel is threaded for the largest n; at a call whose n makes it small the cores run in the caller, one
     # after another (a pool handoff costs ~50 us, more than the work): ProgramSpec.work, device.run_on_cores
     x = Tensor(rng.random(1 << 16, dtype=np.float32), device="CPU").realize()

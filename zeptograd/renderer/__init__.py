@@ -8,7 +8,11 @@ from dataclasses import dataclass
 from zeptograd.dtype import DType, dtypes
 from zeptograd.uop.ops import Ops, UOp, _alu_range
 
-MIN_THREAD_WORK = 1 << 15  # loop iterations below which a second core costs more than it saves
+# loop iterations below which a second core costs more than it saves: a kernel split over 2 cores pays ~45-50 us of
+# handoff on this AVX-512 VM (waking the idle vCPU, the pool's lock and GIL), more than the 1-20 us most kernels of a
+# small training step take on one core (1 << 15, set on an AVX2 host, split 47 of digits_train's 85 kernels: its
+# TinyJit step 2.84 -> 0.89 ms at 1 << 20, torch 1.23-1.61; mlp_train 1.16 -> 0.80 ms, torch 0.89-1.12)
+MIN_THREAD_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
