@@ -135,3 +135,13 @@ def test_a_small_replay_keeps_the_gil_and_a_large_one_releases_it():
         np.testing.assert_equal(large(bx, by).numpy()[:4], [2.0] * 4)
     tables = [table for table, _ in large.captured.steps if table is not None] if large.captured else []
     assert all(_releases_gil(table.runner) for table in tables)
+
+
+def test_a_call_with_more_pointers_than_the_runner_takes_is_refused():
+    """The runner has one case per pointer count up to MAX_ARGS; a call past it would be skipped without a word, so
+    the table refuses it (Program.native keeps such kernels out of tables: they are called on their own)."""
+    from zeptograd.runtime import call_table
+
+    call_table.CallTable(lambda table: None, [(0, [0] * call_table.MAX_ARGS)])
+    with pytest.raises(ValueError, match=f"at most {call_table.MAX_ARGS} pointers"):
+        call_table.CallTable(lambda table: None, [(0, [0] * (call_table.MAX_ARGS + 1))])

@@ -29,7 +29,9 @@ Linear = tuple[dict[UOp, int], int]  # sum of coefficient * atom, plus a constan
 
 
 def linear_form(u: UOp) -> Linear | None:
-    """u as a sum of integer multiples of atoms (anything but ADD, a MUL by a constant and CONST) plus a constant"""
+    """u as a sum of integer multiples of atoms (anything but ADD, a MUL by a constant and CONST) plus a constant.
+    Unlike uop.symbolic.split_sum it distributes a constant multiple over a sum ((q*4 + lane)*8: q*32 + lane*8) and
+    takes the constant on either side, so a gate's bound on a tiled range compares atom by atom."""
     if u.dtype.count != 1 or not dtypes.is_int(u.dtype):
         return None
     terms: dict[UOp, int] = {}

@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 MAX_ARGS = 32  # a kernel with more pointer arguments is called on its own (the runner has one call per count)
 RUNNER = "zg_run_calls"
-WORD = ctypes.c_void_p
-usable = ctypes.sizeof(WORD) == 8  # the runner reads 64-bit words
+usable = ctypes.sizeof(ctypes.c_void_p) == 8  # the runner reads 64-bit words
 
 
 def c_source() -> str:
@@ -110,6 +109,8 @@ class CallTable:
         self.array[0] = len(calls)
         i = 1
         for addr, ptrs in calls:
+            if len(ptrs) > MAX_ARGS:  # the runner has no case for it: it would skip the call, silently
+                raise ValueError(f"a call table call takes at most {MAX_ARGS} pointers, not {len(ptrs)}")
             self.array[i], self.array[i + 1] = addr, len(ptrs)
             self.at.append(i + 2)
             for j, p in enumerate(ptrs):
