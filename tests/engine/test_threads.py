@@ -214,3 +214,65 @@ def test_run_on_cores_from_several_threads_at_once():
 
     assert run_threads([lambda k=k: call(k) for k in range(3)]) == []
     assert len(counts) == 3 * 200 * 2 and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("dev", ["CPU", "CPU:C"])
+def test_spin_wait_returns_once_the_flag_is_set_or_after_its_polls(dev):
+    # the native poll a threaded kernel's caller waits for a worker with (CorePool.run's `wait`), on both backends
+    import ctypes
+
+    from zeptograd import Device
+    from zeptograd.runtime.ops_cpu import NoCompilerError
+
+    try:
+        wait = Device[dev].spin_waiter()
+    except NoCompilerError:
+        pytest.skip("no C compiler")
+    assert wait is not None
+    flag = (ctypes.c_int * 1)()
+    wait(ctypes.addressof(flag), 1000)  # never set: returns after its polls
+    flag[0] = 1
+    wait(ctypes.addressof(flag), 1 << 62)  # set: returns at its first poll (a hang fails the test's timeout)
+
+
+def test_threaded_kernel_caller_polls_each_workers_flag_before_it_sleeps(monkeypatch):
+    # a threaded kernel's caller, its own core done, polls each worker's done-flag in native code (the device's
+    # spin wait) rather than sleeping on the worker's lock at once: a wake-up from sleep costs tens of us on a VM
+    import ctypes
+
+    import zeptograd.device as device
+    from zeptograd import Device
+    from zeptograd.runtime import call_table
+
+    seen: list[tuple[int, int, int]] = []
+
+    def wait(addr: int, polls: int):
+        native(addr, polls)
+        seen.append((addr, polls, ctypes.c_int.from_address(addr).value))
+
+    native = Device["CPU"].spin_waiter()
+    assert native is not None
+    device.run_on_cores(lambda core: None, 3, wait=wait)
+    pool = device._pool
+    assert pool is not None
+    flags = ctypes.addressof(pool.flags)
+    assert [(a - flags) // ctypes.sizeof(ctypes.c_int) for a, _, _ in seen] == [0, 1]
+    assert all(polls == call_table.SPIN_LIMIT for _, polls, _ in seen)
+    assert all(value == 1 for _, _, value in seen)  # each worker was done by the time the wait returned
+
+    # and a kernel split over cores hands the device's spin wait to the pool
+    from zeptograd.helpers import Context
+    from zeptograd.renderer import MIN_THREAD_WORK
+
+    waits: list = []
+    orig = device.CorePool.run
+
+    def run(self, fn, n, wait=None):
+        waits.append(wait)
+        return orig(self, fn, n, wait)
+
+    monkeypatch.setattr(device.CorePool, "run", run)
+    a = np.random.default_rng(0).standard_normal((MIN_THREAD_WORK // 1024, 1024), dtype=np.float32)
+    with Context(THREADS=2):
+        np.testing.assert_allclose(Tensor(a).sum(1).numpy(), a.sum(1), rtol=1e-4, atol=1e-4)
+    assert waits and all(w is not None for w in waits)

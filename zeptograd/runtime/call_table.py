@@ -98,6 +98,55 @@ def holding_gil(runner: Any) -> Callable[[Any], None]:
     return ctypes.PYFUNCTYPE(None)(ctypes.cast(runner, ctypes.c_void_p).value or 0)
 
 
+# ***** the spin wait: how the caller of a kernel split over cores waits for the other cores *****
+
+SPIN_WAIT = "zg_spin_wait"
+SPIN_LIMIT = 1 << 21  # polls before the caller gives up and sleeps on the worker's lock (about 0.5 ms)
+
+
+def spin_c_source() -> str:
+    """`zg_spin_wait(flag, n)`: returns once the int at flag is nonzero (read with acquire order) or after n polls."""
+    return "\n".join(
+        [
+            f"void {SPIN_WAIT}(int *flag, long long n) {{",
+            "  for (long long i = 0; i < n; i++)",
+            "    if (__atomic_load_n(flag, __ATOMIC_ACQUIRE)) return;",
+            "}",
+            "",
+        ]
+    )
+
+
+def spin_llvm_source() -> str:
+    """spin_c_source's function as LLVM IR"""
+    return "\n".join(
+        [
+            f"define void @{SPIN_WAIT}(ptr %flag, i64 %n) nounwind {{",
+            "entry:",
+            "  br label %poll",
+            "poll:",
+            "  %i = phi i64 [0, %entry], [%i1, %again]",
+            "  %v = load atomic i32, ptr %flag acquire, align 4",
+            "  %set = icmp ne i32 %v, 0",
+            "  br i1 %set, label %out, label %again",
+            "again:",
+            "  %i1 = add i64 %i, 1",
+            "  %more = icmp slt i64 %i1, %n",
+            "  br i1 %more, label %poll, label %out",
+            "out:",
+            "  ret void",
+            "}",
+            "",
+        ]
+    )
+
+
+def spin_wait_at(addr: int) -> Callable[[int, int], None]:
+    """The spin wait at a loaded address as a ctypes function (flag's address, polls): the GIL released meanwhile,
+    so the worker that sets the flag can run its Python."""
+    return ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(addr)
+
+
 class CallTable:
     """Kernel calls `(fn address, pointers)` as one table; `run()` makes them all in one foreign call."""
 

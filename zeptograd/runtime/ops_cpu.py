@@ -100,8 +100,15 @@ class CCompiler(Compiler):
 
 
 class CPUProgram(Program):
-    def __init__(self, spec: ProgramSpec, path: str, runner: Callable[[], Callable[[Any], None] | None] | None = None):
+    def __init__(
+        self,
+        spec: ProgramSpec,
+        path: str,
+        runner: Callable[[], Callable[[Any], None] | None] | None = None,
+        waiter: Callable[[], Callable[[int, int], None] | None] | None = None,
+    ):
         super().__init__(spec)
+        self.waiter = waiter  # the device's spin wait (CorePool.run's `wait`), built at the first threaded call
         self.lib = ctypes.CDLL(path)
         self.addr = ctypes.cast(self.lib[spec.name], ctypes.c_void_p).value or 0
         # the prototype bound once (buffers, Variables, core id): a call converts plain ints without Python wrappers
@@ -127,6 +134,7 @@ class CPUProgram(Program):
                 lambda core: self.fxn(*ptrs, *vals, core),
                 self.spec.cores,
                 self.small is not None and self.small(vals),
+                None if self.waiter is None else self.waiter(),
             )
 
 
@@ -135,15 +143,17 @@ class CPUDevice(CompiledDevice):
     shares_programs = True  # host code on host memory: CPU:1 runs what CPU compiled
     _runner: list[Callable[[Any], None] | None] | None = None  # [runner] once asked (call_runner)
     _runner_lib: Any = None  # keeps the runner's library loaded
+    _spin: list[Callable[[int, int], None] | None] | None = None  # [spin wait] once asked (spin_waiter)
+    _spin_lib: Any = None  # keeps the spin wait's library loaded
 
     def build(self, spec: ProgramSpec) -> CPUProgram:
         """The library from the cache (its owner, mode and hash checked); one the loader rejects is compiled again."""
         try:
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner)
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner, self.spin_waiter)
         except OSError as e:  # dlopen refused it (e.g. not an ELF library): never trusted again
             diskcache.warn_once(spec.name, f"the cached library of {spec.name} did not load ({e}): compiling it again")
             self.compiler.evict(spec.src)
-            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner)
+            return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner, self.spin_waiter)
 
     def call_runner(self) -> Callable[[Any], None] | None:
         """runtime/call_table.py's runner, compiled from C (once per host: the disk cache keeps it) and loaded at
@@ -158,6 +168,19 @@ class CPUDevice(CompiledDevice):
                 except (CompileError, OSError) as e:
                     diskcache.warn_once("call_table", f"the kernel call table's runner did not build ({e})")
         return self._runner[0]
+
+    def spin_waiter(self) -> Callable[[int, int], None] | None:
+        """runtime/call_table.py's spin wait, compiled from C (once per host: the disk cache keeps it) and loaded at
+        the first ask; None where it cannot be (the caller of a threaded kernel then sleeps on its workers' locks)."""
+        if self._spin is None:
+            self._spin = [None]
+            try:
+                self._spin_lib = ctypes.CDLL(self.compiler.compile_to_file(call_table.spin_c_source()))
+                addr = ctypes.cast(self._spin_lib[call_table.SPIN_WAIT], ctypes.c_void_p).value or 0
+                self._spin = [call_table.spin_wait_at(addr)]
+            except (CompileError, OSError) as e:
+                diskcache.warn_once("spin_wait", f"the threaded kernels' spin wait did not build ({e})")
+        return self._spin[0]
 
 
 def open_device(name: str) -> CompiledDevice:

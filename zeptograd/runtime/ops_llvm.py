@@ -131,9 +131,16 @@ def _host_memo_name(opt: int) -> str | None:
 class LLVMProgram(Program):
     """A compiled kernel: fn(*buffer pointers, *vars[, core_id]), called once per core when it has a core_id."""
 
-    def __init__(self, spec: ProgramSpec, addr: int, runner: Callable[[], Callable[[Any], None] | None] | None = None):
+    def __init__(
+        self,
+        spec: ProgramSpec,
+        addr: int,
+        runner: Callable[[], Callable[[Any], None] | None] | None = None,
+        waiter: Callable[[], Callable[[int, int], None] | None] | None = None,
+    ):
         super().__init__(spec)
         self.addr, self.has_core_id = addr, spec.cores > 1
+        self.waiter = waiter  # the device's spin wait (CorePool.run's `wait`), built at the first threaded call
         argtypes = [ctypes.c_void_p] * spec.n_bufs + [ctypes.c_int] * (len(spec.vars) + self.has_core_id)
         self.fxn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
         self.small = small_work(spec)
@@ -156,6 +163,7 @@ class LLVMProgram(Program):
             lambda core: self.fxn(*ptrs, *vals, core),
             self.spec.cores,
             self.small is not None and self.small(vals),
+            None if self.waiter is None else self.waiter(),
         )
 
 
@@ -174,12 +182,28 @@ class LLVMDevice(CompiledDevice):
         self.objects: list[LoadedObject] = []  # keeps the loaded code mapped
         self._engine: Any = None
         self._runner: list[Callable[[Any], None] | None] | None = None  # [runner] once asked (call_runner)
+        self._spin: list[Callable[[int, int], None] | None] | None = None  # [spin wait] once asked (spin_waiter)
 
     def build(self, spec: ProgramSpec) -> LLVMProgram:
         symbol = unique_symbol(spec.src)
         if symbol not in self.loaded:
             self.loaded[symbol] = self.load(spec.src, symbol)
-        return LLVMProgram(spec, self.loaded[symbol], self.call_runner)
+        return LLVMProgram(spec, self.loaded[symbol], self.call_runner, self.spin_waiter)
+
+    def spin_waiter(self) -> Callable[[int, int], None] | None:
+        """runtime/call_table.py's spin wait, compiled from LLVM IR and loaded at the first ask; None where it cannot
+        be (the caller of a threaded kernel then sleeps on its workers' locks)."""
+        if self._spin is None:
+            self._spin = [None]
+            try:
+                src = call_table.spin_llvm_source()
+                symbol = unique_symbol(src)
+                if symbol not in self.loaded:
+                    self.loaded[symbol] = self.load(src, symbol)
+                self._spin = [call_table.spin_wait_at(self.loaded[symbol])]
+            except CompileError as e:
+                diskcache.warn_once("spin_wait", f"the threaded kernels' spin wait did not compile ({e})")
+        return self._spin[0]
 
     def call_runner(self) -> Callable[[Any], None] | None:
         """runtime/call_table.py's runner, compiled from LLVM IR (once per host: the disk cache keeps it) and loaded
