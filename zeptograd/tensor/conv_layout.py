@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
 from zeptograd.tensor.helpers import flat_to_grouped, make_tuple, resolve_pool_pads
+from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -113,11 +114,38 @@ def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape
     return 1
 
 
+def _output_gradient_channels_last(g: Tensor, weight: Tensor, groups: int, strides: tuple, lanes: int) -> bool:
+    """Whether a conv's weight gradient reads the output's gradient from a copy stored with its channels last, so that
+    codegen's vector goes along the output channels (a register tile of output-channel vectors x input channels, each
+    input value one broadcast load), as the forward's does with its channels-last weight. Read as stored, both
+    operands are contiguous along the output columns, and the kernel is a tile of dot products along them: a row
+    that 16 lanes do not divide leaves a tail of every row to narrower accumulators, and a strided input is gathered.
+    On 1 AVX-512 core, the weight gradient with the copy, ms before -> after (torch): (8,64,56,56)x(64,64,3,3) pad 1
+    12.5 -> 9.8 (9.3); (8,128,28,28)x(128,128,3,3) 54 -> 9.3 (8.4); (8,256,14,14)x(256,256,3,3) 58 -> 10.3 (8.6);
+    (8,512,7,7)x(512,512,3,3) 745 -> 9.8 (11.4); (8,64,56,56)x(128,64,3,3) stride 2 66 -> 6.8 (5.3); with 8-lane
+    vectors (SIMD_BYTES=32) 28x28 18.3 -> 16.6, 14x14 58 -> 19. Where lanes divide the columns and the stride is 1,
+    the dot tile has no tail ((32,64,32,32): 13.4 either way) and the copy is not made. On the CPU backends, float32,
+    output channels per group a multiple of two vectors, convs of at least CHANNELS_LAST_MIN_MACS multiply-adds."""
+    if lanes == 0 or any(t.dtype != dtypes.float32 for t in (g, weight)) or (weight.shape[0] // groups) % (2 * lanes):
+        return False
+    sizes = (*g.shape, *weight.shape[1:])
+    if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
+        return False
+    return g.shape[-1] % lanes != 0 or strides[-1] > 1
+
+
+def _stored_channels_last(g: Tensor) -> Tensor:
+    """The same tensor, (bs, c, *positions), read from a copy laid out as (bs, *positions, c)."""
+    nd = g.ndim
+    return g.permute(0, *range(2, nd), 1).contiguous().permute(0, nd - 1, *range(1, nd - 1))
+
+
 def _weight_gradient_in_batch_parts(
     x: Tensor, g: Tensor, weight: Tensor, pads: list, groups: int, stride, dilation, parts: int
 ) -> Tensor:
     """conv2d's weight gradient, sum over (batch, output positions) of the output's gradient times the input's
-    windows, as `parts` sums over the batch's parts (each stored), then their sum (`_weight_gradient_batch_parts`)."""
+    windows, as `parts` sums over the batch's parts (each stored), then their sum (`_weight_gradient_batch_parts`; 1:
+    one sum)."""
     bs, hw = x.shape[0], weight.shape[2:]
     cout, cin = weight.shape[:2]
     win = x.pad(pads)._pool(hw, stride, dilation)  # (bs, groups * cin, *out, *hw)
@@ -125,7 +153,7 @@ def _weight_gradient_in_batch_parts(
     win = win.reshape(parts, bs // parts, groups, 1, cin, *out, *hw)
     og = g.reshape(parts, bs // parts, groups, cout // groups, 1, *out, *[1] * len(hw))
     part_sums = (win * og).sum((1, *range(5, 5 + len(out))))  # (parts, groups, cout / groups, cin, *hw)
-    return part_sums.sum(0).reshape(weight.shape)
+    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 
 OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels
@@ -155,12 +183,25 @@ def _stored_output_channels_last(weight: Tensor, groups: int, block: int = 0) ->
     return last.permute(0, nd, *range(1, nd)).reshape(weight.shape)
 
 
+def _stored_on_cpu(x: Tensor) -> bool:
+    """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
+    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
+    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
+    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
+    (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
+    u = x.uop
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+
+
 def _transposed_conv(
     x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
+    already (`_stored_on_cpu`: read in place)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     w = w.contiguous() if weight_copy else w
@@ -172,9 +213,10 @@ def _transposed_conv(
         for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
     ]
     strides = make_tuple(stride, len(hw))
-    if weight_copy and all(s == 1 for s in strides):
+    unit_strides = all(s == 1 for s in strides)
+    if weight_copy and unit_strides and not _stored_on_cpu(x):
         x, pads = x.pad(pads).contiguous(), [0] * len(pads)
-    elif weight_copy:
+    elif weight_copy and not unit_strides:
         x = x.contiguous()
     if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
         x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])

@@ -16,7 +16,9 @@ from zeptograd.tensor.attention import CAUSAL_SKIP_MIN_KEYS, _causal_attention, 
 from zeptograd.tensor.conv_layout import (
     _output_channel_block,
     _output_channels_contiguous,
+    _output_gradient_channels_last,
     _padded_input_for_weight_gradient,
+    _stored_channels_last,
     _stored_output_channels_last,
     _subsampled_pointwise_input,
     _transposed_conv,
@@ -213,7 +215,12 @@ class NNMixin:
             xw, xw_pads = x.detach(), pads
             if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
-            if (parts := _weight_gradient_batch_parts(xw, g, weight, out.shape)) > 1:
+            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
+            lanes = _vector_lanes(x.device, x.dtype.itemsize)
+            if _output_gradient_channels_last(g, weight, groups, strides, lanes):
+                g_last = _stored_channels_last(g)
+                dw = _weight_gradient_in_batch_parts(xw, g_last, weight, xw_pads, groups, stride, dilation, parts)
+            elif parts > 1:
                 dw = _weight_gradient_in_batch_parts(xw, g, weight, xw_pads, groups, stride, dilation, parts)
             else:
                 dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
