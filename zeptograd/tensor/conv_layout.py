@@ -4,11 +4,12 @@ in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
-from zeptograd.tensor.helpers import flat_to_grouped, make_tuple, resolve_pool_pads
+from zeptograd.tensor.helpers import ceildiv, flat_to_grouped, make_tuple, resolve_pool_pads
 from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
@@ -34,17 +35,18 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, r
     output channels per vector 9 ms, torch 14; (8,512,7,7)x(512,512,3,3) no vector at all 850 ms, 17 ms, torch 9;
     AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
     56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
-    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
-    costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in place would take no
-    vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels per group (two
-    vectors)."""
+    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels), though a window of one column and more rows is (a
+    strided conv's input-gradient phase of taps (2, 1): `_transposed_conv_in_phases`). Only for convs large enough
+    that the copy's kernel costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in
+    place would take no vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels
+    per group (two vectors)."""
     sizes = (bs, *oyx, *wshape)
     if not all(isinstance(v, int) for v in sizes):
         return False
     macs = bs * math.prod(oyx) * math.prod(wshape)
     if strides[-1] > 1:
         return macs >= CHANNELS_LAST_MIN_MACS
-    if not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
+    if not (any(k > 1 for k in wshape[2:]) and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
         return False
     return macs >= UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS
 
@@ -183,16 +185,21 @@ def _stored_output_channels_last(weight: Tensor, groups: int, block: int = 0) ->
     return last.permute(0, nd, *range(1, nd)).reshape(weight.shape)
 
 
+def _a_stored_buffer(x: Tensor) -> bool:
+    """Whether x is a buffer seen through reshapes only (not a computed value)."""
+    u = x.uop
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
 def _stored_on_cpu(x: Tensor) -> bool:
     """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
     stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
     it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
     the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
     (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
-    u = x.uop
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u.op is Ops.BUFFER and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+    return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
 
 
 def _transposed_conv(
@@ -224,3 +231,43 @@ def _transposed_conv(
         x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
         x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
     return x.conv2d(w, groups=groups, bias=bias, dilation=dilation, padding=pads)
+
+
+def _transposed_conv_in_phases(g: Tensor, weight: Tensor, groups: int, strides: tuple, pads: list, in_shape) -> Tensor:
+    """A strided conv's input gradient (its transposed conv) as one conv per phase of the input: the input positions
+    y = s * i + r of phase r take only the taps k = k0 + s * m with k0 = (r + pad) % s, from g[i + (r + pad) // s - m],
+    a conv of the stored output gradient with that phase's flipped sub-kernel; the phases' results are interleaved
+    into the input's shape. The transposed conv as one conv reads g with s - 1 zeros inserted after each element
+    (`_transposed_conv`): s^d times the multiply-adds, most of them by zero ((8,64,56,56)x(128,64,3,3) stride 2 on 1
+    AVX-512 core: 21.5 -> 8.7 ms, torch 6.4; the phases' interleave ~1 ms of it). Dilation 1; pads as the
+    forward's, grouped per dimension."""
+    hw, bs = weight.shape[2:], g.shape[0]
+    w_t = weight.unflatten(0, (groups, -1)).transpose(1, 2).flatten(end_dim=1)  # (groups * cin, cout / groups, *hw)
+    g = g if _a_stored_buffer(g) else g.contiguous()  # stored once, read by every phase
+    cin, out = w_t.shape[0], g.shape[2:]
+    blocks = [ceildiv(i, s) for i, s in zip(in_shape, strides)]
+    total = None
+    for phase in itertools.product(*[range(s) for s in strides]):
+        k0s = [(r + pb) % s for r, s, (pb, _) in zip(phase, strides, pads)]
+        taps = [len(range(k0, k, s)) for k0, k, s in zip(k0s, hw, strides)]
+        n = [ceildiv(i - r, s) for i, r, s in zip(in_shape, phase, strides)]
+        if any(t == 0 for t in taps) or any(v <= 0 for v in n):
+            continue  # no tap reaches these positions: their gradient is zero
+        sub = w_t[(slice(None), slice(None), *[slice(k0, None, s) for k0, s in zip(k0s, strides)])]
+        sub = sub.flip(*range(2, 2 + len(hw))).contiguous()
+        # input positions i + q - (taps - 1) + m' for i < n: g padded (or cut) by `before` and `after` per dimension
+        before = [t - 1 - (r + pb) // s for t, r, s, (pb, _) in zip(taps, phase, strides, pads)]
+        after = [v + t - 1 - o - b for v, t, o, b in zip(n, taps, out, before)]
+        gin = g.shrink((None, None, *[(max(-b, 0), o - max(-a, 0)) for b, a, o in zip(before, after, out)]))
+        conv_pads = [p for b, a in reversed(list(zip(before, after))) for p in (max(b, 0), max(a, 0))]
+        ph = gin.conv2d(sub, groups=groups, padding=conv_pads)  # (bs, cin, *n)
+        ph = ph.pad((None, None, *[(0, m - v) for m, v in zip(blocks, n)]))  # (bs, cin, *blocks)
+        ph = ph.reshape(bs, cin, *[v for m in blocks for v in (m, 1)])
+        ph = ph.pad((None, None, *[p for r, s in zip(phase, strides) for p in (None, (r, s - 1 - r))]))
+        total = ph if total is None else total + ph
+    if total is None:
+        from zeptograd.tensor import Tensor
+
+        return Tensor.zeros(bs, cin, *in_shape, device=g.device, dtype=g.dtype)
+    total = total.reshape(bs, cin, *[m * s for m, s in zip(blocks, strides)])
+    return total.shrink((None, None, *[(0, i) for i in in_shape]))

@@ -22,6 +22,7 @@ from zeptograd.tensor.conv_layout import (
     _stored_output_channels_last,
     _subsampled_pointwise_input,
     _transposed_conv,
+    _transposed_conv_in_phases,
     _weight_gradient_batch_parts,
     _weight_gradient_in_batch_parts,
 )
@@ -211,7 +212,10 @@ class NNMixin:
             # the gradient stored first (windows over computed values would recompute them per window position),
             # padded as the transposed conv reads it where the stride inserts no zeros: one kernel writes it, and
             # the conv reads it with no gate (stored, then copied padded by the scheduler: two passes)
-            dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
+            if any(s > 1 for s in strides) and all(d == 1 for d in dils) and all(isinstance(v, int) for v in out_pad):
+                dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
+            else:
+                dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
             xw, xw_pads = x.detach(), pads
             if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
