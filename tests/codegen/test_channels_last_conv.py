@@ -209,3 +209,16 @@ def test_blocked_channels_last_conv_gradients_match_torch(small_threshold):
     (torch.nn.functional.conv2d(tx, tw, padding=1) ** 2).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_a_window_of_one_column_and_more_rows_stores_its_weight_channels_last(monkeypatch, lanes):
+    """A stride-1 conv of taps (2, 1) (a strided conv's input-gradient phase: tensor/conv_layout.py:
+    _transposed_conv_in_phases) whose columns the lanes do not divide: the weight stored channels-last, as a 3x3's
+    (before, only a window wider than one column was, and the conv's vector went along 28 = 16 + 12 columns)."""
+    monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: lanes)
+    x, w = Tensor.empty(8, 128, 28, 28), Tensor.empty(64, 128, 2, 1)
+    copy, conv = x.conv2d(w, padding=(0, 0, 0, 1)).schedule()
+    assert copy.bufs[0].size == w.numel()
+    x, w = Tensor.empty(8, 128, 28, 28), Tensor.empty(64, 128, 1, 1)  # a 1x1 conv is a matmul: read in place
+    assert len(x.conv2d(w).schedule()) == 1
