@@ -191,7 +191,9 @@ class NNMixin:
             x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
             x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
             if rcout >= 16 and _output_channels_contiguous(strides, bs, oyx, weight.shape, rcout, lanes):
-                weight = _stored_output_channels_last(weight, groups, _output_channel_block(rcout, lanes))
+                per_channel = math.prod(weight.shape[1:]) * weight.dtype.itemsize
+                block = _output_channel_block(rcout, lanes, per_channel)
+                weight = _stored_output_channels_last(weight, groups, block)
             w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
             out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
             ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
