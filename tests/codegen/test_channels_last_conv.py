@@ -178,12 +178,13 @@ def test_a_3x3_weight_copy_reads_its_rows_in_blocks_of_one_vector_with_16_lanes(
 def test_the_channels_last_weight_is_stored_in_blocks_of_a_tiles_output_channels(monkeypatch, lanes, simd_bytes):
     """ResNet-50's (1,256,14,14)x(256,256,3,3): the channels-last weight in blocks of 4 vectors of output channels,
     (blocks, cin, kh, kw, block), the blocks' loop outermost, so a register tile reads its weight as one contiguous
-    stream rather than 4 vectors of every cout-long row (1 AVX-512 core, the kernel: 2.1 -> 1.2 ms, torch 1.1)."""
+    stream rather than 4 vectors of every cout-long row (1 AVX-512 core, the kernel: 2.1 -> 1.2 ms, torch 1.1). With
+    16 lanes, whose block of 4 vectors would hold 590 KB of weight (over 512 KB), blocks of 2 vectors."""
     monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: lanes)
     x, w = Tensor.empty(1, 256, 14, 14), Tensor.empty(256, 256, 3, 3)
     copy, conv = x.conv2d(w, padding=1).schedule()
     assert copy.bufs[0].size == w.numel()
-    block = 4 * lanes
+    block = (2 if lanes == 16 else 4) * lanes
     ast = simplify_ranges(conv.ast)
     axes = kernel_axes(ast)
     assert [max_trip_count(r) for r in axes] == [256 // block, 14, 14, 256, 3, 3, block]
@@ -191,8 +192,8 @@ def test_the_channels_last_weight_is_stored_in_blocks_of_a_tiles_output_channels
     assert [stride(weight.src[1], r) for r in axes] == [256 * 9 * block, 0, 0, 9 * block, 3 * block, block, 1]
     _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
     assert (opts[0].op, opts[0].axis, opts[0].arg) == (OptOps.UPCAST, 6, lanes)
-    if simd_bytes == 64:  # AVX-512's tile takes the block whole: 4 vectors x 2 columns x 2 rows
-        assert [(o.axis, o.arg) for o in opts[1:]] == [(6, 4), (2, 2), (1, 2)]
+    if simd_bytes == 64:  # AVX-512's tile takes the block whole: 2 vectors x 7 columns
+        assert [(o.axis, o.arg) for o in opts[1:]] == [(6, 2), (2, 7)]
     # fewer output channels than two blocks: one block, the plain channels-last layout
     monkeypatch.setattr(conv_layout, "CHANNELS_LAST_MIN_MACS", 1)
     monkeypatch.setattr(conv_layout, "UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS", 1)
@@ -209,3 +210,16 @@ def test_blocked_channels_last_conv_gradients_match_torch(small_threshold):
     (torch.nn.functional.conv2d(tx, tw, padding=1) ** 2).sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_a_window_of_one_column_and_more_rows_stores_its_weight_channels_last(monkeypatch, lanes):
+    """A stride-1 conv of taps (2, 1) (a strided conv's input-gradient phase: tensor/conv_layout.py:
+    _transposed_conv_in_phases) whose columns the lanes do not divide: the weight stored channels-last, as a 3x3's
+    (before, only a window wider than one column was, and the conv's vector went along 28 = 16 + 12 columns)."""
+    monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: lanes)
+    x, w = Tensor.empty(8, 128, 28, 28), Tensor.empty(64, 128, 2, 1)
+    copy, conv = x.conv2d(w, padding=(0, 0, 0, 1)).schedule()
+    assert copy.bufs[0].size == w.numel()
+    x, w = Tensor.empty(8, 128, 28, 28), Tensor.empty(64, 128, 1, 1)  # a 1x1 conv is a matmul: read in place
+    assert len(x.conv2d(w).schedule()) == 1

@@ -4,11 +4,13 @@ in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
-from zeptograd.tensor.helpers import flat_to_grouped, make_tuple, resolve_pool_pads
+from zeptograd.tensor.helpers import ceildiv, flat_to_grouped, make_tuple, resolve_pool_pads
+from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -33,17 +35,18 @@ def _output_channels_contiguous(strides: tuple, bs, oyx: tuple, wshape: tuple, r
     output channels per vector 9 ms, torch 14; (8,512,7,7)x(512,512,3,3) no vector at all 850 ms, 17 ms, torch 9;
     AVX2's 8 lanes, measured as 8-lane code on that host: 7x7 850 -> 48 ms, (8,256,14,14)x(256,256,3,3) 82 -> 43,
     56 columns keep theirs); not a 1x1 conv, a matmul whose vector goes along its output positions ((8,1024,14,14)
-    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels). Only for convs large enough that the copy's kernel
-    costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in place would take no
-    vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels per group (two
-    vectors)."""
+    x(256,1024,1,1): 5.6 ms as it is, 7.0 along the channels), though a window of one column and more rows is (a
+    strided conv's input-gradient phase of taps (2, 1): `_transposed_conv_in_phases`). Only for convs large enough
+    that the copy's kernel costs nothing beside them (strided: CHANNELS_LAST_MIN_MACS; stride 1, whose kernel read in
+    place would take no vector or a narrow one: UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS), with 16+ output channels
+    per group (two vectors)."""
     sizes = (bs, *oyx, *wshape)
     if not all(isinstance(v, int) for v in sizes):
         return False
     macs = bs * math.prod(oyx) * math.prod(wshape)
     if strides[-1] > 1:
         return macs >= CHANNELS_LAST_MIN_MACS
-    if not (wshape[-1] > 1 and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
+    if not (any(k > 1 for k in wshape[2:]) and lanes >= 8 and oyx[-1] % lanes and rcout % (2 * lanes) == 0):
         return False
     return macs >= UNALIGNED_COLUMNS_CHANNELS_LAST_MIN_MACS
 
@@ -113,11 +116,38 @@ def _weight_gradient_batch_parts(x: Tensor, g: Tensor, weight: Tensor, out_shape
     return 1
 
 
+def _output_gradient_channels_last(g: Tensor, weight: Tensor, groups: int, strides: tuple, lanes: int) -> bool:
+    """Whether a conv's weight gradient reads the output's gradient from a copy stored with its channels last, so that
+    codegen's vector goes along the output channels (a register tile of output-channel vectors x input channels, each
+    input value one broadcast load), as the forward's does with its channels-last weight. Read as stored, both
+    operands are contiguous along the output columns, and the kernel is a tile of dot products along them: a row
+    that 16 lanes do not divide leaves a tail of every row to narrower accumulators, and a strided input is gathered.
+    On 1 AVX-512 core, the weight gradient with the copy, ms before -> after (torch): (8,64,56,56)x(64,64,3,3) pad 1
+    12.5 -> 9.8 (9.3); (8,128,28,28)x(128,128,3,3) 54 -> 9.3 (8.4); (8,256,14,14)x(256,256,3,3) 58 -> 10.3 (8.6);
+    (8,512,7,7)x(512,512,3,3) 745 -> 9.8 (11.4); (8,64,56,56)x(128,64,3,3) stride 2 66 -> 6.8 (5.3); with 8-lane
+    vectors (SIMD_BYTES=32) 28x28 18.3 -> 16.6, 14x14 58 -> 19. Where lanes divide the columns and the stride is 1,
+    the dot tile has no tail ((32,64,32,32): 13.4 either way) and the copy is not made. On the CPU backends, float32,
+    output channels per group a multiple of two vectors, convs of at least CHANNELS_LAST_MIN_MACS multiply-adds."""
+    if lanes == 0 or any(t.dtype != dtypes.float32 for t in (g, weight)) or (weight.shape[0] // groups) % (2 * lanes):
+        return False
+    sizes = (*g.shape, *weight.shape[1:])
+    if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
+        return False
+    return g.shape[-1] % lanes != 0 or strides[-1] > 1
+
+
+def _stored_channels_last(g: Tensor) -> Tensor:
+    """The same tensor, (bs, c, *positions), read from a copy laid out as (bs, *positions, c)."""
+    nd = g.ndim
+    return g.permute(0, *range(2, nd), 1).contiguous().permute(0, nd - 1, *range(1, nd - 1))
+
+
 def _weight_gradient_in_batch_parts(
     x: Tensor, g: Tensor, weight: Tensor, pads: list, groups: int, stride, dilation, parts: int
 ) -> Tensor:
     """conv2d's weight gradient, sum over (batch, output positions) of the output's gradient times the input's
-    windows, as `parts` sums over the batch's parts (each stored), then their sum (`_weight_gradient_batch_parts`)."""
+    windows, as `parts` sums over the batch's parts (each stored), then their sum (`_weight_gradient_batch_parts`; 1:
+    one sum)."""
     bs, hw = x.shape[0], weight.shape[2:]
     cout, cin = weight.shape[:2]
     win = x.pad(pads)._pool(hw, stride, dilation)  # (bs, groups * cin, *out, *hw)
@@ -125,17 +155,25 @@ def _weight_gradient_in_batch_parts(
     win = win.reshape(parts, bs // parts, groups, 1, cin, *out, *hw)
     og = g.reshape(parts, bs // parts, groups, cout // groups, 1, *out, *[1] * len(hw))
     part_sums = (win * og).sum((1, *range(5, 5 + len(out))))  # (parts, groups, cout / groups, cin, *hw)
-    return part_sums.sum(0).reshape(weight.shape)
+    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 
 OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels
+WEIGHT_BLOCK_MAX_BYTES = 1 << 19  # a block's weight: half of a 1 MiB L2 per core
 
 
-def _output_channel_block(rcout: int, lanes: int) -> int:
+def _output_channel_block(rcout: int, lanes: int, per_channel_bytes: int = 0) -> int:
     """The output channels of a block of the channels-last weight (`_stored_output_channels_last`): 4 vectors, the
     most a conv's register tile takes (codegen/opt/heuristic.py: 4 with AVX-512, 2 or 4 with AVX2), where they divide
-    the channels, so a tile's weight is one contiguous stream (0: no blocks)."""
-    block = OUTPUT_CHANNEL_BLOCK_VECTORS * lanes
+    the channels, so a tile's weight is one contiguous stream (0: no blocks). 2 vectors where a block of 4 would hold
+    more than WEIGHT_BLOCK_MAX_BYTES of weight (per_channel_bytes: an output channel's, cin x window): every output
+    tile streams its block's weight, which then stays in L2 across the tiles (on 1 AVX-512 core, pad 1:
+    (8,512,7,7)x(512,512,3,3) 1.18 MB blocks 13.6 ms, 590 KB 9.3 (torch 9.1); (8,256,14,14)x(256,256,3,3) 590 KB 8.4,
+    295 KB 7.8; (8,128,28,28)x(128,128,3,3) keeps its 295 KB: 147 KB 9.3 ms, 295 KB 8.9)."""
+    vectors = OUTPUT_CHANNEL_BLOCK_VECTORS
+    if lanes >= 16 and per_channel_bytes * vectors * lanes > WEIGHT_BLOCK_MAX_BYTES:
+        vectors //= 2
+    block = vectors * lanes
     return block if lanes and rcout > block and rcout % block == 0 else 0
 
 
@@ -155,15 +193,32 @@ def _stored_output_channels_last(weight: Tensor, groups: int, block: int = 0) ->
     return last.permute(0, nd, *range(1, nd)).reshape(weight.shape)
 
 
+def _a_stored_buffer(x: Tensor) -> bool:
+    """Whether x is a buffer seen through reshapes only (not a computed value)."""
+    u = x.uop
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
+def _stored_on_cpu(x: Tensor) -> bool:
+    """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
+    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
+    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
+    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
+    (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
+    return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+
+
 def _transposed_conv(
     x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
+    already (`_stored_on_cpu`: read in place)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
-    w = w.contiguous() if weight_copy else w
     dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
     grouped = flat_to_grouped(resolve_pool_pads(padding, len(hw)))
     pads = [
@@ -172,13 +227,70 @@ def _transposed_conv(
         for p in ((k - 1) * d - pb, (k - 1) * d - pa + op)
     ]
     strides = make_tuple(stride, len(hw))
-    if weight_copy and all(s == 1 for s in strides):
+    unit_strides = all(s == 1 for s in strides)
+    if weight_copy and unit_strides and not _stored_on_cpu(x):
         x, pads = x.pad(pads).contiguous(), [0] * len(pads)
-    elif weight_copy:
+    elif weight_copy and not unit_strides:
         x = x.contiguous()
     if any(s > 1 for s in strides):  # insert s-1 zeros after each input element
         x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
         x = x.pad((None, None, *[p for s in strides for p in (None, (0, s - 1))]))
         x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], strides)])
         x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], strides)]))
+    if weight_copy and not _conv_stores_weight_channels_last(x, w, groups, dil, pads):
+        w = w.contiguous()
     return x.conv2d(w, groups=groups, bias=bias, dilation=dilation, padding=pads)
+
+
+def _conv_stores_weight_channels_last(x: Tensor, w: Tensor, groups: int, dilation: tuple, pads: list) -> bool:
+    """Whether x.conv2d(w, groups, dilation, padding=pads) (stride 1) stores its weight channels-last
+    (`_output_channels_contiguous`): a transposed conv's flipped weight then needs no copy of its own, the
+    channels-last copy reads it through the flip (one pass over the weight, not two: (512,512,3,3) 9.4 MB)."""
+    from zeptograd.tensor.matmul_layout import _vector_lanes
+
+    hw, rcout = w.shape[2:], w.shape[0] // groups
+    oyx = tuple(
+        i + pb + pa - d * (k - 1) for i, (pb, pa), d, k in zip(x.shape[2:], flat_to_grouped(pads), dilation, hw)
+    )
+    lanes = _vector_lanes(x.device, x.dtype.itemsize)
+    return rcout >= 16 and _output_channels_contiguous((1,) * len(hw), x.shape[0], oyx, w.shape, rcout, lanes)
+
+
+def _transposed_conv_in_phases(g: Tensor, weight: Tensor, groups: int, strides: tuple, pads: list, in_shape) -> Tensor:
+    """A strided conv's input gradient (its transposed conv) as one conv per phase of the input: the input positions
+    y = s * i + r of phase r take only the taps k = k0 + s * m with k0 = (r + pad) % s, from g[i + (r + pad) // s - m],
+    a conv of the stored output gradient with that phase's flipped sub-kernel; the phases' results are interleaved
+    into the input's shape. The transposed conv as one conv reads g with s - 1 zeros inserted after each element
+    (`_transposed_conv`): s^d times the multiply-adds, most of them by zero ((8,64,56,56)x(128,64,3,3) stride 2 on 1
+    AVX-512 core: 21.5 -> 8.7 ms, torch 6.4; the phases' interleave ~1 ms of it). Dilation 1; pads as the
+    forward's, grouped per dimension."""
+    hw, bs = weight.shape[2:], g.shape[0]
+    w_t = weight.unflatten(0, (groups, -1)).transpose(1, 2).flatten(end_dim=1)  # (groups * cin, cout / groups, *hw)
+    g = g if _a_stored_buffer(g) else g.contiguous()  # stored once, read by every phase
+    cin, out = w_t.shape[0], g.shape[2:]
+    blocks = [ceildiv(i, s) for i, s in zip(in_shape, strides)]
+    total = None
+    for phase in itertools.product(*[range(s) for s in strides]):
+        k0s = [(r + pb) % s for r, s, (pb, _) in zip(phase, strides, pads)]
+        taps = [len(range(k0, k, s)) for k0, k, s in zip(k0s, hw, strides)]
+        n = [ceildiv(i - r, s) for i, r, s in zip(in_shape, phase, strides)]
+        if any(t == 0 for t in taps) or any(v <= 0 for v in n):
+            continue  # no tap reaches these positions: their gradient is zero
+        sub = w_t[(slice(None), slice(None), *[slice(k0, None, s) for k0, s in zip(k0s, strides)])]
+        sub = sub.flip(*range(2, 2 + len(hw))).contiguous()
+        # input positions i + q - (taps - 1) + m' for i < n: g padded (or cut) by `before` and `after` per dimension
+        before = [t - 1 - (r + pb) // s for t, r, s, (pb, _) in zip(taps, phase, strides, pads)]
+        after = [v + t - 1 - o - b for v, t, o, b in zip(n, taps, out, before)]
+        gin = g.shrink((None, None, *[(max(-b, 0), o - max(-a, 0)) for b, a, o in zip(before, after, out)]))
+        conv_pads = [p for b, a in reversed(list(zip(before, after))) for p in (max(b, 0), max(a, 0))]
+        ph = gin.conv2d(sub, groups=groups, padding=conv_pads)  # (bs, cin, *n)
+        ph = ph.pad((None, None, *[(0, m - v) for m, v in zip(blocks, n)]))  # (bs, cin, *blocks)
+        ph = ph.reshape(bs, cin, *[v for m in blocks for v in (m, 1)])
+        ph = ph.pad((None, None, *[p for r, s in zip(phase, strides) for p in (None, (r, s - 1 - r))]))
+        total = ph if total is None else total + ph
+    if total is None:
+        from zeptograd.tensor import Tensor
+
+        return Tensor.zeros(bs, cin, *in_shape, device=g.device, dtype=g.dtype)
+    total = total.reshape(bs, cin, *[m * s for m, s in zip(blocks, strides)])
+    return total.shrink((None, None, *[(0, i) for i in in_shape]))

@@ -16,10 +16,13 @@ from zeptograd.tensor.attention import CAUSAL_SKIP_MIN_KEYS, _causal_attention, 
 from zeptograd.tensor.conv_layout import (
     _output_channel_block,
     _output_channels_contiguous,
+    _output_gradient_channels_last,
     _padded_input_for_weight_gradient,
+    _stored_channels_last,
     _stored_output_channels_last,
     _subsampled_pointwise_input,
     _transposed_conv,
+    _transposed_conv_in_phases,
     _weight_gradient_batch_parts,
     _weight_gradient_in_batch_parts,
 )
@@ -188,7 +191,9 @@ class NNMixin:
             x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
             x = x.permute(0, 1, 3, *[4 + i for i in range(len(oyx))], 2, *[4 + len(oyx) + i for i in range(len(hw))])
             if rcout >= 16 and _output_channels_contiguous(strides, bs, oyx, weight.shape, rcout, lanes):
-                weight = _stored_output_channels_last(weight, groups, _output_channel_block(rcout, lanes))
+                per_channel = math.prod(weight.shape[1:]) * weight.dtype.itemsize
+                block = _output_channel_block(rcout, lanes, per_channel)
+                weight = _stored_output_channels_last(weight, groups, block)
             w = weight.reshape(1, groups, rcout, *[1] * len(oyx), cin, *hw)
             out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(x.dtype, weight.dtype)
             ret = (x * w).sum([-1 - i for i in range(1 + len(oyx))], keepdim=True, dtype=dtype).cast(out_dt)
@@ -209,11 +214,19 @@ class NNMixin:
             # the gradient stored first (windows over computed values would recompute them per window position),
             # padded as the transposed conv reads it where the stride inserts no zeros: one kernel writes it, and
             # the conv reads it with no gate (stored, then copied padded by the scheduler: two passes)
-            dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
+            if any(s > 1 for s in strides) and all(d == 1 for d in dils) and all(isinstance(v, int) for v in out_pad):
+                dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
+            else:
+                dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
             xw, xw_pads = x.detach(), pads
             if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
-            if (parts := _weight_gradient_batch_parts(xw, g, weight, out.shape)) > 1:
+            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
+            lanes = _vector_lanes(x.device, x.dtype.itemsize)
+            if _output_gradient_channels_last(g, weight, groups, strides, lanes):
+                g_last = _stored_channels_last(g)
+                dw = _weight_gradient_in_batch_parts(xw, g_last, weight, xw_pads, groups, stride, dilation, parts)
+            elif parts > 1:
                 dw = _weight_gradient_in_batch_parts(xw, g, weight, xw_pads, groups, stride, dilation, parts)
             else:
                 dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
