@@ -95,13 +95,14 @@ def test_stride2_conv_tile_per_vector_width(monkeypatch):
     assert hand_coded_optimizations(ast, 64, threads=1)[1] == [Opt(U, 7, 16), Opt(U, 7, 4), Opt(U, 3, 4)]
     assert hand_coded_optimizations(ast, 32, threads=1)[1][:3] == [Opt(U, 7, 8), Opt(U, 7, 2), Opt(U, 3, 4)]
     # a stride-2 1x1 conv's channels-last weight steps by 1 along the output channels and by cout along its input
-    # channels (the reduce): no overlapping windows, and tile_shape's tile of 2 vectors x 6 rows and a tail, as before
+    # channels (the reduce): no overlapping windows, and tile_shape's tile of 2 vectors x all 7 output columns (the
+    # fewest tiles of at most 8 rows; 6 and a tail row: 1.55 -> 0.95 ms on 1 AVX-512 core)
     # (read in place: a large one stores its subsampled input first, tests/codegen/test_strided_pointwise_conv.py)
     monkeypatch.setattr(nn_ops, "_subsampled_pointwise_input", lambda *args: False)
     x, w = Tensor.empty(8, 1024, 14, 14), Tensor.empty(256, 1024, 1, 1)
     _, conv = x.conv2d(w, stride=2).schedule()
     _, opts = hand_coded_optimizations(ranges_simplified(conv.ast), 64, threads=1)
-    assert opts == [Opt(U, 5, 16), Opt(U, 5, 2), Opt(U, 3, 6)]  # axis 5: a block's 64 output channels
+    assert opts == [Opt(U, 5, 16), Opt(U, 5, 2), Opt(U, 3, 7)]  # axis 5: a block's 64 output channels
 
 
 def test_fourteen_and_seven_columns(monkeypatch):

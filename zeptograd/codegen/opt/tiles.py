@@ -35,12 +35,26 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8. With 32
     registers and many rows, the most rows whether or not they divide: the rows left are a tile of their own (the
     tile's vectors x the rows left, copies: codegen/opt/tail.py), not a reason for a smaller tile everywhere
-    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us)."""
+    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us); with fewer rows, the fewest
+    tiles split as evenly as they go (`even_rows`)."""
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
-    divisors_first = vector_registers(simd_bytes) == 16 or n_rows < TALL_TILE_MIN_ROWS
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), divisors_first
+    rows = tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
+    if vector_registers(simd_bytes) == 32 and n_rows < TALL_TILE_MIN_ROWS:
+        return cols, (even_rows(n_rows, rows[0]),), False
+    return cols, rows, vector_registers(simd_bytes) == 16
+
+
+def even_rows(n_rows: int, most: int) -> int:
+    """The rows of each of the fewest tiles of at most `most` rows that cover n_rows, as even as they go (a tail
+    tile of the rest). With few rows a smaller tile that divides them is not better: its accumulators, rows x 2
+    vectors, are too few to hide the FMA's latency (2 rows' 4 wait on it; 8 keep both FMA units busy), and the tail
+    tile of a near-even split is nearly full (x.T @ g, (512, 256) x (256, N), 1 AVX-512 core, divisor -> even:
+    N = 10, mlp_step's h.T @ g: 2 rows 32 us -> 5 rows 13; N = 14: 2 -> 7 rows 45 -> 16; 20: 4 -> 7 32 -> 23; 28:
+    4 -> 7 43 -> 32; 50: 2 -> 8 167 -> 60; 7: 6 and a tail row -> 7 13 -> 8; the same where both give 6 or 8)."""
+    tiles = max(1, -(-n_rows // most))
+    return -(-n_rows // tiles)
 
 
 COLUMN_TAIL_MIN_VECTORS = 16  # a tile's column tail (under one tile of vectors) is at most 1/8 of the axis
