@@ -76,14 +76,18 @@ def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int,
     return 2, (8, 6, 4, 2), False
 
 
-def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
-    """A tile of dot products over an axis of n_cols columns: (columns, row options largest first). 2 columns x up
-    to 8 rows with AVX-512's 32 registers. A column axis of 3 (a conv weight gradient's kx) is taken whole rather
-    than 2 and a tail, with at most 12 accumulators of AVX2's 16 registers and 16 of AVX-512's 32 (on 2 cores of an
-    AVX2 host, conv (8,64,56,56)x(64,64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; on 1 core of an
-    AVX-512 host: 2 x 8 25 ms, 3 x 4 11; x @ w.T 64x1024x1024 on AVX2: 2 x 8 6.6 ms, 2 x 4 3.9)."""
+def dot_tile_shape(simd_bytes: int, n_cols: int, n_rows: int) -> tuple[int, tuple[int, ...]]:
+    """A tile of dot products over an axis of n_cols columns and one of n_rows rows: (columns, row options largest
+    first, a dividing one preferred). 2 columns x up to 8 rows with AVX-512's 32 registers; fewer than
+    TALL_TILE_MIN_ROWS rows as the fewest tiles of 8 split evenly (`even_rows`: x @ W.T, x (M, 512), W (384, 512),
+    1 AVX-512 core: M = 10, 2 rows -> 5, 24 -> 17 us; M = 14, 2 -> 7, 33 -> 23 us; M = 20, 4 -> 7, 35 -> 33 us). A
+    column axis of 3 (a conv weight gradient's kx) is taken whole rather than 2 and a tail, with at most 12
+    accumulators of AVX2's 16 registers and 16 of AVX-512's 32 (on 2 cores of an AVX2 host, conv
+    (8,64,56,56)x(64,64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; on 1 core of an AVX-512 host: 2 x 8
+    25 ms, 3 x 4 11; x @ w.T 64x1024x1024 on AVX2: 2 x 8 6.6 ms, 2 x 4 3.9)."""
     if vector_registers(simd_bytes) == 32 and n_cols != 3:
-        return amount_with_tail(n_cols, (2,), divisors_first=True), (8, 6, 4, 2)
+        rows = (even_rows(n_rows, 8),) if n_rows < TALL_TILE_MIN_ROWS else (8, 6, 4, 2)
+        return amount_with_tail(n_cols, (2,), divisors_first=True), rows
     cols = n_cols if n_cols <= 3 else amount_with_tail(n_cols, (2,), divisors_first=True)
     return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
 
