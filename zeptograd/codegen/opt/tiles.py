@@ -36,14 +36,25 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     registers and many rows, the most rows whether or not they divide: the rows left are a tile of their own (the
     tile's vectors x the rows left, copies: codegen/opt/tail.py), not a reason for a smaller tile everywhere
     (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us); with fewer rows, the fewest
-    tiles split as evenly as they go (`even_rows`)."""
+    tiles split as evenly as they go (`even_rows`); with 16, only where the rows that divide make a tile of too few
+    accumulators (10 rows: 2 x 2 vectors; AVX2 code on 1 core of an AVX-512 host, x.T @ g (512, 256) x (256, N):
+    N = 10 2 -> 5 rows 49 -> 23 us, 14 2 -> 5 68 -> 33, 50 2 -> 6 254 -> 110; 10x512x512 244 -> 110; conv input
+    gradients (4,C,14,14)x(C,C,3,3) C = 16 105 -> 61, 64 1726 -> 951), not where none divides (7 rows: 6 and a tail
+    row 7.3-8.5 us, 4 and a 3-row tail 9.3)."""
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
     rows = tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
-    if vector_registers(simd_bytes) == 32 and n_rows < TALL_TILE_MIN_ROWS:
+    divisor = largest_divisor(n_rows, rows)
+    if n_rows < TALL_TILE_MIN_ROWS and (
+        vector_registers(simd_bytes) == 32 or 1 < divisor and divisor * cols < LATENCY_ACCUMULATORS
+    ):
         return cols, (even_rows(n_rows, rows[0]),), False
     return cols, rows, vector_registers(simd_bytes) == 16
+
+
+# independent accumulators that keep the FMA units busy: 2 units x 4 cycles of latency (Zen 3 to 5, Skylake-X)
+LATENCY_ACCUMULATORS = 8
 
 
 def even_rows(n_rows: int, most: int) -> int:
