@@ -45,6 +45,18 @@ def test_linear_gets_a_tile_of_vector_dot_products():
     assert len(re.findall(r"memcpy\(&val\d+, \(data", loop)) == 10  # 8 row + 2 column vector loads feed 16 FMAs
 
 
+def test_a_linear_over_few_rows_tiles_them_evenly():
+    """x @ W.T over 10 rows of x (a small batch): 5 rows x 2 columns of dot products (10 accumulators hide the FMA
+    latency), not the 2 rows that divide 10 with 8, 6, 4, 2 (4 accumulators, each FMA waiting on the last)."""
+    (x, xn), (w, wn) = data(10, 512), data(384, 512)
+    (item,) = (x @ w.T).schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    assert [o.arg for o in opts if o.op in (OptOps.UNROLL, OptOps.UPCAST)] == [16, 2, 5]
+    uops, _ = full_rewrite(item.ast, CStyleRenderer(), opts)
+    assert CStyleRenderer().render(kernel_name(item.ast), uops).src.count("zg_floatx16 acc") == 10
+    np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
+
+
 def test_attention_times_values_vectorizes_the_output_axis():
     """att @ v: the reduce (keys) is contiguous in att, the output (head dim) in v and in the store; every load inside
     the reduce runs equally often, so v's and the store's axis wins and att rows are the tile's rows."""

@@ -203,7 +203,7 @@ def hand_coded_optimizations(
             # A @ B.T (both operands contiguous along the reduce): a tile of rows x columns of dot products, each a
             # vector accumulator; one vector load of a row feeds every column and one of a column every row
             row, col = tile
-            cols, row_amounts = dot_tile_shape(simd_bytes, max_trip_count(col))
+            cols, row_amounts = dot_tile_shape(simd_bytes, max_trip_count(col), max_trip_count(row))
             rows = amount_with_tail(max_trip_count(row), row_amounts, divisors_first=True)
             col2 = (
                 second_dot_column(axes, row, col, [u for u in idxs if stride(u.src[1], vec_r) == 1])
