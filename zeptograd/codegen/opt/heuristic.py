@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-from zeptograd.codegen.expander import live_ranges, row_buffer_of
+from zeptograd.codegen.expander import live_ranges, row_buffer_of, vector_ranges
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes, masks_tail
 from zeptograd.codegen.opt.access import (
     accesses,
@@ -40,6 +40,7 @@ from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.codegen.opt.tiles import (
     L2_BLOCK_BYTES,
     _store_stride,
+    accumulator_budget,
     column_panel_loop,
     column_tail_tile,
     dot_tile,
@@ -194,8 +195,15 @@ def hand_coded_optimizations(
         else:
             vec_amt = whole
     if contiguous_count(vec_r) and vec_amt > 1:
-        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows)
-        masked = masked_vectors and tile_rows and not is_reduce and masks_tail(max_trip_count(vec_r) % vec_amt)
+        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows); so
+        # too the columns of a reduce along a strided axis, each copy its own chain of scalar loads over the reduce
+        # (x.mean(0)[:, 1:-1] of (256, 128): 126 columns, 14 left)
+        masked = (
+            masked_vectors
+            and not is_reduce
+            and (tile_rows or reduces_along(plan.ast, vec_r))
+            and masks_tail(max_trip_count(vec_r) % vec_amt)
+        )
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.MASKED_UPCAST if masked else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)
         tile = dot_tile(kernel_axes(plan.ast), [u for u in idxs if stride(u.src[1], vec_r) == 1]) if is_reduce else None
@@ -316,18 +324,21 @@ def hand_coded_optimizations(
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
-    # 1.16 -> 0.25 ms with 8 vectors); not where the reduces are hoisted out of the vector's loop (a row's norm before
+    # 1.16 -> 0.25 ms with 8 vectors), all of them where they are that many or fewer (7 vectors: 4 and a tail of 3
+    # read every row twice); not where the reduces are hoisted out of the vector's loop (a row's norm before
     # its columns are divided by it): there they have no accumulator along it, and a tail of the wider block would
     # be a loop nest computing them again
     if has_reduce and not is_reduce and len(plan.opts) == 1 and reduces_along(ast, vec_r):
         vectors = 1
         if (vi := index_of(plan.ast, vec_r)) is not None:
-            if (more := amount_with_tail(max_trip_count(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
+            n = max_trip_count(kernel_axes(plan.ast)[vi])
+            whole = n <= STRIDED_REDUCE_VECTORS and not symbolic_size(kernel_axes(plan.ast)[vi])
+            if (more := n if whole else amount_with_tail(n, (8, 4, 2))) > 1:
                 take(Opt(OptOps.UPCAST, vi, more))
                 vectors = more
         take_continuing_rows(plan, vec_r, [u for u in idxs if u in runs_in_reduce], vectors)
 
-    vectorize_own_loops(plan, contiguous_count, vec_amount)
+    vectorize_own_loops(plan, contiguous_count, vec_amount, simd_bytes)
 
     if not has_reduce and is_transposed_copy(plan.ast, vec_r, idxs, itemsize):
         take_transpose_block(plan, vec_r, blocks)
@@ -418,7 +429,7 @@ def take_transpose_block(plan: OptPlan, vec_r: UOp, blocks: set[int]) -> None:
 
 
 def vectorize_own_loops(
-    plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int]
+    plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int], simd_bytes: int
 ) -> None:
     """A loop no value moves with together with a range expanded already, walked with stride 1 by some access (of a
     buffer or a row buffer: attention's exp loop reads the scores row and fills the exp row), gets a
@@ -426,7 +437,12 @@ def vectorize_own_loops(
     reduce computed before an output loop it does not vary along (softmax's row max and sum, then its output row:
     schedule/policy.py, hoisted_reduce_requests) runs three loops one after another in each row, each 16 lanes
     wide, a reduce's with 4 accumulators. An output loop takes a vector that divides it: a tail would be a loop
-    nest of its own, computing the reduces before it again."""
+    nest of its own, computing the reduces before it again.
+    Only a vector blocks another (the expander gives a value one vector range at most): a register tile's rows, copies,
+    do not. A row statistic inside the rows (the max and sum over the keys of softmax(q @ k.T) @ v, 8 query rows x
+    2 vectors of columns with AVX-512) is a vector per row copy, its accumulators within the tile's budget: left a
+    scalar loop per row, each row's exp ran on one lane ((1,2,128,32) against 32 keys, causal, 1 AVX-512 core: both
+    kernels 81 -> 13 us; the unfused kernels 15)."""
     if not any(u.op is Ops.REDUCE for u in plan.ast.toposort()):
         return
     while True:
@@ -435,29 +451,37 @@ def vectorize_own_loops(
         if not expanded:  # no vector beside which another would run: the choice above stands
             return
         axes = kernel_axes(plan.ast)
-        together = [live for live in live_ranges(nodes, expanded | set(axes)).values() if live & expanded]
+        vectors = vector_ranges(plan.ast, simd_bytes)
+        live = [x for x in live_ranges(nodes, expanded | set(axes)).values() if x & expanded]
         rows = [u for u in nodes if u.op is Ops.INDEX and row_buffer_of(u) is not None]
+        budget = accumulator_budget(simd_bytes)
+
+        def copies(r: UOp) -> int:  # the unrolled copies r's values are made in (a register tile's rows)
+            return max((prod(max_trip_count(e) for e in x & expanded - vectors) for x in live if r in x), default=1)
+
         own = [
             r
             for r in axes
             if r.arg[1] in (AxisType.LOOP, AxisType.REDUCE)
             and (contiguous_count(r) or any(stride(u.src[1], r) == 1 for u in rows))
-            and not any(r in live for live in together)
+            and not any(r in x and x & vectors for x in live)
+            and copies(r) <= budget
         ]
         for r in own:
             is_reduce = r.arg[1] is AxisType.REDUCE
             amt = vec_amount(r) if is_reduce else largest_divisor(max_trip_count(r), (16, 8, 4, 2))
             amt = min(amt, vec_amount(r))
+            fit = tuple(a for a in (8, 4, 2) if a * copies(r) <= budget)  # more vectors: each copy has them
             if amt > 1 and plan.take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, axes.index(r), amt)):
                 if is_reduce and (i := index_of(plan.ast, r)) is not None:  # accumulators hide the add latency
                     n = max_trip_count(kernel_axes(plan.ast)[i])
-                    plan.take(Opt(OptOps.UNROLL, i, amount_with_tail(n, (4, 2), divisors_first=True)))
+                    plan.take(Opt(OptOps.UNROLL, i, amount_with_tail(n, tuple(a for a in fit if a <= 4), True)))
                 elif (i := index_of(plan.ast, r)) is not None and reduces_along(plan.ast, r):
                     # an output loop whose vectors accumulate a reduce nested inside it (attention's product with v,
                     # per query row): more vectors of it are independent accumulators (one multiply-add chain per
                     # vector waited on each add: (1,1,2048,64) attention 80 -> 32 ms on 2 AVX2 cores)
                     n = max_trip_count(kernel_axes(plan.ast)[i])
-                    plan.take(Opt(OptOps.UPCAST, i, amount_with_tail(n, (8, 4, 2), divisors_first=True)))
+                    plan.take(Opt(OptOps.UPCAST, i, amount_with_tail(n, fit, divisors_first=True)))
                 break  # the axes moved: look again
         else:
             return
