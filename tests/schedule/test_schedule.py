@@ -301,6 +301,27 @@ def test_costly_prologue_is_stored_before_a_matmul():
     assert Ops.EXP2 not in _ops_in(items[1])
 
 
+def test_gelu_between_matmuls_backward_stores_few_elementwise_kernels():
+    """fc2(gelu(fc1(x))) and its weight gradients at examples/gpt_tiny.py's MLP sizes: the GELU's own gradient rule
+    (tensor/unary.py) shares only tanh's result with the forward, so at most three elementwise kernels run over the
+    hidden layer (tanh, the GELU for fc2's gradient, its gradient for fc1's); through the primitives' gradients each
+    stored intermediate of tanh's sigmoid (exp, abs, where) was a kernel of its own (ten). The gradients are torch's."""
+    import torch
+
+    (x, xn), (g, gn) = realized(512, 64), realized(512, 64)
+    w1n, w2n = rng.standard_normal((64, 256)).astype(np.float32), rng.standard_normal((256, 64)).astype(np.float32)
+    w1, w2 = Tensor(w1n * 0.1, requires_grad=True), Tensor(w2n * 0.1, requires_grad=True)
+    ((x @ w1).gelu() @ w2).mul(g).sum().backward()
+    assert w1.grad is not None and w2.grad is not None
+    items = [it for it in Tensor.schedule(w1.grad, w2.grad) if it.ast.op.name == "SINK"]
+    hidden = [it for it in items if not any(u.op.name == "REDUCE" for u in it.ast.toposort())]
+    assert len([it for it in hidden if it.bufs[0].size == 512 * 256]) <= 3
+    tw1, tw2 = torch.tensor(w1n * 0.1, requires_grad=True), torch.tensor(w2n * 0.1, requires_grad=True)
+    (torch.nn.functional.gelu(torch.tensor(xn) @ tw1, approximate="tanh") @ tw2).mul(torch.tensor(gn)).sum().backward()
+    np.testing.assert_allclose(w1.grad.numpy(), tw1.grad.numpy(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(w2.grad.numpy(), tw2.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
 def test_cheap_index_prologue_stays_inlined_into_a_reduce():
     """An arange mask (no buffer read) or a relu (no transcendental) expanded into a reduce is not stored."""
     x, _ = realized(4, 12)
