@@ -624,13 +624,14 @@ def prepare_overwrite(bufs: list) -> None:
     from the old nodes is not taken for the new contents)."""
     with engine_lock:
         written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
-        readers = _live_readers(written, {}, [])[0]
+        readers, views, _ = _live_readers(written, {}, [])
         if readers:
             keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize
             _realize_tensors(readers)
             for t, u in keep:
                 t.uop = u
-        _move_views(_live_readers(written, {}, [])[1], written)
+            views = _live_readers(written, {}, [])[1]  # (with none computed, the views are the walk's above)
+        _move_views(views, written)
 
 
 def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
@@ -643,7 +644,13 @@ def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
         assert root_buf is not None
         new_buf = written[id(buffers[root_buf])]
         new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
-        old_uop, t.uop = t.uop, t.uop.substitute({root: new_root})
+        old_uop = t.uop
+        if old_uop is root:  # a weight's tensor: its BUFFER node itself, or one view of it (its shape's RESHAPE)
+            t.uop = new_root
+        elif old_uop.src == (root,):
+            t.uop = old_uop.replace(src=(new_root,))
+        else:
+            t.uop = old_uop.substitute({root: new_root})
         if old_uop in grad_uops:  # a view that requires grad still does
             grad_uops.add(t.uop)
 

@@ -8,7 +8,9 @@
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
 - a transposed copy (lanes reading rows a page apart): TILE blocks of a few rows, each row's line read for 16 steps
   (with 16 lanes the vector is the block: its loop outermost);
-- the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
+- the outermost output loop with enough work (access.work_estimate: each store and reduce in the loops it runs in,
+  a matmul's multiply-adds at 1/8, not the product of every loop) -> THREAD across the cores, in each loop nest (a
+  tail is one);
   each core a contiguous block, or every amt-th iteration where the loop's iterations grow in work along it (a gated
   reduce inside ends its loop by this loop's value: causal attention's query tiles), in blocks of a cache line's
   rows where a row is narrower;
@@ -35,6 +37,7 @@ from zeptograd.codegen.opt.access import (
     largest_divisor,
     stride,
     symbolic_size,
+    work_estimate,
 )
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.codegen.opt.tiles import (
@@ -81,6 +84,7 @@ def hand_coded_optimizations(
     width = max(1, simd_bytes // itemsize)
     total_work = prod(max_trip_count(r) for r in axes)
     reduce_work = prod(max_trip_count(r) for r in axes if r.arg[1] is AxisType.REDUCE)
+    thread_work = work_estimate(plan.ast)  # what a split over the cores would share (not every loop's product)
     blocks: set[int] = set()  # axis ids of TILE's block loops: the cores share a block rather than split them
 
     # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
@@ -118,7 +122,7 @@ def hand_coded_optimizations(
 
     if (scores := score_tile(plan.ast, width)) is not None:  # attention in one kernel: a register tile of scores
         take_score_tile(plan, *scores, width)
-        if threads > 1 and total_work >= MIN_THREAD_WORK:
+        if threads > 1 and thread_work >= MIN_THREAD_WORK:
             thread_nests(plan, threads, blocks)
         return gate_single_core(plan.ast), plan.opts
 
@@ -343,7 +347,7 @@ def hand_coded_optimizations(
     if not has_reduce and is_transposed_copy(plan.ast, vec_r, idxs, itemsize):
         take_transpose_block(plan, vec_r, blocks)
 
-    if threads > 1 and total_work >= MIN_THREAD_WORK:
+    if threads > 1 and thread_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
 
@@ -531,7 +535,7 @@ def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozens
             nodes = set(nest.toposort())
             loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and max_trip_count(r) >= threads]
             loops.sort(key=lambda r: r.arg[0] in blocks)  # a cache block's loop last
-            work = prod(max_trip_count(r) for r in nodes if r.op is Ops.RANGE)
+            work = work_estimate(nest)
             threaded = any(u.op is Ops.SPECIAL for u in nodes)
             if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
                 continue
