@@ -60,7 +60,7 @@ _superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakK
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
-_ASSIGN = Ops.ASSIGN  # (a global read is cheaper than Ops.ASSIGN's attribute lookup)
+_ASSIGN, _BUFFER = Ops.ASSIGN, Ops.BUFFER  # (a global read is cheaper than Ops.X's attribute lookup)
 _NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # buffer_under's: each element once
 
 
@@ -139,6 +139,8 @@ def realized_or_none(u: UOp) -> UOp | None:
 def with_realized_values(uops: list[UOp]) -> list[UOp]:
     """uops with every node realized before replaced by what it was realized to. The walk stops at nodes known to
     hold none (clean); where it finds none, the nodes it walked are marked so."""
+    if not _realized_data:  # nothing realized is alive: nothing to replace (nor to mark: every lookup finds nothing)
+        return uops
     count = _realized_count[0]
     ref, realized = weakref.ref, _realized_data  # (_realized's own dict: no frame per node)
     seen: set[UOp] = set()
@@ -721,17 +723,18 @@ def _live_readers(
             if u in reads:
                 stack.pop()
                 continue
-            if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
-                # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
+            if any_realized and u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # a
+                # node realized to a buffer view (or a constant): the old contents if that memory is written (a clean
+                # node is not realized; none is where nothing realized is alive, and the walk adds none)
                 mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
                 if u._mems is None:  # (one noted before it was realized lists its graph's: more, kept)
                     u._mems = mems
                 reads[u] = not written_keys.isdisjoint(mems)
-            elif u.op is Ops.BUFFER:
+            elif (op := u.op) is _BUFFER:
                 if (known := u._mems) is None:
                     known = u._mems = _memory_of(u)
                 reads[u] = not written_keys.isdisjoint(known)
-            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
+            elif op is _ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
                 reads[u] = False  # are left unknown: its graph is not walked)
             else:
                 waiting = False
@@ -765,6 +768,7 @@ def _live_readers(
 
     written_keys = written.keys()
     count = _realized_count[0]
+    any_realized = bool(_realized_data)
     live_reader_visits[0] = 0
 
     def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`, or are

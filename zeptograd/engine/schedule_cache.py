@@ -41,6 +41,10 @@ class Template:
     fresh_inputs: list[int]  # per ("fresh", k) placeholder: the input whose memory its new BUFFER node is over
     # (_instantiate) per item, its buffers' places among the inputs then the new buffers, made at the first hit
     item_index: list[tuple[ScheduleItem, list[int]]] | None = None
+    # (_instantiate) per entry of `becomes`: (position, its BUFFER placeholder, the int shape of a reshape of it or
+    # None), or (position, the value, True for a reshape of a BUFFER to a symbolic shape, False for any other value);
+    # made at the first hit
+    becomes_index: list[tuple[int, UOp, tuple | None | bool]] | None = None
 
 
 class Stats:
@@ -252,16 +256,31 @@ def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UO
             u = new_uops[tag] = new_buffer_uop(b.device, b.size, b.dtype, b)
         return u
 
+    if (becomes_index := t.becomes_index) is None:
+        becomes_index = t.becomes_index = [_becomes_entry(pos, value) for pos, value in t.becomes.items()]
     becomes = {}
-    for pos, value in t.becomes.items():
-        node = nodes[pos]
-        if value.op is Ops.BUFFER:
-            becomes[node] = real(value)
-        elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
-            becomes[node] = reshape_uop(real(value.src[0]), value.tensor_shape)
-        else:
-            becomes[node] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
+    for pos, value, shape in becomes_index:
+        if shape is None:  # a BUFFER
+            becomes[nodes[pos]] = real(value)
+        elif shape is True:  # a reshape of a BUFFER to a symbolic shape
+            becomes[nodes[pos]] = reshape_uop(real(value.src[0]), value.tensor_shape)
+        elif shape is False:
+            becomes[nodes[pos]] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
+        else:  # (reshape_uop's UOp for a shape of ints, its checks made once by _becomes_entry)
+            u = real(value)
+            becomes[nodes[pos]] = u if shape == u.shape else UOp(_RESHAPE, u.dtype, (u,), shape)
     return items, becomes
+
+
+def _becomes_entry(pos: int, value: UOp) -> tuple[int, UOp, tuple | None | bool]:
+    """A Template.becomes_index entry: how _instantiate makes the value of the node at `pos`."""
+    if value.op is Ops.BUFFER:
+        return (pos, value, None)
+    if value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
+        if any(isinstance(s, UOp) for s in value.tensor_shape):  # (reshape_uop: a SHRINK of the buffer too)
+            return (pos, value, True)
+        return (pos, value.src[0], tuple(value.tensor_shape))
+    return (pos, value, False)
 
 
 def cached_schedule(
@@ -317,7 +336,8 @@ last_used: list[tuple[Walk, Template] | None] = [None]
 # - used: whether the node is the source of a keyed node.
 # Graphs with an ASSIGN (its arg is unique: the walk numbers them), a Variable or a BUFFER without a Buffer are not
 # keyed here: they take the walk.
-_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN  # (global reads: Ops.X goes through the enum metaclass's getattr hook)
+# (global reads: Ops.X goes through the enum metaclass's getattr hook)
+_BUFFER, _ASSIGN, _RESHAPE = Ops.BUFFER, Ops.ASSIGN, Ops.RESHAPE
 _structures: dict[tuple, int] = {}
 MAX_STRUCTURES = 1 << 16  # then the ids start again, in a new generation (graphs with ever-new constants)
 _generation = [0]

@@ -615,6 +615,18 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     # ***** movement primitives (one UOp each; composites are in movement.py) *****
     def reshape(self, shape, *args) -> Tensor:
         shape = argfix(shape, *args)
+        if not variable.in_use:  # (the common case: sizes that are ints >= 0, without the checks' generators below)
+            n = 1
+            for s in shape:
+                if type(s) is not int or s < 0:
+                    break
+                n *= s
+            else:
+                if n != (numel := prod(self.uop.shape)):
+                    raise ArgumentError(
+                        f"can't reshape a tensor of shape {self.shape} ({numel} elements) to {shape} ({n} elements)"
+                    )
+                return self if shape == self.uop.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
         if shape.count(-1) > 1:
             raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
         shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
