@@ -175,7 +175,7 @@ def view_root(u: UOp) -> UOp:
 
 def is_memory_view(u: UOp) -> bool:
     """Whether u is a view (at least one view op) of a buffer's memory that is not the whole buffer as it is."""
-    return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
+    return u.op in _VIEW_OPS and view_root(u).op in (_BUFFER, _ASSIGN) and view_base(u) is None
 
 
 def tensor_clock() -> int:
@@ -246,7 +246,7 @@ def _writes_into(mem: int) -> list[Tensor]:
         if (w := ref()) is not None:
             root = view_root(w.uop)
             target = (
-                buffer_under(root.src[0]) if root.op is Ops.ASSIGN and weakref.ref(root) not in _realized_data else None
+                buffer_under(root.src[0]) if root.op is _ASSIGN and weakref.ref(root) not in _realized_data else None
             )
             if target is not None and (buf := _buffers_data.get(weakref.ref(target))) is not None and id(buf) == mem:
                 live.append(w)
@@ -268,7 +268,7 @@ def _writes_seen_by_views(tensors: list[Tensor]) -> list[Tensor]:
         # one writer only: writes by several view tensors into one memory were each built on its old contents, and
         # run together they can't be ordered (README: deliberate differences)
         if (
-            root.op is Ops.BUFFER
+            root.op is _BUFFER
             and (buf := _buffers_data.get(weakref.ref(root))) is not None
             and len(writers := _writes_into(id(buf))) == 1
         ):
@@ -393,7 +393,7 @@ def remember_realized(node: UOp, value: UOp):
     buf = value
     while buf.op in _NAMING_VIEW_OPS:  # (buffer_under, inline)
         buf = buf.src[0]
-    if buf.op is Ops.BUFFER and (b := _buffers_data.get(weakref.ref(buf))) is not None:
+    if buf.op is _BUFFER and (b := _buffers_data.get(weakref.ref(buf))) is not None:
         if (readers := b.readers) is None:
             b.readers = [weakref.ref(node)]
             return
@@ -458,8 +458,8 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
         if (
             written.keys() != pred_written.keys()
             # (by their unique ids: create_schedule also notes what the ASSIGNs it folded became)
-            or {u.arg for u in becomes if u.op is Ops.ASSIGN} != {u.arg for u in pred_assigns}
-            or any(r.uop.op is Ops.ASSIGN for r in readers)
+            or {u.arg for u in becomes if u.op is _ASSIGN} != {u.arg for u in pred_assigns}
+            or any(r.uop.op is _ASSIGN for r in readers)
         ):  # the graph writes more than the tensors' own ASSIGNs: the general way below, from the start
             readers, aliases, stored, predicted = [], [], [], None
             template.clear()
@@ -491,7 +491,7 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
     if fast is not None and template[0] is not None and not readers:  # (a fast key: no ASSIGN, Variable, realized node)
         schedule_cache.make_plan(fast[0], fast[1], outs, template[0], lambda item: kernel_key(item.device, item.ast))
     for old in becomes:
-        if old.op is Ops.ASSIGN:
+        if old.op is _ASSIGN:
             target = buffer_under(old.src[0])
             assert target is not None, "an ASSIGN's target is a view of a buffer"
             forget_written(target)
@@ -530,7 +530,7 @@ def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dic
     assigns: dict[UOp, None] = {}
     for t in tensors:
         u = t.uop
-        if u.op is Ops.ASSIGN and weakref.ref(u) not in _realized_data:  # (the maps' own dicts: no frame)
+        if u.op is _ASSIGN and weakref.ref(u) not in _realized_data:  # (the maps' own dicts: no frame)
             if (target := buffer_under(u.src[0])) is None or (b := _buffers_data.get(weakref.ref(target))) is None:
                 return None
             written[id(b)] = None
@@ -641,10 +641,10 @@ def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
 
     for t in aliases:
         root = view_root(t.uop)
-        root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
+        root_buf = buffer_under(root.src[0]) if root.op is _ASSIGN else root
         assert root_buf is not None
         new_buf = written[id(buffers[root_buf])]
-        new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
+        new_root = new_buf if root.op is _BUFFER else root.src[0].substitute({root_buf: new_buf})
         old_uop, t.uop = t.uop, t.uop.substitute({root: new_root})
         if old_uop in grad_uops:  # a view that requires grad still does
             grad_uops.add(t.uop)
@@ -654,7 +654,7 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
     """The memory (id of its Buffer) each ASSIGN in a schedule writes -> the new BUFFER node of its contents."""
     written = {}
     for old, new in becomes.items():
-        if old.op is Ops.ASSIGN and (target := buffer_under(old.src[0])) is not None:
+        if old.op is _ASSIGN and (target := buffer_under(old.src[0])) is not None:
             new_buf = buffer_under(new)
             assert new_buf is not None, "an ASSIGN becomes a view of its target's buffer"
             written[id(_buffers_data[weakref.ref(target)])] = new_buf  # (buffers[target], without a frame)
@@ -775,7 +775,7 @@ def _live_readers(
         return (mems := root._mems) is None or not written_keys.isdisjoint(mems)  # not known yet (reads_old notes them)
 
     readers, aliases, stored = [], [], []
-    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
+    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is _ASSIGN and view_base(t.uop.src[0]) is not None}
     for value, writer in list(assigned.items()):  # (Tensor.assign wraps a value that reads its target elsewhere)
         if value.op is Ops.CONTIGUOUS:
             assigned.setdefault(value.src[0], writer)
@@ -796,12 +796,12 @@ def _live_readers(
             readers += [p for p in multi.parts(t) if p.uop in todo]
             continue
         root = view_root(u)
-        if root.op in (Ops.BUFFER, Ops.ASSIGN):
-            target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
+        if root.op in (_BUFFER, _ASSIGN):
+            target = root if root.op is _BUFFER else buffer_under(root.src[0])
             if memory_written(target):
                 aliases.append(t)
                 continue
-            if root.op is Ops.BUFFER:
+            if root.op is _BUFFER:
                 continue
         # (an ASSIGN into another buffer reads)
         if weakref.ref(u) in _realized_data or not may_read_written(u) or not reads_old(u):

@@ -23,6 +23,9 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
+_ELEMENTWISE_OR_DETACH = frozenset(GroupOp.Elementwise | {Ops.DETACH})
+
+
 def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
     one kernel that writes the buffer would read values it has already overwritten. The search goes down value's
@@ -34,7 +37,7 @@ def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
     elementwise, stack = set(), [value]
     while stack:
         u = stack.pop()
-        if u not in elementwise and (u.op in GroupOp.Elementwise or u.op is Ops.DETACH):  # (detach: the value)
+        if u not in elementwise and u.op in _ELEMENTWISE_OR_DETACH:  # (detach: the value)
             elementwise.add(u)
             stack.extend(u.src)
     seen: set[UOp] = set()
