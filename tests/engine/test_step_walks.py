@@ -123,7 +123,9 @@ def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatc
 def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
     """The realize of an SGD step finds the live tensors that read the old weights (the gradients) in one walk over
     their new nodes: the memories each node reads are noted in the same walk that decides whether it reads the old
-    contents, not in a pass of their own before it (each node visited once, not twice)."""
+    contents, not in a pass of their own before it (each node visited once, not twice); and the walk ends at the
+    first read of a weight it meets (every node it was looked into on the way reads it too), not finishing the rest
+    of each gradient's graph."""
     x, y, ws = _mlp()
     loss = _loss(x, y, ws)
     loss.backward()
@@ -134,7 +136,7 @@ def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
     under_readers = UOp(Ops.SINK, src=tuple(t.uop for t in [*grads, *new, loss])).toposort()
     Tensor.realize(loss, *ws)
     visits = engine.live_reader_visits[0]
-    assert 10 < visits <= len(under_readers), (visits, len(under_readers))
+    assert 0 < visits <= len(under_readers) // 4, (visits, len(under_readers))
 
 
 def test_a_live_graph_that_reads_no_written_memory_is_walked_once():

@@ -718,6 +718,7 @@ def _live_readers(
         graph reads no written memory: one pass over the nodes built since, not one for the memories and one here."""
         stack = [root]
         visits = 0
+        expanded: set[UOp] = set()  # the nodes on the stack whose sources were pushed above them: their ancestors
         while stack:
             u = stack[-1]
             if u in reads:
@@ -729,11 +730,13 @@ def _live_readers(
                 mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
                 if u._mems is None:  # (one noted before it was realized lists its graph's: more, kept)
                     u._mems = mems
-                reads[u] = not written_keys.isdisjoint(mems)
+                if reads.setdefault(u, not written_keys.isdisjoint(mems)):
+                    break
             elif (op := u.op) is _BUFFER:
                 if (known := u._mems) is None:
                     known = u._mems = _memory_of(u)
-                reads[u] = not written_keys.isdisjoint(known)
+                if reads.setdefault(u, not written_keys.isdisjoint(known)):
+                    break
             elif op is _ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
                 reads[u] = False  # are left unknown: its graph is not walked)
             else:
@@ -746,6 +749,7 @@ def _live_readers(
                             stack.append(s)
                             waiting = True
                 if waiting:
+                    expanded.add(u)
                     continue
                 src = u.src
                 if len(src) == 2:  # (the common case inline: no frame, no generator)
@@ -761,10 +765,20 @@ def _live_readers(
                     if u._mems is None:
                         u._mems = _union_of_sources(src)
                     reads[u] = any(reads[s] for s in src)
+                if reads[u]:
+                    break
             visits += 1
             stack.pop()
+        else:
+            live_reader_visits[0] += visits
+            return reads[root]
+        # the walk ended at a node that reads old contents (the top of the stack): so does every node whose sources
+        # were pushed and that is not finished (it is on the stack below them: the root among them); the nodes pushed
+        # but not looked into are left unknown
+        for u in expanded:
+            reads.setdefault(u, True)
         live_reader_visits[0] += visits
-        return reads[root]
+        return True
 
     written_keys = written.keys()
     count = _realized_count[0]
