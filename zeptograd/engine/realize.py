@@ -289,15 +289,29 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 
 
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
-    check_capacity([b for item in items for b in item.bufs])
-    viz, debug = VIZ.value, DEBUG.value
+    big = False  # (check_capacity's first test, inline: it asks only about a buffer of over 128 MiB not allocated)
     for item in items:
-        if _capturing.stack:
-            _capturing[-1].append(item)
-        kernel = get_kernel(item.device, item.ast, item.bufs)
+        for b in item.bufs:
+            if b._allocator is None and b.size * b.dtype.itemsize > 1 << 27:
+                big = True
+    if big:
+        check_capacity([b for item in items for b in item.bufs])
+    viz, debug = VIZ.value, DEBUG.value
+    capturing = _capturing.stack
+    counters = GlobalCounters
+    for item in items:
+        if capturing:
+            capturing[-1].append(item)
         bufs = item.bufs
-        ptrs = [b.ptr for b in bufs]  # (allocates each buffer not yet allocated, before the clock starts)
-        t0 = time.perf_counter()
+        kernel = get_kernel(item.device, item.ast, bufs)
+        ptrs = []
+        mem = 0
+        for b in bufs:
+            if (p := b._ptr) is None:
+                p = b.ptr  # (allocates it, before the clock starts)
+            ptrs.append(p)
+            mem += b.size * b.dtype.itemsize
+        t0 = perf_counter()
         if kernel.vars:
             if var_vals is None or any(v not in var_vals for v in kernel.vars):
                 raise ArgumentError(
@@ -313,14 +327,11 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
                 fn(*map(wrap, ptrs))
         else:
             kernel.program(*ptrs)
-        dt = time.perf_counter() - t0
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.time_sum_s += dt
-        GlobalCounters.global_ops += kernel.n_ops
-        mem = 0
-        for b in bufs:
-            mem += b.size * b.dtype.itemsize
-        GlobalCounters.global_mem += mem
+        dt = perf_counter() - t0
+        counters.kernel_count += 1
+        counters.time_sum_s += dt
+        counters.global_ops += kernel.n_ops
+        counters.global_mem += mem
         if viz:
             from zeptograd.viz import record as viz_record
 
