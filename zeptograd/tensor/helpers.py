@@ -37,6 +37,8 @@ def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 3 and shapes[0] == shapes[1] == shapes[2]:  # (where's common case)
+        return tuple(shapes[0])
     if len(shapes) == 2:  # (the common case, a binary op's, without the sets and generators below)
         a, b = shapes
         if a == b:

@@ -63,6 +63,8 @@ class ReduceMixin:
     __slots__ = ()
 
     def _axes(self: Tensor, axis) -> tuple[int, ...]:
+        if type(axis) is int and -(n := len(self.shape)) <= axis < n:  # (one axis in range: normalize_axis's answer)
+            return (axis + n if axis < 0 else axis,)
         if axis is None:
             return tuple(range(self.ndim))
         axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)  # normalize_axis checks each

@@ -68,6 +68,9 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
 _gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of each forward node they read)
 
 
+_PERMUTE = Ops.PERMUTE  # (a global read: on 3.11 Ops.X goes through the enum metaclass's getattr hook)
+
+
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
     """A lazy n-dimensional array. Ops build a graph; `realize()`, `numpy()`, `item()`, `tolist()` run it."""
 
@@ -679,6 +682,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def permute(self, order, *args) -> Tensor:
         order = argfix(order, *args)
+        if len(order) == (n := len(self.uop.shape)):  # (the common case: ints 0..n-1, without the checks' generators)
+            named = 0
+            for o in order:
+                if type(o) is not int or not 0 <= o < n:
+                    break
+                named |= 1 << o
+            else:
+                if named == (1 << n) - 1:  # each dimension once
+                    if order == tuple(range(n)):
+                        return self
+                    return self._new(UOp(_PERMUTE, self.dtype, (self.uop,), order))
         if len(order) != self.ndim:
             raise ArgumentError(f"permute order {order} must name each of the {self.ndim} dimensions of {self.shape}")
         norm = tuple(normalize_axis(o, self.ndim, "permute dimension") for o in order)
