@@ -95,50 +95,59 @@ def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
     fast_realized = realized.data if type(realized) is weakref.WeakKeyDictionary else None  # type: ignore[attr-defined]
     if fast_realized is not None and not fast_realized:  # nothing realized is alive: no node to look up
         realized = fast_realized = None
-    stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
-    while stack:
-        u, expanded = stack.pop()
-        if u in position:
+    # a depth-first walk as UOp.toposort's (first source first), each stack entry a node and the iterator over its
+    # sources still to visit; a node is looked up in `realized` as it is entered, keyed as it is left
+    stack: list[tuple[UOp, Any]] = []
+    push, pop = stack.append, stack.pop
+    for root in outs:
+        if root in position:
             continue
-        if expanded:
-            if len(u_src := u.src) == 2:  # (the common cases without a map and its calls)
-                src: tuple[int, ...] = (position[u_src[0]], position[u_src[1]])
-            elif len(u_src) == 1:
-                src = (position[u_src[0]],)
+        if realized is not None and root._clean != clean and _realized_to_other(root, realized, fast_realized):
+            return None
+        push((root, iter(root.src)))
+        while stack:
+            u, it = stack[-1]
+            for s in it:
+                if s not in position:
+                    if realized is not None and s._clean != clean and _realized_to_other(s, realized, fast_realized):
+                        return None
+                    push((s, iter(s.src)))
+                    break
             else:
-                src = tuple(map(position.__getitem__, u_src))
-            if (op := u.op) is _BUFFER:
-                b = held[weakref.ref(u)]
-                if (i := index.get(id(b))) is None:
-                    i = index[id(b)] = len(in_bufs)
-                    in_bufs.append(b)
-                    in_uops.append(u)
-                arg: Any = ("in", i, u.arg[1])
-            elif op is _ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
-                arg, n_assign = ("assign", n_assign), n_assign + 1
-            else:
-                arg = u.arg
-                if isinstance(arg, float):
-                    arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
-            if look_for_symbols and not symbolic:
-                symbolic = u.op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
-            position[u] = len(nodes)
-            nodes.append(u)
-            key.append((op, u.dtype, arg, src))
-            continue
-        if realized is not None and u._clean != clean:  # a node realized to another node (an input buffer may be
-            # noted as itself)
-            if fast_realized is not None:
-                if (value := fast_realized.get(weakref.ref(u))) is not None and value is not u:
-                    return None
-            elif u in realized and realized[u] is not u:
-                return None
-        stack.append((u, True))
-        for s in reversed(u.src):
-            if s not in position:
-                stack.append((s, False))
+                pop()
+                if len(u_src := u.src) == 2:  # (the common cases without a map and its calls)
+                    src: tuple[int, ...] = (position[u_src[0]], position[u_src[1]])
+                elif len(u_src) == 1:
+                    src = (position[u_src[0]],)
+                else:
+                    src = tuple(map(position.__getitem__, u_src))
+                if (op := u.op) is _BUFFER:
+                    b = held[weakref.ref(u)]
+                    if (i := index.get(id(b))) is None:
+                        i = index[id(b)] = len(in_bufs)
+                        in_bufs.append(b)
+                        in_uops.append(u)
+                    arg: Any = ("in", i, u.arg[1])
+                elif op is _ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
+                    arg, n_assign = ("assign", n_assign), n_assign + 1
+                else:
+                    arg = u.arg
+                    if isinstance(arg, float):
+                        arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
+                if look_for_symbols and not symbolic:
+                    symbolic = op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
+                position[u] = len(nodes)
+                nodes.append(u)
+                key.append((op, u.dtype, arg, src))
     key.append((Ops.SINK, tuple([position[u] for u in outs])))
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
+
+
+def _realized_to_other(u: UOp, realized: Any, fast_realized: dict | None) -> bool:
+    """Whether walk's `realized` maps u to another node (an input buffer may be noted as itself)."""
+    if fast_realized is not None:
+        return (value := fast_realized.get(weakref.ref(u))) is not None and value is not u
+    return u in realized and realized[u] is not u
 
 
 K = TypeVar("K")
