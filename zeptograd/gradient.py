@@ -33,6 +33,7 @@ def _t(u: UOp, like: Tensor) -> Tensor:
 _tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is imported (it imports this module)
 
 
+_OWN_SUM_DTYPES = frozenset(d for d in dtypes.all if sum_acc_dtype(d) is d)  # (the dtypes a sum accumulates in)
 # (globals: on 3.11 an Ops.X read goes through the enum metaclass's getattr hook, uop/ops.py)
 _RESHAPE, _EXPAND, _PERMUTE, _REDUCE_AXIS, _ADD = Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.REDUCE_AXIS, Ops.ADD
 
@@ -61,9 +62,18 @@ def _expand(t: Tensor, shape: tuple) -> Tensor:
 
 def _sum_keepdim(t: Tensor, axes: tuple[int, ...]) -> Tensor:
     """t.sum(axes, keepdim=True), axes sorted, distinct and in range (a forward node's)."""
-    if type(t.device) is not str or sum_acc_dtype(t.dtype) is not t.dtype:
+    if type(t.device) is not str or t.uop.dtype not in _OWN_SUM_DTYPES:
         return t.sum(axes, keepdim=True)
     return t if not axes or not t.shape else t._new(UOp(_REDUCE_AXIS, t.dtype, (t.uop,), (_ADD, axes)))
+
+
+def _expanded_axes(ret: UOp) -> tuple[int, ...]:
+    """The axes an EXPAND grows (its source's sizes that differ from its own)."""
+    axes = []
+    for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)):  # type: ignore[arg-type]
+        if a != b:
+            axes.append(i)
+    return tuple(axes)
 
 
 def _permute(t: Tensor, order: tuple[int, ...]) -> Tensor:
@@ -145,12 +155,7 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
         (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (_reshape(ctx, ret.src[0].shape),)),
         (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (_permute(ctx, tuple(argsort(list(ret.arg)))),)),
-        (
-            UPat(Ops.EXPAND, name="ret"),
-            lambda ctx, ret: (
-                _sum_keepdim(ctx, tuple(i for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)) if a != b)),
-            ),
-        ),
+        (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (_sum_keepdim(ctx, _expanded_axes(ret)),)),
         (
             UPat(Ops.PAD, name="ret"),
             lambda ctx, ret: (ctx.shrink(tuple((b, b + s) for s, (b, _) in zip(ret.src[0].shape, ret.arg))),),

@@ -124,10 +124,12 @@ class ElementwiseMixin:
         """The elementwise op of this tensor and `srcs`: every op of several tensors (binary, where, and those built
         of them: matmul, cat, indexing, ...) comes here, so this is where tensors on different devices are refused
         (as torch does: a kernel reads one device's memory)."""
+        uops = [self.uop]
         for s in srcs:
             if s.device != self.device:
                 raise ArgumentError(f"tensors on different devices: {self.device} and {s.device}")
-        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+            uops.append(s.uop)
+        return self._new(UOp(op, dtype or self.dtype, tuple(uops)))
 
     def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
         if (
@@ -293,6 +295,8 @@ class ElementwiseMixin:
 
     # ***** casts *****
     def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        if dtype is self.uop.dtype:  # (the common case: nothing to cast)
+            return self
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self
