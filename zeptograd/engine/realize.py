@@ -751,14 +751,26 @@ def _live_readers(
             elif op is _ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
                 reads[u] = False  # are left unknown: its graph is not walked)
             else:
-                waiting = False
+                waiting = hit = False
                 for s in u.src:
-                    if s not in reads:
+                    if (r := reads.get(s)) is None:
                         if (known := s._mems) is not None and written_keys.isdisjoint(known):
                             reads[s] = False  # (its graph reads no written memory at all)
+                            continue
+                        if not any_realized and s.op is _BUFFER:  # (a leaf, decided here rather than pushed)
+                            if known is None:
+                                known = s._mems = _memory_of(s)
+                            r = reads[s] = not written_keys.isdisjoint(known)
                         else:
                             stack.append(s)
                             waiting = True
+                            continue
+                    if r:  # a source reads old contents: so does u (the other sources need not be looked into)
+                        hit = True
+                        break
+                if hit:
+                    reads[u] = True
+                    break
                 if waiting:
                     expanded.add(u)
                     continue
