@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from zeptograd.buffers import _device_uops
 from zeptograd.dtype import DType, dtypes, truncate
 from zeptograd.helpers import prod
 from zeptograd.schedule.copy import tensor_device
@@ -19,7 +20,9 @@ _UNIFORM_MOVES = {Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  #
 def const_broadcast(value, dtype: DType, device: str, shape: tuple[int, ...]) -> UOp:
     """A constant broadcast to `shape`: CONST -> RESHAPE to all ones -> EXPAND. It owns no buffer."""
     arg = value if isinstance(value, UOp) else truncate(dtype, value)  # a UOp: a symbolic int (a Variable)
-    c = UOp(_CONST, dtype, (UOp(_DEVICE, arg=device),), arg)
+    if (src := _device_uops.get(device)) is None:  # (the DEVICE node, held per device as buffers.py's BUFFERs' is)
+        src = _device_uops[device] = (UOp(_DEVICE, arg=device),)
+    c = UOp(_CONST, dtype, src, arg)
     if not shape:
         return c
     c = UOp(_RESHAPE, dtype, (c,), (1,) * len(shape))
