@@ -85,6 +85,11 @@ class ElementwiseMixin:
             a = self.cast(dt)
             other = a._new(const_broadcast(x, dt, self.device, a.uop.shape))  # (int sizes)
             return (other, a) if reverse else (a, other)
+        if type(x) is type(self) and self.uop.dtype is x.uop.dtype and not variable.in_use:
+            # (one dtype, int sizes: result_dtype's answer is that dtype, the casts are no-ops)
+            a, b = (x, self) if reverse else (self, x)
+            shape = broadcast_shape(a.uop.shape, b.uop.shape)
+            return a._expand_to(shape), b._expand_to(shape)
         if isinstance(x, type(self)):
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
