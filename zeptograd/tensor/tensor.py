@@ -68,7 +68,7 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
 _gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of each forward node they read)
 
 
-_PERMUTE = Ops.PERMUTE  # (a global read: on 3.11 Ops.X goes through the enum metaclass's getattr hook)
+_PERMUTE, _DETACH = Ops.PERMUTE, Ops.DETACH  # (global reads: on 3.11 Ops.X goes through the enum metaclass's hook)
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -307,6 +307,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self.numpy().data  # the array's own memoryview
 
     def detach(self) -> Tensor:
+        if type(self.device) is str:  # (Tensor(uop, device, requires_grad=False) without __init__'s other steps)
+            t = _tensor_of(UOp(_DETACH, self.uop.dtype, (self.uop,)), self.device)
+            t.requires_grad = False
+            return t
         return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), device=self.device, requires_grad=False)
 
     def contiguous(self, **kwargs) -> Tensor:
