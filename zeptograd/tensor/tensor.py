@@ -25,6 +25,7 @@ from zeptograd.tensor.indexing import IndexMixin
 from zeptograd.tensor.live import (
     _grad_data,
     _grad_leaves,
+    _grad_leaves_data,
     _grad_remove,
     _grad_targets,
     _grad_uops,
@@ -461,7 +462,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
-        candidates = [t for t in list(_grad_leaves.values()) if t.requires_grad]
+        # (_grad_leaves.values(), from its own dict: a copy in C, not the WeakValueDictionary's Python generator)
+        candidates = [t for r in list(_grad_leaves_data.values()) if (t := r()) is not None and t.requires_grad]
         found = _grad_targets(nodes, candidates)
         reached = {id(t) for t in found.values()}
         leaves = [t for t in candidates if id(t) in reached]

@@ -292,6 +292,8 @@ class UOpMeta(type):
             ret.shape = None
         elif op in _SHAPE_OF_LAST_SOURCE:
             ret.shape = src[-1].shape if op is not _WHERE else src[1].shape
+        elif op is _RESHAPE or op is _EXPAND:  # (_infer_shape's next case, inline)
+            ret.shape = tuple(arg)
         else:
             ret.shape = _infer_shape(ret)
         ret._vrange = ret._cache_key = ret._mems = None
