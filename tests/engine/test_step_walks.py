@@ -213,3 +213,72 @@ def test_the_collector_does_not_run_inside_the_realize_of_a_step():
         assert started == []
         for p in ws:
             p.grad = None
+
+
+def test_an_sgd_step_reads_few_enum_members_by_name(monkeypatch):
+    """On Python 3.11 every `Ops.X` read goes through the enum metaclass's getattr hook (a few hundred instructions
+    each): the paths every node of a step goes through (a new node's shape, buffer_under, const_broadcast, the
+    engine's walks, the gradient's movements) compare with members held in module globals."""
+    x, y, ws = _mlp()
+    reads = [0]
+
+    def counting(cls, name):
+        if cls is Ops:
+            reads[0] += 1
+        return type.__getattribute__(cls, name)
+
+    def step():
+        loss = _loss(x, y, ws)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        for p, n in zip(ws, new):
+            p.assign(n)
+            p.grad = None
+        Tensor.realize(loss, *ws)
+
+    step()  # (scheduled and compiled: the next step's schedule comes from the cache)
+    monkeypatch.setattr(type(Ops), "__getattribute__", counting)
+    step()
+    monkeypatch.undo()
+    assert reads[0] <= 200, reads[0]  # (889 when each compared with Ops.X)
+
+
+def test_the_assigns_walk_no_node_while_nothing_realized_is_alive(monkeypatch):
+    """An SGD step's graph holds no realized node when none is alive at all (the last step's died with it): assign's
+    look for realized nodes in the update's value returns at once instead of walking the step's graph."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    monkeypatch.setattr(engine, "_realized_data", {})  # (nothing realized alive)
+    values = [(p.detach() - 0.1 * p.grad).uop for p in ws]
+    for v in values:
+        assert engine.with_realized_values([v]) == [v]
+    walked = [u for v in values for u in v.toposort() if u._clean != -1]
+    assert walked == [], len(walked)
+
+
+def test_a_schedule_cache_hit_makes_its_values_without_reshape_checks(monkeypatch):
+    """A template's values (per tensor realized, a reshape of its buffer) are made from an index of them built at the
+    first hit: a later hit of a schedule that writes (no plan of the fast key: the template is instantiated) builds
+    each RESHAPE node directly, not through reshape_uop's checks."""
+    from zeptograd.engine import schedule_cache
+
+    a = Tensor(np.ones((4, 3), dtype=np.float32)).realize()
+    t = Tensor(np.zeros((4, 3), dtype=np.float32)).realize()
+
+    def step():
+        s = a + 1
+        t.assign(a * 2)
+        Tensor.realize(s, t)
+        return s
+
+    for _ in range(2):  # (scheduled, then a first hit)
+        step()
+
+    def refused(*args):
+        raise AssertionError("reshape_uop on a cache hit")
+
+    monkeypatch.setattr(schedule_cache, "reshape_uop", refused)
+    s = step()
+    np.testing.assert_allclose(s.numpy(), np.full((4, 3), 2.0))
+    np.testing.assert_allclose(t.numpy(), np.full((4, 3), 2.0))
