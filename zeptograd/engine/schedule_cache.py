@@ -135,12 +135,15 @@ def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
                     if isinstance(arg, float):
                         arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
                 if look_for_symbols and not symbolic:
-                    symbolic = op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
+                    symbolic = op in _VARIABLE_OPS or variable._arg_has_uop(u)
                 position[u] = len(nodes)
                 nodes.append(u)
                 key.append((op, u.dtype, arg, src))
     key.append((Ops.SINK, tuple([position[u] for u in outs])))
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
+
+
+_VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
 
 
 def _realized_to_other(u: UOp, realized: Any, fast_realized: dict | None) -> bool:
