@@ -12,15 +12,16 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zeptograd import gradient as _gradient
-from zeptograd.buffers import buffer_under, new_buffer_uop, reshape_uop, view_base
+from zeptograd.buffers import buffer_under, view_base
 from zeptograd.device import Device
 from zeptograd.dtype import DType, DTypeLike, dtypes, from_numpy_dtype, to_dtype, to_numpy_dtype
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
 from zeptograd.schedule.fold import const_broadcast
 from zeptograd.tensor import multi
 from zeptograd.tensor.assign_helpers import _buffer_uop, _reads_target_elsewhere, _substitute_walked, _wide_int
+from zeptograd.tensor.creation import CreationMixin
 from zeptograd.tensor.elementwise import ElementwiseMixin
-from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, iota_uop, normalize_axis, prod
+from zeptograd.tensor.helpers import PY_CONST, ConstType, argfix, normalize_axis, prod
 from zeptograd.tensor.indexing import IndexMixin
 from zeptograd.tensor.live import (
     _grad_data,
@@ -72,7 +73,7 @@ _gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of ea
 _PERMUTE, _DETACH = Ops.PERMUTE, Ops.DETACH  # (global reads: on 3.11 Ops.X goes through the enum metaclass's hook)
 
 
-class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
+class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin, CreationMixin):
     """A lazy n-dimensional array. Ops build a graph; `realize()`, `numpy()`, `item()`, `tolist()` run it."""
 
     __slots__ = ("uop", "device", "requires_grad", "grad", "__weakref__")
@@ -488,138 +489,6 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         if gradient.shape != self.shape:
             raise ArgumentError(f"the gradient's shape {gradient.shape} must equal the tensor's shape {self.shape}")
         return gradient.cast(self.dtype)
-
-    # ***** creation *****
-    @staticmethod
-    def _shape_arg(shape: tuple, symbolic: bool = False) -> tuple:
-        """A creation shape; with symbolic=True its sizes may be bound Variables (uop/variable.py)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        if any(isinstance(s, UOp) for s in shape):
-            if not symbolic:
-                raise ArgumentError(
-                    f"this creation function needs int sizes, got the symbolic shape {shape}: make it at "
-                    f"the largest size and shrink it to the Variable"
-                )
-            return _symbolic_shape(shape, "shape")
-        for s in shape:
-            if not isinstance(s, (int, np.integer)) or s < 0:
-                raise ArgumentError(f"a shape is made of non-negative ints, got {shape}")
-        return tuple(int(s) for s in shape)
-
-    @staticmethod
-    def full(
-        shape: tuple[int, ...] | int,
-        fill_value: ConstType,
-        dtype: DTypeLike | None = None,
-        device: str | None = None,
-        requires_grad: bool | None = None,
-        **kwargs,
-    ) -> Tensor:
-        shape = Tensor._shape_arg(shape if isinstance(shape, (tuple, list)) else (shape,), symbolic=True)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py(fill_value)
-        device = Device.canonicalize(device)
-        ret = Tensor(const_broadcast(fill_value, dt, device, shape), device=device)
-        return ret.requires_grad_(True) if requires_grad else ret
-
-    @staticmethod
-    def zeros(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape, True), 0, dtype=dtype or dtypes.default_float, **kwargs)
-
-    @staticmethod
-    def ones(*shape, dtype: DTypeLike | None = None, **kwargs) -> Tensor:
-        return Tensor.full(Tensor._shape_arg(shape, True), 1, dtype=dtype or dtypes.default_float, **kwargs)
-
-    @staticmethod
-    def empty(
-        *shape, dtype: DTypeLike | None = None, device: str | None = None, requires_grad: bool | None = None
-    ) -> Tensor:
-        shape = Tensor._shape_arg(shape, symbolic=True)  # a symbolic shape: a buffer of its largest size
-        dt = to_dtype(dtype or dtypes.default_float)
-        if isinstance(device, (tuple, list)):  # a buffer on each device
-            devices = multi.canonical_devices(device)
-            parts = [Tensor.empty(*shape, dtype=dt, device=d).uop for d in devices]
-            ret = Tensor(multi.multi(parts, None), device=devices)
-            return ret.requires_grad_(True) if requires_grad else ret
-        device = Device.canonicalize(device)
-        n = prod(shape)
-        ret = Tensor(reshape_uop(new_buffer_uop(device, n.vmax if isinstance(n, UOp) else n, dt), shape), device=device)
-        return ret.requires_grad_(True) if requires_grad else ret
-
-    def full_like(
-        self, fill_value: ConstType, dtype: DTypeLike | None = None, device: str | None = None, **kwargs
-    ) -> Tensor:
-        return Tensor.full(self.shape, fill_value, dtype=dtype or self.dtype, device=device or self.device, **kwargs)
-
-    def zeros_like(self, **kwargs) -> Tensor:
-        return self.full_like(0, **kwargs)
-
-    def ones_like(self, **kwargs) -> Tensor:
-        return self.full_like(1, **kwargs)
-
-    def empty_like(self, dtype: DTypeLike | None = None, device: str | None = None, **kwargs) -> Tensor:
-        return Tensor.empty(self.shape, dtype=dtype or self.dtype, device=device or self.device, **kwargs)
-
-    def const_like(self, b: ConstType, dtype: DType | None = None) -> Tensor:
-        return Tensor.full(self.shape, b, dtype=dtype or self.dtype, device=self.device)
-
-    @staticmethod
-    def _iota(n: int, device: str | tuple[str, ...] | None) -> Tensor:
-        device = multi.canonical_devices(device) if isinstance(device, (tuple, list)) else Device.canonicalize(device)
-        return Tensor(iota_uop(n, device), device=device)
-
-    @staticmethod
-    def arange(
-        start: ConstType,
-        stop: ConstType | None = None,
-        step: ConstType = 1,
-        dtype: DTypeLike | None = None,
-        device: str | None = None,
-        **kwargs,
-    ) -> Tensor:
-        if stop is None:
-            start, stop = 0, start
-        if step == 0:
-            raise ArgumentError("arange: step must not be 0")
-        dt = to_dtype(dtype) if dtype is not None else dtypes.from_py([start, stop, step])
-        n = max(0, math.ceil((stop - start) / step))
-        ret = (Tensor._iota(n, device).cast(dt) * step + start).cast(dt)
-        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
-
-    @staticmethod
-    def linspace(
-        start: ConstType,
-        stop: ConstType,
-        steps: int,
-        dtype: DTypeLike | None = None,
-        device: str | None = None,
-        **kwargs,
-    ) -> Tensor:
-        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool):
-            raise ArgumentTypeError(f"linspace: steps must be an int, got {type(steps).__name__} {steps!r}")
-        if steps < 0:
-            raise ArgumentError(f"linspace: steps must be non-negative, got {steps}")
-        dt = to_dtype(dtype or dtypes.default_float)
-        if dt == dtypes.bool:
-            raise ArgumentError("linspace is not implemented for dtype bool (as torch): use an int or float dtype")
-        if steps == 1:
-            return Tensor.full((1,), start, dtype=dt, device=device, **kwargs)
-        step = (stop - start) / max(steps - 1, 1)
-        i = Tensor._iota(steps, device).cast(dtypes.float32 if dt != dtypes.float64 else dt)
-        half = steps // 2  # as torch: the first half counts up from start, the second half down from stop
-        ret = (i < half).where(i * step + start, stop - (steps - 1 - i) * step).cast(dt)
-        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
-
-    @staticmethod
-    def eye(
-        n: int, m: int | None = None, dtype: DTypeLike | None = None, device: str | None = None, **kwargs
-    ) -> Tensor:
-        m = n if m is None else m
-        if n < 0 or m < 0:
-            raise ArgumentError(f"eye needs non-negative sizes, got {n}, {m}")
-        ret = Tensor._iota(n, device).reshape(n, 1) == Tensor._iota(m, device).reshape(1, m)
-        ret = ret.cast(to_dtype(dtype or dtypes.default_float))
-        return ret.requires_grad_(True) if kwargs.get("requires_grad") else ret
 
     # ***** movement primitives (one UOp each; composites are in movement.py) *****
     def reshape(self, shape, *args) -> Tensor:
