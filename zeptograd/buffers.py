@@ -19,6 +19,7 @@ _buffers_data = buffers.data  # type: ignore[attr-defined]  # its own dict of we
 # Python frame (buffers is only iterated over a copy of its dict, engine/jit.py, so its iteration guard is moot)
 _buffers_remove = _buffers_data.pop
 _BUFFER = Ops.BUFFER  # (a global read: Ops.X goes through the enum metaclass's getattr hook on 3.11)
+_NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # (buffer_under's)
 _device_uops: dict[str, tuple[UOp]] = {}  # device -> (its DEVICE uop,): the source of each BUFFER made on it
 
 
@@ -48,9 +49,9 @@ def reshape_uop(u: UOp, shape: tuple) -> UOp:
 def buffer_under(u: UOp) -> UOp | None:
     """The BUFFER under a chain of view ops that name each element once (an ASSIGN's target, a realized value),
     None if u is not such a view of a buffer."""
-    while u.op in (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP):
+    while u.op in _NAMING_VIEW_OPS:
         u = u.src[0]
-    return u if u.op is Ops.BUFFER else None
+    return u if u.op is _BUFFER else None
 
 
 def view_base(u: UOp) -> UOp | None:

@@ -33,6 +33,11 @@ def _t(u: UOp, like: Tensor) -> Tensor:
 _tensor_of: list = [None]  # tensor/tensor.py's _tensor_of, set when it is imported (it imports this module)
 
 
+_OWN_SUM_DTYPES = frozenset(d for d in dtypes.all if sum_acc_dtype(d) is d)  # (the dtypes a sum accumulates in)
+# (globals: on 3.11 an Ops.X read goes through the enum metaclass's getattr hook, uop/ops.py)
+_RESHAPE, _EXPAND, _PERMUTE, _REDUCE_AXIS, _ADD = Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.REDUCE_AXIS, Ops.ADD
+
+
 # The movements and the sum the rules apply to a gradient take their shapes and axes from a forward node, valid by
 # construction: where the gradient is on one device and no shape is symbolic, each builds the very node the Tensor
 # method would (t.reshape(shape), ...) without that method's argument checks; otherwise it is that method.
@@ -45,28 +50,37 @@ def _reshape(t: Tensor, shape: tuple) -> Tensor:
     """t.reshape(shape), shape a forward node's (t's element count)."""
     if type(t.device) is not str or (variable.in_use and _symbolic(shape, t.shape)):
         return t.reshape(shape)
-    return t if shape == t.shape else t._new(UOp(Ops.RESHAPE, t.dtype, (t.uop,), shape))
+    return t if shape == t.shape else t._new(UOp(_RESHAPE, t.dtype, (t.uop,), shape))
 
 
 def _expand(t: Tensor, shape: tuple) -> Tensor:
     """t.expand(shape), shape a forward node's of t's dimensions (t's sizes, or 1 grown)."""
     if type(t.device) is not str or len(shape) != len(t.shape) or (variable.in_use and _symbolic(shape, t.shape)):
         return t.expand(shape)
-    return t if shape == t.shape else t._new(UOp(Ops.EXPAND, t.dtype, (t.uop,), shape))
+    return t if shape == t.shape else t._new(UOp(_EXPAND, t.dtype, (t.uop,), shape))
 
 
 def _sum_keepdim(t: Tensor, axes: tuple[int, ...]) -> Tensor:
     """t.sum(axes, keepdim=True), axes sorted, distinct and in range (a forward node's)."""
-    if type(t.device) is not str or sum_acc_dtype(t.dtype) is not t.dtype:
+    if type(t.device) is not str or t.uop.dtype not in _OWN_SUM_DTYPES:
         return t.sum(axes, keepdim=True)
-    return t if not axes or not t.shape else t._new(UOp(Ops.REDUCE_AXIS, t.dtype, (t.uop,), (Ops.ADD, axes)))
+    return t if not axes or not t.shape else t._new(UOp(_REDUCE_AXIS, t.dtype, (t.uop,), (_ADD, axes)))
+
+
+def _expanded_axes(ret: UOp) -> tuple[int, ...]:
+    """The axes an EXPAND grows (its source's sizes that differ from its own)."""
+    axes = []
+    for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)):  # type: ignore[arg-type]
+        if a != b:
+            axes.append(i)
+    return tuple(axes)
 
 
 def _permute(t: Tensor, order: tuple[int, ...]) -> Tensor:
     """t.permute(order), order a permutation of t's dimensions (a forward node's, inverted)."""
     if type(t.device) is not str:
         return t.permute(order)
-    return t if order == tuple(range(len(order))) else t._new(UOp(Ops.PERMUTE, t.dtype, (t.uop,), order))
+    return t if order == tuple(range(len(order))) else t._new(UOp(_PERMUTE, t.dtype, (t.uop,), order))
 
 
 # Composite ops whose gradient is not the one their primitives give (pow: torch's values at 0, inf, nan and negative
@@ -141,12 +155,7 @@ pm_gradient = PatternMatcher(
         (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_grad),
         (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (_reshape(ctx, ret.src[0].shape),)),
         (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (_permute(ctx, tuple(argsort(list(ret.arg)))),)),
-        (
-            UPat(Ops.EXPAND, name="ret"),
-            lambda ctx, ret: (
-                _sum_keepdim(ctx, tuple(i for i, (a, b) in enumerate(zip(ret.src[0].shape, ret.shape)) if a != b)),
-            ),
-        ),
+        (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (_sum_keepdim(ctx, _expanded_axes(ret)),)),
         (
             UPat(Ops.PAD, name="ret"),
             lambda ctx, ret: (ctx.shrink(tuple((b, b + s) for s, (b, _) in zip(ret.src[0].shape, ret.arg))),),
@@ -166,6 +175,7 @@ pm_gradient = PatternMatcher(
     ]
 )
 
+_FLOAT_DTYPES = frozenset(dtypes.floats)  # (dtypes.is_float's, read inline per node)
 _NO_GRAD = {
     Ops.CMPLT,
     Ops.CMPNE,
@@ -206,9 +216,10 @@ def compute_gradient(
                 on_path.add(u)
                 break
     grads: dict[UOp, Tensor] = {root: root_grad}
+    floats = _FLOAT_DTYPES
     for u in reversed(topo):
         g = grads.get(u)
-        if g is None or u.op in _NO_GRAD or not dtypes.is_float(u.dtype) or u in stops:
+        if g is None or u.op in _NO_GRAD or u.dtype.scalar not in floats or u in stops:  # (dtypes.is_float, inline)
             continue
         if _custom_data and (custom := _custom_data.get(weakref.ref(u))) is not None:  # (_custom_rules.get(u))
             srcs, rule = custom
@@ -220,9 +231,9 @@ def compute_gradient(
         if src_grads is None:
             raise NotImplementedError(f"no gradient rule for {u.op}")
         for s, sg in zip(srcs, src_grads):
-            if sg is None or s not in on_path or not dtypes.is_float(s.dtype):
+            if sg is None or s not in on_path or s.dtype.scalar not in floats:
                 continue
-            if sg.shape != s.shape:
+            if sg.uop.shape != s.shape:
                 raise RuntimeError(f"gradient of {u.op} has shape {sg.shape}, its source {s.shape}")
-            grads[s] = sg if s not in grads else grads[s] + sg
+            grads[s] = sg if (known := grads.get(s)) is None else known + sg
     return {t: grads[t] for t in targets if t in grads}

@@ -45,6 +45,18 @@ def test_linear_gets_a_tile_of_vector_dot_products():
     assert len(re.findall(r"memcpy\(&val\d+, \(data", loop)) == 10  # 8 row + 2 column vector loads feed 16 FMAs
 
 
+def test_a_linear_over_few_rows_tiles_them_evenly():
+    """x @ W.T over 10 rows of x (a small batch): 5 rows x 2 columns of dot products (10 accumulators hide the FMA
+    latency), not the 2 rows that divide 10 with 8, 6, 4, 2 (4 accumulators, each FMA waiting on the last)."""
+    (x, xn), (w, wn) = data(10, 512), data(384, 512)
+    (item,) = (x @ w.T).schedule()
+    _, opts = hand_coded_optimizations(item.ast, 64, threads=1)
+    assert [o.arg for o in opts if o.op in (OptOps.UNROLL, OptOps.UPCAST)] == [16, 2, 5]
+    uops, _ = full_rewrite(item.ast, CStyleRenderer(), opts)
+    assert CStyleRenderer().render(kernel_name(item.ast), uops).src.count("zg_floatx16 acc") == 10
+    np.testing.assert_allclose((x @ w.T).numpy(), xn @ wn.T, rtol=1e-4, atol=1e-4)
+
+
 def test_attention_times_values_vectorizes_the_output_axis():
     """att @ v: the reduce (keys) is contiguous in att, the output (head dim) in v and in the store; every load inside
     the reduce runs equally often, so v's and the store's axis wins and att rows are the tile's rows."""
@@ -173,7 +185,8 @@ def test_strided_conv_gets_a_register_tile_over_gathered_input():
 def test_column_sum_reads_rows_in_long_runs():
     """x.sum(0): the vector is along the output (columns) and the reduce walks rows 4 KB apart; with one 16-lane
     vector per row the kernel was latency-bound (4096x1024: 1.16 ms). It now takes 8 vectors (128 columns) of
-    each row, into 8 independent accumulators (0.25-0.57 ms); 1003 columns: 8 vectors and a tail."""
+    each row, into 8 independent accumulators (0.25-0.57 ms); 1003 columns: 8 vectors and a tail, its 11 columns left
+    one masked vector."""
     from zeptograd import Context
     from zeptograd.codegen.simplify import simplify_ranges
 
@@ -182,7 +195,8 @@ def test_column_sum_reads_rows_in_long_runs():
         with Context(SPLIT_REDUCEOP=0):
             (item,) = x.sum(0).schedule()
         _, opts = hand_coded_optimizations(simplify_ranges(item.ast), 64, threads=1)
-        assert [(o.op, o.arg) for o in opts[:2]] == [(OptOps.UPCAST, 16), (OptOps.UPCAST, 8)]
+        first = OptOps.UPCAST if cols % 16 == 0 else OptOps.MASKED_UPCAST
+        assert [(o.op, o.arg) for o in opts[:2]] == [(first, 16), (OptOps.UPCAST, 8)]
         for dev in ("CPU", "CPU:C"):
             np.testing.assert_allclose(x.to(dev).sum(0).numpy(), xn.sum(0), rtol=1e-4, atol=1e-4)
 

@@ -22,6 +22,7 @@ from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.opt.tiles import column_tail_tile
 from zeptograd.helpers import prod
 from zeptograd.renderer.llvmir import LLVMRenderer
+from zeptograd.tensor import matmul_layout
 from zeptograd.uop.ops import AxisType, Ops
 
 rng = np.random.default_rng(0)
@@ -210,17 +211,23 @@ def test_odd_vector_matmuls_match_numpy(device, noopt, shape):
 
 
 @pytest.mark.parametrize(
-    "shape,panels",
+    "lanes,shape,panels",
     [
-        ((512, 512, 512), True),
-        ((512, 384, 512), True),
-        ((256, 784, 512), True),  # mlp_step's forward
-        ((64, 512, 512), True),
-        ((32, 784, 512), False),  # too few rows to share the copy
-        ((512, 256, 512), False),  # 256 rows of B (2 lines each) fit the L2's 64 sets x 8 ways
+        (8, (512, 512, 512), True),
+        (8, (512, 384, 512), True),
+        (8, (256, 784, 512), True),  # mlp_step's forward
+        (8, (64, 512, 512), True),
+        (8, (32, 784, 512), False),  # too few rows to share the copy
+        (8, (512, 256, 512), False),  # 256 rows of B (2 lines each) fit the L2's 64 sets x 8 ways
+        # AVX-512 hosts (1 MiB of L2 or more per core): in place up to a depth of 1024
+        (16, (256, 784, 512), False),  # mlp_step's forward
+        (16, (512, 512, 512), False),
+        (16, (512, 1024, 512), True),
+        (16, (32, 1024, 512), False),
     ],
 )
-def test_a_2kib_row_stride_with_many_rows_and_depth_reads_column_panels(shape, panels):
+def test_a_2kib_row_stride_with_many_rows_and_depth_reads_column_panels(lanes, shape, panels, monkeypatch):
+    monkeypatch.setattr(matmul_layout, "_vector_lanes", lambda device, itemsize: lanes * 4 // itemsize)
     m, k, n = shape
     a, b = Tensor(rng.standard_normal((m, k), dtype=np.float32)), Tensor(rng.standard_normal((k, n), dtype=np.float32))
     assert len(kernels(a @ b)) == (2 if panels else 1)  # B's copy in panels of 32 columns, then the matmul

@@ -36,9 +36,12 @@ def test_the_tile_fits_the_registers():
     assert tile_shape(32, 128, 1024) == (4, (3,), False)
     assert tile_shape(32, 128, 28) == (2, (6, 4, 2), True)
     assert tile_shape(32, 7, 1024) == (1, (8, 6, 4, 2), True)
+    assert tile_shape(32, 64, 10) == (2, (5,), False)  # 2 rows that divide: 4 accumulators, too few; 2 tiles of 5
     # AVX-512 (64-byte vectors, 32 registers): 2 vectors x up to 8 rows (16 accumulators)
     assert tile_shape(64, 64, 1024) == (2, (8, 6, 4, 2), False)  # 8 rows, their tail a tile of its own
-    assert tile_shape(64, 64, 28) == (2, (8, 6, 4, 2), True)  # few rows: a row count that divides them
+    # few rows: the fewest tiles of at most 8, as even as they go (4 of 7, not 7 of 4: too few accumulators)
+    assert tile_shape(64, 64, 28) == (2, (7,), False)
+    assert tile_shape(64, 32, 10) == (2, (5,), False)
 
 
 @pytest.mark.parametrize("simd_bytes,lanes,cols,rows", [(32, 8, 4, 3), (64, 16, 2, 8)])
@@ -171,3 +174,22 @@ def test_window_tile_values_match_torch():
         xn, wn = rng.standard_normal(xs, dtype=np.float32), rng.standard_normal(ws, dtype=np.float32)
         want = torch.nn.functional.conv2d(torch.from_numpy(xn), torch.from_numpy(wn), padding=1).numpy()
         np.testing.assert_allclose(Tensor(xn).conv2d(Tensor(wn), padding=1).numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("simd_bytes,lanes", [(64, 16), (32, 8)])
+def test_few_rows_tile_as_evenly_as_the_fewest_tiles_go(simd_bytes, lanes):
+    """h.T @ g of a 10-class output layer's gradient, (512, 256) x (256, 10): the 10 classes are the tile's rows (g's
+    broadcast values), h's columns its vectors. 5 rows x 2 vectors (10 accumulators, enough to hide the FMA
+    latency), not the 2 rows that divide 10 with 8 of 8, 6, 4, 2 (4 accumulators, each FMA waits on the last)."""
+    h = Tensor(rng.standard_normal((256, 512), dtype=np.float32))
+    g = Tensor(rng.standard_normal((256, 10), dtype=np.float32))
+    items = [it for it in (h.T @ g).schedule() if it.ast.op is Ops.SINK]
+    (matmul,) = [it.ast for it in items if any(u.op is Ops.REDUCE for u in it.ast.toposort())]
+    ast = ranges_simplified(matmul)
+    _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
+    assert [o.arg for o in opts if o.op is OptOps.UPCAST] == [lanes, 2, 5]
+    renderer = LLVMRenderer(simd_bytes=simd_bytes)
+    uops, _ = full_rewrite(ast, renderer)
+    src = renderer.render(kernel_name(ast), uops).src
+    assert len(set(re.findall(r"%(acc\d+) = alloca", src))) >= 10
+    np.testing.assert_allclose((h.T @ g).numpy(), h.numpy().T @ g.numpy(), rtol=1e-4, atol=1e-4)

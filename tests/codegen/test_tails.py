@@ -182,6 +182,21 @@ def test_row_reduce_code_before_and_after():
     assert "+992);" in tail and "__builtin_memcpy(&val0, (data1+alu1), 32);" in tail
 
 
+@pytest.mark.parametrize("simd_bytes, n_cols", [(64, 128), (32, 64)])
+def test_column_mean_of_a_slice_reads_the_rows_in_two_nests(simd_bytes, n_cols):
+    """x.mean(0)[:, 1:-1]: the slice's columns are 7 vectors and a tail of no power of two (126 = 7 x 16 + 14 with
+    AVX-512, 62 = 7 x 8 + 6 with AVX2). All 7 vectors accumulate in one pass over the rows (before: 4, and a tail nest
+    of 3 reading every row again), the columns left one masked vector (before: that many scalar copies, each a chain
+    of scalar loads over the rows): two loop nests, not three."""
+    xn = rng.standard_normal((256, n_cols)).astype(np.float32)
+    ast = kernel(Tensor(xn).mean(0, keepdim=True)[:, 1:-1])
+    sink, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
+    assert opts == [Opt(OptOps.MASKED_UPCAST, 0, simd_bytes // 4), Opt(OptOps.UPCAST, 0, 7)]
+    assert len(sink.src) == 2
+    got = Tensor(xn).mean(0, keepdim=True)[:, 1:-1].numpy()
+    np.testing.assert_allclose(got, xn.mean(0, keepdims=True)[:, 1:-1], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("shape", fast_first([(4096, 1000), (512, 1000), (4096, 4096)]))
 def test_softmax_reduces_vectorize_the_row(shape):
     # each kernel: its reduces (max, then sum of exp(x - max[row])) get 16-lane accumulators along the row and a tail,

@@ -145,3 +145,48 @@ def test_a_call_with_more_pointers_than_the_runner_takes_is_refused():
     call_table.CallTable(lambda table: None, [(0, [0] * call_table.MAX_ARGS)])
     with pytest.raises(ValueError, match=f"at most {call_table.MAX_ARGS} pointers"):
         call_table.CallTable(lambda table: None, [(0, [0] * (call_table.MAX_ARGS + 1))])
+
+
+@pytest.mark.skipif(not call_table.usable, reason="the runner reads 64-bit words")
+def test_a_training_step_with_a_label_check_replays_through_tables():
+    """A training step (weights updated in place: no written replay) whose loss checks its labels on every replay
+    (tensor/indexing.py) runs its kernels through call tables too, a table ending at the kernel the check follows:
+    the check still raises before the update's kernels run."""
+    from zeptograd.nn.optim import SGD
+
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((4, 5)).astype(np.float32)
+    w = Tensor(w0.copy(), requires_grad=True)
+    opt = SGD([w], lr=0.1)
+    x = Tensor(rng.standard_normal((6, 4)).astype(np.float32)).realize()
+
+    @TinyJit
+    def step(x: Tensor, y: Tensor) -> Tensor:
+        with Tensor.train():
+            opt.zero_grad()
+            loss = (x @ w).sparse_categorical_crossentropy(y)
+            loss.backward()
+            opt.step(loss)
+        return loss
+
+    ys = [[0, 1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 1], [4, 4, 4, 0, 0, 0], [2, 2, 3, 3, 1, 1]]
+    for y in ys:
+        step(x, Tensor(y))
+    cap = step.captured
+    assert cap is not None and cap.checks and cap.fast_replay is None
+    tables = [table for table, _ in cap.steps if table is not None]
+    assert tables and sum(len(t.at) for t in tables) == sum(t is not None for t in cap.table_of)
+    assert all(ci in cap.step_ends for ci in cap.checks if ci >= 0)  # a check runs between two steps
+    before = w.numpy().copy()
+    with pytest.raises(IndexError, match="Target 5 is out of bounds"):
+        step(x, Tensor([0, 1, 5, 3, 4, 0]))
+    np.testing.assert_array_equal(w.numpy(), before)
+    import torch
+
+    tw = torch.tensor(w0, requires_grad=True)
+    for y in ys:
+        tw.grad = None
+        torch.nn.functional.cross_entropy(torch.tensor(x.numpy()) @ tw, torch.tensor(y)).backward()
+        with torch.no_grad():
+            tw -= 0.1 * tw.grad
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-5, atol=1e-5)

@@ -347,10 +347,11 @@ def test_a_plan_notes_an_output_node_only_if_something_else_holds_it(count, monk
 
 
 def test_a_matmul_read_from_a_copy_of_its_operand_runs_from_a_plan(count, monkeypatch):
-    """x @ w that reads w from a copy in column panels (tensor/matmul_layout.py; 512^3) or transposed (10 columns): two
-    kernels, the copy not noted as realized (computed again it gives the same bits), so a repeat of the call runs
-    from the schedule cache's plan, with no walk of the graph (before, the copy's note made every call walk)."""
-    for shape_a, shape_b in (((512, 512), (512, 512)), ((64, 128), (128, 10))):
+    """x @ w that reads w from a copy in column panels (tensor/matmul_layout.py; w's rows a page apart) or transposed
+    (10 columns): two kernels, the copy not noted as realized (computed again it gives the same bits), so a repeat of
+    the call runs from the schedule cache's plan, with no walk of the graph (before, the copy's note made every call
+    walk)."""
+    for shape_a, shape_b in (((256, 512), (512, 1024)), ((64, 128), (128, 10))):
         a, b = realized(rnd(*shape_a, seed=5)), realized(rnd(*shape_b, seed=6))
         assert len((a @ b).schedule()) == 2
         count.realize(a @ b)  # the template and its plan

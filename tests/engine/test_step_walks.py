@@ -11,6 +11,7 @@ from zeptograd import Tensor
 from zeptograd.engine import realize as engine
 from zeptograd.tensor import assign_helpers
 from zeptograd.tensor.live import _grad_uops
+from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp
 
 
@@ -123,7 +124,9 @@ def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatc
 def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
     """The realize of an SGD step finds the live tensors that read the old weights (the gradients) in one walk over
     their new nodes: the memories each node reads are noted in the same walk that decides whether it reads the old
-    contents, not in a pass of their own before it (each node visited once, not twice)."""
+    contents, not in a pass of their own before it (each node visited once, not twice); and the walk ends at the
+    first read of a weight it meets (every node it was looked into on the way reads it too), not finishing the rest
+    of each gradient's graph."""
     x, y, ws = _mlp()
     loss = _loss(x, y, ws)
     loss.backward()
@@ -134,7 +137,7 @@ def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
     under_readers = UOp(Ops.SINK, src=tuple(t.uop for t in [*grads, *new, loss])).toposort()
     Tensor.realize(loss, *ws)
     visits = engine.live_reader_visits[0]
-    assert 10 < visits <= len(under_readers), (visits, len(under_readers))
+    assert 0 < visits <= len(under_readers) // 4, (visits, len(under_readers))
 
 
 def test_a_live_graph_that_reads_no_written_memory_is_walked_once():
@@ -211,3 +214,75 @@ def test_the_collector_does_not_run_inside_the_realize_of_a_step():
         assert started == []
         for p in ws:
             p.grad = None
+
+
+def test_an_sgd_step_reads_few_enum_members_by_name(monkeypatch):
+    """On Python 3.11 every `Ops.X` read goes through the enum metaclass's getattr hook (a few hundred instructions
+    each): the paths every node of a step goes through (a new node's shape, buffer_under, const_broadcast, the
+    engine's walks, the gradient's movements) compare with members held in module globals."""
+    x, y, ws = _mlp()
+    reads = [0]
+
+    def counting(cls, name):
+        if cls is Ops:
+            reads[0] += 1
+        return type.__getattribute__(cls, name)
+
+    def step():
+        loss = _loss(x, y, ws)
+        loss.backward()
+        new = [p.detach() - 0.1 * p.grad for p in ws]
+        for p, n in zip(ws, new):
+            p.assign(n)
+            p.grad = None
+        Tensor.realize(loss, *ws)
+
+    step()  # (scheduled and compiled: the next steps' schedule comes from the cache)
+    step()  # (the template's first hit indexes it)
+    monkeypatch.setattr(variable, "in_use", False)  # (as in a process that bound no Variable: none is in this graph)
+    monkeypatch.setattr(type(Ops), "__getattribute__", counting)
+    step()
+    monkeypatch.undo()
+    assert reads[0] <= 200, reads[0]  # (73; 889 when each compared with Ops.X)
+
+
+def test_the_assigns_walk_no_node_while_nothing_realized_is_alive(monkeypatch):
+    """An SGD step's graph holds no realized node when none is alive at all (the last step's died with it): assign's
+    look for realized nodes in the update's value returns at once instead of walking the step's graph."""
+    x, y, ws = _mlp()
+    loss = _loss(x, y, ws)
+    loss.backward()
+    monkeypatch.setattr(engine, "_realized_data", {})  # (nothing realized alive)
+    values = [(p.detach() - 0.1 * p.grad).uop for p in ws]
+    nodes = {u: u._clean for v in values for u in v.toposort()}  # (a walk marks the nodes it found clean)
+    for v in values:
+        assert engine.with_realized_values([v]) == [v]
+    walked = [u for u, mark in nodes.items() if u._clean != mark]
+    assert walked == [], len(walked)
+
+
+def test_a_schedule_cache_hit_makes_its_values_without_reshape_checks(monkeypatch):
+    """A template's values (per tensor realized, a reshape of its buffer) are made from an index of them built at the
+    first hit: a later hit of a schedule that writes (no plan of the fast key: the template is instantiated) builds
+    each RESHAPE node directly, not through reshape_uop's checks."""
+    from zeptograd.engine import schedule_cache
+
+    a = Tensor(np.ones((4, 3), dtype=np.float32)).realize()
+    t = Tensor(np.zeros((4, 3), dtype=np.float32)).realize()
+
+    def step():
+        s = a + 1
+        t.assign(a * 2)
+        Tensor.realize(s, t)
+        return s
+
+    for _ in range(2):  # (scheduled, then a first hit)
+        step()
+
+    def refused(*args):
+        raise AssertionError("reshape_uop on a cache hit")
+
+    monkeypatch.setattr(schedule_cache, "reshape_uop", refused)
+    s = step()
+    np.testing.assert_allclose(s.numpy(), np.full((4, 3), 2.0))
+    np.testing.assert_allclose(t.numpy(), np.full((4, 3), 2.0))

@@ -244,11 +244,11 @@ def test_threaded_kernel_caller_polls_each_workers_flag_before_it_sleeps(monkeyp
     from zeptograd import Device
     from zeptograd.runtime import call_table
 
-    seen: list[tuple[int, int, int]] = []
+    seen: list[tuple[int, int]] = []
 
     def wait(addr: int, polls: int):
         native(addr, polls)
-        seen.append((addr, polls, ctypes.c_int.from_address(addr).value))
+        seen.append((addr, polls))
 
     native = Device["CPU"].spin_waiter()
     assert native is not None
@@ -256,9 +256,11 @@ def test_threaded_kernel_caller_polls_each_workers_flag_before_it_sleeps(monkeyp
     pool = device._pool
     assert pool is not None
     flags = ctypes.addressof(pool.flags)
-    assert [(a - flags) // ctypes.sizeof(ctypes.c_int) for a, _, _ in seen] == [0, 1]
-    assert all(polls == call_table.SPIN_LIMIT for _, polls, _ in seen)
-    assert all(value == 1 for _, _, value in seen)  # each worker was done by the time the wait returned
+    assert [(a - flags) // ctypes.sizeof(ctypes.c_int) for a, _ in seen] == [0, 1]
+    assert all(polls == call_table.SPIN_LIMIT for _, polls in seen)
+    # the spin may give up on a loaded machine (a worker not yet scheduled); the caller then sleeps on the worker's
+    # lock, so every flag is set once the run returns
+    assert all(ctypes.c_int.from_address(a).value == 1 for a, _ in seen)
 
     # and a kernel split over cores hands the device's spin wait to the pool
     from zeptograd.helpers import Context

@@ -686,7 +686,7 @@ def test_sparse_categorical_crossentropy_batch16():
     np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("shapes", [((256, 784), (784, 512)), ((256, 512), (512, 10))])
+@pytest.mark.parametrize("shapes", [((256, 784), (784, 1024)), ((256, 512), (512, 10))])
 def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, monkeypatch):
     """The copy of w in column panels or transposed has w's gradient as its own (gradient.with_gradient): the
     gradient graph is the one of the product without the copy, not one with its movement ops undone at every

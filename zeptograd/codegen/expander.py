@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
-from zeptograd.uop.symbolic import simplify, split_sum
+from zeptograd.uop.symbolic import build_sum, simplify, split_sum
 from zeptograd.uop.upat import PatternMatcher, UPat
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
@@ -57,6 +57,18 @@ def steps_by(idx: UOp, r: UOp, step: int) -> bool:
     """idx == (something without r) + step*r"""
     terms, _ = split_sum(idx)
     return (r, step) in terms and all(r not in t.toposort() for t, _ in terms if t is not r)
+
+
+def affine_lanes(idx: UOp, r: UOp, lanes: int) -> list[UOp] | None:
+    """# idx(r) == rest + s*r + c, r in no term of rest -> [rest + (c + s*k) for each lane k], each sum in simplify's
+    canonical form (its terms in order, the constant last, none where it is 0): a scatter's lane offsets built
+    directly instead of substituting and simplifying the whole expression once per lane. None where idx is not so."""
+    terms, const = split_sum(idx)
+    step = dict(terms).get(r)
+    if step is None or any(r in t.toposort() for t, _ in terms if t is not r):
+        return None
+    rest = [(t, c) for t, c in terms if t is not r]
+    return [build_sum(rest, const + step * k, idx) for k in range(lanes)]
 
 
 def access_counts(ast: UOp) -> dict[UOp, int]:
@@ -266,10 +278,17 @@ class Expander:
     def lane_indices(self, index: UOp, axes, key, v: UOp) -> list[UOp]:
         # this copy's index simplified once, then each lane's: a lane substitutes one range into a simplified graph
         srcs = [self.substitute(s, axes, key) for s in index.src[1:]]
-        ptr = self.pointer(index)
+        ptr, n = self.pointer(index), range_lanes(v)
+        offsets = affine_lanes(srcs[0], v, n)
+        if offsets is not None:  # the gate (if any) per lane, the offsets made without a walk
+            gates = [[self.substitute(s, (), (), lane, v) for s in srcs[1:]] for lane in range(n)]
+            fast = [UOp(Ops.INDEX, index.dtype, (ptr, offsets[lane], *gates[lane])) for lane in range(n)]
+            # checked: the first and the last lane are the nodes simplify makes (interned: the same objects)
+            if all(fast[k].src[1] is self.substitute(srcs[0], (), (), k, v) for k in (0, n - 1)):
+                return fast
         return [
             UOp(Ops.INDEX, index.dtype, (ptr, *[self.substitute(s, (), (), lane, v) for s in srcs]))
-            for lane in range(range_lanes(v))
+            for lane in range(n)
         ]
 
     def vector_index(self, index: UOp, axes, key, v: UOp) -> UOp | None:

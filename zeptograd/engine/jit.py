@@ -321,9 +321,11 @@ class CapturedJit:
     inputs_in_place: bool = field(init=False, default=False)
     # where fast_sig is set, the replay written for this capture (_build_fast_replay): args -> outputs or NOT_FAST
     fast_replay: Callable[[tuple], Any] | None = field(init=False)
-    # where `plain`, the calls in order as steps: (a CallTable of consecutive native calls, -1) or (None, the call
-    # index of one called directly); the fast replay makes each table's calls in one foreign call
+    # where no call takes a Variable, the calls in order as steps: (a CallTable of consecutive native calls, -1) or
+    # (None, the call index of one called directly); the fast replay makes each table's calls in one foreign call,
+    # and so does `run`. A table ends at a call with checks: they run between steps
     steps: list[tuple[CallTable | None, int]] = field(init=False)
+    step_ends: list[int] = field(init=False)  # per step, the index of its last call (where its checks are keyed)
     table_of: list[tuple[CallTable, int] | None] = field(init=False)  # per call: (its table, its index there)
 
     def __post_init__(self):
@@ -338,8 +340,8 @@ class CapturedJit:
                 self.direct.append((fn, ptrs if wrap is None else [wrap(p) for p in ptrs]))
                 self.wraps.append(wrap)
         self.plain = not self.checks and not any(var_names for _, _, var_names in self.calls)
-        self.steps, self.table_of = [], [None] * len(self.calls)
-        if self.plain:
+        self.steps, self.step_ends, self.table_of = [], [], [None] * len(self.calls)
+        if not any(var_names for _, _, var_names in self.calls):
             self._build_tables()
         keys = list(self.signature)
         positional = keys == [("arg", i) for i in range(len(keys))]
@@ -369,6 +371,7 @@ class CapturedJit:
                 for j, (ci, _) in enumerate(run):
                     self.table_of[ci] = (table, j)
                 self.steps.append((table, -1))
+                self.step_ends.append(run[-1][0])
                 run.clear()
 
         for ci, (program, _, _) in enumerate(self.calls):
@@ -377,9 +380,12 @@ class CapturedJit:
                 flush()
             if native is None:
                 self.steps.append((None, ci))
+                self.step_ends.append(ci)
             else:
                 runner = native[1]
                 run.append((ci, native[0]))
+                if ci in self.checks:  # they run before the calls after it
+                    flush()
         flush()
 
     def set_ptr(self, ci: int, pos: int, ptr: Any):
@@ -400,6 +406,25 @@ class CapturedJit:
         calls = self.calls
         if DEBUG.value >= 2:
             print(f"*** JIT replay: {len(calls)} kernels ({', '.join(self.names)})")
+        checks = self.checks
+        if checks and -1 in checks:  # those after pruned kernels: their values are the capture's
+            for check in checks[-1]:
+                check(var_vals)
+        if self.steps and DEBUG.value < 2 and not VIZ.value:  # (VIZ times each call: record.jit_replay)
+            direct = self.direct
+            for (table, ci), end in zip(self.steps, self.step_ends):
+                if table is not None:
+                    table.run()
+                else:
+                    fn, args = direct[ci]
+                    fn(*args)
+                if end in checks:
+                    for check in checks[end]:
+                        check(var_vals)  # raises (an IndexError) before the kernels after it run
+            GlobalCounters.kernel_count += len(calls)
+            GlobalCounters.global_ops += self.n_ops
+            GlobalCounters.global_mem += self.mem
+            return
         if self.plain:
             for fn, args in self.direct:
                 fn(*args)
@@ -407,10 +432,6 @@ class CapturedJit:
             GlobalCounters.global_ops += self.n_ops
             GlobalCounters.global_mem += self.mem
             return
-        checks = self.checks
-        if checks and -1 in checks:  # those after pruned kernels: their values are the capture's
-            for check in checks[-1]:
-                check(var_vals)
         for ci, (program, ptrs, var_names) in enumerate(calls):
             if var_names:
                 program(*ptrs, vals=tuple(var_vals[v] for v in var_names))

@@ -60,7 +60,7 @@ _superseded_data = schedule_cache._own_dict(_superseded)  # (its own dict: WeakK
 # ops that give a view of their source's memory, as torch's views: a tensor made of these over a buffer (or over an
 # ASSIGN into one) shows later writes into the buffer; any other op reads the values the buffer holds then
 _VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK, Ops.FLIP, Ops.DETACH)
-_ASSIGN = Ops.ASSIGN  # (a global read is cheaper than Ops.ASSIGN's attribute lookup)
+_ASSIGN, _BUFFER = Ops.ASSIGN, Ops.BUFFER  # (a global read is cheaper than Ops.X's attribute lookup)
 _NAMING_VIEW_OPS = frozenset((Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP))  # buffer_under's: each element once
 
 
@@ -139,6 +139,8 @@ def realized_or_none(u: UOp) -> UOp | None:
 def with_realized_values(uops: list[UOp]) -> list[UOp]:
     """uops with every node realized before replaced by what it was realized to. The walk stops at nodes known to
     hold none (clean); where it finds none, the nodes it walked are marked so."""
+    if not _realized_data:  # nothing realized is alive: nothing to replace (nor to mark: every lookup finds nothing)
+        return uops
     count = _realized_count[0]
     ref, realized = weakref.ref, _realized_data  # (_realized's own dict: no frame per node)
     seen: set[UOp] = set()
@@ -173,7 +175,7 @@ def view_root(u: UOp) -> UOp:
 
 def is_memory_view(u: UOp) -> bool:
     """Whether u is a view (at least one view op) of a buffer's memory that is not the whole buffer as it is."""
-    return u.op in _VIEW_OPS and view_root(u).op in (Ops.BUFFER, Ops.ASSIGN) and view_base(u) is None
+    return u.op in _VIEW_OPS and view_root(u).op in (_BUFFER, _ASSIGN) and view_base(u) is None
 
 
 def tensor_clock() -> int:
@@ -244,7 +246,7 @@ def _writes_into(mem: int) -> list[Tensor]:
         if (w := ref()) is not None:
             root = view_root(w.uop)
             target = (
-                buffer_under(root.src[0]) if root.op is Ops.ASSIGN and weakref.ref(root) not in _realized_data else None
+                buffer_under(root.src[0]) if root.op is _ASSIGN and weakref.ref(root) not in _realized_data else None
             )
             if target is not None and (buf := _buffers_data.get(weakref.ref(target))) is not None and id(buf) == mem:
                 live.append(w)
@@ -266,7 +268,7 @@ def _writes_seen_by_views(tensors: list[Tensor]) -> list[Tensor]:
         # one writer only: writes by several view tensors into one memory were each built on its old contents, and
         # run together they can't be ordered (README: deliberate differences)
         if (
-            root.op is Ops.BUFFER
+            root.op is _BUFFER
             and (buf := _buffers_data.get(weakref.ref(root))) is not None
             and len(writers := _writes_into(id(buf))) == 1
         ):
@@ -287,15 +289,29 @@ def run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None = No
 
 
 def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
-    check_capacity([b for item in items for b in item.bufs])
-    viz, debug = VIZ.value, DEBUG.value
+    big = False  # (check_capacity's first test, inline: it asks only about a buffer of over 128 MiB not allocated)
     for item in items:
-        if _capturing.stack:
-            _capturing[-1].append(item)
-        kernel = get_kernel(item.device, item.ast, item.bufs)
+        for b in item.bufs:
+            if b._allocator is None and b.size * b.dtype.itemsize > 1 << 27:
+                big = True
+    if big:
+        check_capacity([b for item in items for b in item.bufs])
+    viz, debug = VIZ.value, DEBUG.value
+    capturing = _capturing.stack
+    counters = GlobalCounters
+    for item in items:
+        if capturing:
+            capturing[-1].append(item)
         bufs = item.bufs
-        ptrs = [b.ptr for b in bufs]  # (allocates each buffer not yet allocated, before the clock starts)
-        t0 = time.perf_counter()
+        kernel = get_kernel(item.device, item.ast, bufs)
+        ptrs = []
+        mem = 0
+        for b in bufs:
+            if (p := b._ptr) is None:
+                p = b.ptr  # (allocates it, before the clock starts)
+            ptrs.append(p)
+            mem += b.size * b.dtype.itemsize
+        t0 = perf_counter()
         if kernel.vars:
             if var_vals is None or any(v not in var_vals for v in kernel.vars):
                 raise ArgumentError(
@@ -311,14 +327,11 @@ def _run_schedule(items: list[ScheduleItem], var_vals: dict[str, int] | None):
                 fn(*map(wrap, ptrs))
         else:
             kernel.program(*ptrs)
-        dt = time.perf_counter() - t0
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.time_sum_s += dt
-        GlobalCounters.global_ops += kernel.n_ops
-        mem = 0
-        for b in bufs:
-            mem += b.size * b.dtype.itemsize
-        GlobalCounters.global_mem += mem
+        dt = perf_counter() - t0
+        counters.kernel_count += 1
+        counters.time_sum_s += dt
+        counters.global_ops += kernel.n_ops
+        counters.global_mem += mem
         if viz:
             from zeptograd.viz import record as viz_record
 
@@ -391,7 +404,7 @@ def remember_realized(node: UOp, value: UOp):
     buf = value
     while buf.op in _NAMING_VIEW_OPS:  # (buffer_under, inline)
         buf = buf.src[0]
-    if buf.op is Ops.BUFFER and (b := _buffers_data.get(weakref.ref(buf))) is not None:
+    if buf.op is _BUFFER and (b := _buffers_data.get(weakref.ref(buf))) is not None:
         if (readers := b.readers) is None:
             b.readers = [weakref.ref(node)]
             return
@@ -456,8 +469,8 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
         if (
             written.keys() != pred_written.keys()
             # (by their unique ids: create_schedule also notes what the ASSIGNs it folded became)
-            or {u.arg for u in becomes if u.op is Ops.ASSIGN} != {u.arg for u in pred_assigns}
-            or any(r.uop.op is Ops.ASSIGN for r in readers)
+            or {u.arg for u in becomes if u.op is _ASSIGN} != {u.arg for u in pred_assigns}
+            or any(r.uop.op is _ASSIGN for r in readers)
         ):  # the graph writes more than the tensors' own ASSIGNs: the general way below, from the start
             readers, aliases, stored, predicted = [], [], [], None
             template.clear()
@@ -489,7 +502,7 @@ def _realize_tensors(tensors: list[Tensor], fast: tuple | None = None):
     if fast is not None and template[0] is not None and not readers:  # (a fast key: no ASSIGN, Variable, realized node)
         schedule_cache.make_plan(fast[0], fast[1], outs, template[0], lambda item: kernel_key(item.device, item.ast))
     for old in becomes:
-        if old.op is Ops.ASSIGN:
+        if old.op is _ASSIGN:
             target = buffer_under(old.src[0])
             assert target is not None, "an ASSIGN's target is a view of a buffer"
             forget_written(target)
@@ -528,7 +541,7 @@ def _predicted_writes(tensors: list[Tensor]) -> tuple[dict[int, UOp | None], dic
     assigns: dict[UOp, None] = {}
     for t in tensors:
         u = t.uop
-        if u.op is Ops.ASSIGN and weakref.ref(u) not in _realized_data:  # (the maps' own dicts: no frame)
+        if u.op is _ASSIGN and weakref.ref(u) not in _realized_data:  # (the maps' own dicts: no frame)
             if (target := buffer_under(u.src[0])) is None or (b := _buffers_data.get(weakref.ref(target))) is None:
                 return None
             written[id(b)] = None
@@ -624,13 +637,14 @@ def prepare_overwrite(bufs: list) -> None:
     from the old nodes is not taken for the new contents)."""
     with engine_lock:
         written = {id(b): new_buffer_uop(b.device, b.size, b.dtype, b) for b in bufs}
-        readers = _live_readers(written, {}, [])[0]
+        readers, views, _ = _live_readers(written, {}, [])
         if readers:
             keep = [(t, t.uop) for t in readers if t.requires_grad]  # as Tensor.realize
             _realize_tensors(readers)
             for t, u in keep:
                 t.uop = u
-        _move_views(_live_readers(written, {}, [])[1], written)
+            views = _live_readers(written, {}, [])[1]  # (with none computed, the views are the walk's above)
+        _move_views(views, written)
 
 
 def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
@@ -639,11 +653,17 @@ def _move_views(aliases: list[Tensor], written: dict[int, UOp]):
 
     for t in aliases:
         root = view_root(t.uop)
-        root_buf = buffer_under(root.src[0]) if root.op is Ops.ASSIGN else root
+        root_buf = buffer_under(root.src[0]) if root.op is _ASSIGN else root
         assert root_buf is not None
         new_buf = written[id(buffers[root_buf])]
-        new_root = new_buf if root.op is Ops.BUFFER else root.src[0].substitute({root_buf: new_buf})
-        old_uop, t.uop = t.uop, t.uop.substitute({root: new_root})
+        new_root = new_buf if root.op is _BUFFER else root.src[0].substitute({root_buf: new_buf})
+        old_uop = t.uop
+        if old_uop is root:  # a weight's tensor: its BUFFER node itself, or one view of it (its shape's RESHAPE)
+            t.uop = new_root
+        elif old_uop.src == (root,):
+            t.uop = old_uop.replace(src=(new_root,))
+        else:
+            t.uop = old_uop.substitute({root: new_root})
         if old_uop in grad_uops:  # a view that requires grad still does
             grad_uops.add(t.uop)
 
@@ -652,7 +672,7 @@ def _written(becomes: dict[UOp, UOp]) -> dict[int, UOp]:
     """The memory (id of its Buffer) each ASSIGN in a schedule writes -> the new BUFFER node of its contents."""
     written = {}
     for old, new in becomes.items():
-        if old.op is Ops.ASSIGN and (target := buffer_under(old.src[0])) is not None:
+        if old.op is _ASSIGN and (target := buffer_under(old.src[0])) is not None:
             new_buf = buffer_under(new)
             assert new_buf is not None, "an ASSIGN becomes a view of its target's buffer"
             written[id(_buffers_data[weakref.ref(target)])] = new_buf  # (buffers[target], without a frame)
@@ -716,33 +736,50 @@ def _live_readers(
         graph reads no written memory: one pass over the nodes built since, not one for the memories and one here."""
         stack = [root]
         visits = 0
+        expanded: set[UOp] = set()  # the nodes on the stack whose sources were pushed above them: their ancestors
         while stack:
             u = stack[-1]
             if u in reads:
                 stack.pop()
                 continue
-            if u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # its value is a
-                # buffer view (or a constant): the old contents if that memory is written (a clean node is not realized)
+            if any_realized and u._clean != count and (value := _realized_data.get(weakref.ref(u))) is not None:  # a
+                # node realized to a buffer view (or a constant): the old contents if that memory is written (a clean
+                # node is not realized; none is where nothing realized is alive, and the walk adds none)
                 mems = _memory_of(buffer_under(view_root(value)) if value.op is not Ops.CONST else None)
                 if u._mems is None:  # (one noted before it was realized lists its graph's: more, kept)
                     u._mems = mems
-                reads[u] = not written_keys.isdisjoint(mems)
-            elif u.op is Ops.BUFFER:
+                if reads.setdefault(u, not written_keys.isdisjoint(mems)):
+                    break
+            elif (op := u.op) is _BUFFER:
                 if (known := u._mems) is None:
                     known = u._mems = _memory_of(u)
-                reads[u] = not written_keys.isdisjoint(known)
-            elif u.op is Ops.ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
+                if reads.setdefault(u, not written_keys.isdisjoint(known)):
+                    break
+            elif op is _ASSIGN and u in becomes:  # the new contents, computed in this schedule (its memories
                 reads[u] = False  # are left unknown: its graph is not walked)
             else:
-                waiting = False
+                waiting = hit = False
                 for s in u.src:
-                    if s not in reads:
+                    if (r := reads.get(s)) is None:
                         if (known := s._mems) is not None and written_keys.isdisjoint(known):
                             reads[s] = False  # (its graph reads no written memory at all)
+                            continue
+                        if not any_realized and s.op is _BUFFER:  # (a leaf, decided here rather than pushed)
+                            if known is None:
+                                known = s._mems = _memory_of(s)
+                            r = reads[s] = not written_keys.isdisjoint(known)
                         else:
                             stack.append(s)
                             waiting = True
+                            continue
+                    if r:  # a source reads old contents: so does u (the other sources need not be looked into)
+                        hit = True
+                        break
+                if hit:
+                    reads[u] = True
+                    break
                 if waiting:
+                    expanded.add(u)
                     continue
                 src = u.src
                 if len(src) == 2:  # (the common case inline: no frame, no generator)
@@ -758,20 +795,31 @@ def _live_readers(
                     if u._mems is None:
                         u._mems = _union_of_sources(src)
                     reads[u] = any(reads[s] for s in src)
+                if reads[u]:
+                    break
             visits += 1
             stack.pop()
+        else:
+            live_reader_visits[0] += visits
+            return reads[root]
+        # the walk ended at a node that reads old contents (the top of the stack): so does every node whose sources
+        # were pushed and that is not finished (it is on the stack below them: the root among them); the nodes pushed
+        # but not looked into are left unknown
+        for u in expanded:
+            reads.setdefault(u, True)
         live_reader_visits[0] += visits
-        return reads[root]
+        return True
 
     written_keys = written.keys()
     count = _realized_count[0]
+    any_realized = bool(_realized_data)
     live_reader_visits[0] = 0
 
     def may_read_written(root: UOp) -> bool:  # the memories of the graph (kept across calls) meet `written`, or are
         return (mems := root._mems) is None or not written_keys.isdisjoint(mems)  # not known yet (reads_old notes them)
 
     readers, aliases, stored = [], [], []
-    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is Ops.ASSIGN and view_base(t.uop.src[0]) is not None}
+    assigned = {t.uop.src[1]: t for t in realizing if t.uop.op is _ASSIGN and view_base(t.uop.src[0]) is not None}
     for value, writer in list(assigned.items()):  # (Tensor.assign wraps a value that reads its target elsewhere)
         if value.op is Ops.CONTIGUOUS:
             assigned.setdefault(value.src[0], writer)
@@ -792,12 +840,12 @@ def _live_readers(
             readers += [p for p in multi.parts(t) if p.uop in todo]
             continue
         root = view_root(u)
-        if root.op in (Ops.BUFFER, Ops.ASSIGN):
-            target = root if root.op is Ops.BUFFER else buffer_under(root.src[0])
+        if root.op in (_BUFFER, _ASSIGN):
+            target = root if root.op is _BUFFER else buffer_under(root.src[0])
             if memory_written(target):
                 aliases.append(t)
                 continue
-            if root.op is Ops.BUFFER:
+            if root.op is _BUFFER:
                 continue
         # (an ASSIGN into another buffer reads)
         if weakref.ref(u) in _realized_data or not may_read_written(u) or not reads_old(u):

@@ -41,6 +41,10 @@ class Template:
     fresh_inputs: list[int]  # per ("fresh", k) placeholder: the input whose memory its new BUFFER node is over
     # (_instantiate) per item, its buffers' places among the inputs then the new buffers, made at the first hit
     item_index: list[tuple[ScheduleItem, list[int]]] | None = None
+    # (_instantiate) per entry of `becomes`: (position, its BUFFER placeholder, the int shape of a reshape of it or
+    # None), or (position, the value, True for a reshape of a BUFFER to a symbolic shape, False for any other value);
+    # made at the first hit
+    becomes_index: list[tuple[int, UOp, tuple | None | bool]] | None = None
 
 
 class Stats:
@@ -91,50 +95,62 @@ def walk(outs: list[UOp], realized: Any = None, clean: int = -2) -> Walk | None:
     fast_realized = realized.data if type(realized) is weakref.WeakKeyDictionary else None  # type: ignore[attr-defined]
     if fast_realized is not None and not fast_realized:  # nothing realized is alive: no node to look up
         realized = fast_realized = None
-    stack: list[tuple[UOp, bool]] = [(u, False) for u in reversed(outs)]
-    while stack:
-        u, expanded = stack.pop()
-        if u in position:
+    # a depth-first walk as UOp.toposort's (first source first), each stack entry a node and the iterator over its
+    # sources still to visit; a node is looked up in `realized` as it is entered, keyed as it is left
+    stack: list[tuple[UOp, Any]] = []
+    push, pop = stack.append, stack.pop
+    for root in outs:
+        if root in position:
             continue
-        if expanded:
-            if len(u_src := u.src) == 2:  # (the common cases without a map and its calls)
-                src: tuple[int, ...] = (position[u_src[0]], position[u_src[1]])
-            elif len(u_src) == 1:
-                src = (position[u_src[0]],)
+        if realized is not None and root._clean != clean and _realized_to_other(root, realized, fast_realized):
+            return None
+        push((root, iter(root.src)))
+        while stack:
+            u, it = stack[-1]
+            for s in it:
+                if s not in position:
+                    if realized is not None and s._clean != clean and _realized_to_other(s, realized, fast_realized):
+                        return None
+                    push((s, iter(s.src)))
+                    break
             else:
-                src = tuple(map(position.__getitem__, u_src))
-            if (op := u.op) is _BUFFER:
-                b = held[weakref.ref(u)]
-                if (i := index.get(id(b))) is None:
-                    i = index[id(b)] = len(in_bufs)
-                    in_bufs.append(b)
-                    in_uops.append(u)
-                arg: Any = ("in", i, u.arg[1])
-            elif op is _ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
-                arg, n_assign = ("assign", n_assign), n_assign + 1
-            else:
-                arg = u.arg
-                if isinstance(arg, float):
-                    arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
-            if look_for_symbols and not symbolic:
-                symbolic = u.op in (Ops.BIND, Ops.DEFINE_VAR) or variable._arg_has_uop(u)
-            position[u] = len(nodes)
-            nodes.append(u)
-            key.append((op, u.dtype, arg, src))
-            continue
-        if realized is not None and u._clean != clean:  # a node realized to another node (an input buffer may be
-            # noted as itself)
-            if fast_realized is not None:
-                if (value := fast_realized.get(weakref.ref(u))) is not None and value is not u:
-                    return None
-            elif u in realized and realized[u] is not u:
-                return None
-        stack.append((u, True))
-        for s in reversed(u.src):
-            if s not in position:
-                stack.append((s, False))
+                pop()
+                if len(u_src := u.src) == 2:  # (the common cases without a map and its calls)
+                    src: tuple[int, ...] = (position[u_src[0]], position[u_src[1]])
+                elif len(u_src) == 1:
+                    src = (position[u_src[0]],)
+                else:
+                    src = tuple(map(position.__getitem__, u_src))
+                if (op := u.op) is _BUFFER:
+                    b = held[weakref.ref(u)]
+                    if (i := index.get(id(b))) is None:
+                        i = index[id(b)] = len(in_bufs)
+                        in_bufs.append(b)
+                        in_uops.append(u)
+                    arg: Any = ("in", i, u.arg[1])
+                elif op is _ASSIGN:  # its arg is a fresh id (every assign is distinct): numbered by order instead
+                    arg, n_assign = ("assign", n_assign), n_assign + 1
+                else:
+                    arg = u.arg
+                    if isinstance(arg, float):
+                        arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
+                if look_for_symbols and not symbolic:
+                    symbolic = op in _VARIABLE_OPS or variable._arg_has_uop(u)
+                position[u] = len(nodes)
+                nodes.append(u)
+                key.append((op, u.dtype, arg, src))
     key.append((Ops.SINK, tuple([position[u] for u in outs])))
     return Walk(tuple(key), nodes, position, in_bufs, in_uops, symbolic)
+
+
+_VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
+
+
+def _realized_to_other(u: UOp, realized: Any, fast_realized: dict | None) -> bool:
+    """Whether walk's `realized` maps u to another node (an input buffer may be noted as itself)."""
+    if fast_realized is not None:
+        return (value := fast_realized.get(weakref.ref(u))) is not None and value is not u
+    return u in realized and realized[u] is not u
 
 
 K = TypeVar("K")
@@ -252,16 +268,31 @@ def _instantiate(t: Template, w: Walk) -> tuple[list[ScheduleItem], dict[UOp, UO
             u = new_uops[tag] = new_buffer_uop(b.device, b.size, b.dtype, b)
         return u
 
+    if (becomes_index := t.becomes_index) is None:
+        becomes_index = t.becomes_index = [_becomes_entry(pos, value) for pos, value in t.becomes.items()]
     becomes = {}
-    for pos, value in t.becomes.items():
-        node = nodes[pos]
-        if value.op is Ops.BUFFER:
-            becomes[node] = real(value)
-        elif value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
-            becomes[node] = reshape_uop(real(value.src[0]), value.tensor_shape)
-        else:
-            becomes[node] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
+    for pos, value, shape in becomes_index:
+        if shape is None:  # a BUFFER
+            becomes[nodes[pos]] = real(value)
+        elif shape is True:  # a reshape of a BUFFER to a symbolic shape
+            becomes[nodes[pos]] = reshape_uop(real(value.src[0]), value.tensor_shape)
+        elif shape is False:
+            becomes[nodes[pos]] = graph_substitute(value, {p: real(p) for p in value.toposort() if p.op is Ops.BUFFER})
+        else:  # (reshape_uop's UOp for a shape of ints, its checks made once by _becomes_entry)
+            u = real(value)
+            becomes[nodes[pos]] = u if shape == u.shape else UOp(_RESHAPE, u.dtype, (u,), shape)
     return items, becomes
+
+
+def _becomes_entry(pos: int, value: UOp) -> tuple[int, UOp, tuple | None | bool]:
+    """A Template.becomes_index entry: how _instantiate makes the value of the node at `pos`."""
+    if value.op is Ops.BUFFER:
+        return (pos, value, None)
+    if value.op is Ops.RESHAPE and value.src[0].op is Ops.BUFFER:
+        if any(isinstance(s, UOp) for s in value.tensor_shape):  # (reshape_uop: a SHRINK of the buffer too)
+            return (pos, value, True)
+        return (pos, value.src[0], tuple(value.tensor_shape))
+    return (pos, value, False)
 
 
 def cached_schedule(
@@ -317,7 +348,8 @@ last_used: list[tuple[Walk, Template] | None] = [None]
 # - used: whether the node is the source of a keyed node.
 # Graphs with an ASSIGN (its arg is unique: the walk numbers them), a Variable or a BUFFER without a Buffer are not
 # keyed here: they take the walk.
-_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN  # (global reads: Ops.X goes through the enum metaclass's getattr hook)
+# (global reads: Ops.X goes through the enum metaclass's getattr hook)
+_BUFFER, _ASSIGN, _RESHAPE = Ops.BUFFER, Ops.ASSIGN, Ops.RESHAPE
 _structures: dict[tuple, int] = {}
 MAX_STRUCTURES = 1 << 16  # then the ids start again, in a new generation (graphs with ever-new constants)
 _generation = [0]

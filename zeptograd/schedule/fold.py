@@ -5,23 +5,28 @@
 
 from __future__ import annotations
 
+from zeptograd.buffers import _device_uops
 from zeptograd.dtype import DType, dtypes, truncate
 from zeptograd.helpers import prod
 from zeptograd.schedule.copy import tensor_device
 from zeptograd.uop.ops import GroupOp, Ops, UOp, exec_alu
 from zeptograd.uop.upat import PatternMatcher, UPat
 
+# (globals for const_broadcast: on 3.11 an Ops.X read goes through the enum metaclass's getattr hook, uop/ops.py)
+_CONST, _DEVICE, _RESHAPE, _EXPAND = Ops.CONST, Ops.DEVICE, Ops.RESHAPE, Ops.EXPAND
 _UNIFORM_MOVES = {Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP}  # PAD is not: it adds zeros
 
 
 def const_broadcast(value, dtype: DType, device: str, shape: tuple[int, ...]) -> UOp:
     """A constant broadcast to `shape`: CONST -> RESHAPE to all ones -> EXPAND. It owns no buffer."""
     arg = value if isinstance(value, UOp) else truncate(dtype, value)  # a UOp: a symbolic int (a Variable)
-    c = UOp(Ops.CONST, dtype, (UOp(Ops.DEVICE, arg=device),), arg)
+    if (src := _device_uops.get(device)) is None:  # (the DEVICE node, held per device as buffers.py's BUFFERs' is)
+        src = _device_uops[device] = (UOp(_DEVICE, arg=device),)
+    c = UOp(_CONST, dtype, src, arg)
     if not shape:
         return c
-    c = UOp(Ops.RESHAPE, dtype, (c,), (1,) * len(shape))
-    return c if all(s == 1 for s in shape) else UOp(Ops.EXPAND, dtype, (c,), tuple(shape))
+    c = UOp(_RESHAPE, dtype, (c,), (1,) * len(shape))
+    return c if shape.count(1) == len(shape) else UOp(_EXPAND, dtype, (c,), tuple(shape))
 
 
 def uniform_const(u: UOp) -> UOp | None:

@@ -23,6 +23,9 @@ def _buffer_uop(arr: np.ndarray, dtype: DType, device: str) -> UOp:
     return reshape_uop(buf, arr.shape)
 
 
+_ELEMENTWISE_OR_DETACH = frozenset(GroupOp.Elementwise | {Ops.DETACH})
+
+
 def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
     """Whether `value` reads the target's buffer other than elementwise at the element being written: then the
     one kernel that writes the buffer would read values it has already overwritten. The search goes down value's
@@ -34,23 +37,27 @@ def _reads_target_elsewhere(target: UOp, value: UOp, stops: set[UOp]) -> bool:
     elementwise, stack = set(), [value]
     while stack:
         u = stack.pop()
-        if u not in elementwise and (u.op in GroupOp.Elementwise or u.op is Ops.DETACH):  # (detach: the value)
+        if u not in elementwise and u.op in _ELEMENTWISE_OR_DETACH:  # (detach: the value)
             elementwise.add(u)
             stack.extend(u.src)
-    seen: set[UOp] = set()
-    stack = [value]
-    found = False
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u in stops:  # (its own graph is not looked into)
-            continue
-        if (u is buf and buf is not target) or (u not in elementwise and not stops.isdisjoint(u.src)):
-            found = True
-            break
-        stack.extend(u.src)
+    # each node is asked as it is met (not when its turn on the stack comes: a read among a node's sources ends the
+    # search before the siblings pushed before it are looked into)
+    seen: set[UOp] = {value}
+    found = value not in stops and (
+        (value is buf and buf is not target) or (value not in elementwise and not stops.isdisjoint(value.src))
+    )
+    stack = [value] if not found and value not in stops else []
+    while stack and not found:
+        for s in stack.pop().src:
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in stops:  # (its own graph is not looked into)
+                continue
+            if (s is buf and buf is not target) or (s not in elementwise and not stops.isdisjoint(s.src)):
+                found = True
+                break
+            stack.append(s)
     reads_target_elsewhere_seen[0] = len(seen)
     return found
 

@@ -85,6 +85,11 @@ class ElementwiseMixin:
             a = self.cast(dt)
             other = a._new(const_broadcast(x, dt, self.device, a.uop.shape))  # (int sizes)
             return (other, a) if reverse else (a, other)
+        if type(x) is type(self) and self.uop.dtype is x.uop.dtype and not variable.in_use:
+            # (one dtype, int sizes: result_dtype's answer is that dtype, the casts are no-ops)
+            a, b = (x, self) if reverse else (self, x)
+            shape = broadcast_shape(a.uop.shape, b.uop.shape)
+            return a._expand_to(shape), b._expand_to(shape)
         if isinstance(x, type(self)):
             dt, other = result_dtype(self, x), x
         elif isinstance(x, PY_CONST):
@@ -124,10 +129,12 @@ class ElementwiseMixin:
         """The elementwise op of this tensor and `srcs`: every op of several tensors (binary, where, and those built
         of them: matmul, cat, indexing, ...) comes here, so this is where tensors on different devices are refused
         (as torch does: a kernel reads one device's memory)."""
+        uops = [self.uop]
         for s in srcs:
             if s.device != self.device:
                 raise ArgumentError(f"tensors on different devices: {self.device} and {s.device}")
-        return self._new(UOp(op, dtype or self.dtype, (self.uop, *(s.uop for s in srcs))))
+            uops.append(s.uop)
+        return self._new(UOp(op, dtype or self.dtype, tuple(uops)))
 
     def _binary(self: Tensor, op: Ops, x, reverse: bool = False) -> Tensor:
         if (
@@ -293,6 +300,8 @@ class ElementwiseMixin:
 
     # ***** casts *****
     def cast(self: Tensor, dtype: DTypeLike) -> Tensor:
+        if dtype is self.uop.dtype:  # (the common case: nothing to cast)
+            return self
         dt = to_dtype(dtype)
         if dt == self.dtype:
             return self

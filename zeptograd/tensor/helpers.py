@@ -37,6 +37,24 @@ def normalize_axis(axis: int, ndim: int, what: str = "axis") -> int:
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 3 and shapes[0] == shapes[1] == shapes[2]:  # (where's common case)
+        return tuple(shapes[0])
+    if len(shapes) == 2:  # (the common case, a binary op's, without the sets and generators below)
+        a, b = shapes
+        if a == b:
+            return tuple(a)
+        if len(a) != len(b):
+            a, b = (1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)
+        out2 = []
+        for x, y in zip(a, b):
+            if x == y or y == 1:
+                out2.append(x)
+            elif x == 1:
+                out2.append(y)
+            else:  # they do not broadcast: the error below
+                break
+        else:
+            return tuple(out2)
     nd = max((len(s) for s in shapes), default=0)
     padded = [(1,) * (nd - len(s)) + tuple(s) for s in shapes]
     out = []

@@ -38,6 +38,9 @@ _grad_leaves_data = _grad_leaves.data  # type: ignore[attr-defined]  # its own d
 _former_remove = _former_data.pop
 
 
+_MULTI = Ops.MULTI  # (a global read: on 3.11 Ops.X goes through the enum metaclass's getattr hook)
+
+
 class _LiveRef(weakref.ref):
     """live_tensors' reference to a tensor, hashed by its own identity (a weak reference hashes its referent: a
     Python-level Tensor.__hash__ call for every tensor made), `key` the tensor's number in creation order."""
@@ -63,9 +66,11 @@ def _realize_keeping_graphs(tensors: list[Tensor], realize_tensors: Callable[[li
     alive just before, find nothing to collect and promote it (one per eager training step, and every few steps a
     full collection of the process)."""
     keep = [(t, t.uop) for t in tensors if t.requires_grad]  # keep their graph for backward; the scheduler
-    sharded = {t: multi.parts(t) for t in tensors if t.uop.op is Ops.MULTI}  # each part on its own device
-    realize_tensors([p for t in tensors for p in sharded.get(t, [t])])  # (substitutes the realized buffer
-    for t, ps in sharded.items():  # wherever the graph is used again)
+    sharded = {t: multi.parts(t) for t in tensors if t.uop.op is _MULTI}  # each part on its own device
+    # (the tensors themselves where none is sharded: no Tensor.__hash__ call per tensor in sharded.get)
+    realize_tensors([p for t in tensors for p in sharded.get(t, [t])] if sharded else list(tensors))
+    # (substitutes the realized buffer wherever the graph is used again)
+    for t, ps in sharded.items():
         t.uop = multi.multi([p.uop for p in ps], t.uop.arg)
     for t, u in keep:
         _keep_graph(t, u)

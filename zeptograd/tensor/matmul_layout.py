@@ -26,6 +26,13 @@ PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid o
 PANEL_CONFLICT_ROW_BYTES = 2048
 PANEL_CONFLICT_MIN_ROWS = 64
 PANEL_CONFLICT_MIN_DEPTH = 257
+# An AVX-512 host's L2 is 1 MiB or more per core (Zen 4 and 5; 2 MiB Sapphire Rapids): twice the rows of the block
+# fit, and the 8-row x 2-vector tile's 16 FMAs per line pair of B hide an L3 hit where they don't, so there the copy
+# pays from a depth of 1024 on (1 core of a Zen 5 host, 1 MiB 16-way L2, copy included, alternating in one process,
+# panels -> B read in place: 256x784x512, mlp_step's forward, 796 -> 784 us and one kernel fewer; 256x640x512 666 ->
+# 636; 128x784x512 421 -> 393; 64x784x512 225 -> 200; 512x512x512 1044 -> 1051; from 1024 not: 512x1024x512 2076 ->
+# 2367, 256x1024x512 1087 -> 1080)
+PANEL_CONFLICT_MIN_DEPTH_AVX512 = 1024
 # x @ W.T (nn.Linear: W (N, K) stored row-major, both operands contiguous along K) is otherwise a tile of dot products
 # (codegen/opt/heuristic.py: dot_tile), which re-reads its rows of x, 8 x K floats, for every pair of W's rows: from
 # L1 while they fit (32 KiB from K = 1024 on), from L2 beyond; and folds 16 vector accumulators per tile (noise only
@@ -49,8 +56,8 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     column block walks B down K with a stride of N floats: a page per row of B, a power-of-two stride that maps
     every row to a few cache sets, so the block falls out of L2 (2048^3 on 2 cores of an AVX2 host: 398 ms; in
     panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row only where the rows are a 2 KiB
-    multiple apart, B is deep and A has rows enough to share the copy (PANEL_CONFLICT_*: 512^3 and mlp_step's
-    256x784x512 yes, 512x256x512 no).
+    multiple apart, B is deep and A has rows enough to share the copy (PANEL_CONFLICT_*: with AVX2, 512^3 and
+    mlp_step's 256x784x512 yes, 512x256x512 no; with AVX-512 from a depth of 1024).
     Only float32 on the CPU backends: the tile is 32 floats wide there."""
     if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
         return False
@@ -66,9 +73,9 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
             return True  # K no whole number of vectors: the dot tile's tail and misaligned rows (see above)
     row_bytes = n * w.dtype.itemsize
     if row_bytes < PANEL_MIN_ROW_BYTES:  # a 2 KiB multiple: the walk down K in a few cache sets (see above)
-        return (
-            row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= PANEL_CONFLICT_MIN_DEPTH
-        )
+        wide = _vector_lanes(w.device, w.dtype.itemsize) * w.dtype.itemsize >= 64
+        depth = PANEL_CONFLICT_MIN_DEPTH_AVX512 if wide else PANEL_CONFLICT_MIN_DEPTH
+        return row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= depth
     return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
 
 

@@ -13,6 +13,7 @@ from zeptograd.uop.ops import GroupOp, Ops, UOp
 # ops whose value may differ in the last bits between two kernels that compute it: an approximated op's vector
 # polynomial and its scalar call round differently, a reduce adds in the order its kernel's vectorization gives
 _INEXACT_RECOMPUTE = GroupOp.Approximated | {Ops.REDUCE_AXIS}
+_STORED = frozenset((Ops.BUFFER, Ops.CONTIGUOUS))
 
 
 def _recompute_may_differ(u: UOp) -> bool:
@@ -22,7 +23,7 @@ def _recompute_may_differ(u: UOp) -> bool:
         n = stack.pop()
         if n.op in _INEXACT_RECOMPUTE:
             return True
-        if n.op in (Ops.BUFFER, Ops.CONTIGUOUS):
+        if n.op in _STORED:
             continue
         for s in n.src:
             if s not in seen:
@@ -62,6 +63,8 @@ class ReduceMixin:
     __slots__ = ()
 
     def _axes(self: Tensor, axis) -> tuple[int, ...]:
+        if type(axis) is int and -(n := len(self.shape)) <= axis < n:  # (one axis in range: normalize_axis's answer)
+            return (axis + n if axis < 0 else axis,)
         if axis is None:
             return tuple(range(self.ndim))
         axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)  # normalize_axis checks each

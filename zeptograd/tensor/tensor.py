@@ -25,6 +25,7 @@ from zeptograd.tensor.indexing import IndexMixin
 from zeptograd.tensor.live import (
     _grad_data,
     _grad_leaves,
+    _grad_leaves_data,
     _grad_remove,
     _grad_targets,
     _grad_uops,
@@ -66,6 +67,9 @@ def _tensor_of(uop: UOp, device: str) -> Tensor:
 
 
 _gradient._tensor_of[0] = _tensor_of  # (gradient.py's rules make a Tensor of each forward node they read)
+
+
+_PERMUTE, _DETACH = Ops.PERMUTE, Ops.DETACH  # (global reads: on 3.11 Ops.X goes through the enum metaclass's hook)
 
 
 class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, IndexMixin, RandomMixin):
@@ -304,6 +308,10 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
         return self.numpy().data  # the array's own memoryview
 
     def detach(self) -> Tensor:
+        if type(self.device) is str:  # (Tensor(uop, device, requires_grad=False) without __init__'s other steps)
+            t = _tensor_of(UOp(_DETACH, self.uop.dtype, (self.uop,)), self.device)
+            t.requires_grad = False
+            return t
         return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), device=self.device, requires_grad=False)
 
     def contiguous(self, **kwargs) -> Tensor:
@@ -454,7 +462,8 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
         root_grad = self._root_grad(gradient)
         nodes = self.uop.toposort()
-        candidates = [t for t in list(_grad_leaves.values()) if t.requires_grad]
+        # (_grad_leaves.values(), from its own dict: a copy in C, not the WeakValueDictionary's Python generator)
+        candidates = [t for r in list(_grad_leaves_data.values()) if (t := r()) is not None and t.requires_grad]
         found = _grad_targets(nodes, candidates)
         reached = {id(t) for t in found.values()}
         leaves = [t for t in candidates if id(t) in reached]
@@ -615,6 +624,18 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
     # ***** movement primitives (one UOp each; composites are in movement.py) *****
     def reshape(self, shape, *args) -> Tensor:
         shape = argfix(shape, *args)
+        if not variable.in_use:  # (the common case: sizes that are ints >= 0, without the checks' generators below)
+            n = 1
+            for s in shape:
+                if type(s) is not int or s < 0:
+                    break
+                n *= s
+            else:
+                if n != (numel := prod(self.uop.shape)):
+                    raise ArgumentError(
+                        f"can't reshape a tensor of shape {self.shape} ({numel} elements) to {shape} ({n} elements)"
+                    )
+                return self if shape == self.uop.shape else self._new(UOp(Ops.RESHAPE, self.dtype, (self.uop,), shape))
         if shape.count(-1) > 1:
             raise ArgumentError(f"reshape to {shape}: only one dimension can be -1")
         shape = tuple(self.shape[i] if s is None else s for i, s in enumerate(shape))
@@ -667,6 +688,17 @@ class Tensor(ElementwiseMixin, UnaryMixin, MovementMixin, ReduceMixin, NNMixin, 
 
     def permute(self, order, *args) -> Tensor:
         order = argfix(order, *args)
+        if len(order) == (n := len(self.uop.shape)):  # (the common case: ints 0..n-1, without the checks' generators)
+            named = 0
+            for o in order:
+                if type(o) is not int or not 0 <= o < n:
+                    break
+                named |= 1 << o
+            else:
+                if named == (1 << n) - 1:  # each dimension once
+                    if order == tuple(range(n)):
+                        return self
+                    return self._new(UOp(_PERMUTE, self.dtype, (self.uop,), order))
         if len(order) != self.ndim:
             raise ArgumentError(f"permute order {order} must name each of the {self.ndim} dimensions of {self.shape}")
         norm = tuple(normalize_axis(o, self.ndim, "permute dimension") for o in order)

@@ -280,7 +280,22 @@ class UnaryMixin:
             return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
         if approximate != "tanh":
             raise ArgumentError(f"gelu approximate must be 'tanh' or 'none', got {approximate!r}")
-        return 0.5 * self * (1 + (math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+
+        k, c = math.sqrt(2 / math.pi), 0.044715
+
+        def sigmoid_of_cubic(x: Tensor) -> Tensor:
+            # 0.5 (1 + tanh(u)) = sigmoid(2u), u = k (x + c x^3): one exp and one division (tanh's stable sigmoid
+            # takes an abs, a where and two divisions). exp overflowing to inf gives 0, and x * 0 torch's -0 and nan
+            return 1 / (1 + (-2 * k * (x + c * x * x * x)).exp())
+
+        def rule(g: Tensor, out: Tensor, x: Tensor) -> tuple:
+            # torch's 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3c x^2) with 0.5 (1 + t) = s, 0.5 (1 - t^2) = 2 s (1 - s),
+            # sharing only s with the forward: the primitives' gradients read their intermediates (tanh's sigmoid:
+            # exp, abs, where), each of which a kernel of its own stored between the two matmuls around a GELU
+            s = sigmoid_of_cubic(x)
+            return (g * (s + 2 * k * x * s * (1 - s) * (1 + 3 * c * x * x)),)
+
+        return with_gradient(self * sigmoid_of_cubic(self), (self,), rule)
 
     def quick_gelu(self: Tensor) -> Tensor:
         return self * (self * 1.702).sigmoid()

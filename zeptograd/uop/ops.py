@@ -292,6 +292,8 @@ class UOpMeta(type):
             ret.shape = None
         elif op in _SHAPE_OF_LAST_SOURCE:
             ret.shape = src[-1].shape if op is not _WHERE else src[1].shape
+        elif op is _RESHAPE or op is _EXPAND:  # (_infer_shape's next case, inline)
+            ret.shape = tuple(arg)
         else:
             ret.shape = _infer_shape(ret)
         ret._vrange = ret._cache_key = ret._mems = None
@@ -516,34 +518,37 @@ class UOp(MathMixin, metaclass=UOpMeta):
 _SHAPE_OF_LAST_SOURCE = frozenset(GroupOp.Elementwise | {Ops.FLIP, Ops.CONTIGUOUS, Ops.DETACH})
 _LEAF_OPS = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA})  # a shape from the arg, whatever the sources
 _BUFFER, _WHERE = Ops.BUFFER, Ops.WHERE  # (globals for UOpMeta.__call__: a global read is cheaper than Ops.X's)
+# (and for _infer_shape)
+_CONST, _IOTA, _RESHAPE, _EXPAND, _PERMUTE, _PAD = Ops.CONST, Ops.IOTA, Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD
+_SHRINK, _REDUCE_AXIS, _ASSIGN, _COPY, _MULTI = Ops.SHRINK, Ops.REDUCE_AXIS, Ops.ASSIGN, Ops.COPY, Ops.MULTI
 
 
 def _infer_shape(u: UOp) -> tuple[int, ...] | None:
     """The shape of a tensor-graph node from its sources' shapes; None for kernel-graph nodes."""
     op, src, arg = u.op, u.src, u.arg
-    if op is Ops.BUFFER:
+    if op is _BUFFER:
         return (arg[1],)
-    if op is Ops.CONST:
+    if op is _CONST:
         return ()
-    if op is Ops.IOTA:
+    if op is _IOTA:
         return (arg,)
     if not src or src[0].shape is None:
         return None
     if op in _SHAPE_OF_LAST_SOURCE:  # (first: the most common nodes of a tensor graph)
-        return src[-1].shape if op is not Ops.WHERE else src[1].shape
-    if op in (Ops.RESHAPE, Ops.EXPAND):
+        return src[-1].shape if op is not _WHERE else src[1].shape
+    if op in (_RESHAPE, _EXPAND):
         return tuple(arg)
-    if op is Ops.PERMUTE:
+    if op is _PERMUTE:
         return tuple(src[0].shape[i] for i in arg)
-    if op is Ops.PAD:
+    if op is _PAD:
         return _sints(tuple(s + b + a for s, (b, a) in zip(src[0].shape, arg)))
-    if op is Ops.SHRINK:
+    if op is _SHRINK:
         return _sints(tuple(e - b for b, e in arg))
-    if op is Ops.REDUCE_AXIS:
+    if op is _REDUCE_AXIS:
         return tuple(1 if i in arg[1] else s for i, s in enumerate(src[0].shape))
-    if op in (Ops.ASSIGN, Ops.COPY):
+    if op in (_ASSIGN, _COPY):
         return src[0].shape
-    if op is Ops.MULTI:  # the logical shape: the parts joined along the sharded axis
+    if op is _MULTI:  # the logical shape: the parts joined along the sharded axis
         if arg is None:
             return src[0].shape
         joined = sum(p.tensor_shape[arg] for p in src)

@@ -8,7 +8,9 @@
   two vectors of columns, summed into one accumulator per tile element with fused multiply-adds;
 - a transposed copy (lanes reading rows a page apart): TILE blocks of a few rows, each row's line read for 16 steps
   (with 16 lanes the vector is the block: its loop outermost);
-- the outermost output loop with enough work -> THREAD across the cores, in each loop nest (a tail is one);
+- the outermost output loop with enough work (access.work_estimate: each store and reduce in the loops it runs in,
+  a matmul's multiply-adds at 1/8, not the product of every loop) -> THREAD across the cores, in each loop nest (a
+  tail is one);
   each core a contiguous block, or every amt-th iteration where the loop's iterations grow in work along it (a gated
   reduce inside ends its loop by this loop's value: causal attention's query tiles), in blocks of a cache line's
   rows where a row is narrower;
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-from zeptograd.codegen.expander import live_ranges, row_buffer_of
+from zeptograd.codegen.expander import live_ranges, row_buffer_of, vector_ranges
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes, masks_tail
 from zeptograd.codegen.opt.access import (
     accesses,
@@ -35,11 +37,13 @@ from zeptograd.codegen.opt.access import (
     largest_divisor,
     stride,
     symbolic_size,
+    work_estimate,
 )
 from zeptograd.codegen.opt.tail import gate_single_core
 from zeptograd.codegen.opt.tiles import (
     L2_BLOCK_BYTES,
     _store_stride,
+    accumulator_budget,
     column_panel_loop,
     column_tail_tile,
     dot_tile,
@@ -80,6 +84,7 @@ def hand_coded_optimizations(
     width = max(1, simd_bytes // itemsize)
     total_work = prod(max_trip_count(r) for r in axes)
     reduce_work = prod(max_trip_count(r) for r in axes if r.arg[1] is AxisType.REDUCE)
+    thread_work = work_estimate(plan.ast)  # what a split over the cores would share (not every loop's product)
     blocks: set[int] = set()  # axis ids of TILE's block loops: the cores share a block rather than split them
 
     # the vector axis: stride 1 in the accesses executed most often (a load inside a reduce runs once per iteration
@@ -117,7 +122,7 @@ def hand_coded_optimizations(
 
     if (scores := score_tile(plan.ast, width)) is not None:  # attention in one kernel: a register tile of scores
         take_score_tile(plan, *scores, width)
-        if threads > 1 and total_work >= MIN_THREAD_WORK:
+        if threads > 1 and thread_work >= MIN_THREAD_WORK:
             thread_nests(plan, threads, blocks)
         return gate_single_core(plan.ast), plan.opts
 
@@ -194,8 +199,15 @@ def hand_coded_optimizations(
         else:
             vec_amt = whole
     if contiguous_count(vec_r) and vec_amt > 1:
-        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows)
-        masked = masked_vectors and tile_rows and not is_reduce and masks_tail(max_trip_count(vec_r) % vec_amt)
+        # a tile's columns left of the last vector: one masked vector (tile_tail_nests gives it the tile's rows); so
+        # too the columns of a reduce along a strided axis, each copy its own chain of scalar loads over the reduce
+        # (x.mean(0)[:, 1:-1] of (256, 128): 126 columns, 14 left)
+        masked = (
+            masked_vectors
+            and not is_reduce
+            and (tile_rows or reduces_along(plan.ast, vec_r))
+            and masks_tail(max_trip_count(vec_r) % vec_amt)
+        )
         take(Opt(OptOps.UNROLL if is_reduce else OptOps.MASKED_UPCAST if masked else OptOps.UPCAST, vec_i, vec_amt))
         axes = kernel_axes(plan.ast)
         tile = dot_tile(kernel_axes(plan.ast), [u for u in idxs if stride(u.src[1], vec_r) == 1]) if is_reduce else None
@@ -203,7 +215,7 @@ def hand_coded_optimizations(
             # A @ B.T (both operands contiguous along the reduce): a tile of rows x columns of dot products, each a
             # vector accumulator; one vector load of a row feeds every column and one of a column every row
             row, col = tile
-            cols, row_amounts = dot_tile_shape(simd_bytes, max_trip_count(col))
+            cols, row_amounts = dot_tile_shape(simd_bytes, max_trip_count(col), max_trip_count(row))
             rows = amount_with_tail(max_trip_count(row), row_amounts, divisors_first=True)
             col2 = (
                 second_dot_column(axes, row, col, [u for u in idxs if stride(u.src[1], vec_r) == 1])
@@ -316,23 +328,26 @@ def hand_coded_optimizations(
 
     # a reduce along a strided axis (column sums, batch statistics) with no register tile: more vectors of the
     # output per input row, so each row is read in longer runs into independent accumulators (4096x1024 sum(0):
-    # 1.16 -> 0.25 ms with 8 vectors); not where the reduces are hoisted out of the vector's loop (a row's norm before
+    # 1.16 -> 0.25 ms with 8 vectors), all of them where they are that many or fewer (7 vectors: 4 and a tail of 3
+    # read every row twice); not where the reduces are hoisted out of the vector's loop (a row's norm before
     # its columns are divided by it): there they have no accumulator along it, and a tail of the wider block would
     # be a loop nest computing them again
     if has_reduce and not is_reduce and len(plan.opts) == 1 and reduces_along(ast, vec_r):
         vectors = 1
         if (vi := index_of(plan.ast, vec_r)) is not None:
-            if (more := amount_with_tail(max_trip_count(kernel_axes(plan.ast)[vi]), (8, 4, 2))) > 1:
+            n = max_trip_count(kernel_axes(plan.ast)[vi])
+            whole = n <= STRIDED_REDUCE_VECTORS and not symbolic_size(kernel_axes(plan.ast)[vi])
+            if (more := n if whole else amount_with_tail(n, (8, 4, 2))) > 1:
                 take(Opt(OptOps.UPCAST, vi, more))
                 vectors = more
         take_continuing_rows(plan, vec_r, [u for u in idxs if u in runs_in_reduce], vectors)
 
-    vectorize_own_loops(plan, contiguous_count, vec_amount)
+    vectorize_own_loops(plan, contiguous_count, vec_amount, simd_bytes)
 
     if not has_reduce and is_transposed_copy(plan.ast, vec_r, idxs, itemsize):
         take_transpose_block(plan, vec_r, blocks)
 
-    if threads > 1 and total_work >= MIN_THREAD_WORK:
+    if threads > 1 and thread_work >= MIN_THREAD_WORK:
         thread_nests(plan, threads, blocks)
     return gate_single_core(plan.ast), plan.opts
 
@@ -418,7 +433,7 @@ def take_transpose_block(plan: OptPlan, vec_r: UOp, blocks: set[int]) -> None:
 
 
 def vectorize_own_loops(
-    plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int]
+    plan: OptPlan, contiguous_count: Callable[[UOp], int], vec_amount: Callable[[UOp], int], simd_bytes: int
 ) -> None:
     """A loop no value moves with together with a range expanded already, walked with stride 1 by some access (of a
     buffer or a row buffer: attention's exp loop reads the scores row and fills the exp row), gets a
@@ -426,7 +441,12 @@ def vectorize_own_loops(
     reduce computed before an output loop it does not vary along (softmax's row max and sum, then its output row:
     schedule/policy.py, hoisted_reduce_requests) runs three loops one after another in each row, each 16 lanes
     wide, a reduce's with 4 accumulators. An output loop takes a vector that divides it: a tail would be a loop
-    nest of its own, computing the reduces before it again."""
+    nest of its own, computing the reduces before it again.
+    Only a vector blocks another (the expander gives a value one vector range at most): a register tile's rows, copies,
+    do not. A row statistic inside the rows (the max and sum over the keys of softmax(q @ k.T) @ v, 8 query rows x
+    2 vectors of columns with AVX-512) is a vector per row copy, its accumulators within the tile's budget: left a
+    scalar loop per row, each row's exp ran on one lane ((1,2,128,32) against 32 keys, causal, 1 AVX-512 core: both
+    kernels 81 -> 13 us; the unfused kernels 15)."""
     if not any(u.op is Ops.REDUCE for u in plan.ast.toposort()):
         return
     while True:
@@ -435,29 +455,37 @@ def vectorize_own_loops(
         if not expanded:  # no vector beside which another would run: the choice above stands
             return
         axes = kernel_axes(plan.ast)
-        together = [live for live in live_ranges(nodes, expanded | set(axes)).values() if live & expanded]
+        vectors = vector_ranges(plan.ast, simd_bytes)
+        live = [x for x in live_ranges(nodes, expanded | set(axes)).values() if x & expanded]
         rows = [u for u in nodes if u.op is Ops.INDEX and row_buffer_of(u) is not None]
+        budget = accumulator_budget(simd_bytes)
+
+        def copies(r: UOp) -> int:  # the unrolled copies r's values are made in (a register tile's rows)
+            return max((prod(max_trip_count(e) for e in x & expanded - vectors) for x in live if r in x), default=1)
+
         own = [
             r
             for r in axes
             if r.arg[1] in (AxisType.LOOP, AxisType.REDUCE)
             and (contiguous_count(r) or any(stride(u.src[1], r) == 1 for u in rows))
-            and not any(r in live for live in together)
+            and not any(r in x and x & vectors for x in live)
+            and copies(r) <= budget
         ]
         for r in own:
             is_reduce = r.arg[1] is AxisType.REDUCE
             amt = vec_amount(r) if is_reduce else largest_divisor(max_trip_count(r), (16, 8, 4, 2))
             amt = min(amt, vec_amount(r))
+            fit = tuple(a for a in (8, 4, 2) if a * copies(r) <= budget)  # more vectors: each copy has them
             if amt > 1 and plan.take(Opt(OptOps.UNROLL if is_reduce else OptOps.UPCAST, axes.index(r), amt)):
                 if is_reduce and (i := index_of(plan.ast, r)) is not None:  # accumulators hide the add latency
                     n = max_trip_count(kernel_axes(plan.ast)[i])
-                    plan.take(Opt(OptOps.UNROLL, i, amount_with_tail(n, (4, 2), divisors_first=True)))
+                    plan.take(Opt(OptOps.UNROLL, i, amount_with_tail(n, tuple(a for a in fit if a <= 4), True)))
                 elif (i := index_of(plan.ast, r)) is not None and reduces_along(plan.ast, r):
                     # an output loop whose vectors accumulate a reduce nested inside it (attention's product with v,
                     # per query row): more vectors of it are independent accumulators (one multiply-add chain per
                     # vector waited on each add: (1,1,2048,64) attention 80 -> 32 ms on 2 AVX2 cores)
                     n = max_trip_count(kernel_axes(plan.ast)[i])
-                    plan.take(Opt(OptOps.UPCAST, i, amount_with_tail(n, (8, 4, 2), divisors_first=True)))
+                    plan.take(Opt(OptOps.UPCAST, i, amount_with_tail(n, fit, divisors_first=True)))
                 break  # the axes moved: look again
         else:
             return
@@ -507,7 +535,7 @@ def thread_nests(plan: OptPlan, threads: int, blocks: AbstractSet[int] = frozens
             nodes = set(nest.toposort())
             loops = [r for r in axes if r.arg[1] is AxisType.LOOP and r in nodes and max_trip_count(r) >= threads]
             loops.sort(key=lambda r: r.arg[0] in blocks)  # a cache block's loop last
-            work = prod(max_trip_count(r) for r in nodes if r.op is Ops.RANGE)
+            work = work_estimate(nest)
             threaded = any(u.op is Ops.SPECIAL for u in nodes)
             if not loops or work < MIN_THREAD_WORK or loops[0].arg[0] in tried or threaded:
                 continue

@@ -35,12 +35,37 @@ def tile_shape(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int, tuple
     4 119 GFLOPS; a conv over 32x32 images 67 -> 44 ms), else 2 vectors of up to 6 rows or 1 of up to 8. With 32
     registers and many rows, the most rows whether or not they divide: the rows left are a tile of their own (the
     tile's vectors x the rows left, copies: codegen/opt/tail.py), not a reason for a smaller tile everywhere
-    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us)."""
+    (matmul 100x512x100 on 1 AVX-512 core: 4 x 2 65, 8 x 2 and a 4-row tail 49 us); with fewer rows, the fewest
+    tiles split as evenly as they go (`even_rows`); with 16, only where the rows that divide make a tile of too few
+    accumulators (10 rows: 2 x 2 vectors; AVX2 code on 1 core of an AVX-512 host, x.T @ g (512, 256) x (256, N):
+    N = 10 2 -> 5 rows 49 -> 23 us, 14 2 -> 5 68 -> 33, 50 2 -> 6 254 -> 110; 10x512x512 244 -> 110; conv input
+    gradients (4,C,14,14)x(C,C,3,3) C = 16 105 -> 61, 64 1726 -> 951), not where none divides (7 rows: 6 and a tail
+    row 7.3-8.5 us, 4 and a 3-row tail 9.3)."""
     cols = 2 if n_vectors % 2 == 0 else 1
     if vector_registers(simd_bytes) == 16 and n_vectors % 4 == 0 and n_rows >= TALL_TILE_MIN_ROWS:
         return 4, (3,), False
-    divisors_first = vector_registers(simd_bytes) == 16 or n_rows < TALL_TILE_MIN_ROWS
-    return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes)), divisors_first
+    rows = tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
+    divisor = largest_divisor(n_rows, rows)
+    if n_rows < TALL_TILE_MIN_ROWS and (
+        vector_registers(simd_bytes) == 32 or 1 < divisor and divisor * cols < LATENCY_ACCUMULATORS
+    ):
+        return cols, (even_rows(n_rows, rows[0]),), False
+    return cols, rows, vector_registers(simd_bytes) == 16
+
+
+# independent accumulators that keep the FMA units busy: 2 units x 4 cycles of latency (Zen 3 to 5, Skylake-X)
+LATENCY_ACCUMULATORS = 8
+
+
+def even_rows(n_rows: int, most: int) -> int:
+    """The rows of each of the fewest tiles of at most `most` rows that cover n_rows, as even as they go (a tail
+    tile of the rest). With few rows a smaller tile that divides them is not better: its accumulators, rows x 2
+    vectors, are too few to hide the FMA's latency (2 rows' 4 wait on it; 8 keep both FMA units busy), and the tail
+    tile of a near-even split is nearly full (x.T @ g, (512, 256) x (256, N), 1 AVX-512 core, divisor -> even:
+    N = 10, mlp_step's h.T @ g: 2 rows 32 us -> 5 rows 13; N = 14: 2 -> 7 rows 45 -> 16; 20: 4 -> 7 32 -> 23; 28:
+    4 -> 7 43 -> 32; 50: 2 -> 8 167 -> 60; 7: 6 and a tail row -> 7 13 -> 8; the same where both give 6 or 8)."""
+    tiles = max(1, -(-n_rows // most))
+    return -(-n_rows // tiles)
 
 
 COLUMN_TAIL_MIN_VECTORS = 16  # a tile's column tail (under one tile of vectors) is at most 1/8 of the axis
@@ -62,14 +87,18 @@ def column_tail_tile(simd_bytes: int, n_vectors: int, n_rows: int) -> tuple[int,
     return 2, (8, 6, 4, 2), False
 
 
-def dot_tile_shape(simd_bytes: int, n_cols: int) -> tuple[int, tuple[int, ...]]:
-    """A tile of dot products over an axis of n_cols columns: (columns, row options largest first). 2 columns x up
-    to 8 rows with AVX-512's 32 registers. A column axis of 3 (a conv weight gradient's kx) is taken whole rather
-    than 2 and a tail, with at most 12 accumulators of AVX2's 16 registers and 16 of AVX-512's 32 (on 2 cores of an
-    AVX2 host, conv (8,64,56,56)x(64,64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; on 1 core of an
-    AVX-512 host: 2 x 8 25 ms, 3 x 4 11; x @ w.T 64x1024x1024 on AVX2: 2 x 8 6.6 ms, 2 x 4 3.9)."""
+def dot_tile_shape(simd_bytes: int, n_cols: int, n_rows: int) -> tuple[int, tuple[int, ...]]:
+    """A tile of dot products over an axis of n_cols columns and one of n_rows rows: (columns, row options largest
+    first, a dividing one preferred). 2 columns x up to 8 rows with AVX-512's 32 registers; fewer than
+    TALL_TILE_MIN_ROWS rows as the fewest tiles of 8 split evenly (`even_rows`: x @ W.T, x (M, 512), W (384, 512),
+    1 AVX-512 core: M = 10, 2 rows -> 5, 24 -> 17 us; M = 14, 2 -> 7, 33 -> 23 us; M = 20, 4 -> 7, 35 -> 33 us). A
+    column axis of 3 (a conv weight gradient's kx) is taken whole rather than 2 and a tail, with at most 12
+    accumulators of AVX2's 16 registers and 16 of AVX-512's 32 (on 2 cores of an AVX2 host, conv
+    (8,64,56,56)x(64,64,3,3)'s weight gradient: 2 x 8 54-156 ms, 3 x 4 34-72 ms; on 1 core of an AVX-512 host: 2 x 8
+    25 ms, 3 x 4 11; x @ w.T 64x1024x1024 on AVX2: 2 x 8 6.6 ms, 2 x 4 3.9)."""
     if vector_registers(simd_bytes) == 32 and n_cols != 3:
-        return amount_with_tail(n_cols, (2,), divisors_first=True), (8, 6, 4, 2)
+        rows = (even_rows(n_rows, 8),) if n_rows < TALL_TILE_MIN_ROWS else (8, 6, 4, 2)
+        return amount_with_tail(n_cols, (2,), divisors_first=True), rows
     cols = n_cols if n_cols <= 3 else amount_with_tail(n_cols, (2,), divisors_first=True)
     return cols, tuple(r for r in (8, 6, 4, 2) if r * cols <= accumulator_budget(simd_bytes))
 
@@ -205,9 +234,9 @@ def sliding_window_tile(
     4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8 and 6 do not divide 28) 6.4 / 6.9,
     2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. 2 vectors of output channels:
     2 x SLIDING_WINDOW_TWO_VECTOR_ROWS. With AVX2's 16 registers, 4 vectors x 2 rows (a tail row where 2 does not
-    divide), where tile_shape's 2 vectors took the rows that divide the columns, 2 at 14 columns and 6 and a tail at
-    7: each weight vector fed 2 FMAs; 4 x 3 (12 accumulators) spills with the operands' 5 registers. 8-lane code on
-    1 core of an AVX-512 host compiling without AVX-512 (AVX2's 16 registers), ms before -> after: pad 1
+    divide), where tile_shape's 2 vectors took 2 rows at 14 columns and 6 and a tail at 7 (each weight vector fed 2
+    FMAs), or 5, 5 and 4 rows at 14 (10 accumulators: spilled, 35 ms); 4 x 3 (12 accumulators) spills too. 8-lane
+    code on 1 core of an AVX-512 host compiling without AVX-512 (AVX2's 16 registers), ms before -> after: pad 1
     (8,256,14,14)x(256,256,3,3) 2 x 2 30.8 -> 17.6, (8,512,7,7)x(512,512,3,3) 2 x 6 34.0 -> 20.4 (4 x 3 32.7);
     stride 2 (8,64,56,56)x(128,64,3,3) 2 x 4 10.6 -> 9.9, (8,128,28,28)x(256,128,3,3) 2 x 2 16.0 -> 9.5,
     (8,256,14,14)x(512,256,3,3) 2 x 6 16.6 -> 10.6."""
