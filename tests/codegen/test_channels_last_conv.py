@@ -48,8 +48,8 @@ def test_large_stride2_conv_vectorizes_along_output_channels(monkeypatch):
         sink, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
         # before: [UPCAST ow 8, UPCAST co 8 (rows), SWAP]: a gathered stride-2 input vector
         assert opts[0].op is OptOps.UPCAST and opts[0].axis == co and opts[0].arg == lanes  # co: a vector's lanes
-        # 2 (AVX2) or 4 vectors of co x 4 output columns (rows)
-        assert [(o.axis, o.arg) for o in opts[1:3]] == [(co, 2 if lanes == 8 else 4), (3, 4)]
+        # 4 vectors of co x 2 (AVX2's 16 registers) or 4 (AVX-512's 32) output columns (rows)
+        assert [(o.axis, o.arg) for o in opts[1:3]] == [(co, 4), (3, 2 if lanes == 8 else 4)]
     # the stride-1 conv keeps its vector along the output columns (its input is contiguous there): one kernel, where
     # the vector is 8 lanes (AVX2), which divide its 56 columns (16 lanes: tests/codegen/test_conv_avx512.py)
     monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: 8)

@@ -164,10 +164,10 @@ WEIGHT_BLOCK_MAX_BYTES = 1 << 19  # a block's weight: half of a 1 MiB L2 per cor
 
 def _output_channel_block(rcout: int, lanes: int, per_channel_bytes: int = 0) -> int:
     """The output channels of a block of the channels-last weight (`_stored_output_channels_last`): 4 vectors, the
-    most a conv's register tile takes (codegen/opt/heuristic.py: 4 with AVX-512, 2 or 4 with AVX2), where they divide
-    the channels, so a tile's weight is one contiguous stream (0: no blocks). 2 vectors where a block of 4 would hold
-    more than WEIGHT_BLOCK_MAX_BYTES of weight (per_channel_bytes: an output channel's, cin x window): every output
-    tile streams its block's weight, which then stays in L2 across the tiles (on 1 AVX-512 core, pad 1:
+    most a conv's register tile takes (codegen/opt/tiles.py: sliding_window_tile, AVX-512's and AVX2's), where they
+    divide the channels, so a tile's weight is one contiguous stream (0: no blocks). 2 vectors where a block of 4
+    would hold more than WEIGHT_BLOCK_MAX_BYTES of weight (per_channel_bytes: an output channel's, cin x window):
+    every output tile streams its block's weight, which then stays in L2 across the tiles (on 1 AVX-512 core, pad 1:
     (8,512,7,7)x(512,512,3,3) 1.18 MB blocks 13.6 ms, 590 KB 9.3 (torch 9.1); (8,256,14,14)x(256,256,3,3) 590 KB 8.4,
     295 KB 7.8; (8,128,28,28)x(128,128,3,3) keeps its 295 KB: 147 KB 9.3 ms, 295 KB 8.9)."""
     vectors = OUTPUT_CHANNEL_BLOCK_VECTORS

@@ -308,7 +308,7 @@ def hand_coded_optimizations(
                 take(Opt(OptOps.UPCAST, ri, rows))
                 if sliding is not None and (
                     second := second_window_row(
-                        kernel_axes(ast), rows, (vec_r, tile_row), vec_loads, broadcast, reduce_axes
+                        simd_bytes, kernel_axes(ast), rows, (vec_r, tile_row), vec_loads, broadcast, reduce_axes
                     )
                 ):
                     if (si := index_of(plan.ast, second[0])) is not None:

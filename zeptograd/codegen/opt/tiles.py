@@ -198,7 +198,10 @@ def window_columns(
     return None
 
 
-SLIDING_WINDOW_TILE = (4, (4, 2))  # a sliding-window tile with AVX-512: vectors of columns, row options
+# a sliding-window tile with AVX-512: vectors of columns, row options
+SLIDING_WINDOW_TILE: tuple[int, tuple[int, ...]] = (4, (4, 2))
+# with AVX2's 16 registers: 8 accumulators, 4 weight vectors, a broadcast value
+SLIDING_WINDOW_TILE_16_REGISTERS: tuple[int, tuple[int, ...]] = (4, (2,))
 SLIDING_WINDOW_ROWS = 4  # its rows in all: where the output columns give 2, 2 output rows each
 # 2 vectors of output channels (32 with AVX-512): up to 8 rows, a divisor first (14 columns: 2 x 7, 16 accumulators
 # at most). 1 AVX-512 core, (1,128,h,h)x(32,128,3,3) pad 1, per call with ~0.15 ms of dispatch: h = 14 0.36 -> 0.30 ms
@@ -230,10 +233,19 @@ def sliding_window_tile(
     both of 2 cores: (8,64,56,56)x(64,64,3,3) pad 1: 2 x 8 (tile_shape's) 10.4 / 12.3 ms, 2 x 7 9.1-9.6 / 12.3,
     4 x 4 9.0 / 9.5; stride 2 with 128 output channels: 2 x 4 (tile_shape's: 8 and 6 do not divide 28) 6.4 / 6.9,
     2 x 7 5.5 / 10, 4 x 4 5.9 / 5.9, 2 x 14 (28 accumulators, spilled) 10-15 / -. 2 vectors of output channels:
-    2 x SLIDING_WINDOW_TWO_VECTOR_ROWS. AVX2's 16 registers keep tile_shape's."""
-    cols, rows = SLIDING_WINDOW_TILE
-    if vector_registers(simd_bytes) != 32 or not window_slides(broadcast, row, reduce_axes):
+    2 x SLIDING_WINDOW_TWO_VECTOR_ROWS. With AVX2's 16 registers, 4 vectors x 2 rows (a tail row where 2 does not
+    divide), where tile_shape's 2 vectors took 2 rows at 14 columns and 6 and a tail at 7 (each weight vector fed 2
+    FMAs), or 5, 5 and 4 rows at 14 (10 accumulators: spilled, 35 ms); 4 x 3 (12 accumulators) spills too. 8-lane
+    code on 1 core of an AVX-512 host compiling without AVX-512 (AVX2's 16 registers), ms before -> after: pad 1
+    (8,256,14,14)x(256,256,3,3) 2 x 2 30.8 -> 17.6, (8,512,7,7)x(512,512,3,3) 2 x 6 34.0 -> 20.4 (4 x 3 32.7);
+    stride 2 (8,64,56,56)x(128,64,3,3) 2 x 4 10.6 -> 9.9, (8,128,28,28)x(256,128,3,3) 2 x 2 16.0 -> 9.5,
+    (8,256,14,14)x(512,256,3,3) 2 x 6 16.6 -> 10.6."""
+    if not window_slides(broadcast, row, reduce_axes):
         return None
+    if vector_registers(simd_bytes) != 32:
+        cols, rows = SLIDING_WINDOW_TILE_16_REGISTERS
+        return (cols, rows, True) if n_vectors % cols == 0 else None
+    cols, rows = SLIDING_WINDOW_TILE
     if n_vectors == 2:
         return 2, SLIDING_WINDOW_TWO_VECTOR_ROWS, True
     if n_vectors % cols:
@@ -242,6 +254,7 @@ def sliding_window_tile(
 
 
 def second_window_row(
+    simd_bytes: int,
     axes: list[UOp],
     rows: int,
     taken: tuple[UOp, ...],
@@ -254,7 +267,7 @@ def second_window_row(
     of 2 columns each. (8,256,14,14)x(256,256,3,3) pad 1, one core / both of 2: 4 vectors x 2 columns 27 / - ms, x 4
     columns and a tail 18 / 21, 2 vectors x 7 columns 11-13 / 16-19, 4 vectors x 2 columns x 2 rows 14-15 / 13-14."""
     more = SLIDING_WINDOW_ROWS // rows
-    if more < 2:
+    if more < 2 or vector_registers(simd_bytes) != 32:  # AVX2's 4 vectors x 2 columns x 2 rows: 16 accumulators
         return None
     return next(
         (
@@ -278,15 +291,13 @@ def full_vector_output_axis(
     divide (a conv's ow = 56: 3 x 16 lanes and 8 left, so its register tile takes 8 lanes, half of each register): one
     that full vectors divide and that the reduce's loads read contiguously as often (a channels-last weight's output
     channels: tensor/conv_layout.py stores it so for such convs). (8,64,56,56)x(64,64,3,3) pad 1 on one core of an
-    AVX-512 host: 8-lane columns 19 ms, 16 output channels per vector 9 ms. Measured on AVX-512 only: AVX2's 8 lanes
-    divide 56, and its kernels keep their vector."""
+    AVX-512 host: 8-lane columns 19 ms, 16 output channels per vector 9 ms. AVX2's 8 lanes divide 56 and keep their
+    vector there, but not 28 (3 vectors and 4 lanes left): (8,128,28,28)x(128,128,3,3) with its channels-last weight
+    kept the vector on the columns, each row of its tile a block of 32 output channels whose weight is one scalar
+    load, and the pad's gates on every input vector: 8-lane code on 1 core of an AVX-512 host compiling without
+    AVX-512 (AVX2's 16 registers) 68 ms; 8 output channels per vector 18 ms (`sliding_window_tile`'s 4 x 2)."""
     vec_r = axes[vec_i]
-    if (
-        vector_registers(simd_bytes) != 32
-        or vec_r.arg[1] is not AxisType.LOOP
-        or symbolic_size(vec_r)
-        or max_trip_count(vec_r) % width == 0
-    ):
+    if vec_r.arg[1] is not AxisType.LOOP or symbolic_size(vec_r) or max_trip_count(vec_r) % width == 0:
         return None
 
     def contiguous_reads(r: UOp) -> int:
