@@ -110,6 +110,13 @@ def _max_grad(ctx: Tensor, ret: UOp) -> tuple:
     return tie.where(ctx * 0.5, (a < b).where(0, ctx)), tie.where(ctx * 0.5, (b < a).where(0, ctx))
 
 
+def _is_zero(u: UOp) -> bool:
+    """Whether u is the constant 0 (broadcast by reshapes and expands)."""
+    while u.op in (Ops.RESHAPE, Ops.EXPAND):
+        u = u.src[0]
+    return u.op is Ops.CONST and u.arg == 0
+
+
 def _reduce_grad(ctx: Tensor, ret: UOp) -> tuple:
     op, axes = ret.arg
     if op is Ops.ADD:
@@ -138,6 +145,27 @@ pm_gradient = PatternMatcher(
             lambda ctx, ret: (ctx / _t(ret.src[1], ctx), -ctx * _t(ret, ctx) / _t(ret.src[1], ctx)),
         ),
         (UPat(Ops.MAX, name="ret"), _max_grad),
+        # relu, (x <= 0).where(0, x): the gradient from the output, (out == 0).where(0, grad) (torch's
+        # threshold_backward; out is nan where x is, and passes the gradient there). The backward reads the output
+        # the next layer reads anyway instead of the condition, which would be a buffer of its own
+        (
+            UPat(
+                Ops.WHERE,
+                src=(
+                    UPat(
+                        Ops.OR,
+                        src=(
+                            UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.var("z"))),
+                            UPat(Ops.CMPEQ, src=(UPat.var("x"), UPat.var("z"))),
+                        ),
+                    ),
+                    UPat.var("z"),
+                    UPat.var("x"),
+                ),
+                name="ret",
+            ),
+            lambda ctx, ret, x, z: (None, None, _t(ret, ctx).eq(0).where(0, ctx)) if _is_zero(z) else None,
+        ),
         (
             UPat(Ops.WHERE, name="ret"),
             lambda ctx, ret: (None, _t(ret.src[0], ctx).where(ctx, 0), _t(ret.src[0], ctx).where(0, ctx)),

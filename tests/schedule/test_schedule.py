@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from zeptograd import GlobalCounters, Tensor
+from zeptograd import GlobalCounters, Tensor, dtypes
 from zeptograd.uop.ops import Ops
 
 rng = np.random.default_rng(0)
@@ -402,3 +402,26 @@ def test_an_assign_into_a_view_is_read_back_through_that_view():
     m = Tensor.zeros(4, 4).contiguous().realize()
     np.testing.assert_array_equal((m.T[1:3].assign(Tensor.ones(2, 4) * 7) + 1).numpy(), np.full((2, 4), 8))
     np.testing.assert_array_equal(m.numpy()[:, 1:3], np.full((4, 2), 7))
+
+
+def test_relu_backward_reads_the_output_not_a_stored_mask():
+    """relu's gradient is (out == 0).where(0, grad), from the output that the next layer reads anyway: the forward
+    stores no bool mask, and the matmul's output has one consumer, so bias + relu stay in its epilogue (an MLP's
+    784-512-10 layers at batch 256: 8 kernels, 10 when the backward read the condition x @ w1 + b1 <= 0)."""
+    (x, xn), (w1n, b1n, w2n) = (
+        realized(256, 784),
+        (rng.standard_normal(s).astype(np.float32) for s in ((784, 512), (512,), (512, 10))),
+    )
+    w1, b1, w2 = (Tensor(a, requires_grad=True) for a in (w1n, b1n, w2n))
+    loss = ((x @ w1 + b1).relu() @ w2).sum()
+    loss.backward()
+    items = loss.schedule(w1.grad, b1.grad, w2.grad)
+    assert not any(b.dtype == dtypes.bool for item in items for b in item.bufs)
+    assert len(items) == 8
+    assert [b.size for b in items[0].bufs] == [256 * 512, 256 * 784, 784 * 512, 512]  # h = relu(x @ w1 + b1)
+    Tensor.realize(loss, w1.grad, b1.grad, w2.grad)
+    hn = np.maximum(xn @ w1n + b1n, 0)
+    gh = np.ones((256, 10), np.float32) @ w2n.T * (hn > 0)
+    np.testing.assert_allclose(w1.grad.numpy(), xn.T @ gh, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(b1.grad.numpy(), gh.sum(0), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(w2.grad.numpy(), hn.T @ np.ones((256, 10), np.float32), rtol=1e-3, atol=1e-3)

@@ -403,3 +403,14 @@ def test_no_rule_runs_for_a_leafs_own_node(monkeypatch):
     (w @ x).sum().backward()
     assert w.uop.op is Ops.RESHAPE and applied and w.uop not in applied
     np.testing.assert_allclose(w.grad.numpy(), np.full((3, 4), 2.0))
+
+
+def test_relu_gradient_at_special_values_is_torchs():
+    """relu's gradient rule reads the output (gradient.py): as torch's threshold_backward, 0 where the output is 0
+    (x <= 0, -0.0, -inf) and the gradient itself where it is nan or positive."""
+    x = np.array([np.nan, -0.0, 0.0, 1.5, -1.0, np.inf, -np.inf, 1e-30], np.float32)
+    g = np.arange(1, 9, dtype=np.float32)
+    zx, tx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    (zx.relu() * Tensor(g)).sum().backward()
+    (torch.relu(tx) * torch.tensor(g)).sum().backward()
+    np.testing.assert_array_equal(zx.grad.numpy(), tx.grad.numpy())
