@@ -8,6 +8,7 @@ import weakref
 import numpy as np
 
 from zeptograd import Tensor
+from zeptograd.engine import live_readers
 from zeptograd.engine import realize as engine
 from zeptograd.tensor import assign_helpers
 from zeptograd.tensor.live import _grad_uops
@@ -136,7 +137,7 @@ def test_the_live_readers_of_a_step_are_found_in_one_pass_over_their_graphs():
         p.assign(n)
     under_readers = UOp(Ops.SINK, src=tuple(t.uop for t in [*grads, *new, loss])).toposort()
     Tensor.realize(loss, *ws)
-    visits = engine.live_reader_visits[0]
+    visits = live_readers.live_reader_visits[0]
     assert 0 < visits <= len(under_readers) // 4, (visits, len(under_readers))
 
 
@@ -149,9 +150,9 @@ def test_a_live_graph_that_reads_no_written_memory_is_walked_once():
     for _ in range(40):
         chain = chain * 1.5 + 1
     a.assign(a + 1).realize()
-    assert 80 <= engine.live_reader_visits[0] <= 100, engine.live_reader_visits[0]
+    assert 80 <= live_readers.live_reader_visits[0] <= 100, live_readers.live_reader_visits[0]
     a.assign(a + 1).realize()
-    assert engine.live_reader_visits[0] <= 2, engine.live_reader_visits[0]
+    assert live_readers.live_reader_visits[0] <= 2, live_readers.live_reader_visits[0]
     np.testing.assert_allclose(a.numpy(), np.arange(4) + 2)
 
 
