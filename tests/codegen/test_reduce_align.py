@@ -10,6 +10,7 @@ import pytest
 
 from zeptograd import Tensor
 from zeptograd.codegen import full_rewrite, kernel_name, optimize
+from zeptograd.helpers import Context
 from zeptograd.renderer.llvmir import LLVMRenderer
 from zeptograd.uop.ops import Ops
 from zeptograd.uop.symbolic import split_sum
@@ -28,12 +29,13 @@ def test_sliced_reduce_loads_start_on_vector_boundaries(simd_bytes):
     x = Tensor(rng.standard_normal((128, 128), dtype=np.float32)).realize()
     ast = _kernel(x.mean(0, keepdim=True)[:, 1:-1])
     renderer = LLVMRenderer(simd_bytes=simd_bytes)
-    sink, _ = optimize(ast, renderer)
+    with Context(NOOPT=0):  # the heuristic's kernel (NOOPT makes no vectors, so nothing is aligned)
+        sink, _ = optimize(ast, renderer)
+        uops, _ = full_rewrite(ast, renderer)
     (load,) = [u.src[0] for u in sink.toposort() if u.op is Ops.LOAD]
     assert split_sum(load.src[1])[1] % lanes == 0  # the reduce reads columns from a vector boundary
     (store,) = [u.src[0] for u in sink.toposort() if u.op is Ops.STORE]
     assert len(store.src) == 3  # the superset's columns outside the slice are not stored
-    uops, _ = full_rewrite(ast, renderer)
     src = renderer.render(kernel_name(ast), uops).src
     assert "masked.load" not in src  # 128 columns: whole vectors, no tail
 
@@ -58,3 +60,16 @@ def test_sliced_reduce_superset_cut_at_the_buffer_end():
     x = Tensor(xn).realize()
     np.testing.assert_allclose(x[1:].reshape(2, 16).sum(0).numpy(), xn[1:].reshape(2, 16).sum(0), rtol=1e-5)
     np.testing.assert_allclose(x[3:].reshape(2, 15).sum(0).numpy(), xn[3:].reshape(2, 15).sum(0), rtol=1e-5)
+
+
+def test_sliced_reduce_with_loads_after_the_reduce():
+    # b[r] read once per output: gated with the stores (the superset's columns before the slice would be b[-1])
+    xn, bn = rng.standard_normal((64, 128), dtype=np.float32), rng.standard_normal(126, dtype=np.float32)
+    x, b = Tensor(xn).realize(), Tensor(bn).realize()
+    np.testing.assert_allclose((x.sum(0)[1:-1] * b).numpy(), xn.sum(0)[1:-1] * bn, rtol=1e-4, atol=1e-4)
+    yn = rng.standard_normal((3, 40, 48), dtype=np.float32)
+    y = Tensor(yn).realize()
+    np.testing.assert_allclose(y.max(1)[:, 1:47].numpy(), yn.max(1)[:, 1:47])
+    np.testing.assert_allclose(
+        (y.sum(1)[:, 5:45] + y[:, 0, 5:45]).numpy(), yn.sum(1)[:, 5:45] + yn[:, 0, 5:45], rtol=1e-4, atol=1e-4
+    )

@@ -52,19 +52,28 @@ def _in_bounds(idx: UOp, size: int) -> bool:
     return size > 0 and idx.vmin >= 0 and idx.vmax < size
 
 
+def _gated(idx: UOp, gate: UOp) -> UOp:
+    both = gate if len(idx.src) == 2 else idx.src[2] & gate
+    return UOp(Ops.INDEX, idx.dtype, (idx.src[0], idx.src[1], both), idx.arg)
+
+
 def align_reduced_loads(sink: UOp, simd_bytes: int) -> UOp:
     """The kernel with its reduced loads' vectors on whole-vector boundaries where a shift of one output loop does
     it (the module's algebra), else the kernel itself."""
-    loads = _reduced_loads(sink)
-    if not loads:
+    reduced = _reduced_loads(sink)
+    if not reduced:
         return sink
-    stores = [u.src[0] for u in sink.toposort() if u.op is Ops.STORE and u.src[0].op is Ops.INDEX]
     nodes = sink.toposort()
+    stores = [u for u in nodes if u.op is Ops.STORE]
+    loads = [u.src[0] for u in nodes if u.op is Ops.LOAD]
     for r in (u for u in nodes if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP and u.src[0].op is Ops.CONST):
-        using = [idx for idx in loads if r in idx.src[1].ranges]
-        if not using or any(len(idx.src) != 2 for idx in using):
+        using = [idx for idx in reduced if r in idx.src[1].ranges]
+        if not using or any(len(idx.src) != 2 or not isinstance(idx.src[0].dtype, PtrDType) for idx in using):
             continue
-        itemsize = max(idx.src[0].dtype.base.itemsize for idx in using if isinstance(idx.src[0].dtype, PtrDType))
+        others = [idx for idx in loads if idx not in using and r in idx.toposort()]
+        if any(idx.op is not Ops.INDEX or idx.src[0].op is not Ops.DEFINE_GLOBAL for idx in others):
+            continue
+        itemsize = max(idx.src[0].dtype.base.itemsize for idx in using)
         lanes, n = simd_bytes // itemsize, r.src[0].arg
         if lanes < 2 or n < lanes:  # no whole vector in the loop: nothing to align
             continue
@@ -75,25 +84,22 @@ def align_reduced_loads(sink: UOp, simd_bytes: int) -> UOp:
         for size in dict.fromkeys(((n + a + lanes - 1) // lanes * lanes, n + a)):
             new_r = UOp(Ops.RANGE, r.dtype, (UOp.const(r.src[0].dtype, size),), r.arg)
             shifted = new_r + UOp.const(r.dtype, -a)
-            if all(
-                _in_bounds(graph_substitute(idx.src[1], {r: shifted}), idx.src[0].dtype.size)
-                for idx in using
-                if isinstance(idx.src[0].dtype, PtrDType)
-            ):
+            if all(_in_bounds(graph_substitute(idx.src[1], {r: shifted}), idx.src[0].dtype.size) for idx in using):
                 break
         else:
             continue
         kept = (UOp.const(r.dtype, a - 1) < new_r) & (new_r < UOp.const(r.dtype, a + n))
-        mapping = {r: shifted}
-        for st in stores:
-            if r not in st.toposort():
-                continue
-            gate = kept if len(st.src) == 2 else st.src[2] & kept
-            mapping[st] = UOp(Ops.INDEX, st.dtype, (st.src[0], st.src[1], gate), st.arg)
-        # the stores' new INDEX nodes hold r in their index: substituted in them too
-        mapping = {k: (graph_substitute(v, {r: shifted}) if k is not r else v) for k, v in mapping.items()}
+        # stores and the loads outside the reduce (a bias[r] after it: one per output) take the slice's gate
+        mapping = {st.src[0]: _gated(st.src[0], kept) for st in stores if r in st.toposort()}
+        mapping |= {idx: _gated(idx, kept) for idx in others}
+        # then r -> R - a in them (graph_substitute does not substitute inside replacements) and everywhere else
+        mapping = {k: graph_substitute(v, {r: shifted}) for k, v in mapping.items()} | {r: shifted}
         sink = graph_substitute(sink, mapping)
         # the loops' ENDs close the new range itself, not its shifted value
-        ends = {u: u.replace(src=(u.src[0], *(new_r if s is shifted else s for s in u.src[1:]))) for u in sink.toposort() if u.op is Ops.END and shifted in u.src[1:]}
+        ends = {
+            u: u.replace(src=(u.src[0], *(new_r if s is shifted else s for s in u.src[1:])))
+            for u in sink.toposort()
+            if u.op is Ops.END and shifted in u.src[1:]
+        }
         return graph_rewrite(graph_substitute(sink, ends), symbolic)
     return sink
