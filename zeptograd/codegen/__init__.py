@@ -29,14 +29,19 @@ def ranges_simplified(ast: UOp) -> UOp:
     return simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
 
 
+def actions_kernel(ast: UOp, renderer: Renderer) -> UOp:
+    """The kernel the optimizer's actions apply to; on CPUs a reduce's loads on whole vectors (a sliced output's loop
+    shifted to their boundary, codegen/opt/align.py)."""
+    sink = ranges_simplified(ast)
+    return sink if renderer.has_local else align_reduced_loads(sink, renderer.simd_bytes)
+
+
 @named_pass("optimize", "range rewrites, then the optimizer's actions (given, the heuristic's, or none)", nest=True)
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
-    sink = ranges_simplified(ast)
-    if opts == [] or (opts is None and NOOPT):
-        return sink, []
-    if not renderer.has_local:  # a reduce's loads on whole CPU vectors: a sliced output's loop shifted to them
-        sink = align_reduced_loads(sink, renderer.simd_bytes)
+    if opts == [] or (opts is None and NOOPT):  # no vectors: nothing to align
+        return ranges_simplified(ast), []
+    sink = actions_kernel(ast, renderer)
     if opts is not None:
         return apply_opts(sink, opts), opts
     if renderer.has_local:  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
