@@ -68,23 +68,24 @@ def align_reduced_loads(sink: UOp, simd_bytes: int) -> UOp:
     loads = [u.src[0] for u in nodes if u.op is Ops.LOAD]
     for r in (u for u in nodes if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP and u.src[0].op is Ops.CONST):
         using = [idx for idx in reduced if r in idx.src[1].ranges]
-        if not using or any(len(idx.src) != 2 or not isinstance(idx.src[0].dtype, PtrDType) for idx in using):
+        ptrs = [d for idx in using if isinstance(d := idx.src[0].dtype, PtrDType)]
+        if not using or len(ptrs) != len(using) or any(len(idx.src) != 2 for idx in using):
             continue
         others = [idx for idx in loads if idx not in using and r in idx.toposort()]
         if any(idx.op is not Ops.INDEX or idx.src[0].op is not Ops.DEFINE_GLOBAL for idx in others):
             continue
-        itemsize = max(idx.src[0].dtype.base.itemsize for idx in using)
+        itemsize = max(p.base.itemsize for p in ptrs)
         lanes, n = simd_bytes // itemsize, r.src[0].arg
         if lanes < 2 or n < lanes:  # no whole vector in the loop: nothing to align
             continue
         offsets = {_offset(idx.src[1], r, lanes) for idx in using}
-        if len(offsets) != 1 or (a := offsets.pop()) in (None, 0):
+        a = offsets.pop() if len(offsets) == 1 else None
+        if not a:  # loads at different offsets, or already on the boundary
             continue
-        assert a is not None
         for size in dict.fromkeys(((n + a + lanes - 1) // lanes * lanes, n + a)):
             new_r = UOp(Ops.RANGE, r.dtype, (UOp.const(r.src[0].dtype, size),), r.arg)
             shifted = new_r + UOp.const(r.dtype, -a)
-            if all(_in_bounds(graph_substitute(idx.src[1], {r: shifted}), idx.src[0].dtype.size) for idx in using):
+            if all(_in_bounds(graph_substitute(idx.src[1], {r: shifted}), p.size) for idx, p in zip(using, ptrs)):
                 break
         else:
             continue
