@@ -1,5 +1,5 @@
 """Reduce inputs read through whole vectors: an output loop whose reduced loads all start off a vector boundary is
-shifted back to it, its extra iterations' stores gated off (CPU renderers, before the heuristic's actions).
+shifted back to it, its extra iterations' stores gated off (CPU renderers, before the optimizer's actions).
 
 A slice of a reduce's result, `x.mean(0)[:, 1:-1]`, reaches the kernel as an output loop r over the n kept columns
 whose loads read `x[k*128 + r + 1]`: every vector split off r then starts one float past a vector boundary and
@@ -8,13 +8,14 @@ aligned, one core). The reduce over the aligned superset of those columns costs 
 vectors; only the sliced lanes are stored:
 
     r in [0, n), loads at base + r + c, c % w = a != 0 (w: the vector's lanes)
-      -> R in [0, n'), r = R - a, every store gated on a <= R < a + n
+      -> R in [0, n'), r = R - a, the stores (and the loads outside the reduce) gated on a <= R < a + n
     n' = n + a rounded up to a multiple of w where the loads stay inside their buffers (else n + a)
 
 The loads at R < a (and R >= a + n) read base + c - a .. (the columns before and after the slice, in bounds: checked
-on the index's value range), their values only reach the gated-off stores. A load or store already gated on r keeps
-its gate (the store's is ANDed with the new one); a gated load that uses r leaves the kernel alone (its index may
-leave the buffer where its gate is false, and the shift moves the gate).
+on the index's value range), their values only reach the gated-off stores. A load outside the reduce (a bias[r]
+applied after it, one per output) would read bias[-1]: it takes the slice's gate, ANDed with its own, as a store
+does. A gated load inside the reduce that uses r leaves the kernel alone (its index may leave the buffer where its
+gate is false). Loads at different offsets along r (x[r] + x[r+1]) leave it alone too: no shift aligns them all.
 """
 
 from __future__ import annotations
