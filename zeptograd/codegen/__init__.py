@@ -9,6 +9,7 @@ from zeptograd.codegen.gated_reduce import end_gated_reduces
 from zeptograd.codegen.linearize import linearize
 from zeptograd.codegen.lower import lower_index_dtypes, pm_lower
 from zeptograd.codegen.opt import Opt, apply_opts
+from zeptograd.codegen.opt.align import align_reduced_loads
 from zeptograd.codegen.opt.heuristic import hand_coded_optimizations
 from zeptograd.codegen.peel import peel_borders
 from zeptograd.codegen.simplify import pm_index_given_valid, simplify_ranges
@@ -28,14 +29,21 @@ def ranges_simplified(ast: UOp) -> UOp:
     return simplify_ranges(sink)  # range rewrites: reduce/load collapse, split, merge, flatten
 
 
+def actions_kernel(ast: UOp, renderer: Renderer) -> UOp:
+    """The kernel the optimizer's actions apply to; on CPUs a reduce's loads on whole vectors (a sliced output's loop
+    shifted to their boundary, codegen/opt/align.py)."""
+    sink = ranges_simplified(ast)
+    return sink if renderer.has_local else align_reduced_loads(sink, renderer.simd_bytes)
+
+
 @named_pass("optimize", "range rewrites, then the optimizer's actions (given, the heuristic's, or none)", nest=True)
 def optimize(ast: UOp, renderer: Renderer, opts: list[Opt] | None = None) -> tuple[UOp, list[Opt]]:
     """Range rewrites, then optimizer actions: given, chosen by the heuristic, or none with NOOPT=1."""
-    sink = ranges_simplified(ast)
+    if opts == [] or (opts is None and NOOPT):  # no vectors: nothing to align
+        return ranges_simplified(ast), []
+    sink = actions_kernel(ast, renderer)
     if opts is not None:
         return apply_opts(sink, opts), opts
-    if NOOPT:
-        return sink, []
     if renderer.has_local:  # a GPU: work-group threads (codegen/opt/heuristic_gpu.py)
         from zeptograd.codegen.opt.heuristic_gpu import gpu_optimizations  # imported for GPUs only (startup time)
 

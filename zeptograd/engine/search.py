@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from zeptograd.codegen import full_rewrite, kernel_name, optimize, ranges_simplified
+from zeptograd.codegen import actions_kernel, full_rewrite, kernel_name, optimize
 from zeptograd.codegen.gated_reduce import ends_along
 from zeptograd.codegen.opt import Opt, OptError, OptOps, apply_opts, kernel_axes
 from zeptograd.device import Buffer, Device, Program
@@ -113,7 +113,7 @@ def _cached_choice(device: str, ast: UOp, width: int) -> list[Opt] | None:
         ):
             raise ValueError("not a list of [action, axis, amount]")
         opts = [Opt(OptOps[o], a, n) for o, a, n in entries]
-        apply_opts(ranges_simplified(ast), opts)
+        apply_opts(actions_kernel(ast, Device[device].renderer), opts)
     except (ValueError, KeyError, TypeError, IndexError, OptError) as e:  # JSONDecodeError is a ValueError
         diskcache.remove_text(
             "beam", name, f"{text[:60]!r} is not a valid BEAM choice ({type(e).__name__}: {e}); searching again"
@@ -179,7 +179,7 @@ def beam_search(device: str, ast: UOp, bufs: list[Buffer], width: int) -> list[O
     with tqdm(desc=f"BEAM {kernel_name(ast)}", unit="kernel", leave=False) as bar:
         bar.total = 2
         beam = sorted(evaluate([[], heuristic], bar), key=lambda x: x[0])[:width]
-        simplified = ranges_simplified(ast)  # what the actions apply to (optimize's kernel): its loops, numbered
+        simplified = actions_kernel(ast, dev.renderer)  # what the actions apply to (optimize's kernel): its loops
         seen = {apply_opts(simplified, opts) for _, opts in beam}
         while time.perf_counter() - start < BEAM_BUDGET.value:
             cands = []
