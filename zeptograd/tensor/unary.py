@@ -241,7 +241,7 @@ class UnaryMixin:
 
     # ***** activations *****
     def relu(self: Tensor) -> Tensor:
-        return (self <= 0).where(0, self)  # relu(nan) is nan
+        return (self < 0).where(0, self)  # relu(nan) is nan, relu(-0.0) is -0.0 (as torch's)
 
     def relu6(self: Tensor) -> Tensor:
         return self.relu() - (self - 6).relu()
