@@ -401,6 +401,8 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
         raise RuntimeError("internal error: a vector value stored to one address")
     if v is None and (packed := ctx.exp[value].packed):
         return Expanded((), {(): store_packed(ctx, index, value, axes, packed)})
+    if v is not None and (transposed := store_transposed(ctx, index, value, axes, v)) is not None:
+        return Expanded((), {(): transposed})
     stores = []
     for key in ctx.keys(axes):
         val = ctx.get(value, axes, key, v)
@@ -412,6 +414,47 @@ def expand_store(ctx: Expander, u: UOp) -> Expanded:
             for lane, i in enumerate(ctx.lane_indices(index, axes, key, v)):
                 stores.append(i.store(UOp(Ops.GEP, val.dtype.scalar, (val,), (lane,))))
     return Expanded((), {(): stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))})
+
+
+def store_transposed(ctx: Expander, index: UOp, value: UOp, axes: tuple[UOp, ...], v: UOp) -> UOp | None:
+    """# STORE(INDEX(buf, i(v, c)), x) with x's lanes along v scattered and c unrolled, consecutive c writing
+    consecutive elements -> per lane k of v, one vector STORE of (x(c=0)[k], x(c=1)[k], ..., x(c=n-1)[k]): the tile
+    transposed in registers (a shuffle sequence) instead of one scalar store per element. A conv whose vector goes
+    along its output channels (a channels-last weight) stores an NCHW output so, its register tile's columns along
+    c (the output columns). Where the store is gated, c's copies are not all contiguous lanes of one vector width,
+    or c is already a vector (then nothing is scattered): None, the scatter as before."""
+    if len(index.src) > 2 or ctx.vector_index(index, axes, next(iter(ctx.keys(axes)), ()), v) is not None:
+        return None
+    lanes, itemsize = range_lanes(v), value.dtype.scalar.itemsize
+    col = next(
+        (
+            r
+            for r in reversed(axes)
+            if is_contiguous(index.src[1], r)
+            and 2 <= range_lanes(r) <= lanes
+            and range_lanes(r) & (range_lanes(r) - 1) == 0
+        ),
+        None,
+    )
+    if col is None or range_lanes(col) * itemsize > lanes * itemsize:
+        return None
+    outer = tuple(r for r in axes if r is not col)
+    n, at = range_lanes(col), axes.index(col)
+    stores = []
+    for key in ctx.keys(outer):
+        row = ctx.row_vector_index(index, outer, key, col)
+        if row is None:
+            return None
+        copies = [ctx.get(value, axes, key[:at] + (j,) + key[at:], v) for j in range(n)]
+        for lane in range(lanes):
+            base = ctx.substitute(row.src[1], (), (), lane, v)
+            part = tuple(UOp(Ops.GEP, c.dtype.scalar, (c,), (lane,)) for c in copies)
+            stores.append(
+                UOp(Ops.INDEX, index.dtype, (row.src[0], base)).store(
+                    UOp(Ops.VECTORIZE, value.dtype.scalar.vec(n), part)
+                )
+            )
+    return stores[0] if len(stores) == 1 else UOp(Ops.GROUP, dtypes.void, tuple(stores))
 
 
 def store_packed(ctx: Expander, index: UOp, value: UOp, axes: tuple[UOp, ...], packed: tuple[UOp, ...]) -> UOp:
