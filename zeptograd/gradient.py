@@ -145,17 +145,6 @@ pm_gradient = PatternMatcher(
             lambda ctx, ret: (ctx / _t(ret.src[1], ctx), -ctx * _t(ret, ctx) / _t(ret.src[1], ctx)),
         ),
         (UPat(Ops.MAX, name="ret"), _max_grad),
-        # relu, (x < 0).where(0, x): the gradient from the output, (out == 0).where(0, grad) (torch's
-        # threshold_backward: none at 0 or -0.0; out is nan where x is, and passes the gradient there). The backward
-        # reads the output the next layer reads anyway instead of the condition, which would be a buffer of its own
-        (
-            UPat(
-                Ops.WHERE,
-                src=(UPat(Ops.CMPLT, src=(UPat.var("x"), UPat.var("z"))), UPat.var("z"), UPat.var("x")),
-                name="ret",
-            ),
-            lambda ctx, ret, x, z: (None, None, _t(ret, ctx).eq(0).where(0, ctx)) if _is_zero(z) else None,
-        ),
         (
             UPat(Ops.WHERE, name="ret"),
             lambda ctx, ret: (None, _t(ret.src[0], ctx).where(ctx, 0), _t(ret.src[0], ctx).where(0, ctx)),

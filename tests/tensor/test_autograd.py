@@ -414,3 +414,42 @@ def test_relu_gradient_at_special_values_is_torchs():
     (zx.relu() * Tensor(g)).sum().backward()
     (torch.relu(tx) * torch.tensor(g)).sum().backward()
     np.testing.assert_array_equal(zx.grad.numpy(), tx.grad.numpy())
+
+
+def test_a_hand_written_relu_where_has_wheres_gradient():
+    """relu's own gradient rule (none at 0) is relu's: (x < 0).where(0, x) written by hand is a where, whose gradient
+    torch passes at 0 and -0.0."""
+    x = np.array([-1.0, -0.0, 0.0, 2.0], np.float32)
+    zx, tx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    (zx < 0).where(0, zx).sum().backward()
+    torch.where(tx < 0, 0.0, tx).sum().backward()
+    np.testing.assert_array_equal(zx.grad.numpy(), tx.grad.numpy())
+
+
+def test_relu6_values_and_gradient_at_its_bounds_are_torchs():
+    """torch's relu6 is hardtanh(0, 6): no gradient at 0 or 6, nan passes, -0.0 keeps its sign."""
+    x = np.array([-1.0, -0.0, 0.0, 3.0, 6.0, 7.0, np.nan, np.inf], np.float32)
+    zx, tx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    zy, ty = zx.relu6(), torch.nn.functional.relu6(tx)
+    zy.sum().backward()
+    ty.sum().backward()
+    np.testing.assert_array_equal(zy.numpy(), ty.detach().numpy())
+    np.testing.assert_array_equal(np.signbit(zy.numpy()), np.signbit(ty.detach().numpy()))
+    np.testing.assert_array_equal(zx.grad.numpy(), tx.grad.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_gelu_gradient_in_half_dtypes_is_computed_in_float32_as_torch(dtype):
+    """In float16, 1 - sigmoid(2u) is 0 from x ~ 2.5 on: computed in float16 the tanh GELU's gradient loses its
+    second term there (0.0059 off torch at x = 3.25); torch computes it in float32 and rounds once."""
+    from zeptograd import dtypes
+
+    x = np.linspace(-12, 12, 4001).astype(np.float32)
+    zx = Tensor(x, dtype=getattr(dtypes, dtype), requires_grad=True)
+    tx = torch.tensor(x).to(getattr(torch, dtype)).requires_grad_(True)
+    zx.gelu().sum().backward()
+    torch.nn.functional.gelu(tx, approximate="tanh").sum().backward()
+    assert zx.grad.dtype == getattr(dtypes, dtype)
+    got, want = zx.grad.cast(dtypes.float32).numpy(), tx.grad.float().numpy()
+    ulp = 2.0**-10 if dtype == "float16" else 2.0**-7  # one ulp at 1.0
+    np.testing.assert_allclose(got, want, rtol=0, atol=ulp)

@@ -211,9 +211,10 @@ class NNMixin:
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
                 for i, o, k, s, d, (pb, pa) in zip(x.shape[2:], out.shape[2:], hw, strides, dils, grouped)
             ]
-            # the gradient stored first (windows over computed values would recompute them per window position),
-            # padded as the transposed conv reads it where the stride inserts no zeros: one kernel writes it, and
-            # the conv reads it with no gate (stored, then copied padded by the scheduler: two passes)
+            # d/dx: a stride over 1 (no dilation) runs one conv per phase of the input (each reads the gradient at
+            # the taps that reach it: no inserted zeros); otherwise the transposed conv, which reads a gradient
+            # stored on a CPU in place through the pad's gates and stores a computed one padded first (windows over
+            # computed values would recompute them per window position)
             if any(s > 1 for s in strides) and all(d == 1 for d in dils) and all(isinstance(v, int) for v in out_pad):
                 dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
             else:

@@ -48,6 +48,10 @@ def _clamp_one_grad(upper: bool):
     return rule
 
 
+def _relu_rule(g: Tensor, out: Tensor, x: Tensor) -> tuple:
+    return ((out == 0).where(0, g),)
+
+
 class UnaryMixin:
     __slots__ = ()
 
@@ -241,10 +245,15 @@ class UnaryMixin:
 
     # ***** activations *****
     def relu(self: Tensor) -> Tensor:
-        return (self < 0).where(0, self)  # relu(nan) is nan, relu(-0.0) is -0.0 (as torch's)
+        # relu(nan) is nan, relu(-0.0) is -0.0 (as torch's). Its gradient reads the output, as torch's
+        # threshold_backward (none at 0 or -0.0; nan passes it): the next layer reads the output anyway, where the
+        # where's own gradient would read the condition, a buffer of its own. (A rule on this node, not on every
+        # (x < 0).where(0, x): written by hand, torch's where passes the gradient at 0.)
+        return with_gradient((self < 0).where(0, self), (self,), _relu_rule)
 
     def relu6(self: Tensor) -> Tensor:
-        return self.relu() - (self - 6).relu()
+        # torch's hardtanh(0, 6): no gradient at 6 (nor at 0, relu's)
+        return (self >= 6).where(6, self.relu())
 
     def leaky_relu(self: Tensor, neg_slope: float = 0.01) -> Tensor:
         return (self < 0).where(self * neg_slope, self)
@@ -291,9 +300,13 @@ class UnaryMixin:
         def rule(g: Tensor, out: Tensor, x: Tensor) -> tuple:
             # torch's 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3c x^2) with 0.5 (1 + t) = s, 0.5 (1 - t^2) = 2 s (1 - s),
             # sharing only s with the forward: the primitives' gradients read their intermediates (tanh's sigmoid:
-            # exp, abs, where), each of which a kernel of its own stored between the two matmuls around a GELU
-            s = sigmoid_of_cubic(x)
-            return (g * (s + 2 * k * x * s * (1 - s) * (1 + 3 * c * x * x)),)
+            # exp, abs, where), each of which a kernel of its own stored between the two matmuls around a GELU.
+            # Half dtypes compute it in float32, as torch does: in float16, 1 - s is 0 from x ~ 2.5 on
+            half = x.dtype in (dtypes.float16, dtypes.bfloat16)
+            xf = x.cast(dtypes.float32) if half else x
+            s = sigmoid_of_cubic(xf)
+            grad = g.cast(xf.dtype) * (s + 2 * k * xf * s * (1 - s) * (1 + 3 * c * xf * xf))
+            return (grad.cast(x.dtype) if half else grad,)
 
         return with_gradient(self * sigmoid_of_cubic(self), (self,), rule)
 
