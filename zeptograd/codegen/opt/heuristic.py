@@ -52,6 +52,7 @@ from zeptograd.codegen.opt.tiles import (
     score_tile,
     second_dot_column,
     second_window_row,
+    sharing_tile_row,
     sliding_window_tile,
     take_score_tile,
     take_window_tile,
@@ -271,14 +272,19 @@ def hand_coded_optimizations(
             for r in loop_axes
             if r.arg[0] != vec_r.arg[0] and vec_loads and all(stride(u.src[1], r) == 0 for u in vec_loads)
         ]
-        # the innermost of them with room for a tile: the rows' broadcast operand is read at nearby addresses (a
-        # conv vectorized along its output channels: 4 output columns of one input row, not 8 images 200 KB apart);
-        # a loop the vector's split made is none (the accesses above index the loops before it)
+        # of them with room for a tile, the one whose rows' broadcast loads share cache lines, then the innermost:
+        # the rows' broadcast operand is read at nearby addresses (a conv vectorized along its output channels: 4
+        # output columns of one input row, not 8 images 200 KB apart); a loop the vector's split made is none (the
+        # accesses above index the loops before it)
         unsplit = set(kernel_axes(ast))
-        tile_row = next(
-            (r for r in reversed(row_options) if r in unsplit and max_trip_count(r) >= 4 and not symbolic_size(r)),
-            row_options[0] if row_options else None,
+        broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
+        tile_row = sharing_tile_row(
+            [r for r in row_options if r in unsplit and max_trip_count(r) >= 4 and not symbolic_size(r)],
+            broadcast,
+            itemsize,
         )
+        if tile_row is None and row_options:
+            tile_row = row_options[0]
         if tile_row is not None:
             axes = kernel_axes(plan.ast)
             vi = next((i for i, r in enumerate(axes) if r.arg[0] == vec_r.arg[0]), None)
@@ -287,7 +293,6 @@ def hand_coded_optimizations(
             odd = column_tail_tile(simd_bytes, n_vectors, max_trip_count(tile_row))  # rows first, then columns
             if odd is not None:
                 cols, row_amounts, divisors_first = odd
-            broadcast = [u for u in idxs if u in in_reduce and u not in vec_loads]
             reduce_axes = [r for r in kernel_axes(ast) if r.arg[1] is AxisType.REDUCE]
             sliding = (
                 sliding_window_tile(simd_bytes, n_vectors, tile_row, reduce_axes, broadcast) if odd is None else None
