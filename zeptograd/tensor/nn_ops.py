@@ -17,6 +17,7 @@ from zeptograd.tensor.attention import (
     _causal_attention,
     _keys_in_panels,
     _keys_padded_to_panels,
+    _one_query_row_more,
     _padded_keys_masked,
 )
 from zeptograd.tensor.conv_layout import (
@@ -448,6 +449,10 @@ class NNMixin:
         keys = key.shape[-2]
         keys_t = key.transpose(-2, -1)
         if _keys_in_panels(self, keys_t):
+            if self.shape[-2] % 2:  # (the score tile takes query rows in pairs: one row more, its output dropped)
+                q, mask = _one_query_row_more(self, attn_mask)
+                out = q.scaled_dot_product_attention(key, value, mask, dropout_p, is_causal, scale)
+                return out.contiguous()[..., : self.shape[-2], :]
             key, value = _keys_padded_to_panels(key, value)
             keys_t = _stored_in_column_panels(key.transpose(-2, -1))
         qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
