@@ -80,7 +80,7 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
 
 # keys padded to whole panels: the padded keys' scores are computed and masked, so at most this fraction more of them.
 # (1, 1, 2000, 64) padded to 2016, one core's CPU time, stored scores -> panels: AVX2 kernels (SIMD_BYTES=32) 15.7 ->
-# 12.8 ms, causal 11.7 -> 6.8; AVX-512 6.8 -> 7.1, causal 6.0 -> 4.2 (at a multiple of 32 the panels are taken there too)
+# 12.8 ms, causal 11.7 -> 6.8; AVX-512 6.8 -> 7.1, causal 6.0 -> 4.2 (as a multiple of 32 keys takes the panels there)
 PANEL_PAD_MAX_FRACTION = 0.25
 
 
