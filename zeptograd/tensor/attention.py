@@ -58,8 +58,9 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
     score_tile) loads a vector of keys per step of d: in panels, 32 bytes of one panel walked down d; from k itself,
     8 scalar loads and shuffles of keys 4*d bytes apart ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time:
     0.72x the stored scores' kernels in panels, 1.05x gathered). The copy is O(N*d) memory and one small kernel.
-    Float32 on the CPU backends (a GPU computes the scores in several kernels), keys a multiple of PANEL, and not
-    where x @ k.T packs them already (`_packs_right_operand`)."""
+    Float32 on the CPU backends (a GPU computes the scores in several kernels), and not where x @ k.T packs them
+    already (`_packs_right_operand`). Keys not a multiple of PANEL are padded to one (`_keys_padded_to_panels`) where
+    that adds at most a PANEL_PAD_MAX_FRACTION of them."""
     from zeptograd.schedule import cost  # (the bound is read at the call: tests lower it)
 
     if keys_t.ndim < 2 or not isinstance(keys_t.device, str) or keys_t.device.split(":")[0] != "CPU":
@@ -68,8 +69,48 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
         return False
     (m, d), n = q.shape[-2:], keys_t.shape[-1]
     batch = [max(a, b) for a, b in zip(q.shape[-3::-1], keys_t.shape[-3::-1])]
-    if not all(isinstance(v, int) for v in (m, d, n, *batch)) or n % PANEL or m * n <= (m + n) * d:
+    if not all(isinstance(v, int) for v in (m, d, n, *batch)) or m * n <= (m + n) * d:
         return False  # (scores no larger than q and k: stored, schedule/cost.py: expands)
     if math.prod(batch) * m * n * q.dtype.itemsize <= cost.ROW_TILED_BUFFER_BYTES:
         return False
+    if (-n % PANEL) > n * PANEL_PAD_MAX_FRACTION:
+        return False
     return not _packs_right_operand(q, keys_t)
+
+
+# keys padded to whole panels: the padded keys' scores are computed and masked, so at most this fraction more of them.
+# (1, 1, 2000, 64) padded to 2016, one core's CPU time, stored scores -> panels: AVX2 kernels (SIMD_BYTES=32) 15.7 ->
+# 12.8 ms, causal 11.7 -> 6.8; AVX-512 6.8 -> 7.1, causal 6.0 -> 4.2 (as a multiple of 32 keys takes the panels there)
+PANEL_PAD_MAX_FRACTION = 0.25
+
+
+def _keys_padded_to_panels(key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+    """key and value (..., N, d) padded with zero keys to a multiple of PANEL, whose scores `_padded_keys_masked` sets
+    to -inf: from its panels the scores are the same one kernel with its score tile as at a multiple of PANEL, where
+    k read in place takes scalar loads and stores its N x N scores (codegen/opt/tiles.py: score_tile)."""
+    pad = -key.shape[-2] % PANEL
+    if pad == 0:
+        return key, value
+    return key.pad(((0, 0),) * (key.ndim - 2) + ((0, pad), (0, 0))), value.pad(
+        ((0, 0),) * (value.ndim - 2) + ((0, pad), (0, 0))
+    )
+
+
+def _padded_keys_masked(qk: Tensor, keys: int) -> Tensor:
+    """Scores (..., L, S) over keys padded past `keys`: -inf past them, so their exp is 0 (a zero key in v adds 0) and
+    every row's max is a real key's (a row whose real keys are all masked stays one of -inf, as unpadded)."""
+    if qk.shape[-1] == keys:
+        return qk
+    real = type(qk).arange(qk.shape[-1], device=qk.device) < keys
+    return real.where(qk, -math.inf)
+
+
+def _one_query_row_more(q: Tensor, attn_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """q (..., L, d) with a zero query row after its L, and attn_mask's rows (where it has L of them) with one of
+    False / 0 (that row's output is dropped): the score tile pairs query rows (codegen/opt/tiles.py: score_tile), an
+    odd L none ((1, 1, 1001, 64) sdpa, its keys padded to 1024, one AVX-512 core's CPU time: 11.7 ms, 2.4 with the
+    row)."""
+    rows = q.pad(((0, 0),) * (q.ndim - 2) + ((0, 1), (0, 0)))
+    if attn_mask is None or attn_mask.ndim < 2 or attn_mask.shape[-2] != q.shape[-2]:
+        return rows, attn_mask
+    return rows, attn_mask.pad(((0, 0),) * (attn_mask.ndim - 2) + ((0, 1), (0, 0)))

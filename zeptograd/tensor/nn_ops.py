@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from zeptograd.dtype import DTypeLike, dtypes, least_upper_dtype, to_dtype
 from zeptograd.gradient import with_gradient
 from zeptograd.helpers import ArgumentError, ArgumentTypeError
-from zeptograd.tensor.attention import CAUSAL_SKIP_MIN_KEYS, _causal_attention, _keys_in_panels
+from zeptograd.tensor.attention import (
+    CAUSAL_SKIP_MIN_KEYS,
+    _causal_attention,
+    _keys_in_panels,
+    _keys_padded_to_panels,
+    _one_query_row_more,
+    _padded_keys_masked,
+)
 from zeptograd.tensor.conv_layout import (
     _output_channel_block,
     _output_channels_contiguous,
@@ -440,18 +447,27 @@ class NNMixin:
         if enable_gqa:
             key = key.repeat_interleave(self.shape[-3] // key.shape[-3], dim=-3)
             value = value.repeat_interleave(self.shape[-3] // value.shape[-3], dim=-3)
+        keys = key.shape[-2]
         keys_t = key.transpose(-2, -1)
         if _keys_in_panels(self, keys_t):
-            keys_t = _stored_in_column_panels(keys_t)
+            if self.shape[-2] % 2:  # (the score tile takes query rows in pairs: one row more, its output dropped)
+                q, mask = _one_query_row_more(self, attn_mask)
+                out = q.scaled_dot_product_attention(key, value, mask, dropout_p, is_causal, scale)
+                return out.contiguous()[..., : self.shape[-2], :]
+            key, value = _keys_padded_to_panels(key, value)
+            keys_t = _stored_in_column_panels(key.transpose(-2, -1))
         qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
+        qk = _padded_keys_masked(qk, keys)
         if is_causal and attn_mask is not None:
             raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
-        if is_causal and key.shape[-2] > CAUSAL_SKIP_MIN_KEYS:
+        if is_causal and keys > CAUSAL_SKIP_MIN_KEYS:
             return _causal_attention(qk._float(), value, dropout_p).cast(self.dtype)
         masked_rows = attn_mask is not None  # (is_causal's tril keeps key 0 in every row)
         if is_causal:  # keys in one panel: no key loop to end early, and the additive mask's kernels are fewer
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
         if attn_mask is not None:
+            if attn_mask.shape[-1] == keys != qk.shape[-1]:  # (the padded keys' scores are -inf already)
+                attn_mask = attn_mask.pad(((0, 0),) * (attn_mask.ndim - 1) + ((0, qk.shape[-1] - keys),))
             qk = qk + (attn_mask.where(0, -math.inf).cast(qk.dtype) if attn_mask.dtype == dtypes.bool else attn_mask)
         # softmax(qk) @ v with the division after the product (as flash attention): sum_j (e_j / l) v_j =
         # (sum_j e_j v_j) / l, so the scheduler keeps exp's row in a row buffer read by the sum and by the product with
