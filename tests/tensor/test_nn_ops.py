@@ -686,6 +686,26 @@ def test_sparse_categorical_crossentropy_batch16():
     np.testing.assert_allclose(out, F.cross_entropy(torch.tensor(x), torch.tensor(y)).numpy(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("loss", ["cross_entropy", "sparse_categorical_crossentropy"])
+def test_a_class_index_loss_and_its_gradient_are_three_kernels(loss):
+    """The loss over integer labels with its gradient: the rows' log-sum-exp (max and sum of exp in one kernel:
+    schedule/policy.py, is_unhoistable_row_statistic), the mean over the rows, the gradient softmax - onehot reading
+    x and the log-sum-exp (torch's log_softmax_backward, nn_ops._loss_log_softmax). Before: the max and the sum of
+    exp, read by the primitives' gradient and inside the loss's reduce over the rows, each stored in a kernel: 4."""
+    xn, yn = data((256, 10), seed=73), data((256,), "int64", 0, 9, seed=74)
+    x, y = Tensor(xn, requires_grad=True).realize(), Tensor(yn).realize()
+    out = getattr(x, loss)(y)
+    out.backward()
+    GlobalCounters.reset()
+    Tensor.realize(out, x.grad)
+    assert GlobalCounters.kernel_count == 3
+    tx = torch.tensor(xn, requires_grad=True)
+    tout = F.cross_entropy(tx, torch.tensor(yn))
+    tout.backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("shapes", [((256, 784), (784, 1024)), ((256, 512), (512, 10))])
 def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, monkeypatch):
     """The copy of w in column panels or transposed has w's gradient as its own (gradient.with_gradient): the

@@ -56,6 +56,8 @@ class MaterializationPolicy:
             return decided(self, x, reqs, True, "views composed divmods that do not fold: a copy keeps indexing linear")
         if x in self.row_fill_reduces and len(reqs) == 1:  # read only by a row buffer's fill: once per element
             return decided(self, x, reqs, False, "a reduce computed in a row buffer's fill (attention's scores)")
+        if x.op in GroupOp.Elementwise and self.is_unhoistable_row_statistic(x, reqs):
+            return decided(self, x, reqs, True, "a function of row reduces read inside a reduce: stored, they in it")
         if x.op is Ops.REDUCE_AXIS:
             if (hoisted := self.hoisted_reduce_requests(x, reqs)) is None:
                 return decided(self, x, reqs, True, "a reduce read in a loop it does not vary along (not hoistable)")
@@ -97,6 +99,36 @@ class MaterializationPolicy:
                 return None
             narrowed[req] = scope & used
         return narrowed
+
+    def is_unhoistable_row_statistic(self, x: UOp, reqs: Requests) -> bool:
+        """Whether x is an elementwise function of several reduces of its shape and constants only (a row's
+        log-sum-exp, log(sum(exp(v - max))) + max) that a consumer reads inside a reduce loop it varies along (a
+        loss's sum over the rows), the reduces read by nothing outside x's graph: stored, x's kernel computes its
+        reduces once per row (the max hoisted into the sum's); inlined, each reduce is read there, cannot be hoisted,
+        and is stored in a kernel of its own.
+
+        # loss = sum_i f(max_j v[i, j], sum_j g(v[i, j], max_j v[i, j]))
+        #   -> lse[i] = f(max, sum) (one kernel); loss = sum_i lse[i] (one kernel), not three kernels"""
+        if not any(r.arg[1] is not AxisType.LOOP for req in reqs for r in read_ranges(*req)):
+            return False
+        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
+            return False  # a GPU does not hoist a reduce into another kernel's loops (hoistable): no kernel saved
+        reduces: set[UOp] = set()
+        stack, seen = list(x.src), set()
+        while stack:
+            if (u := stack.pop()) in seen:
+                continue
+            seen.add(u)
+            if u.op is Ops.REDUCE_AXIS:
+                reduces.add(u)
+            elif u.op in GroupOp.Elementwise or u.op in GroupOp.Movement:
+                stack.extend(u.src)
+            elif u.op is not Ops.CONST:
+                return False  # reads a buffer or another value at its own elements: not a function of the reduces
+        if len(reduces) < 2 or any(r in self.rf.realize or r.tensor_shape != x.tensor_shape for r in reduces):
+            return False  # (a reduce broadcast into x, attention's row max into the scores: x is not per row)
+        graph = set(x.toposort(gate=lambda u: u not in self.rf.realize))
+        return all(c in graph for r in graph if r.op is Ops.REDUCE_AXIS for c in self.cost.consumers.get(r, []))
 
     def hoistable(self, x: UOp, used: set[UOp], unused: set[UOp]) -> bool:
         if not self.cost.static(x) or prod(x.src[0].tensor_shape) > MAX_HOISTED_ROW * prod(x.tensor_shape):

@@ -506,6 +506,16 @@ class NNMixin:
         check_one_hot_bounds(self, num_classes)
         return self.unsqueeze(-1)._one_hot_along(num_classes).cast(dtypes.int64)
 
+    def _loss_log_softmax(self: Tensor, axis: int) -> Tensor:
+        """log_softmax for a loss that reduces it over the rows: x - lse, with torch's gradient g - exp(out) * sum(g)
+        (reading x and lse only). Then lse, read inside the loss's reduce over the rows, is stored with the max and
+        the sum of exp computed in its kernel (schedule/policy.py: is_unhoistable_row_statistic); the primitives'
+        gradient reads the max and the sum themselves, so each was stored in a kernel of its own: one kernel more."""
+        x = self._float()
+        m = x.detach()._max(axis, keepdim=True)
+        lse = (x - m).exp().sum(axis, keepdim=True).log() + m
+        return with_gradient(x - lse, (x,), lambda g, out, x: (g - out.exp() * g.sum(axis, keepdim=True),))
+
     def _do_reduction(self: Tensor, reduction: str = "mean") -> Tensor:
         if reduction not in ("mean", "sum", "none"):
             raise ArgumentError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
@@ -539,7 +549,7 @@ class NNMixin:
             y = y.unsqueeze(1)._one_hot_along(c, 1).cast(x.dtype)
         if label_smoothing:
             y = y * (1 - label_smoothing) + label_smoothing / c
-        ret = -(x.log_softmax(axis=1) * y).sum(axis=1)
+        ret = -(x._loss_log_softmax(1) * y).sum(axis=1)
         ret = ret if keep is None else keep.where(ret, 0)
         ret = ret.reshape(()) if self.ndim == 1 else ret
         if keep is not None and reduction == "mean":
@@ -564,7 +574,7 @@ class NNMixin:
         """Classes on the last dim; entries whose label is ignore_index don't count, the others must be in
         [0, classes) (checked at the call: `check_label_bounds`)."""
         masked = check_label_bounds(Y, self.shape[-1], ignore_index, "sparse_categorical_crossentropy")
-        log_probs = self.log_softmax()
+        log_probs = self._loss_log_softmax(-1)
         keep = Y != ignore_index if masked else None
         y = Y.unsqueeze(-1)._one_hot_along(self.shape[-1])
         y = y if keep is None else y & keep.unsqueeze(-1)
