@@ -728,3 +728,38 @@ def test_an_operand_copys_gradient_is_handed_straight_to_the_operand(shapes, mon
     assert fwd > fwd_plain  # the copy's nodes, which the gradient reads through the forward's product
     assert copied - plain == fwd - fwd_plain  # and no more: before, its movement ops undone (panels: 5 -> 9)
     np.testing.assert_allclose(g, g_plain, rtol=1e-5, atol=1e-4)
+
+
+def test_a_transposed_left_operand_with_rows_a_page_apart_is_read_from_row_panels():
+    """A.T @ g with A (K, M) stored, its rows a page or more apart (a weight gradient's x.T @ g, attention's k.T @ g),
+    reads A.T from a copy in panels of 16 rows (one kernel more) whose walk down K is sequential, not a few floats of
+    every row of A in a few cache sets; values and gradients as torch's. Short walks, narrow products, rows closer
+    than a page or not a whole number of panels, and computed operands read A.T in place."""
+    rng = np.random.default_rng(0)
+    an, gn = rng.standard_normal((128, 1024), dtype=np.float32), rng.standard_normal((128, 64), dtype=np.float32)
+    a, g = Tensor(an, requires_grad=True), Tensor(gn, requires_grad=True)
+    assert _kernels(a.T @ g) == 2
+    at, gt = torch.tensor(an, requires_grad=True), torch.tensor(gn, requires_grad=True)
+    (a.T @ g).square().sum().backward()
+    (at.T @ gt).square().sum().backward()
+    np.testing.assert_allclose((a.T @ g).numpy(), (at.T @ gt).detach().numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a.grad.numpy(), at.grad.numpy(), rtol=1e-3, atol=1e-2)
+    np.testing.assert_allclose(g.grad.numpy(), gt.grad.numpy(), rtol=1e-3, atol=1e-2)
+    assert _kernels(Tensor.empty(2048, 2048).realize().T @ Tensor.empty(2048, 64).realize()) == 2
+    assert _kernels(a[:64].T @ g[:64]) == 1  # a walk of 64 rows stays in L1
+    assert _kernels(a.T @ g[:, :32]) == 1  # too few columns share the copy
+    assert _kernels(a[:, :512].T @ g) == 1  # rows 2 KiB apart
+    assert _kernels(a[:, :1000].T @ g) == 1  # not a whole number of panels
+    assert not matmul_layout._packs_left_operand((a * 2).T, g)  # computed: the copy would be its materialization
+
+
+def test_a_deep_right_operand_is_read_from_column_panels_from_64_rows():
+    """From a depth of 1024, B's rows a page or more apart, 64 rows of A share B's column panels (q.T @ A, (64,
+    2048) x (2048, 2048)): the walk down K falls out of L2 and every row tile walks it again; not at a depth of 512."""
+    a, b = Tensor.empty(2048, 64).realize(), Tensor.empty(2048, 2048).realize()
+    assert _kernels(a.T @ b) == 2 and _kernels(Tensor.empty(64, 1024).realize() @ b[:1024, :1024]) == 2
+    assert _kernels(Tensor.empty(64, 512).realize() @ b[:512, :1024]) == 1
+    assert _kernels(Tensor.empty(32, 2048).realize() @ b) == 1  # 32 rows: too few to share the copy
+    rng = np.random.default_rng(0)
+    xn, wn = rng.standard_normal((64, 1024), dtype=np.float32), rng.standard_normal((1024, 1024), dtype=np.float32)
+    np.testing.assert_allclose((Tensor(xn) @ Tensor(wn)).numpy(), xn @ wn, rtol=1e-4, atol=1e-3)

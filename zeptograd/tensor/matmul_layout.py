@@ -17,6 +17,13 @@ PANEL = 32  # columns of B per panel: a register tile's width, 4 AVX2 vectors or
 PANEL_MIN_ROW_BYTES = 4096  # B's rows a page or more apart: a column block's walk down K misses the caches
 PANEL_MIN_ROWS = 128  # rows of A that share each panel (64x1024x1024 with w.T: 3.8 ms in the dot tile, 6.3 packed)
 PANEL_MIN_DEPTH = 128  # a shorter column block stays in L1 however it is laid out
+# Fewer rows share the copy where the walk down K is long: its block, 2 lines of B a row a page or more apart, falls
+# out of L2 from a few hundred rows on, and every row tile walks it again (1 core of an AVX-512 host, copy included,
+# in place -> panels: 64x1024x1024 0.92 -> 0.71 ms, 64x2048x1024 2.4-2.7 -> 1.7-1.9, 64x1024x2048 2.2-2.4 -> 1.6-1.7,
+# 96x1024x1024 1.38 -> 1.02, q.T @ A as (64, 2048) x (2048, 2048) 5.1 -> 3.7; not from a depth of 512:
+# 64x512x1024 0.36 -> 0.38, 64x256x1024 0.20 -> 0.23)
+PANEL_FEW_ROWS = 64
+PANEL_FEW_ROWS_MIN_DEPTH = 1024
 # below a page, B's rows a multiple of 2 KiB apart (512 floats) put a column block's walk down K in 1/32 of the L2's
 # sets (1024 sets of 64-byte lines, a row 32 lines on; 8 ways: 256 lines per line of the block's width): over 256
 # rows of B the block (2 lines a row) falls out of L2 all the same. There the copy pays from 64 rows of A on (the
@@ -57,7 +64,8 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
     every row to a few cache sets, so the block falls out of L2 (2048^3 on 2 cores of an AVX2 host: 398 ms; in
     panels 144 ms, the copy included; 1024^3 29 -> 18 ms). Below a page per row only where the rows are a 2 KiB
     multiple apart, B is deep and A has rows enough to share the copy (PANEL_CONFLICT_*: with AVX2, 512^3 and
-    mlp_step's 256x784x512 yes, 512x256x512 no; with AVX-512 from a depth of 1024).
+    mlp_step's 256x784x512 yes, 512x256x512 no; with AVX-512 from a depth of 1024); from 64 rows of A where B is
+    deep (PANEL_FEW_ROWS_*).
     Only float32 on the CPU backends: the tile is 32 floats wide there."""
     if x.ndim < 2 or w.ndim < 2 or not isinstance(w.device, str) or w.device.split(":")[0] != "CPU":
         return False
@@ -76,7 +84,7 @@ def _packs_right_operand(x: Tensor, w: Tensor) -> bool:
         wide = _vector_lanes(w.device, w.dtype.itemsize) * w.dtype.itemsize >= 64
         depth = PANEL_CONFLICT_MIN_DEPTH_AVX512 if wide else PANEL_CONFLICT_MIN_DEPTH
         return row_bytes % PANEL_CONFLICT_ROW_BYTES == 0 and m >= PANEL_CONFLICT_MIN_ROWS and k >= depth
-    return m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH
+    return (m >= PANEL_MIN_ROWS and k >= PANEL_MIN_DEPTH) or (m >= PANEL_FEW_ROWS and k >= PANEL_FEW_ROWS_MIN_DEPTH)
 
 
 def _rows_per_matrix(x: Tensor, w: Tensor) -> int:
@@ -93,13 +101,49 @@ def _rows_per_matrix(x: Tensor, w: Tensor) -> int:
 def _contiguous_along_depth(w: Tensor) -> bool:
     """Whether w, (K, N), is a stored (N, K) matrix seen transposed (nn.Linear's weight.T): contiguous along K, the
     reduce, as x is."""
-    u = w.uop
-    if w.ndim != 2 or u.op is not Ops.PERMUTE or tuple(u.arg) != (1, 0):
+    return _a_transposed_buffer(w)
+
+
+def _a_transposed_buffer(t: Tensor) -> bool:
+    """Whether t, 2-D, is a stored matrix seen transposed: a buffer through reshapes, then one permute (1, 0)."""
+    u = t.uop
+    if t.ndim != 2 or u.op is not Ops.PERMUTE or tuple(u.arg) != (1, 0):
         return False
     u = u.src[0]
     while u.op is Ops.RESHAPE:
         u = u.src[0]
     return u.op is Ops.BUFFER
+
+
+ROW_PANEL = 16  # rows of A.T per panel: a 64-byte cache line of float32 per step of K
+ROW_PANEL_MIN_ROW_BYTES = 4096  # A's rows (A.T's columns) a page or more apart: the walk down K in a few cache sets
+ROW_PANEL_MIN_DEPTH = 128  # a shorter walk stays in L1 however it is laid out
+ROW_PANEL_MIN_COLUMNS = 64  # columns sharing the copy: at 32, (2048, 2048).T @ (2048, 32) 3.6-4.1 -> 4.3 ms
+
+
+def _packs_left_operand(x: Tensor, w: Tensor) -> bool:
+    """Whether x @ w, x = A.T (M, K) with A (K, M) a stored matrix (a weight gradient's x.T @ g, attention's k.T @
+    g), reads x from a copy stored in row panels (M/16, K, 16). In place, a register tile's rows of x are A's
+    columns: each step down K reads a few floats of another row of A, M floats on. A page or more apart, those rows
+    map to a few cache sets, so the walk down K falls out of L1 and L2, and half of each line is used before its
+    eviction (the next row tile reads the other half). From the panels each step reads 16 floats of one line and the
+    walk is sequential (1 core of an AVX-512 host, copy included: (2048, 2048).T @ (2048, 64) 6.4 -> 4.9 ms)."""
+    if x.ndim != 2 or not _a_transposed_buffer(x) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
+        return False
+    if x.dtype != dtypes.float32 or w.dtype != dtypes.float32:
+        return False
+    (m, k), n = x.shape, w.shape[-1]
+    if not all(isinstance(v, int) for v in (m, k, n)) or m % ROW_PANEL:
+        return False
+    return m * x.dtype.itemsize >= ROW_PANEL_MIN_ROW_BYTES and k >= ROW_PANEL_MIN_DEPTH and n >= ROW_PANEL_MIN_COLUMNS
+
+
+def _stored_in_row_panels(x: Tensor) -> Tensor:
+    """The same (M, K) operand, read from a copy laid out as (M/16, K, 16): each panel of 16 rows contiguous, a
+    cache line per step of K."""
+    m, k = x.shape
+    panels = x.reshape(m // ROW_PANEL, ROW_PANEL, k).transpose(-1, -2).contiguous()
+    return panels.transpose(-1, -2).reshape(m, k)
 
 
 # x @ W.T's dot tile (codegen/opt/heuristic.py: dot_tile) loads a vector of K per step from each of its rows of x and

@@ -39,10 +39,12 @@ from zeptograd.tensor.matmul_layout import (
     _as_itself,
     _contiguous_along_depth,
     _linear_gradients,
+    _packs_left_operand,
     _packs_right_operand,
     _padded_along_depth,
     _padded_depth,
     _stored_in_column_panels,
+    _stored_in_row_panels,
     _transposes_right_operand,
     _vector_lanes,
 )
@@ -117,6 +119,8 @@ class NNMixin:
             x, w = _padded_along_depth(x, depth), _padded_along_depth(w.T, depth).T
         else:
             linear_operands = None
+        if _packs_left_operand(x, w):
+            x = _as_itself(_stored_in_row_panels(x), x)
         x = x.reshape(*x.shape[:-1], *[1] * min(dx - 1, dw - 1, 1), x.shape[-1])
         w = w.reshape(*w.shape[:-2], *[1] * min(dx - 1, dw - 1, 1), *w.shape[axis_w:]).transpose(-1, axis_w)
         out_dt = to_dtype(dtype) if dtype is not None else least_upper_dtype(self.dtype, w.dtype)
