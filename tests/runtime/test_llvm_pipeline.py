@@ -48,10 +48,8 @@ def test_many_stores_compile_at_o1(levels, monkeypatch):
     monkeypatch.delenv("LLVM_OPT", raising=False)
     compiler = LLVMCompiler()
     compiler.build(_scatter_kernel(MANY_STORES - 1))
-    assert "tm_o1" not in compiler.__dict__
     compiler.build(_scatter_kernel(MANY_STORES))
     assert levels == [2, 1]
-    assert "tm_o1" in compiler.__dict__  # its code generator at O1 too
     assert compiler.pipeline in compiler.key  # the rule is part of the disk cache's key
 
 

@@ -32,10 +32,10 @@ OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 f
 # A kernel that writes its tile one value per store (lanes along a strided axis: hundreds of scalar stores in a block)
 # spends a third of its O2 time in the passes O1 leaves out (dead-store elimination compares each store with those
 # before it; the renderer writes no dead stores), and its loops are unrolled and vectorized already: ResNet-50's 3x3
-# and 7x7 convolutions (288-864 stores) compile 1.6x faster at O1, pipeline and code generator (about 0.4 s of the
-# first call's 1.6 s in LLVM), and run as fast (-3% to +6% per kernel; one inference's kernels 36.17 ms at O2, 36.12
-# with these at O1). Below this many stores O2 is kept: such kernels compile no faster at O1 (the 1x1 convolutions'
-# 72-120 stores: 0-5%) and may lean on O2's loop unrolling and vectorizers
+# and 7x7 convolutions (288-864 stores) compile 1.5x faster at O1 (0.35 of the first call's 1.6 s in LLVM) and run as
+# fast (-3% to +6% per kernel; one inference's kernels 36.17 ms at O2, 36.12 with these at O1). Below this many
+# stores O2 is kept: such kernels compile no faster at O1 (the 1x1 convolutions' 72-120 stores: 0-5%) and may lean on
+# O2's loop unrolling and vectorizers
 MANY_STORES = 256
 
 
@@ -47,12 +47,10 @@ class LLVMCompiler(Compiler):
     def __init__(self):
         self.opt = getenv("LLVM_OPT", OPT_LEVEL)
         self.by_size = "LLVM_OPT" not in os.environ  # LLVM_OPT sets every kernel's level
-        # part of the key: the level, and where the rule applies, the O1 kernels' (pipeline and code generator)
-        self.pipeline = f"O{self.opt}" + (f",O1+cgO1@{MANY_STORES}stores" if self.by_size else "")
+        self.pipeline = f"O{self.opt}" + (f",O1@{MANY_STORES}stores" if self.by_size else "")  # part of the key
 
     def speed_level(self, src: str) -> int:
-        """The optimization level for src (its pass pipeline's and code generator's): O1 for a kernel of MANY_STORES
-        stores or more, else O2."""
+        """The optimization pipeline's level for src: O1 for a kernel of MANY_STORES stores or more, else O2."""
         if self.by_size and src.count("\n  store ") >= MANY_STORES:
             return min(self.opt, 1)
         return self.opt
@@ -80,12 +78,6 @@ class LLVMCompiler(Compiler):
         return self.target_machine()
 
     @functools.cached_property
-    def tm_o1(self) -> Any:
-        """The target machine of the kernels speed_level puts at O1: its code generator at that level too (the
-        MANY_STORES kernels emit ~15% faster; their run times equal O2's code generator's, within 0.5%)."""
-        return self.target_machine(1)
-
-    @functools.cached_property
     def key(self) -> str:
         """What the on-disk cache is keyed by besides the source: LLVM's version, the host CPU and features, level.
 
@@ -106,13 +98,12 @@ class LLVMCompiler(Compiler):
         AVX, else 16), read from the host's key (its features, remembered per host: no llvmlite needed)."""
         return simd_bytes_for({f[1:] for word in self.key.split() for f in word.split(",") if f.startswith("+")})
 
-    def target_machine(self, opt: int | None = None) -> Any:
+    def target_machine(self) -> Any:
         target = self.llvm.Target.from_default_triple()
-        level = self.opt if opt is None else opt
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=level, jit=True)
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=self.opt, jit=True)
 
-    def optimize(self, src: str, level: int | None = None) -> Any:
-        """Parse and optimize (at `level`, else speed_level's): the module, ready to be emitted."""
+    def optimize(self, src: str) -> Any:
+        """Parse and optimize: the module, ready to be emitted."""
         llvm = self.llvm
         try:
             mod = llvm.parse_assembly(src)
@@ -120,7 +111,7 @@ class LLVMCompiler(Compiler):
         except RuntimeError as e:
             raise CompileError(f"internal error: the generated LLVM IR is invalid: {e}\n{src}") from e
         mod.triple, mod.data_layout = self.tm.triple, str(self.tm.target_data)
-        pto = llvm.create_pipeline_tuning_options(speed_level=self.speed_level(src) if level is None else level)
+        pto = llvm.create_pipeline_tuning_options(speed_level=self.speed_level(src))
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
         if DEBUG >= 7:
@@ -131,9 +122,7 @@ class LLVMCompiler(Compiler):
         """The object of src, its function renamed to `unique_symbol(src)` (one JIT engine holds every kernel)."""
         name = _DEFINE.search(src)
         renamed = src.replace(f"@{name.group(1)}(", f"@{unique_symbol(src)}(", 1) if name else src
-        level = self.speed_level(src)
-        tm = self.tm_o1 if level == 1 and self.opt != 1 else self.tm
-        return tm.emit_object(self.optimize(renamed, level))
+        return self.tm.emit_object(self.optimize(renamed))
 
 
 _DEFINE = re.compile(r"^define void @([A-Za-z0-9_.$]+)\(", re.MULTILINE)
