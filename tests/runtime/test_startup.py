@@ -60,7 +60,7 @@ def test_cached_kernels_run_without_llvmlite(tmp_path):
 def test_host_memo_is_the_llvm_key(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     c = LLVMCompiler()
-    fresh = f"llvm {c.llvm.llvm_version_info} {c.cpu} {c.features} {c.pipeline}"
+    fresh = f"llvm {c.llvm.llvm_version_info} {c.cpu} {c.features} O{c.opt}"
     assert c.key == fresh
     c2 = LLVMCompiler()
     assert c2.key == fresh and "llvm" not in c2.__dict__  # read from the memo: LLVM not asked

@@ -1,10 +1,9 @@
 """The CPU device's LLVM backend: LLVM IR from the LLVM renderer, optimized and compiled in-process by llvmlite.
 
-The IR is optimized with LLVM's new pass manager (O2, for the host CPU and its features; O1 for a kernel of many
-stores, see `MANY_STORES`) and compiled to an object file, cached on disk by the hash of (LLVM version, CPU,
-features, pipeline, source). Each object is loaded into executable memory by `runtime/elf.py` (no LLVM needed) and
-called through a ctypes function pointer (ctypes releases the GIL); an object that loader does not handle is linked
-into the device's MCJIT engine instead.
+The IR is optimized with LLVM's new pass manager (O2, for the host CPU and its features) and compiled to an object
+file, cached on disk by the hash of (LLVM version, CPU, features, pipeline, source). Each object is loaded into
+executable memory by `runtime/elf.py` (no LLVM needed) and called through a ctypes function pointer (ctypes
+releases the GIL); an object that loader does not handle is linked into the device's MCJIT engine instead.
 
 llvmlite is imported only when a kernel is compiled (a miss in the on-disk cache) or linked by MCJIT: the cache key
 needs LLVM's name for the host CPU and its features, which are asked once per host and remembered in
@@ -17,7 +16,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
 import re
 from typing import Any, Callable
 
@@ -29,14 +27,6 @@ from zeptograd.runtime import call_table, diskcache
 from zeptograd.runtime.elf import LoadedObject, MalformedObject, UnsupportedObject
 
 OPT_LEVEL = 2  # the speed level of the optimization pipeline (O2); LLVM_OPT=3 for O3
-# A kernel that writes its tile one value per store (lanes along a strided axis: hundreds of scalar stores in a block)
-# spends a third of its O2 time in the passes O1 leaves out (dead-store elimination compares each store with those
-# before it; the renderer writes no dead stores), and its loops are unrolled and vectorized already: ResNet-50's 3x3
-# and 7x7 convolutions (288-864 stores) compile 1.5x faster at O1 (0.35 of the first call's 1.6 s in LLVM) and run as
-# fast (-3% to +6% per kernel; one inference's kernels 36.17 ms at O2, 36.12 with these at O1). Below this many
-# stores O2 is kept: such kernels compile no faster at O1 (the 1x1 convolutions' 72-120 stores: 0-5%) and may lean on
-# O2's loop unrolling and vectorizers
-MANY_STORES = 256
 
 
 class LLVMCompiler(Compiler):
@@ -46,14 +36,6 @@ class LLVMCompiler(Compiler):
 
     def __init__(self):
         self.opt = getenv("LLVM_OPT", OPT_LEVEL)
-        self.by_size = "LLVM_OPT" not in os.environ  # LLVM_OPT sets every kernel's level
-        self.pipeline = f"O{self.opt}" + (f",O1@{MANY_STORES}stores" if self.by_size else "")  # part of the key
-
-    def speed_level(self, src: str) -> int:
-        """The optimization pipeline's level for src: O1 for a kernel of MANY_STORES stores or more, else O2."""
-        if self.by_size and src.count("\n  store ") >= MANY_STORES:
-            return min(self.opt, 1)
-        return self.opt
 
     @functools.cached_property
     def llvm(self) -> Any:
@@ -82,12 +64,12 @@ class LLVMCompiler(Compiler):
         """What the on-disk cache is keyed by besides the source: LLVM's version, the host CPU and features, level.
 
         Remembered per host, so that a process whose kernels are cached needs no LLVM to find them."""
-        memo = _host_memo_name(self.pipeline)
+        memo = _host_memo_name(self.opt)
         if memo is not None:
             key = diskcache.read_text("hosts", memo)
-            if key is not None and key.startswith("llvm ") and key.endswith(f" {self.pipeline}"):  # not torn
+            if key is not None and key.startswith("llvm ") and key.endswith(f" O{self.opt}"):  # not torn
                 return key
-        key = f"llvm {self.llvm.llvm_version_info} {self.cpu} {self.features} {self.pipeline}"
+        key = f"llvm {self.llvm.llvm_version_info} {self.cpu} {self.features} O{self.opt}"
         if memo is not None:
             diskcache.write_text("hosts", memo, key)
         return key
@@ -111,7 +93,7 @@ class LLVMCompiler(Compiler):
         except RuntimeError as e:
             raise CompileError(f"internal error: the generated LLVM IR is invalid: {e}\n{src}") from e
         mod.triple, mod.data_layout = self.tm.triple, str(self.tm.target_data)
-        pto = llvm.create_pipeline_tuning_options(speed_level=self.speed_level(src))
+        pto = llvm.create_pipeline_tuning_options(speed_level=self.opt)
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
         if DEBUG >= 7:
@@ -134,7 +116,7 @@ def unique_symbol(src: str) -> str:
     return f"{name.group(1) if name else 'kernel'}_{hashlib.sha256(src.encode()).hexdigest()[:16]}"
 
 
-def _host_memo_name(pipeline: str) -> str | None:
+def _host_memo_name(opt: int) -> str | None:
     """The memo of this host's LLVM key: named by its CPU (/proc/cpuinfo) and llvmlite's version (which fixes
     LLVM's); None where there is no /proc/cpuinfo."""
     cpu = diskcache.host_cpu()
@@ -142,7 +124,7 @@ def _host_memo_name(pipeline: str) -> str | None:
         return None
     import llvmlite  # the package's version only: cheap, unlike llvmlite.binding
 
-    digest = hashlib.sha256(f"{cpu}\n{llvmlite.__version__}\n{pipeline}".encode()).hexdigest()[:32]
+    digest = hashlib.sha256(f"{cpu}\n{llvmlite.__version__}\nO{opt}".encode()).hexdigest()[:32]
     return f"llvm-{digest}.txt"
 
 
