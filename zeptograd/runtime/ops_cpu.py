@@ -155,6 +155,11 @@ class CPUDevice(CompiledDevice):
             self.compiler.evict(spec.src)
             return CPUProgram(spec, self.compiler.compile_to_file(spec.src), self.call_runner, self.spin_waiter)
 
+    def _c_function(self, src: str, name: str) -> tuple[ctypes.CDLL, int]:
+        """src compiled (or from the disk cache) and loaded: the library (the caller keeps it) and name's address."""
+        lib = ctypes.CDLL(self.compiler.compile_to_file(src))
+        return lib, ctypes.cast(lib[name], ctypes.c_void_p).value or 0
+
     def call_runner(self) -> Callable[[Any], None] | None:
         """runtime/call_table.py's runner, compiled from C (once per host: the disk cache keeps it) and loaded at
         the first ask; None where it cannot be (the replay then calls each kernel itself)."""
@@ -162,8 +167,7 @@ class CPUDevice(CompiledDevice):
             self._runner = [None]
             if call_table.usable:
                 try:
-                    self._runner_lib = ctypes.CDLL(self.compiler.compile_to_file(call_table.c_source()))
-                    addr = ctypes.cast(self._runner_lib[call_table.RUNNER], ctypes.c_void_p).value or 0
+                    self._runner_lib, addr = self._c_function(call_table.c_source(), call_table.RUNNER)
                     self._runner = [call_table.runner_at(addr)]
                 except (CompileError, OSError) as e:
                     diskcache.warn_once("call_table", f"the kernel call table's runner did not build ({e})")
@@ -175,8 +179,7 @@ class CPUDevice(CompiledDevice):
         if self._spin is None:
             self._spin = [None]
             try:
-                self._spin_lib = ctypes.CDLL(self.compiler.compile_to_file(call_table.spin_c_source()))
-                addr = ctypes.cast(self._spin_lib[call_table.SPIN_WAIT], ctypes.c_void_p).value or 0
+                self._spin_lib, addr = self._c_function(call_table.spin_c_source(), call_table.SPIN_WAIT)
                 self._spin = [call_table.spin_wait_at(addr)]
             except (CompileError, OSError) as e:
                 diskcache.warn_once("spin_wait", f"the threaded kernels' spin wait did not build ({e})")

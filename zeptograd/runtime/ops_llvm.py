@@ -185,10 +185,14 @@ class LLVMDevice(CompiledDevice):
         self._spin: list[Callable[[int, int], None] | None] | None = None  # [spin wait] once asked (spin_waiter)
 
     def build(self, spec: ProgramSpec) -> LLVMProgram:
-        symbol = unique_symbol(spec.src)
+        return LLVMProgram(spec, self.address_of(spec.src), self.call_runner, self.spin_waiter)
+
+    def address_of(self, src: str) -> int:
+        """The address of src's one function, loaded once per device (by the symbol unique to its source)."""
+        symbol = unique_symbol(src)
         if symbol not in self.loaded:
-            self.loaded[symbol] = self.load(spec.src, symbol)
-        return LLVMProgram(spec, self.loaded[symbol], self.call_runner, self.spin_waiter)
+            self.loaded[symbol] = self.load(src, symbol)
+        return self.loaded[symbol]
 
     def spin_waiter(self) -> Callable[[int, int], None] | None:
         """runtime/call_table.py's spin wait, compiled from LLVM IR and loaded at the first ask; None where it cannot
@@ -196,11 +200,7 @@ class LLVMDevice(CompiledDevice):
         if self._spin is None:
             self._spin = [None]
             try:
-                src = call_table.spin_llvm_source()
-                symbol = unique_symbol(src)
-                if symbol not in self.loaded:
-                    self.loaded[symbol] = self.load(src, symbol)
-                self._spin = [call_table.spin_wait_at(self.loaded[symbol])]
+                self._spin = [call_table.spin_wait_at(self.address_of(call_table.spin_llvm_source()))]
             except CompileError as e:
                 diskcache.warn_once("spin_wait", f"the threaded kernels' spin wait did not compile ({e})")
         return self._spin[0]
@@ -212,11 +212,7 @@ class LLVMDevice(CompiledDevice):
             self._runner = [None]
             if call_table.usable:
                 try:
-                    src = call_table.llvm_source()
-                    symbol = unique_symbol(src)
-                    if symbol not in self.loaded:
-                        self.loaded[symbol] = self.load(src, symbol)
-                    self._runner = [call_table.runner_at(self.loaded[symbol])]
+                    self._runner = [call_table.runner_at(self.address_of(call_table.llvm_source()))]
                 except CompileError as e:
                     diskcache.warn_once("call_table", f"the kernel call table's runner did not compile ({e})")
         return self._runner[0]
