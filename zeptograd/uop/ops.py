@@ -587,7 +587,7 @@ def _safe(fn: Callable) -> Callable:
 
 
 python_alu: dict[Ops, Callable] = {
-    Ops.EXP2: _safe(lambda x: 2.0**x if x < 1024 else math.inf),
+    Ops.EXP2: _safe(lambda x: math.inf if x >= 1024 else 2.0**x),  # (nan: 2.0**nan is nan)
     Ops.LOG2: lambda x: math.log2(x) if x > 0 else -math.inf if x == 0 else math.nan,
     Ops.SIN: lambda x: math.sin(x) if not math.isinf(x) else math.nan,
     Ops.COS: lambda x: math.cos(x) if not math.isinf(x) else math.nan,
