@@ -72,16 +72,20 @@ def _rnn_run(node, x, direction, ndir, step, init_states, per_dir_acts):
     return y, final
 
 
+def _initial_state(node, s0, ndir: int, bsz: int, h: int, dtype) -> Tensor:
+    """An initial hidden (or cell) state: zeros when absent, (directions, batch, hidden) when given batch first."""
+    if s0 is None:
+        return Tensor.zeros(ndir, bsz, h, dtype=dtype)
+    return s0.transpose(0, 1) if node.attr("layout", 0) else s0
+
+
 def _rnn(r, node, x, w, rw, b=None, _seq_lens=None, h0=None):
     x, direction, ndir, acts = _rnn_common(node, x, ["Tanh"])
     h = rw.shape[-1]
     bsz = x.shape[1]
     if b is None:
         b = Tensor.zeros(ndir, 2 * h, dtype=x.dtype)
-    if h0 is None:
-        h0 = Tensor.zeros(ndir, bsz, h, dtype=x.dtype)
-    elif node.attr("layout", 0):
-        h0 = h0.transpose(0, 1)
+    h0 = _initial_state(node, h0, ndir, bsz, h, x.dtype)
 
     def step(d, xt, st, act):
         return [act[0](xt.matmul(w[d].T) + st[0].matmul(rw[d].T) + b[d, :h] + b[d, h:])]
@@ -97,10 +101,7 @@ def _gru(r, node, x, w, rw, b=None, _seq_lens=None, h0=None):
     lbr = node.attr("linear_before_reset", 0)
     if b is None:
         b = Tensor.zeros(ndir, 6 * h, dtype=x.dtype)
-    if h0 is None:
-        h0 = Tensor.zeros(ndir, bsz, h, dtype=x.dtype)
-    elif node.attr("layout", 0):
-        h0 = h0.transpose(0, 1)
+    h0 = _initial_state(node, h0, ndir, bsz, h, x.dtype)
 
     def step(d, xt, st, act):
         f, g = act
@@ -126,14 +127,8 @@ def _lstm(r, node, x, w, rw, b=None, _seq_lens=None, h0=None, c0=None, p=None):
     bsz = x.shape[1]
     if b is None:
         b = Tensor.zeros(ndir, 8 * h, dtype=x.dtype)
-    if h0 is None:
-        h0 = Tensor.zeros(ndir, bsz, h, dtype=x.dtype)
-    elif node.attr("layout", 0):
-        h0 = h0.transpose(0, 1)
-    if c0 is None:
-        c0 = Tensor.zeros(ndir, bsz, h, dtype=x.dtype)
-    elif node.attr("layout", 0):
-        c0 = c0.transpose(0, 1)
+    h0 = _initial_state(node, h0, ndir, bsz, h, x.dtype)
+    c0 = _initial_state(node, c0, ndir, bsz, h, x.dtype)
     if p is None:
         p = Tensor.zeros(ndir, 3 * h, dtype=x.dtype)
     clip = node.attr("clip", None)
