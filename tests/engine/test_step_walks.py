@@ -28,16 +28,23 @@ def _loss(x, y, ws):
     return (((x @ ws[0]).relu() @ ws[1] - y) ** 2).mean()
 
 
-def test_a_writing_realize_keeps_no_weak_reference_per_node():
-    """The memos the engine keeps per node while it lives (the memories its graph reads, whether it holds a
-    realized node) are slots of the node, not weak maps: a realize that writes makes no weak reference, and no
-    callback at its death, per node of the step's graph; the only one is the intern table's."""
-    x, y, ws = _mlp()
+def _sgd_assigned(x, y, ws):
+    """The loss of one step, its backward, and each weight assigned its SGD update (nothing realized yet):
+    (loss, the updates)."""
     loss = _loss(x, y, ws)
     loss.backward()
     new = [p.detach() - 0.1 * p.grad for p in ws]
     for p, n in zip(ws, new):
         p.assign(n)
+    return loss, new
+
+
+def test_a_writing_realize_keeps_no_weak_reference_per_node():
+    """The memos the engine keeps per node while it lives (the memories its graph reads, whether it holds a
+    realized node) are slots of the node, not weak maps: a realize that writes makes no weak reference, and no
+    callback at its death, per node of the step's graph; the only one is the intern table's."""
+    x, y, ws = _mlp()
+    loss, new = _sgd_assigned(x, y, ws)
     Tensor.realize(loss, *ws)  # the gradients, live readers of the old weights, are walked and computed first
     walked = {u: None for g in (p.grad for p in ws) for u in g.uop.toposort()}
     walked.update(loss.uop.toposort())  # (its graph, kept for backward)
@@ -104,11 +111,7 @@ def test_a_writing_realize_looks_up_no_realized_value_of_a_clean_node(monkeypatc
     memories its graph reads, its live readers, the schedule cache's key) do not look each node up in the realized
     map again (a weak reference made per node and look-up)."""
     x, y, ws = _mlp()
-    loss = _loss(x, y, ws)
-    loss.backward()
-    new = [p.detach() - 0.1 * p.grad for p in ws]
-    for p, n in zip(ws, new):
-        p.assign(n)
+    loss, new = _sgd_assigned(x, y, ws)
     n_nodes = len(UOp(Ops.SINK, src=tuple(t.uop for t in [loss, *ws])).toposort())
     # the realized map, counting its look-ups (realize's walks read its dict, the schedule cache's walk the map's)
     counting = _CountingDict(engine._realized_data)
@@ -194,11 +197,7 @@ def test_the_collector_does_not_run_inside_the_realize_of_a_step():
     x, y, ws = _mlp()
     threshold = gc.get_threshold()
     for _ in range(3):
-        loss = _loss(x, y, ws)
-        loss.backward()
-        new = [p.detach() - 0.1 * p.grad for p in ws]
-        for p, n in zip(ws, new):
-            p.assign(n)
+        loss, new = _sgd_assigned(x, y, ws)
         started: list[int] = []
 
         def note(phase, info):
