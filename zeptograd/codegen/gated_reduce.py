@@ -208,6 +208,8 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
         return None
     for form in gate_forms(gv[0]):
         if (found := loop_end(red, form)) is None:
+            if not filled and (reversed_red := _reversed(sink, red, form)) is not None:
+                return gated_end(sink, reversed_red) or None
             continue
         r, end, full = found
         # each row buffer filled: its gate is a function of the slot, index + rest, and read only under it
@@ -228,6 +230,22 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
             return red.substitute({r: UOp(Ops.RANGE, r.dtype, (end,), r.arg)})
         return _peeled(sink, red, r, end, full, gv[0])
     return None
+
+
+def _reversed(sink: UOp, red: UOp, form: Linear) -> UOp | None:
+    """# REDUCE(where(a*r + rest < 0, x, id), r) with a < 0 -> the same over r = n-1 - r': the gate holds from a bound
+    on r on (a lower bound: causal attention's dk and dv sum over the queries from the key on), so on r' below one,
+    which `loop_end` ends the loop at. Only where red's only reduce range is r and its trip count n is constant; the
+    sum runs in the other order (its rounding is another, no inf or nan is)."""
+    terms = form[0]
+    own = [r for r in red.src[1:] if r.op is Ops.RANGE and r.arg[1] is AxisType.REDUCE]
+    if len(own) != 1 or terms.get(own[0], 0) >= 0 or not isinstance(n := trip_count(r := own[0]), int):
+        return None
+    from zeptograd.codegen.opt import pm_fix_range_lists
+
+    flipped = UOp.range(n, max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1, AxisType.REDUCE)
+    new = graph_rewrite(graph_substitute(red, {r: flipped * -1 + (n - 1)}), pm_fix_range_lists)
+    return new if any(u is flipped for u in new.src[1:]) else None
 
 
 def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:
