@@ -12,7 +12,6 @@ import torch
 
 from zeptograd import Context, Device, Tensor
 from zeptograd.codegen import full_rewrite
-from zeptograd.dtype import dtypes
 from zeptograd.engine.schedule_cache import SCHEDULE_CACHE
 from zeptograd.uop.ops import AxisType, Ops, UOp
 from zeptograd.uop.symbolic import symbolic
@@ -110,6 +109,27 @@ def test_other_devices(device):
                 Tensor(k, device=dev), Tensor(v, device=dev), is_causal=True
             )
             np.testing.assert_allclose(got.numpy(), reference(q, k, v), rtol=1e-5, atol=3e-6, err_msg=str(qshape))
+
+
+@pytest.mark.parametrize("device", ["CPU:C", "PYTHON", "CL", "NOOPT"])
+def test_gradients_on_other_devices(device):
+    """the gated gradient (dq's key loops ended, dk's and dv's query loops reversed and ended) on each renderer"""
+    if device == "CL":
+        pytest.importorskip("pyopencl")
+    shapes = SHAPES[1:4] if device != "PYTHON" else [((1, 1, 40, 8), (1, 1, 40, 8)), ((1, 2, 5, 3), (1, 2, 11, 3))]
+    with Context(NOOPT=int(device == "NOOPT")):
+        for qshape, kshape in shapes:
+            q, k, v = (rng.standard_normal(s).astype(np.float32) for s in (qshape, kshape, kshape))
+            dev = "CPU" if device == "NOOPT" else device
+            tq, tk, tv = (Tensor(a, device=dev, requires_grad=True) for a in (q, k, v))
+            out = tq.scaled_dot_product_attention(tk, tv, is_causal=True)
+            (out * out).sum().backward()
+            rq, rk, rv = (torch.tensor(a, requires_grad=True) for a in (q, k, v))
+            ref = torch.nn.functional.scaled_dot_product_attention(rq, rk, rv, is_causal=True)
+            (ref * ref).sum().backward()
+            for ours, theirs in ((tq, rq), (tk, rk), (tv, rv)):
+                assert ours.grad is not None and theirs.grad is not None
+                np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=2e-5)
 
 
 def test_float16():

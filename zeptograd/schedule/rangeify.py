@@ -185,19 +185,15 @@ def group_outputs(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, list[UOp]]:
 
 
 def big_contraction(x: UOp) -> bool:
-    """Whether x is, below its view and elementwise ops of one source (a scale, a cast), a sum of products (each
-    maybe gated by a where) of more than GROUPED_CONTRACTION_MAX multiply-adds (a matmul, a convolution)"""
-    while x.op in GroupOp.Movement or (x.op in GroupOp.ALU and len(x.src) <= 2 and x.op is not Ops.WHERE) or (
-        x.op is Ops.CAST
-    ):
-        moving = [s for s in x.src if s.op is not Ops.CONST and not (s.op in GroupOp.Movement and s.src[0].op is Ops.CONST)]
-        if len(moving) != 1:
+    """Whether x is, below its view and elementwise ops of one varying source (a scale, a cast), a sum of products
+    (each maybe gated by a where) of more than GROUPED_CONTRACTION_MAX multiply-adds (a matmul, a convolution)"""
+    while x.op is not Ops.REDUCE_AXIS:
+        varying = [s for s in x.src if uniform_const(s) is None]
+        if x.op not in (*GroupOp.Movement, *GroupOp.ALU, Ops.CAST) or x.op is Ops.WHERE or len(varying) != 1:
             return False
-        x = moving[0]
-    if x.op is not Ops.REDUCE_AXIS:
-        return False
+        x = varying[0]
     body = x.src[0].src[1] if x.src[0].op is Ops.WHERE else x.src[0]  # (a gated sum: causal attention's)
-    return body.op is Ops.MUL and prod(x.src[0].tensor_shape) > GROUPED_CONTRACTION_MAX
+    return x.arg[0] is Ops.ADD and body.op is Ops.MUL and prod(x.src[0].tensor_shape) > GROUPED_CONTRACTION_MAX
 
 
 def touches_assigned_memory(nodes: list[UOp]) -> set[UOp]:
