@@ -51,8 +51,8 @@ def _causal_mask(x: Tensor) -> Tensor:
 
 
 def _causal_attention_grad(g: Tensor, out: Tensor, x: Tensor, value: Tensor) -> tuple[Tensor, ...]:
-    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v: its backward
-    is the plain attention's kernels (the gated forms' would gate every product of dO @ v.T and e.T @ dO). Equal
+    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v, to x and value:
+    where q, key and value broadcast along a batch dimension (`_causal_attention_grad_qkv` sums over none). Equal
     where the gated forward is: every row sees key 0, so its max is finite and a masked key's e is 0."""
     y = x + _causal_mask(x).where(0, -math.inf).cast(x.dtype)
     e = (y - y.detach()._max(-1, keepdim=True)).exp()
