@@ -7,9 +7,9 @@ kernel's ranges: a loop around the reduce (a fixed value in it) counts at its va
 and the reduce's other ranges at their smallest term, so an iteration past the bound gives every lane the identity
 and skipping it changes no bit of the result. The gate stays: the last iterations before the bound are partial
 (some lanes or rows of a tile still gated). Causal attention (`tensor/attention.py: _causal_attention`): the key loops
-of a tile of 4 query rows q..q+3 stop after key q+3, not at the row's end. A gate that bounds r from below (a < 0) runs the
-loop reversed, r -> n-1 - r', which makes the bound an end (`_reversed`): causal attention's dk and dv sum over the
-queries from the key tile's first key on.
+of a tile of 4 query rows q..q+3 stop after key q+3, not at the row's end. A gate that bounds r from below (a < 0)
+runs the loop reversed, r -> n-1 - r', which makes the bound an end (`_reversed`): causal attention's dk and dv sum
+over the queries from the key tile's first key on.
 
 Such a reduce may also fill a row buffer (a DEFINE_REG it stores to in its loop, read by later loops): a skipped
 iteration leaves its slot unwritten, so the pass ends the loop only where every other read of that buffer is itself
