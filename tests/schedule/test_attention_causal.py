@@ -77,6 +77,8 @@ SHAPES = [
     ((1, 2, 40, 16), (1, 2, 70, 16)),  # fewer queries than keys
     ((1, 2, 70, 16), (1, 2, 40, 16)),  # more queries than keys: the last rows see every key
     ((1, 1, 1, 16), (1, 1, 64, 16)),  # one query row: key 0 only
+    ((2, 2, 257, 64), (2, 2, 257, 64)),  # keys padded to panels, one query row more: the gradient to the padded key
+    ((1, 1, 1000, 32), (1, 1, 1000, 32)),
 ]
 
 
