@@ -460,12 +460,13 @@ class NNMixin:
                 return out.contiguous()[..., : self.shape[-2], :]
             key, value = _keys_padded_to_panels(key, value)
             keys_t = _stored_in_column_panels(key.transpose(-2, -1))
-        qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
+        scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
+        qk = self.matmul(keys_t) * scale
         qk = _padded_keys_masked(qk, keys)
         if is_causal and attn_mask is not None:
             raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
         if is_causal and keys > CAUSAL_SKIP_MIN_KEYS:
-            return _causal_attention(qk._float(), value, dropout_p).cast(self.dtype)
+            return _causal_attention(qk._float(), value, dropout_p, self, key, scale).cast(self.dtype)
         masked_rows = attn_mask is not None  # (is_causal's tril keeps key 0 in every row)
         if is_causal:  # keys in one panel: no key loop to end early, and the additive mask's kernels are fewer
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()
