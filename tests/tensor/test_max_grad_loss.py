@@ -1,0 +1,73 @@
+"""A max whose input requires grad, and the hand-written log-softmax loss built on it: its gradient compares the input
+with the max (`x == max`), so the input is stored once (tensor/reduce.py); where the schedule stores it anyway (a
+matmul's output), the max reads that buffer rather than a copy of it (schedule/bufferize.py: contiguous_aliases).
+Values and gradients are torch's, rows of -inf, huge logits and nans included."""
+
+import numpy as np
+import pytest
+import torch
+
+from zeptograd import GlobalCounters, Tensor
+
+ROWS, K, CLASSES = 256, 32, 10
+
+
+def _data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((ROWS, K), dtype=np.float32)
+    w = rng.standard_normal((K, CLASSES), dtype=np.float32)
+    y = np.eye(CLASSES, dtype=np.float32)[rng.integers(0, CLASSES, ROWS)]
+    return a, w, y
+
+
+def _close(got: Tensor, want: torch.Tensor):
+    """Equal to float32 rounding of sums that cancel: relative to the largest element (a wrong max is off by it)."""
+    w = want.detach().numpy()
+    np.testing.assert_allclose(got.numpy(), w, rtol=1e-4, atol=1e-5 * max(float(np.abs(w).max()), 1e-30))
+
+
+def _kernels(*ts: Tensor) -> int:
+    GlobalCounters.reset()
+    Tensor.realize(*ts)
+    return GlobalCounters.kernel_count
+
+
+@pytest.mark.parametrize("biased_output", [False, True])
+def test_a_max_of_a_stored_value_reads_its_buffer(biased_output):
+    """(a @ w).max(1) with a gradient: the product is stored for its other readers, and the max and its gradient read
+    that buffer (before: a copy kernel of it too). So is a @ w + b realized with the loss (a tensor the caller keeps:
+    an output). Kernels: the product, the max with the loss, the gradient of the product (a's and w's gradients read
+    it: stored), a's gradient, w's gradient."""
+    an, wn, _ = _data()
+    bn = np.linspace(-1, 1, CLASSES, dtype=np.float32)
+    a, w = Tensor(an, requires_grad=True).realize(), Tensor(wn, requires_grad=True).realize()
+    ta, tw = torch.tensor(an, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    z, tz = a @ w, ta @ tw
+    if biased_output:
+        z, tz = z + Tensor(bn), tz + torch.tensor(bn)
+    out = (z.max(1) * z.sum(1)).sum()
+    out.backward()
+    assert _kernels(out, a.grad, w.grad, *([z] if biased_output else [])) == 5
+    tout = (tz.amax(1) * tz.sum(1)).sum()
+    tout.backward()
+    np.testing.assert_allclose(out.numpy(), tout.detach().numpy(), rtol=1e-5)
+    _close(a.grad, ta.grad)
+    _close(w.grad, tw.grad)
+
+
+def test_a_max_realized_before_its_backward_reads_the_same_buffer():
+    """The forward realized alone, its backward in a later schedule: the max's input is remembered as the product's
+    buffer (the CONTIGUOUS's node maps to it), so the backward compares the very values the max was taken of, read
+    from that buffer."""
+    an, wn, _ = _data(1)
+    a, w = Tensor(an, requires_grad=True).realize(), Tensor(wn, requires_grad=True).realize()
+    z = a @ w  # recomputed in another kernel its sums could be an ulp off
+    out = (z.max(1) * z.sum(1)).sum()
+    assert _kernels(out) == 2  # the product; the max and the loss (before: a copy of the product too)
+    out.backward()
+    assert _kernels(a.grad, w.grad) == 3  # the product's gradient, a's, w's: the product's buffer read, not copied
+    ta, tw = torch.tensor(an, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    tz = ta @ tw
+    (tz.amax(1) * tz.sum(1)).sum().backward()
+    _close(a.grad, ta.grad)
+    _close(w.grad, tw.grad)
