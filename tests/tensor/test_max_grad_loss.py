@@ -71,3 +71,51 @@ def test_a_max_realized_before_its_backward_reads_the_same_buffer():
     (tz.amax(1) * tz.sum(1)).sum().backward()
     _close(a.grad, ta.grad)
     _close(w.grad, tw.grad)
+
+
+def _hand_written_loss(logits, y):
+    """mlp_step's loss: log-softmax written out, its max taken of logits that require grad (torch: amax, whose ties
+    share the gradient as zeptograd's max does)"""
+    m = logits.amax(1, keepdim=True) if isinstance(logits, torch.Tensor) else logits.max(1, keepdim=True)
+    logp = logits - m - (logits - m).exp().sum(1, keepdim=True).log()
+    return -(logp * y).sum(1).mean()
+
+
+def _odd_rows(x: np.ndarray) -> np.ndarray:
+    """rows of -inf and one -inf, huge logits, a tie of maxima, +inf, nan"""
+    x = x.copy()
+    x[0] = -np.inf
+    x[1, 3] = -np.inf
+    x[2] *= 1e30
+    x[3, :2] = 3e38
+    x[4, 5] = np.inf
+    x[5, 7] = np.nan
+    x[6] = 7.0
+    return x
+
+
+@pytest.mark.parametrize("odd", [False, True])
+def test_a_hand_written_log_softmax_loss_and_its_gradient_are_three_kernels(odd):
+    """The loss over a @ w + b with its gradient: the rows' max and sum of exp are one kernel with two stores
+    (schedule/row_group.py: the loss reads both inside its reduce over the rows, so both are stored), then the loss
+    and the gradient (the max and the sum recomputed in its row loops), as cross_entropy's; and the product, the max's
+    input (a @ w + b, stored once: tensor/reduce.py), b's, a's and w's gradients: 8 (before: 9, the max and the sum
+    each a kernel). Over stored logits + b: 6 (before: 7). Values and gradients as torch's, on odd rows too (nan
+    where torch's are nan)."""
+    an, wn, yn = _data(2)
+    a, w = Tensor(an, requires_grad=True).realize(), Tensor(wn, requires_grad=True).realize()
+    b = Tensor(np.zeros(CLASSES, np.float32), requires_grad=True).realize()
+    ta, tw = torch.tensor(an, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    tb = torch.zeros(CLASSES, requires_grad=True)
+    logits, tlogits = a @ w + b, ta @ tw + tb
+    if odd:  # through a stored input: the odd values are the logits themselves (still with a gradient to b)
+        on = _odd_rows((an @ wn).astype(np.float32))
+        logits, tlogits = Tensor(on).realize() + b, torch.tensor(on) + tb
+    loss, tloss = _hand_written_loss(logits, Tensor(yn)), _hand_written_loss(tlogits, torch.tensor(yn))
+    loss.backward()
+    tloss.backward()
+    grads = [b.grad] if odd else [a.grad, w.grad, b.grad]
+    assert _kernels(loss, *grads) == (6 if odd else 8)
+    np.testing.assert_allclose(loss.numpy(), tloss.detach().numpy(), rtol=1e-5)
+    for got, want in zip(grads, [tb.grad] if odd else [ta.grad, tw.grad, tb.grad]):
+        _close(got, want)

@@ -25,6 +25,7 @@ from zeptograd.schedule.indexing import Rangeify
 from zeptograd.schedule.kernel import ScheduleItem, split_kernel
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.policy import MaterializationPolicy
+from zeptograd.schedule.row_group import RowGroups
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_rangeified, check_tensor_graph
@@ -56,7 +57,8 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     rf = Rangeify(sink)
     groups = group_outputs(rf, outputs)
     policy = MaterializationPolicy(rf)
-    rf.assign_ranges(policy.realized_up_front(outputs), policy.must_realize)
+    row_groups = RowGroups(rf)  # a stored max computed in the kernel of the stored reduce that reads it
+    rf.assign_ranges(policy.realized_up_front(outputs), row_groups.realizing(policy.must_realize))
     keep = outputs | {x for x in rf.realize if x.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
     keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
     aliases = contiguous_aliases(rf, outputs)
@@ -89,7 +91,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             bufs[x] = buffers[x]
     items = []
     kernels = [x for x in rf.nodes if x in stored or x.op is Ops.COPY and x in rf.realize]
-    for x in order_assigns(rf.nodes, kernels):
+    order = order_assigns(rf.nodes, kernels)
+    groups |= row_groups.groups(stored, order, groups)
+    for x in order:
         if prod(x.tensor_shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
         if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
