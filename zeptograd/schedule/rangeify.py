@@ -18,13 +18,14 @@ from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
-from zeptograd.schedule.bufferize import bufferize, bufferize_folds, stored_size
+from zeptograd.schedule.bufferize import bufferize, bufferize_folds, contiguous_aliases, stored_size
 from zeptograd.schedule.copy import copy_item
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.indexing import Rangeify
 from zeptograd.schedule.kernel import ScheduleItem, split_kernel
 from zeptograd.schedule.memory import plan_memory
 from zeptograd.schedule.policy import MaterializationPolicy
+from zeptograd.schedule.row_group import RowGroups
 from zeptograd.schedule.split_reduce import split_reduces
 from zeptograd.uop.ops import AxisType, GroupOp, Ops, UOp
 from zeptograd.uop.spec import check_rangeified, check_tensor_graph
@@ -56,10 +57,13 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     rf = Rangeify(sink)
     groups = group_outputs(rf, outputs)
     policy = MaterializationPolicy(rf)
-    rf.assign_ranges(policy.realized_up_front(outputs), policy.must_realize)
+    row_groups = RowGroups(rf)  # a stored max computed in the kernel of the stored reduce that reads it
+    rf.assign_ranges(policy.realized_up_front(outputs), row_groups.realizing(policy.must_realize))
     keep = outputs | {x for x in rf.realize if x.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
     keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
-    graph = bufferize(rf, keep)
+    aliases = contiguous_aliases(rf, outputs)
+    keep = (keep - aliases.keys()) | set(aliases.values())
+    graph = bufferize(rf, keep, aliases)
     check_rangeified(graph, "bufferize")
     stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE and not b.arg.row}
     if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
@@ -87,7 +91,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
             bufs[x] = buffers[x]
     items = []
     kernels = [x for x in rf.nodes if x in stored or x.op is Ops.COPY and x in rf.realize]
-    for x in order_assigns(rf.nodes, kernels):
+    order = order_assigns(rf.nodes, kernels)
+    groups |= row_groups.groups(stored, order, groups)
+    for x in order:
         if prod(x.tensor_shape) == 0 or (x in groups and x is not groups[x][-1]):
             continue  # a group of outputs is one kernel, placed where its last member is
         if x.op is Ops.COPY:  # a copy item, not a kernel (schedule/copy.py)
@@ -100,6 +106,9 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     shared = plan_memory(items, intermediates)  # dead intermediates lend their memory to later ones
     reused = set(shared) | set(shared.values())
     becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}
+    for c, x in aliases.items():  # a CONTIGUOUS stored in its value's buffer: remembered as that buffer
+        if x in becomes and (base := buffer_under(becomes[x])) is not None:
+            becomes[c] = reshape_uop(base, c.tensor_shape)
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
         if not layout_copy(x):
