@@ -155,7 +155,9 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     _output_gradient_channels_last): codegen's vector goes along the output channels, loaded whole from the copy,
     the input one broadcast value per input channel of the tile. Before, a tile of dot products along the 28
     columns, a tail of every row (on 1 AVX-512 core (8,128,28,28)x(128,128,3,3)'s weight gradient 54 -> 9.3 ms,
-    torch 8.4)."""
+    torch 8.4). With stride 1 the pad goes to that copy (_weight_gradient_from_padded_output_gradient): it writes the
+    gradient padded, and the input is read in place with no gate, where before the input had a padded copy of its
+    own (one kernel and a pass over the input less)."""
     from zeptograd.codegen.opt import OptOps
     from zeptograd.codegen.opt.access import stride
     from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes
@@ -167,10 +169,12 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     g = Tensor.empty(8, 128, 28, 28)
     (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=g)
     items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
-    # the input's padded copy, the gradient's channels-last copy, dw summed per part (2 images), dw
-    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, g.numel(), 4 * w.numel(), w.numel()]
-    ast = simplify_ranges(items[2].ast)
-    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == g.numel()]
+    # the gradient's padded channels-last copy, dw summed per part (2 images), dw: no padded copy of the input
+    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, 4 * w.numel(), w.numel()]
+    ast = simplify_ranges(items[1].ast)
+    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == 8 * 128 * 30 * 30]
+    (x_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == x.numel()]
+    assert len(g_read.src) == len(x_read.src) == 2  # neither read through a gate: the input in place
     _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
     assert opts[0].op is OptOps.UPCAST and opts[0].arg == lanes  # an output loop, not the reduce's columns
     assert stride(g_read.src[1], kernel_axes(ast)[opts[0].axis]) == 1  # the output channels, contiguous in the copy
@@ -191,6 +195,11 @@ def test_a_conv_weight_gradient_from_the_channels_last_output_gradient_matches_t
         ((1, 4, 11, 11), (32, 4, 3, 3), dict(dilation=2, padding=2)),  # 1 image: one reduce
         ((4, 3, 40), (32, 3, 3), dict(padding=1, stride=2)),
         ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1, stride=2)),
+        # stride 1: the pad written by the gradient's channels-last copy, the input read in place
+        ((2, 6, 9, 9), (64, 3, 3, 3), dict(groups=2, padding=1)),
+        ((2, 4, 9, 8), (32, 4, 3, 2), dict(padding=(2, 1))),  # a pad of the kernel's reach: no pad before the taps
+        ((2, 3, 13), (32, 3, 5), dict(padding=3, dilation=2)),
+        ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1)),
     ]
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
     for xshape, wshape, kw in cases:

@@ -1,6 +1,6 @@
 """The layouts a convolution reads its operands in (a channels-last weight, in blocks of a register tile's output
-channels; a strided 1x1 conv's subsampled input; a padded input for the weight gradient), its weight gradient summed
-in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
+channels; a strided 1x1 conv's subsampled input; a padded input, or a padded channels-last output gradient, for the
+weight gradient), its weight gradient summed in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
 
 from __future__ import annotations
 
@@ -75,7 +75,8 @@ def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_
     lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
     register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
     that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
-    75 -> 41 ms, the copy ~2 ms)."""
+    75 -> 41 ms, the copy ~2 ms). At stride 1 with the output gradient copied channels-last, that copy takes the pad
+    instead (`_weight_gradient_from_padded_output_gradient`) and the input needs none."""
     if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
         return False
     sizes = (*out_shape, *wshape[1:])
@@ -155,6 +156,30 @@ def _weight_gradient_in_batch_parts(
     win = win.reshape(parts, bs // parts, groups, 1, cin, *out, *hw)
     og = g.reshape(parts, bs // parts, groups, cout // groups, 1, *out, *[1] * len(hw))
     part_sums = (win * og).sum((1, *range(5, 5 + len(out))))  # (parts, groups, cout / groups, cin, *hw)
+    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
+
+
+def _weight_gradient_from_padded_output_gradient(
+    x: Tensor, g: Tensor, weight: Tensor, pads: list, groups: int, dilation, parts: int
+) -> Tensor:
+    """A stride-1 conv's weight gradient as a sum over the input's positions (not the output's): dw[o, c, k] =
+    sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g padded by its transposed conv's pads (d * (K - 1) -
+    pad before and after) and stored channels-last, so the pad is written by the output gradient's channels-last copy
+    (`_output_gradient_channels_last`), which is made anyway, and the input is read in place, with no gate and no
+    padded copy of its own (`_padded_input_for_weight_gradient`: one pass over the input less). Summed in `parts`
+    parts of the batch as `_weight_gradient_in_batch_parts`."""
+    hw, dil = weight.shape[2:], make_tuple(dilation, len(weight.shape[2:]))
+    g_pads = [
+        p
+        for k, d, (pb, pa) in reversed(list(zip(hw, dil, flat_to_grouped(pads))))
+        for p in (d * (k - 1) - pb, d * (k - 1) - pa)
+    ]
+    bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
+    win = _stored_channels_last(g.pad(g_pads))._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
+    positions = win.shape[2 : 2 + nd]  # (bs, cout, *in, *hw): tap k reads g at i + d * (K - 1 - k), the flip
+    win = win.reshape(parts, bs // parts, groups, cout // groups, 1, *positions, *hw)
+    xi = x.reshape(parts, bs // parts, groups, 1, cin, *positions, *[1] * nd)
+    part_sums = (xi * win).sum((1, *range(5, 5 + nd)))  # (parts, groups, cout / groups, cin, *hw)
     return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 

@@ -31,6 +31,7 @@ from zeptograd.tensor.conv_layout import (
     _transposed_conv,
     _transposed_conv_in_phases,
     _weight_gradient_batch_parts,
+    _weight_gradient_from_padded_output_gradient,
     _weight_gradient_in_batch_parts,
 )
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
@@ -231,15 +232,18 @@ class NNMixin:
             else:
                 dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
             xw, xw_pads = x.detach(), pads
-            if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
-                xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
+            padded = _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape)
             parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
             lanes = _vector_lanes(x.device, x.dtype.itemsize)
-            if _output_gradient_channels_last(g, weight, groups, strides, lanes):
-                g_last = _stored_channels_last(g)
-                dw = _weight_gradient_in_batch_parts(xw, g_last, weight, xw_pads, groups, stride, dilation, parts)
-            elif parts > 1:
-                dw = _weight_gradient_in_batch_parts(xw, g, weight, xw_pads, groups, stride, dilation, parts)
+            channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
+            if padded and channels_last and all(s == 1 for s in strides):  # g's channels-last copy takes the pad
+                dw = _weight_gradient_from_padded_output_gradient(xw, g, weight, pads, groups, dilation, parts)
+                return dx.cast(x.dtype), dw
+            if padded:
+                xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
+            if channels_last or parts > 1:
+                gw = _stored_channels_last(g) if channels_last else g
+                dw = _weight_gradient_in_batch_parts(xw, gw, weight, xw_pads, groups, stride, dilation, parts)
             else:
                 dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
             return dx.cast(x.dtype), dw
