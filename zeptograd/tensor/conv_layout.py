@@ -1,6 +1,7 @@
 """The layouts a convolution reads its operands in (a channels-last weight, in blocks of a register tile's output
 channels; a strided 1x1 conv's subsampled input; a padded input, or a padded channels-last output gradient, for the
-weight gradient), its weight gradient summed in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
+weight gradient), its weight gradient summed in parts of the batch, and conv_transpose2d as a conv2d:
+tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
 
 from __future__ import annotations
 
