@@ -162,3 +162,53 @@ def test_stencil_of_an_elementwise_prologue_is_one_kernel():
     np.testing.assert_allclose(
         t.numpy(), sum(want[i : i + 64, j : j + 64] for i in range(3) for j in range(3)), rtol=1e-5, atol=1e-5
     )
+
+
+def test_read_of_a_padded_copy_of_a_bufferize_inlined_reads_the_first_through_both_gates():
+    r, s, t = rngs(6, 6), rngs(8, 8, start=2), rngs(4, 4, start=4)
+    first = buf(input_read(r[0] * 6 + r[1]) * 2.0, r, keep=False, name=1)
+    pad_valid = (s[0] >= 1) & (s[0] < 7) & (s[1] >= 1) & (s[1] < 7)
+    padded = buf(UOp(Ops.INDEX, dtypes.float, (first, s[0] - 1, s[1] - 1, pad_valid)), s, keep=False, name=2)
+    valid = t[0] < 3
+    out = buf(UOp(Ops.INDEX, dtypes.float, (padded, t[0] + 1, t[1] + 2, valid)), t, keep=True, name=3)
+    # INDEX(BUFFERIZE(INDEX(first, s0-1, s1-1, pv), s), t0+1, t1+2, v) -> v ? INDEX(first, t0, t1+1, pv' & v) : 0
+    at = {s[0]: t[0] + 1, s[1]: t[1] + 2}
+    gate = pad_valid.substitute(at) & valid
+    gated = UOp(Ops.INDEX, dtypes.float, (first, (s[0] - 1).substitute(at), (s[1] - 1).substitute(at), gate))
+
+    class InlinesThePaddedCopy:
+        def cheaper_inlined(self, b: UOp) -> bool:
+            return b is padded
+
+    folded = graph_rewrite(UOp(Ops.SINK, dtypes.void, (out,)), bufferize_folds, ctx=InlinesThePaddedCopy()).src[0]
+    assert folded is buf(valid.where(gated, UOp.const(dtypes.float, 0.0)), t, True, 3)
+
+
+def test_a_window_over_a_node_stored_for_other_readers_reads_it_in_place():
+    """A conv's input computed by a batchnorm and relu, stored because the relu's gradient-like product reads it
+    too: the conv's padded window reads that store through the pad's gates, as it reads an input buffer
+    (schedule/policy.py: gated_stored_read), not from a padded copy of it (a kernel and a pass over it less: a ResNet
+    block's forward conv2). Values against numpy's convolution of the same input."""
+    a_np = rng.standard_normal((2, 8, 16, 16)).astype(np.float32)
+    w_np = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    a, w = Tensor(a_np), Tensor(w_np)
+    centered = a - a.mean(axis=(0, 2, 3), keepdim=True)
+    h = (centered * centered.square().mean(axis=(0, 2, 3), keepdim=True).add(1e-5).rsqrt()).relu()
+    out = h.conv2d(w, padding=1)
+    s = (h * out).sum(axis=(0, 2, 3))
+    items = [it for it in Tensor.schedule(out, s) if it.ast.op is Ops.SINK]
+    sizes = [it.bufs[0].size for it in items]
+    assert a_np.size in sizes and 2 * 8 * 18 * 18 not in sizes  # h stored at its own size; no padded copy
+    conv = next(it for it in items if it.bufs[0].size == out.numel() and any(b.size == w.numel() for b in it.bufs))
+    reads = [u.src[0] for u in conv.ast.toposort() if u.op is Ops.LOAD and u.src[0].src[0].dtype.size == a_np.size]
+    assert reads and all(len(u.src) > 2 for u in reads)  # h's store, through the pad's gates
+    c = a_np - a_np.mean(axis=(0, 2, 3), keepdims=True)
+    h_np = np.maximum(c / np.sqrt((c * c).mean(axis=(0, 2, 3), keepdims=True) + 1e-5), 0)
+    hp = np.pad(h_np, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(
+        np.einsum("bchw,oc->bohw", hp[:, :, i : i + 16, j : j + 16], w_np[:, :, i, j])
+        for i in range(3)
+        for j in range(3)
+    )
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(s.numpy(), (h_np * want).sum(axis=(0, 2, 3)), rtol=1e-4, atol=1e-3)

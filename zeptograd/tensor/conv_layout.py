@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
 from zeptograd.tensor.helpers import ceildiv, flat_to_grouped, make_tuple, resolve_pool_pads
-from zeptograd.uop.ops import Ops
+from zeptograd.uop.ops import GroupOp, Ops
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -227,13 +227,34 @@ def _a_stored_buffer(x: Tensor) -> bool:
     return u.op is Ops.BUFFER
 
 
+def _on_cpu(x: Tensor) -> bool:
+    return isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+
+
 def _stored_on_cpu(x: Tensor) -> bool:
-    """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
-    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
-    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
-    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
+    """Whether x is a buffer, or a value stored by a contiguous(), on a CPU device seen through reshapes only (a
+    conv's output gradient: a given one, the next layer's input gradient, or a computed one stored once for both
+    gradients: `_output_gradient_stored_once`). The transposed conv of the input's gradient then reads it in place
+    through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off the output
+    loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
     (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
-    return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+    u = x.uop
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op in (Ops.BUFFER, Ops.CONTIGUOUS) and _on_cpu(x)
+
+
+def _output_gradient_stored_once(g: Tensor) -> Tensor:
+    """A conv's output gradient as both its gradients read it: on the CPU, a computed one (a batchnorm's or relu's
+    gradient) stored once by a contiguous(), which the input gradient's transposed conv reads in place through its
+    pad's gates (`_stored_on_cpu`) and the weight gradient reads too. Before, the input gradient stored it padded
+    and the weight gradient's reads had it stored again unpadded (the scheduler: it is read inside a reduce): two
+    stores of it (a ResNet block's (32,64,32,32): a kernel and a 8 MB pass less)."""
+    u = g.uop
+    while u.op in GroupOp.Movement:
+        u = u.src[0]
+    computed = u.op in GroupOp.Elementwise or u.op is Ops.REDUCE_AXIS
+    return g.contiguous() if computed and _on_cpu(g) else g
 
 
 def _transposed_conv(
@@ -241,8 +262,8 @@ def _transposed_conv(
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
-    already (`_stored_on_cpu`: read in place)."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless it is stored on the CPU already
+    (`_stored_on_cpu`: read in place)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))

@@ -24,6 +24,7 @@ from zeptograd.tensor.conv_layout import (
     _output_channel_block,
     _output_channels_contiguous,
     _output_gradient_channels_last,
+    _output_gradient_stored_once,
     _padded_input_for_weight_gradient,
     _stored_channels_last,
     _stored_output_channels_last,
@@ -218,6 +219,7 @@ class NNMixin:
             from zeptograd.gradient import compute_gradient
 
             strides, dils = make_tuple(stride, len(hw)), make_tuple(dilation, len(hw))
+            g = _output_gradient_stored_once(g)
             grouped = flat_to_grouped(pads)
             out_pad = [
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
