@@ -92,26 +92,37 @@ def test_non_overlapping_pool_gradient_works_on_the_input():
     assert max(iterations(item) for item in items) <= 64 * 16 * 8 * 8
 
 
-def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
-    """The weight gradient of a padded conv large enough (CHANNELS_LAST_MIN_MACS) reads its input from a padded
-    copy: its reduce runs over the output positions, so each pad gate would be a vector mask built in the inner loop
-    (tensor/conv_layout.py: _padded_input_for_weight_gradient). The copy is one kernel writing the padded input; the
-    weight gradient's kernel reads nothing through a gate; values against torch."""
+def test_a_large_conv_weight_gradient_reads_the_input_in_place_and_the_output_gradient_padded():
+    """The weight gradient of a padded stride-1 conv large enough (CHANNELS_LAST_MIN_MACS) reads no gate: read over
+    the output positions, each pad gate of the input would be a vector mask built in the inner loop
+    (tensor/conv_layout.py: _padded_input_for_weight_gradient). It sums over the input's positions instead, the
+    input read in place and the output gradient from a padded store (_weight_gradient_from_padded_output_gradient),
+    which the input gradient reads too: a computed gradient is computed into it (schedule/policy.py:
+    read_by_a_padded_store_only), no padded copy of the input, no unpadded store of the gradient. Before, the input
+    had a padded copy of its own and the gradient was stored twice, unpadded and padded. Values against torch."""
     import torch
 
-    xn = rng.standard_normal((2, 64, 32, 32), dtype=np.float32)  # 2*64*32*32 outputs x 64*9: 75M multiply-adds
-    wn = rng.standard_normal((64, 64, 3, 3), dtype=np.float32) * 0.1
-    gn = rng.standard_normal((2, 64, 32, 32), dtype=np.float32)
-    x, w = Tensor(xn), Tensor(wn, requires_grad=True)
-    (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=Tensor(gn))
-    items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
-    # the padded copy, dw summed per image (one 32x32 image per part: _weight_gradient_batch_parts), dw
-    assert [it.bufs[0].size for it in items] == [2 * 64 * 34 * 34, 2 * 64 * 64 * 3 * 3, 64 * 64 * 3 * 3]
-    gated = [u for u in items[1].ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2]
-    assert not gated
-    tx, tw = torch.from_numpy(xn), torch.from_numpy(wn).requires_grad_()
-    torch.nn.functional.conv2d(tx, tw, padding=1).backward(torch.from_numpy(gn))
+    xn = rng.standard_normal((4, 64, 32, 32), dtype=np.float32)  # 4*32*32*32 outputs x 64*9: 75M multiply-adds
+    wn = rng.standard_normal((32, 64, 3, 3), dtype=np.float32) * 0.1
+    gn = rng.standard_normal((4, 32, 32, 32), dtype=np.float32)
+    yn = rng.standard_normal((1, 32, 1, 1), dtype=np.float32)
+    x, w = Tensor(xn, requires_grad=True), Tensor(wn, requires_grad=True)
+    g = Tensor(gn) * Tensor(yn) - Tensor(yn).mean()  # a computed gradient (of a batchnorm, say)
+    gx, gw = x.conv2d(w, padding=1).gradient(x, w, gradient=g)
+    items = [it for it in Tensor.schedule(gx, gw) if it.ast.op is Ops.SINK]
+    sizes = [it.bufs[0].size for it in items]
+    assert 4 * 32 * 34 * 34 in sizes and 4 * 64 * 34 * 34 not in sizes  # the gradient padded; not the input
+    assert gn.size not in sizes  # the gradient computed into its padded store, not stored unpadded too
+    padded = next(it for it in items if it.bufs[0].size == 4 * 32 * 34 * 34)
+    assert gn.size in {b.size for b in padded.bufs[1:]}  # computed there from its operands
+    for it in items:
+        if it is not padded:  # no kernel but the padded store reads through a gate
+            assert not [u for u in it.ast.toposort() if u.op is Ops.INDEX and len(u.src) > 2 and u.src[0].arg != 0]
+    tx, tw = torch.from_numpy(xn).requires_grad_(), torch.from_numpy(wn).requires_grad_()
+    tg = torch.from_numpy(gn) * torch.from_numpy(yn) - torch.from_numpy(yn).mean()
+    torch.nn.functional.conv2d(tx, tw, padding=1).backward(tg)
     np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize(
@@ -238,6 +249,10 @@ def test_a_conv_weight_gradient_summed_in_parts_matches_torch(monkeypatch):
         ((4, 4, 11, 11), (6, 4, 3, 3), dict(dilation=2, padding=2), 4),
         ((4, 3, 40), (5, 3, 3), dict(padding=1), 4),
         ((4, 2, 5, 6, 7), (3, 2, 3, 3, 3), dict(padding=1, stride=2), 2),
+        # stride 1, padded: the output gradient's padded store, the input read in place
+        ((4, 6, 9, 9), (8, 3, 3, 3), dict(groups=2, padding=1), 4),
+        ((2, 4, 9, 8), (6, 4, 3, 2), dict(padding=(2, 1)), 2),
+        ((2, 2, 5, 6, 7), (3, 2, 3, 3, 3), dict(padding=1), 2),
     ]
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
     for xshape, wshape, kw, parts in cases:

@@ -66,6 +66,8 @@ class MaterializationPolicy:
         if x.op in GroupOp.Elementwise and (fill := self.row_buffer_request(x, reqs)) is not None:
             self.rf.row_buffered[x] = fill  # schedule/bufferize.py: a BUFFERIZE over the row, inside the kernel
             return decided(self, x, reqs, False, "a row buffer: computed once per element in its reduce's loop")
+        if x.op in GroupOp.Elementwise and self.read_by_a_padded_store_only(x):
+            return decided(self, x, reqs, False, "read only by a padded copy that is stored: computed in its kernel")
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return decided(self, x, reqs, True, "the cost model: recomputed at every read costs more than a buffer")
         if x.op is Ops.REDUCE_AXIS and self.cost.split_epilogue_is_cheaper(x, reqs):
@@ -77,6 +79,24 @@ class MaterializationPolicy:
                 self.padded_windows.add(x)  # `cheaper_inlined`: read in place where the values turn out stored
                 return decided(self, x, reqs, True, "a window over computed values or divmods: a padded copy")
         return decided(self, x, reqs, False, "inlined: no rule keeps it")
+
+    def read_by_a_padded_store_only(self, x: UOp) -> bool:
+        """Whether x's one reader, through elementwise nodes that each have one reader, is a PAD at most twice its size
+        that is stored as it is (a contiguous() of it, realized up front): a conv's computed output gradient stored
+        padded for both its gradients (tensor/conv_layout.py: _stored_padded_output_gradient). x computed in that
+        store's kernel is stored once, padded; the cost model would count each padded position as an evaluation of
+        x's whole graph and store x (or a node below it) unpadded first, a kernel and a pass more.
+
+        # CONTIGUOUS(PAD(f(a, b))) -> one kernel: out[i] = valid(i) ? f(a, b)[i - pad] : 0"""
+        readers = self.cost.consumers.get(x, [])
+        while len(readers) == 1 and readers[0].op in GroupOp.Elementwise and readers[0] not in self.rf.realize:
+            readers = self.cost.consumers.get(readers[0], [])
+        if len(readers) != 1 or (pad := readers[0]).op is not Ops.PAD or not self.cost.static(pad):
+            return False
+        stores = self.cost.consumers.get(pad, [])
+        if len(stores) != 1 or stores[0].op is not Ops.CONTIGUOUS or stores[0] not in self.rf.realize:
+            return False
+        return prod(pad.tensor_shape) <= 2 * prod(x.tensor_shape)
 
     def hoisted_reduce_requests(self, x: UOp, reqs: Requests) -> Requests | None:
         """A reduce's requests with each scope narrowed to the loops its index uses, where it can stay in its

@@ -160,23 +160,35 @@ def _weight_gradient_in_batch_parts(
     return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 
+def _output_gradient_pads(weight: Tensor, pads: list, dilation) -> list:
+    """The pads of a stride-1 conv's output gradient as its transposed conv reads it: d * (K - 1) - pad before and
+    after each dimension (flat, last dimension first, as `pads`)."""
+    hw = weight.shape[2:]
+    dil = make_tuple(dilation, len(hw))
+    grouped = flat_to_grouped(pads)
+    return [p for k, d, (pb, pa) in reversed(list(zip(hw, dil, grouped))) for p in (d * (k - 1) - pb, d * (k - 1) - pa)]
+
+
+def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilation, channels_last: bool) -> Tensor:
+    """A stride-1 conv's output gradient padded by `_output_gradient_pads` and stored, channels-last where the weight
+    gradient reads it so (`_output_gradient_channels_last`): the store that takes the pad the input would otherwise
+    get for its weight gradient (`_weight_gradient_from_padded_output_gradient`)."""
+    padded = g.pad(_output_gradient_pads(weight, pads, dilation))
+    return _stored_channels_last(padded) if channels_last else padded.contiguous()
+
+
 def _weight_gradient_from_padded_output_gradient(
-    x: Tensor, g: Tensor, weight: Tensor, pads: list, groups: int, dilation, parts: int
+    x: Tensor, g_pad: Tensor, weight: Tensor, groups: int, dilation, parts: int
 ) -> Tensor:
     """A stride-1 conv's weight gradient as a sum over the input's positions (not the output's): dw[o, c, k] =
-    sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g padded by its transposed conv's pads (d * (K - 1) -
-    pad before and after) and stored channels-last, so the pad is written by the output gradient's channels-last copy
-    (`_output_gradient_channels_last`), which is made anyway, and the input is read in place, with no gate and no
-    padded copy of its own (`_padded_input_for_weight_gradient`: one pass over the input less). Summed in `parts`
-    parts of the batch as `_weight_gradient_in_batch_parts`."""
-    hw, dil = weight.shape[2:], make_tuple(dilation, len(weight.shape[2:]))
-    g_pads = [
-        p
-        for k, d, (pb, pa) in reversed(list(zip(hw, dil, flat_to_grouped(pads))))
-        for p in (d * (k - 1) - pb, d * (k - 1) - pa)
-    ]
+    sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g_pad the output gradient padded as its transposed conv
+    reads it and stored (`_stored_padded_output_gradient`), so the input is read in place, with no gate and no padded
+    copy of its own (`_padded_input_for_weight_gradient`): the pad is written by a store of the gradient that is made
+    anyway (its channels-last copy; the store of a computed gradient, which the input gradient then reads with no
+    gate). Summed in `parts` parts of the batch as `_weight_gradient_in_batch_parts`."""
+    hw = weight.shape[2:]
     bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
-    win = _stored_channels_last(g.pad(g_pads))._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
+    win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
     positions = win.shape[2 : 2 + nd]  # (bs, cout, *in, *hw): tap k reads g at i + d * (K - 1 - k), the flip
     win = win.reshape(parts, bs // parts, groups, cout // groups, 1, *positions, *hw)
     xi = x.reshape(parts, bs // parts, groups, 1, cin, *positions, *[1] * nd)

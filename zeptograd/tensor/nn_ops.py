@@ -28,6 +28,7 @@ from zeptograd.tensor.conv_layout import (
     _padded_input_for_weight_gradient,
     _stored_channels_last,
     _stored_output_channels_last,
+    _stored_padded_output_gradient,
     _subsampled_pointwise_input,
     _transposed_conv,
     _transposed_conv_in_phases,
@@ -219,6 +220,20 @@ class NNMixin:
             from zeptograd.gradient import compute_gradient
 
             strides, dils = make_tuple(stride, len(hw)), make_tuple(dilation, len(hw))
+            xw, xw_pads = x.detach(), pads
+            padded = _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape)
+            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
+            lanes = _vector_lanes(x.device, x.dtype.itemsize)
+            channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
+            unit_strides = all(s == 1 for s in strides)
+            if padded and unit_strides and not channels_last:
+                # the output gradient stored padded once: the weight gradient reads the input in place and the
+                # input gradient's transposed conv reads that store with no pad of its own
+                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, False)
+                dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
+                reach, zeros = [d * (k - 1) for k, d in zip(hw, dils)], [0] * len(hw)
+                dx = _transposed_conv(g_pad, weight, None, groups, 1, dilation, reach, zeros, True)
+                return dx.cast(x.dtype), dw
             g = _output_gradient_stored_once(g)
             grouped = flat_to_grouped(pads)
             out_pad = [
@@ -233,13 +248,9 @@ class NNMixin:
                 dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
             else:
                 dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
-            xw, xw_pads = x.detach(), pads
-            padded = _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape)
-            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
-            lanes = _vector_lanes(x.device, x.dtype.itemsize)
-            channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
-            if padded and channels_last and all(s == 1 for s in strides):  # g's channels-last copy takes the pad
-                dw = _weight_gradient_from_padded_output_gradient(xw, g, weight, pads, groups, dilation, parts)
+            if padded and unit_strides:  # the output gradient's channels-last copy takes the pad
+                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, True)
+                dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
                 return dx.cast(x.dtype), dw
             if padded:
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
