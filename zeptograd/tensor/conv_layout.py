@@ -190,10 +190,11 @@ def _weight_gradient_from_padded_output_gradient(
     bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
     win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
     positions = win.shape[2 : 2 + nd]  # (bs, cout, *in, *hw): tap k reads g at i + d * (K - 1 - k), the flip
-    win = win.reshape(parts, bs // parts, groups, cout // groups, 1, *positions, *hw)
-    xi = x.reshape(parts, bs // parts, groups, 1, cin, *positions, *[1] * nd)
-    part_sums = (xi * win).sum((1, *range(5, 5 + nd)))  # (parts, groups, cout / groups, cin, *hw)
-    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
+    win = win.reshape(parts, bs // parts, groups, 1, cout // groups, *positions, *hw)
+    xi = x.reshape(parts, bs // parts, groups, cin, 1, *positions, *[1] * nd)
+    part_sums = (win * xi).sum((1, *range(5, 5 + nd)))  # (parts, groups, cin, cout / groups, *hw)
+    total = part_sums.sum(0) if parts > 1 else part_sums[0]  # (groups, cin, cout / groups, *hw)
+    return total.permute(0, 2, 1, *range(3, 3 + nd)).reshape(weight.shape)
 
 
 OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels
