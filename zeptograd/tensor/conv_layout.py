@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from zeptograd.dtype import dtypes
 from zeptograd.tensor.helpers import ceildiv, flat_to_grouped, make_tuple, resolve_pool_pads
-from zeptograd.uop.ops import GroupOp, Ops
+from zeptograd.uop.ops import Ops
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -76,8 +76,8 @@ def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_
     lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
     register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
     that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
-    75 -> 41 ms, the copy ~2 ms). At stride 1 with the output gradient copied channels-last, that copy takes the pad
-    instead (`_weight_gradient_from_padded_output_gradient`) and the input needs none."""
+    75 -> 41 ms, the copy ~2 ms). At stride 1 the output gradient's padded store takes the pad instead and the input
+    needs none (`_weight_gradient_from_padded_output_gradient`)."""
     if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
         return False
     sizes = (*out_shape, *wshape[1:])
@@ -172,7 +172,9 @@ def _output_gradient_pads(weight: Tensor, pads: list, dilation) -> list:
 def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilation, channels_last: bool) -> Tensor:
     """A stride-1 conv's output gradient padded by `_output_gradient_pads` and stored, channels-last where the weight
     gradient reads it so (`_output_gradient_channels_last`): the store that takes the pad the input would otherwise
-    get for its weight gradient (`_weight_gradient_from_padded_output_gradient`)."""
+    get for its weight gradient (`_weight_gradient_from_padded_output_gradient`), which the input gradient's
+    transposed conv reads too (channels-last, as fast as the gradient read in place: (8,64,56,56)x(64,64,3,3) on 1
+    AVX-512 core 7.6 ms either way; at (32,64,32,32) 9.6 ms from the padded store, 11.4 in place through gates)."""
     padded = g.pad(_output_gradient_pads(weight, pads, dilation))
     return _stored_channels_last(padded) if channels_last else padded.contiguous()
 
@@ -183,9 +185,14 @@ def _weight_gradient_from_padded_output_gradient(
     """A stride-1 conv's weight gradient as a sum over the input's positions (not the output's): dw[o, c, k] =
     sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g_pad the output gradient padded as its transposed conv
     reads it and stored (`_stored_padded_output_gradient`), so the input is read in place, with no gate and no padded
-    copy of its own (`_padded_input_for_weight_gradient`): the pad is written by a store of the gradient that is made
-    anyway (its channels-last copy; the store of a computed gradient, which the input gradient then reads with no
-    gate). Summed in `parts` parts of the batch as `_weight_gradient_in_batch_parts`."""
+    copy of its own (`_padded_input_for_weight_gradient`). The input gradient's transposed conv reads that store too,
+    with no pad of its own, and a computed gradient is computed straight into it (schedule/policy.py:
+    read_by_a_padded_store_only): one store of the gradient for both gradients, where before the input had a padded
+    copy and the gradient a padded store for the input gradient besides its unpadded or channels-last one (a ResNet
+    block's training step, (32,64,32,32): 38 -> 34 kernels). The parts' sums are laid out (cin, cout): the register
+    tile's rows, input channels read in place, stay in cache across the tiles of one output channel ((32,64,32,32)
+    on 1 AVX-512 core: 12.2 ms laid out (cout, cin), 11.0; from the input's padded copy 11.1). Summed in `parts`
+    parts of the batch as `_weight_gradient_in_batch_parts`."""
     hw = weight.shape[2:]
     bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
     win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
@@ -240,43 +247,32 @@ def _a_stored_buffer(x: Tensor) -> bool:
     return u.op is Ops.BUFFER
 
 
-def _on_cpu(x: Tensor) -> bool:
-    return isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
-
-
 def _stored_on_cpu(x: Tensor) -> bool:
-    """Whether x is a buffer, or a value stored by a contiguous(), on a CPU device seen through reshapes only (a
-    conv's output gradient: a given one, the next layer's input gradient, or a computed one stored once for both
-    gradients: `_output_gradient_stored_once`). The transposed conv of the input's gradient then reads it in place
-    through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off the output
-    loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
+    """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
+    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
+    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
+    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
     (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
-    u = x.uop
-    while u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u.op in (Ops.BUFFER, Ops.CONTIGUOUS) and _on_cpu(x)
-
-
-def _output_gradient_stored_once(g: Tensor) -> Tensor:
-    """A conv's output gradient as both its gradients read it: on the CPU, a computed one (a batchnorm's or relu's
-    gradient) stored once by a contiguous(), which the input gradient's transposed conv reads in place through its
-    pad's gates (`_stored_on_cpu`) and the weight gradient reads too. Before, the input gradient stored it padded
-    and the weight gradient's reads had it stored again unpadded (the scheduler: it is read inside a reduce): two
-    stores of it (a ResNet block's (32,64,32,32): a kernel and a 8 MB pass less)."""
-    u = g.uop
-    while u.op in GroupOp.Movement:
-        u = u.src[0]
-    computed = u.op in GroupOp.Elementwise or u.op is Ops.REDUCE_AXIS
-    return g.contiguous() if computed and _on_cpu(g) else g
+    return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
 
 
 def _transposed_conv(
-    x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
+    x: Tensor,
+    weight: Tensor,
+    bias,
+    groups,
+    stride,
+    dilation,
+    padding,
+    output_padding,
+    weight_copy: bool = False,
+    padded_store: bool = False,
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1, unless it is stored on the CPU already
-    (`_stored_on_cpu`: read in place)."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
+    already (`_stored_on_cpu`: read in place) or `padded_store` (the weight gradient's padded store of it, with the
+    transposed conv's pads in it: `_stored_padded_output_gradient`)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
@@ -288,7 +284,7 @@ def _transposed_conv(
     ]
     strides = make_tuple(stride, len(hw))
     unit_strides = all(s == 1 for s in strides)
-    if weight_copy and unit_strides and not _stored_on_cpu(x):
+    if weight_copy and unit_strides and not (padded_store or _stored_on_cpu(x)):
         x, pads = x.pad(pads).contiguous(), [0] * len(pads)
     elif weight_copy and not unit_strides:
         x = x.contiguous()

@@ -24,7 +24,6 @@ from zeptograd.tensor.conv_layout import (
     _output_channel_block,
     _output_channels_contiguous,
     _output_gradient_channels_last,
-    _output_gradient_stored_once,
     _padded_input_for_weight_gradient,
     _stored_channels_last,
     _stored_output_channels_last,
@@ -225,16 +224,15 @@ class NNMixin:
             parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
             lanes = _vector_lanes(x.device, x.dtype.itemsize)
             channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
-            unit_strides = all(s == 1 for s in strides)
-            if padded and unit_strides and not channels_last:
-                # the output gradient stored padded once: the weight gradient reads the input in place and the
-                # input gradient's transposed conv reads that store with no pad of its own
-                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, False)
+            if padded and all(s == 1 for s in strides):
+                # the output gradient stored padded once (channels-last where the weight gradient reads it so): the
+                # weight gradient reads the input in place, and the input gradient's transposed conv reads that store
+                # with no pad of its own
+                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, channels_last)
                 dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
                 reach, zeros = [d * (k - 1) for k, d in zip(hw, dils)], [0] * len(hw)
-                dx = _transposed_conv(g_pad, weight, None, groups, 1, dilation, reach, zeros, True)
+                dx = _transposed_conv(g_pad, weight, None, groups, 1, dilation, reach, zeros, True, True)
                 return dx.cast(x.dtype), dw
-            g = _output_gradient_stored_once(g)
             grouped = flat_to_grouped(pads)
             out_pad = [
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
@@ -248,10 +246,6 @@ class NNMixin:
                 dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
             else:
                 dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
-            if padded and unit_strides:  # the output gradient's channels-last copy takes the pad
-                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, True)
-                dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
-                return dx.cast(x.dtype), dw
             if padded:
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
             if channels_last or parts > 1:
