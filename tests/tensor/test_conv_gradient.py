@@ -125,6 +125,22 @@ def test_a_large_conv_weight_gradient_reads_the_input_in_place_and_the_output_gr
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
 
 
+def test_a_computed_output_gradient_is_computed_into_its_padded_channels_last_store():
+    """(8,64,56,56)x(64,64,3,3) pad 1 with a batchnorm's gradient as the output gradient: its 56 columns take the
+    channels-last store (_output_gradient_channels_last), padded, which both gradients read; the batchnorm's gradient
+    is computed in that store's kernel (schedule/policy.py: read_by_a_padded_store_only), not stored unpadded first
+    and copied (the cost model weighed each padded position as an evaluation of its graph). Only the schedule."""
+    x, w = Tensor.empty(8, 64, 56, 56), Tensor.empty(64, 64, 3, 3)
+    a, dy, m = Tensor.empty(8, 64, 56, 56), Tensor.empty(8, 64, 56, 56), Tensor.empty(1, 64, 1, 1)
+    xhat = a - a.mean(axis=(0, 2, 3), keepdim=True)
+    g = (dy - dy.mean(axis=(0, 2, 3), keepdim=True) - xhat * (dy * xhat).mean(axis=(0, 2, 3), keepdim=True)) * m
+    gx, gw = x.conv2d(w, padding=1).gradient(x, w, gradient=g)
+    items = [it for it in Tensor.schedule(gx, gw) if it.ast.op is Ops.SINK]
+    stores = [it for it in items if it.bufs[0].size in (8 * 64 * 56 * 56, 8 * 64 * 58 * 58)]
+    assert [it.bufs[0].size for it in stores] == [8 * 64 * 58 * 58, 8 * 64 * 56 * 56]  # g padded, then dx: no x copy
+    assert sum(b.size == a.numel() for b in stores[0].bufs[1:]) == 2  # g computed there, from a and dy
+
+
 @pytest.mark.parametrize(
     "xshape, wshape, kw, parts",
     [

@@ -82,10 +82,11 @@ class MaterializationPolicy:
 
     def read_by_a_padded_store_only(self, x: UOp) -> bool:
         """Whether x's one reader, through elementwise nodes that each have one reader, is a PAD at most twice its size
-        that is stored as it is (a contiguous() of it, realized up front): a conv's computed output gradient stored
-        padded for both its gradients (tensor/conv_layout.py: _stored_padded_output_gradient). x computed in that
-        store's kernel is stored once, padded; the cost model would count each padded position as an evaluation of
-        x's whole graph and store x (or a node below it) unpadded first, a kernel and a pass more.
+        that is stored (a contiguous() of it or of a permute of it, realized up front): a conv's computed output
+        gradient stored padded, or padded and channels-last, for both its gradients (tensor/conv_layout.py:
+        _stored_padded_output_gradient). x computed in that store's kernel is stored once, padded; the cost model
+        would count each padded position as an evaluation of x's whole graph and store x (or a node below it)
+        unpadded first, a kernel and a pass more.
 
         # CONTIGUOUS(PAD(f(a, b))) -> one kernel: out[i] = valid(i) ? f(a, b)[i - pad] : 0"""
         readers = self.cost.consumers.get(x, [])
@@ -94,6 +95,8 @@ class MaterializationPolicy:
         if len(readers) != 1 or (pad := readers[0]).op is not Ops.PAD or not self.cost.static(pad):
             return False
         stores = self.cost.consumers.get(pad, [])
+        while len(stores) == 1 and stores[0].op in (Ops.PERMUTE, Ops.RESHAPE):  # (stored channels-last)
+            stores = self.cost.consumers.get(stores[0], [])
         if len(stores) != 1 or stores[0].op is not Ops.CONTIGUOUS or stores[0] not in self.rf.realize:
             return False
         return prod(pad.tensor_shape) <= 2 * prod(x.tensor_shape)
