@@ -193,10 +193,10 @@ def inline_read(ctx, ix: UOp, b: UOp) -> UOp | None:
     mapping = {r: i for r, i in zip(b.src[1:], idx) if r.op is Ops.RANGE}
     if valid is not None:
         for u in kernel_value_nodes(b.src[0]):
-            if u.op is Ops.INDEX:  # a read of an input or of another BUFFERIZE (a padded window's stored values)
-                target, idx_u, v = index_parts(u)
+            if u.op is Ops.INDEX:  # an input read (the policy inlines nothing that reads another BUFFERIZE)
+                target, (i,), v = index_parts(u)
                 gate = valid if v is None else v.substitute(mapping) & valid
-                mapping[u] = UOp(Ops.INDEX, u.dtype, (target, *[i.substitute(mapping) for i in idx_u], gate))
+                mapping[u] = UOp(Ops.INDEX, u.dtype, (target, i.substitute(mapping), gate))
     value = graph_substitute(b.src[0], mapping)
     return value if valid is None else valid.where(value, UOp.const(value.dtype, 0))
 

@@ -38,7 +38,6 @@ class MaterializationPolicy:
         self.many_reads: set[UOp] = set()  # materialized only to bound the index walk (MAX_REQUESTS)
         self.inlined: dict[UOp, bool] = {}  # cheaper_inlined's answer per BUFFERIZE (asked at each of its reads)
         self.row_fill_reduces: set[UOp] = set()  # reduces below a row buffer's value, computed in its fill
-        self.padded_windows: set[UOp] = set()  # PADs stored for a window over computed values (may read in place)
 
     def realized_up_front(self, outputs: set[UOp]) -> set[UOp]:
         nodes = self.rf.nodes
@@ -66,8 +65,6 @@ class MaterializationPolicy:
         if x.op in GroupOp.Elementwise and (fill := self.row_buffer_request(x, reqs)) is not None:
             self.rf.row_buffered[x] = fill  # schedule/bufferize.py: a BUFFERIZE over the row, inside the kernel
             return decided(self, x, reqs, False, "a row buffer: computed once per element in its reduce's loop")
-        if x.op in GroupOp.Elementwise and self.read_by_a_padded_store_only(x):
-            return decided(self, x, reqs, False, "read only by a padded copy that is stored: computed in its kernel")
         if (x.op in GroupOp.Elementwise or x.op is Ops.REDUCE_AXIS) and self.cost.inline_is_costlier(x, reqs):
             return decided(self, x, reqs, True, "the cost model: recomputed at every read costs more than a buffer")
         if x.op is Ops.REDUCE_AXIS and self.cost.split_epilogue_is_cheaper(x, reqs):
@@ -76,30 +73,8 @@ class MaterializationPolicy:
         if x.op is Ops.PAD and self.reads_buffer(x) and prod(x.tensor_shape) <= 4 * prod(x.src[0].tensor_shape):
             window = [req for req in reqs if any(is_window(i) for i in req[0])]
             if window and not self.plain_read(x, window[0]):
-                self.padded_windows.add(x)  # `cheaper_inlined`: read in place where the values turn out stored
                 return decided(self, x, reqs, True, "a window over computed values or divmods: a padded copy")
         return decided(self, x, reqs, False, "inlined: no rule keeps it")
-
-    def read_by_a_padded_store_only(self, x: UOp) -> bool:
-        """Whether x's one reader, through elementwise nodes that each have one reader, is a PAD at most twice its size
-        that is stored (a contiguous() of it or of a permute of it, realized up front): a conv's computed output
-        gradient stored padded, or padded and channels-last, for both its gradients (tensor/conv_layout.py:
-        _stored_padded_output_gradient). x computed in that store's kernel is stored once, padded; the cost model
-        would count each padded position as an evaluation of x's whole graph and store x (or a node below it)
-        unpadded first, a kernel and a pass more.
-
-        # CONTIGUOUS(PAD(f(a, b))) -> one kernel: out[i] = valid(i) ? f(a, b)[i - pad] : 0"""
-        readers = self.cost.consumers.get(x, [])
-        while len(readers) == 1 and readers[0].op in GroupOp.Elementwise and readers[0] not in self.rf.realize:
-            readers = self.cost.consumers.get(readers[0], [])
-        if len(readers) != 1 or (pad := readers[0]).op is not Ops.PAD or not self.cost.static(pad):
-            return False
-        stores = self.cost.consumers.get(pad, [])
-        while len(stores) == 1 and stores[0].op in (Ops.PERMUTE, Ops.RESHAPE):  # (stored channels-last)
-            stores = self.cost.consumers.get(stores[0], [])
-        if len(stores) != 1 or stores[0].op is not Ops.CONTIGUOUS or stores[0] not in self.rf.realize:
-            return False
-        return prod(pad.tensor_shape) <= 2 * prod(x.tensor_shape)
 
     def hoisted_reduce_requests(self, x: UOp, reqs: Requests) -> Requests | None:
         """A reduce's requests with each scope narrowed to the loops its index uses, where it can stay in its
@@ -279,11 +254,6 @@ class MaterializationPolicy:
         alone, with no reduce: substituting it at each read copies a small graph and reads nothing it would have to
         walk again (a stencil of an elementwise prologue: one kernel, not a stored prologue and a stencil)."""
         x = b.arg.node
-        if x in self.padded_windows and not b.arg.keep:
-            if b not in self.inlined:
-                self.inlined[b] = gated_stored_read(b.src[0])
-                decided_after_walk(self, b, kernel_value_nodes(b.src[0]), self.inlined[b])
-            return self.inlined[b]
         if b.arg.keep or x not in self.many_reads:
             return False
         if b not in self.inlined:
@@ -298,14 +268,12 @@ class MaterializationPolicy:
 
     def plain_read(self, x: UOp, req: Request) -> bool:
         """Whether x read at req is a buffer read through view ops whose index and validity do not divide: one load.
-        A node stored already (a contiguous(), realized up front) reads as a buffer. Not a prologue (bn + relu before
-        a conv: recomputed for every window position and output channel) nor a reshape that does not fold away or a
-        zero-inserting pad (conv_transpose's input: divmods on every read)."""
+        Not a prologue (bn + relu before a conv: recomputed for every window position and output channel) nor a
+        reshape that does not fold away or a zero-inserting pad (conv_transpose's input: divmods on every read)."""
         while x.op in GroupOp.Movement:
             x, req, _ = self.rf.src_requests(x, req)[0]
         exprs = [*req[0]] + ([req[1]] if req[1] is not None else [])
-        stored = x.op is Ops.BUFFER or x in self.rf.realize
-        return stored and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
+        return x.op is Ops.BUFFER and not any(u.op in (Ops.IDIV, Ops.MOD) for e in exprs for u in e.toposort())
 
     def reads_buffer(self, x: UOp) -> bool:
         return any(u.op is Ops.BUFFER for u in x.toposort(gate=lambda u: u.op is not Ops.BUFFER))
@@ -366,20 +334,6 @@ class MaterializationPolicy:
             n += x.op in GroupOp.ALU
             stack.extend(s for s in x.src if s not in cut)
         return n
-
-
-def gated_stored_read(value: UOp) -> bool:
-    """Whether a padded window's stored value is a read of another stored node through the pad's gate alone, with no
-    divmod in its index: the node its window reads was stored after all (for other readers: a conv's input that its
-    weight gradient and the relu's gradient read too, a gradient the weight gradient reads), so the window reads it
-    in place through the gate, as it reads an input buffer (`plain_read`), not from a padded copy of a stored copy.
-
-    # INDEX(BUFFERIZE(INDEX(BUFFERIZE(v), *i, valid), *r), *j) -> INDEX(BUFFERIZE(v), *i[r := j], valid[r := j])"""
-    if value.op is Ops.WHERE and value.src[2].op is Ops.CONST and value.src[2].arg == 0:
-        value = value.src[1]
-    if value.op is not Ops.INDEX or value.src[0].op is not Ops.BUFFERIZE or value.src[0].arg.row:
-        return False
-    return not any(u.op in (Ops.IDIV, Ops.MOD) for e in value.src[1:] for u in e.toposort())
 
 
 def steps_by_one(flat: UOp, r: UOp) -> bool:

@@ -76,8 +76,8 @@ def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_
     lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
     register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
     that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
-    75 -> 41 ms, the copy ~2 ms). At stride 1 the output gradient's padded store takes the pad instead and the input
-    needs none (`_weight_gradient_from_padded_output_gradient`)."""
+    75 -> 41 ms, the copy ~2 ms). At stride 1 with the output gradient copied channels-last, that copy takes the pad
+    instead and the input needs none (`_weight_gradient_from_padded_output_gradient`)."""
     if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
         return False
     sizes = (*out_shape, *wshape[1:])
@@ -169,14 +169,16 @@ def _output_gradient_pads(weight: Tensor, pads: list, dilation) -> list:
     return [p for k, d, (pb, pa) in reversed(list(zip(hw, dil, grouped))) for p in (d * (k - 1) - pb, d * (k - 1) - pa)]
 
 
-def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilation, channels_last: bool) -> Tensor:
-    """A stride-1 conv's output gradient padded by `_output_gradient_pads` and stored, channels-last where the weight
-    gradient reads it so (`_output_gradient_channels_last`): the store that takes the pad the input would otherwise
-    get for its weight gradient (`_weight_gradient_from_padded_output_gradient`), which the input gradient's
-    transposed conv reads too (channels-last, as fast as the gradient read in place: (8,64,56,56)x(64,64,3,3) on 1
-    AVX-512 core 7.6 ms either way; at (32,64,32,32) 9.6 ms from the padded store, 11.4 in place through gates)."""
-    padded = g.pad(_output_gradient_pads(weight, pads, dilation))
-    return _stored_channels_last(padded) if channels_last else padded.contiguous()
+def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilation) -> Tensor:
+    """A stride-1 conv's output gradient padded by `_output_gradient_pads` and stored channels-last, where the weight
+    gradient reads it so (`_output_gradient_channels_last`): that copy takes the pad the input would otherwise get
+    for its weight gradient (`_weight_gradient_from_padded_output_gradient`), and the input gradient's transposed
+    conv reads it too, with no pad of its own (as fast as the gradient read in place through the pad's gates:
+    (8,64,56,56)x(64,64,3,3) on 1 AVX-512 core 7.6 ms either way). A computed gradient is stored first, unpadded:
+    the copy computing it reads its operands transposed and through the gates, no vector (a batchnorm's gradient
+    at (8,64,56,56): that kernel 1.5 ms, the store and the copy 0.4)."""
+    stored = g if _a_stored_buffer(g) else g.contiguous()
+    return _stored_channels_last(stored.pad(_output_gradient_pads(weight, pads, dilation)))
 
 
 def _weight_gradient_from_padded_output_gradient(
@@ -184,24 +186,18 @@ def _weight_gradient_from_padded_output_gradient(
 ) -> Tensor:
     """A stride-1 conv's weight gradient as a sum over the input's positions (not the output's): dw[o, c, k] =
     sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g_pad the output gradient padded as its transposed conv
-    reads it and stored (`_stored_padded_output_gradient`), so the input is read in place, with no gate and no padded
-    copy of its own (`_padded_input_for_weight_gradient`). The input gradient's transposed conv reads that store too,
-    with no pad of its own, and a computed gradient is computed straight into it (schedule/policy.py:
-    read_by_a_padded_store_only): one store of the gradient for both gradients, where before the input had a padded
-    copy and the gradient a padded store for the input gradient besides its unpadded or channels-last one (a ResNet
-    block's training step, (32,64,32,32): 38 -> 34 kernels). The parts' sums are laid out (cin, cout): the register
-    tile's rows, input channels read in place, stay in cache across the tiles of one output channel ((32,64,32,32)
-    on 1 AVX-512 core: 12.2 ms laid out (cout, cin), 11.0; from the input's padded copy 11.1). Summed in `parts`
-    parts of the batch as `_weight_gradient_in_batch_parts`."""
+    reads it, in its channels-last copy (`_stored_padded_output_gradient`), so the input is read in place, with no
+    gate and no padded copy of its own (`_padded_input_for_weight_gradient`): one kernel and a pass over the input
+    less ((8,64,56,56)x(64,64,3,3) pad 1: the padded copy of the input 0.2-0.5 ms; the weight gradient's kernel as
+    fast, 7.9 ms on 1 AVX-512 core). Summed in `parts` parts of the batch as `_weight_gradient_in_batch_parts`."""
     hw = weight.shape[2:]
     bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
     win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
     positions = win.shape[2 : 2 + nd]  # (bs, cout, *in, *hw): tap k reads g at i + d * (K - 1 - k), the flip
-    win = win.reshape(parts, bs // parts, groups, 1, cout // groups, *positions, *hw)
-    xi = x.reshape(parts, bs // parts, groups, cin, 1, *positions, *[1] * nd)
-    part_sums = (win * xi).sum((1, *range(5, 5 + nd)))  # (parts, groups, cin, cout / groups, *hw)
-    total = part_sums.sum(0) if parts > 1 else part_sums[0]  # (groups, cin, cout / groups, *hw)
-    return total.permute(0, 2, 1, *range(3, 3 + nd)).reshape(weight.shape)
+    win = win.reshape(parts, bs // parts, groups, cout // groups, 1, *positions, *hw)
+    xi = x.reshape(parts, bs // parts, groups, 1, cin, *positions, *[1] * nd)
+    part_sums = (win * xi).sum((1, *range(5, 5 + nd)))  # (parts, groups, cout / groups, cin, *hw)
+    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 
 OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels

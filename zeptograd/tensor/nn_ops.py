@@ -224,11 +224,10 @@ class NNMixin:
             parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
             lanes = _vector_lanes(x.device, x.dtype.itemsize)
             channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
-            if padded and all(s == 1 for s in strides):
-                # the output gradient stored padded once (channels-last where the weight gradient reads it so): the
-                # weight gradient reads the input in place, and the input gradient's transposed conv reads that store
-                # with no pad of its own
-                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation, channels_last)
+            if padded and channels_last and all(s == 1 for s in strides):
+                # the output gradient's channels-last copy stored padded: the weight gradient reads the input in place
+                # and the input gradient's transposed conv reads that copy with no pad of its own
+                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation)
                 dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
                 reach, zeros = [d * (k - 1) for k, d in zip(hw, dils)], [0] * len(hw)
                 dx = _transposed_conv(g_pad, weight, None, groups, 1, dilation, reach, zeros, True, True)
