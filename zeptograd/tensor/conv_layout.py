@@ -174,7 +174,7 @@ def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilati
     gradient reads it so (`_output_gradient_channels_last`): that copy takes the pad the input would otherwise get
     for its weight gradient (`_weight_gradient_from_padded_output_gradient`), and the input gradient's transposed
     conv reads it too, with no pad of its own (as fast as the gradient read in place through the pad's gates:
-    (8,64,56,56)x(64,64,3,3) on 1 AVX-512 core 7.6 ms either way). A computed gradient is stored first, unpadded:
+    (8,64,56,56)x(64,64,3,3) on 1 AVX-512 core 7.4-7.6 ms either way). A computed gradient is stored first, unpadded:
     the copy computing it reads its operands transposed and through the gates, no vector (a batchnorm's gradient
     at (8,64,56,56): that kernel 1.5 ms, the store and the copy 0.4)."""
     stored = g if _a_stored_buffer(g) else g.contiguous()
@@ -188,8 +188,9 @@ def _weight_gradient_from_padded_output_gradient(
     sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g_pad the output gradient padded as its transposed conv
     reads it, in its channels-last copy (`_stored_padded_output_gradient`), so the input is read in place, with no
     gate and no padded copy of its own (`_padded_input_for_weight_gradient`): one kernel and a pass over the input
-    less ((8,64,56,56)x(64,64,3,3) pad 1: the padded copy of the input 0.2-0.5 ms; the weight gradient's kernel as
-    fast, 7.9 ms on 1 AVX-512 core). Summed in `parts` parts of the batch as `_weight_gradient_in_batch_parts`."""
+    less ((8,64,56,56)x(64,64,3,3) pad 1 on 1 AVX-512 core: the weight gradient's kernel 7.4-7.9 ms either way; both
+    gradients, CPU time of the whole call, 17.8 -> 16.9 ms). Summed in `parts` parts of the batch as
+    `_weight_gradient_in_batch_parts`."""
     hw = weight.shape[2:]
     bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
     win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
