@@ -169,7 +169,9 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     _output_gradient_channels_last): codegen's vector goes along the output channels, loaded whole from the copy,
     the input one broadcast value per input channel of the tile. Before, a tile of dot products along the 28
     columns, a tail of every row (on 1 AVX-512 core (8,128,28,28)x(128,128,3,3)'s weight gradient 54 -> 9.3 ms,
-    torch 8.4)."""
+    torch 8.4). With stride 1 that copy takes the pad (_weight_gradient_from_padded_output_gradient): it writes the
+    gradient padded, and the input is read in place with no gate, where before the input had a padded copy of its
+    own (one kernel and a pass over the input less)."""
     from zeptograd.codegen.opt import OptOps
     from zeptograd.codegen.opt.access import stride
     from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes
@@ -181,10 +183,12 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     g = Tensor.empty(8, 128, 28, 28)
     (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=g)
     items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
-    # the input's padded copy, the gradient's channels-last copy, dw summed per part (2 images), dw
-    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, g.numel(), 4 * w.numel(), w.numel()]
-    ast = simplify_ranges(items[2].ast)
-    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == g.numel()]
+    # the gradient's padded channels-last copy, dw summed per part (2 images), dw: no padded copy of the input
+    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, 4 * w.numel(), w.numel()]
+    ast = simplify_ranges(items[1].ast)
+    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == 8 * 128 * 30 * 30]
+    (x_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == x.numel()]
+    assert len(g_read.src) == len(x_read.src) == 2  # neither read through a gate: the input in place
     _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
     assert opts[0].op is OptOps.UPCAST and opts[0].arg == lanes  # an output loop, not the reduce's columns
     assert stride(g_read.src[1], kernel_axes(ast)[opts[0].axis]) == 1  # the output channels, contiguous in the copy
@@ -205,6 +209,11 @@ def test_a_conv_weight_gradient_from_the_channels_last_output_gradient_matches_t
         ((1, 4, 11, 11), (32, 4, 3, 3), dict(dilation=2, padding=2)),  # 1 image: one reduce
         ((4, 3, 40), (32, 3, 3), dict(padding=1, stride=2)),
         ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1, stride=2)),
+        # stride 1: the pad written by the gradient's channels-last copy, the input read in place
+        ((2, 6, 9, 9), (64, 3, 3, 3), dict(groups=2, padding=1)),
+        ((2, 4, 9, 8), (32, 4, 3, 2), dict(padding=(2, 1))),  # a pad of the kernel's reach: no pad before the taps
+        ((2, 3, 13), (32, 3, 5), dict(padding=3, dilation=2)),
+        ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1)),
     ]
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
     for xshape, wshape, kw in cases:
@@ -220,6 +229,30 @@ def test_a_conv_weight_gradient_from_the_channels_last_output_gradient_matches_t
         conv[len(xshape)](tx, tw, **kw).backward(torch.from_numpy(gn))
         np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_computed_output_gradient_is_stored_once_for_both_gradients_with_its_padded_channels_last_copy(monkeypatch):
+    """(8,64,56,56)x(64,64,3,3) pad 1 with a batchnorm's gradient as the output gradient: its 56 columns take the
+    channels-last copy (_output_gradient_channels_last), padded, which both gradients read: the gradient stored once
+    unpadded (computed into the padded channels-last copy, its operands read transposed and through the gates, that
+    kernel takes 1.5 ms, the store and the copy 0.4), the copy, and neither the input's padded copy nor a padded
+    store of the gradient for the input gradient (before: four stores of 56x56 or 58x58 planes, now two). Only the
+    schedule: the values are checked against torch above. 16 vector lanes, as on an AVX-512 host (with 8, 56
+    columns need no channels-last copy)."""
+    from zeptograd.tensor import nn_ops
+
+    monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: 16)
+    x, w = Tensor.empty(8, 64, 56, 56), Tensor.empty(64, 64, 3, 3)
+    a, dy, m = Tensor.empty(8, 64, 56, 56), Tensor.empty(8, 64, 56, 56), Tensor.empty(1, 64, 1, 1)
+    xhat = a - a.mean(axis=(0, 2, 3), keepdim=True)
+    g = (dy - dy.mean(axis=(0, 2, 3), keepdim=True) - xhat * (dy * xhat).mean(axis=(0, 2, 3), keepdim=True)) * m
+    gx, gw = x.conv2d(w, padding=1).gradient(x, w, gradient=g)
+    items = [it for it in Tensor.schedule(gx, gw) if it.ast.op is Ops.SINK]
+    planes = [it.bufs[0].size for it in items if it.bufs[0].size in (8 * 64 * 56 * 56, 8 * 64 * 58 * 58)]
+    assert planes == [8 * 64 * 56 * 56, 8 * 64 * 58 * 58, 8 * 64 * 56 * 56]  # g, its padded copy, dx
+    dx = next(it for it in items if it.bufs[0].size == x.numel() and any(b.size == w.numel() for b in it.bufs))
+    reads = [u for u in dx.ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == 8 * 64 * 58 * 58]
+    assert reads and all(len(u.src) == 2 for u in reads)  # dx reads the padded copy, with no gate
 
 
 def nn_ops_lanes(x: Tensor) -> int:
