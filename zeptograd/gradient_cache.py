@@ -1,0 +1,151 @@
+"""A cache of gradient graphs: compute_gradient's result for a forward graph of a structure met before, rebuilt from
+the nodes of the new graph without running the gradient rules again.
+
+An eager training loop builds the same forward graph on new buffers every step, and each step's backward applies
+every rule through Tensor ops (a Tensor per op, broadcasting, dtype checks) to make the same gradient graph over the
+new nodes. The rules read only the graph's structure, so the gradient graph is a function of it: the key holds per
+forward node its op, dtype, arg (a BUFFER's size, not its identity; an ASSIGN's order, not its unique id) and the
+positions of its sources, plus which nodes are targets, which require grad (Tensor._new marks the nodes built on
+them), whether `no_grad` is on, and the value of every knob. A template stores the nodes the rules built, with their
+sources as positions among the forward graph's nodes and the earlier built ones; a hit builds them with UOp (interned:
+the very nodes the rules would build) and marks as requiring grad those that were. Graphs with a node of a custom
+gradient rule, a sharded leaf, a Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached.
+`GRADIENT_CACHE=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from zeptograd.helpers import ContextVar
+from zeptograd.uop import variable
+from zeptograd.uop.ops import Ops, UOp, _arg_key
+
+if TYPE_CHECKING:
+    from zeptograd.dtype import DType
+    from zeptograd.tensor import Tensor
+
+GRADIENT_CACHE = ContextVar("GRADIENT_CACHE", 1)
+MAX_ENTRIES = 256  # oldest dropped first
+
+
+@dataclasses.dataclass
+class Template:
+    nodes: list[tuple[Ops, DType, Any, tuple[int, ...]]]  # per built node: op, dtype, arg, its sources' positions
+    marked: list[int]  # the positions of the built nodes that require grad
+    outs: list[tuple[int, int, Any, Any]]  # per target: its position, its gradient's, the gradient Tensor's device
+    # and requires_grad
+
+
+class Stats:
+    hits = 0
+    misses = 0
+
+
+_cache: dict[tuple, Template] = {}
+_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN
+_UNCACHED_OPS = frozenset((Ops.BUFFER, Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR, Ops.MULTI))
+_VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
+
+
+def clear():
+    _cache.clear()
+
+
+def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tuple, list[UOp], dict[UOp, int]] | None:
+    """(the key of compute_gradient's inputs, the forward graph's nodes then root_grad's, each node's position), or
+    None where the graph is not cached here."""
+    from zeptograd.engine import schedule_cache
+    from zeptograd.gradient import _custom_data, _tensor_of
+    from zeptograd.tensor.live import _grad_data
+
+    if type(root_grad.device) is not str or _tensor_of[0] is None:
+        return None
+    symbols, custom = variable.in_use, bool(_custom_data)  # (a lookup per node only once one can be found)
+    nodes = list(topo)
+    nodes += root_grad.uop.toposort()  # (few nodes: those already met are skipped below)
+    position: dict[UOp, int] = {}
+    key: list[tuple] = []
+    n_assign = 0
+    ref = weakref.ref
+    for u in nodes:
+        if u in position:
+            continue
+        if (op := u.op) is _BUFFER:
+            arg: Any = u.arg[1]
+        elif op is _ASSIGN:
+            arg, n_assign = n_assign, n_assign + 1
+        elif op is Ops.MULTI or (symbols and (op in _VARIABLE_OPS or variable._arg_has_uop(u))):
+            return None
+        else:
+            arg = u.arg
+            if isinstance(arg, float):
+                arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
+        if custom and ref(u) in _custom_data:  # (a rule of its own, which may read more than the structure)
+            return None
+        position[u] = len(position)
+        key.append((op, u.dtype, arg, tuple([position[s] for s in u.src]), ref(u) in _grad_data))
+    schedule_cache.knob_values()
+    extra = (
+        tuple(sorted(position[t] for t in targets if t in position)),
+        position.get(root_grad.uop),
+        root_grad.device,
+        type(root_grad)._grad_off,
+        schedule_cache._knobs[2],
+    )
+    if extra[1] is None:
+        return None
+    return (tuple(key), extra), list(position), position
+
+
+def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tensor]:
+    """compute_gradient's result from the template of an equal-structure graph, over this graph's `nodes`."""
+    from zeptograd.gradient import _tensor_of
+    from zeptograd.tensor.live import _grad_data, _grad_remove
+
+    tensor_of = _tensor_of[0]
+    Stats.hits += 1
+    at = list(nodes)
+    for op, dtype, arg, src in t.nodes:
+        at.append(UOp(op, dtype, tuple([at[i] for i in src]), arg))
+    for i in t.marked:
+        _grad_data.add(weakref.ref(at[i], _grad_remove))
+    out = {}
+    for target, grad, device, requires_grad in t.outs:
+        g = tensor_of(at[grad], device)
+        g.requires_grad = requires_grad
+        out[at[target]] = g
+    return out
+
+
+def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> None:
+    """Store the template of compute_gradient's result `grads` for a graph of `key` (nodes, position: structure's)."""
+    from zeptograd.tensor.live import _grad_data
+
+    Stats.misses += 1
+    built: dict[UOp, int] = {}
+    entries: list[tuple[Ops, DType, Any, tuple[int, ...]]] = []
+    n_old = len(nodes)
+    for g in grads.values():
+        for u in g.uop.toposort(stops=position):
+            if u in position or u in built:
+                continue
+            if u.op in _UNCACHED_OPS or isinstance(u.arg, UOp) or (variable.in_use and variable._arg_has_uop(u)):
+                return  # a node whose identity is more than its structure
+            src = []
+            for s in u.src:
+                if (i := position.get(s)) is None:
+                    i = built[s]
+                src.append(i)
+            built[u] = n_old + len(entries)
+            entries.append((u.op, u.dtype, u.arg, tuple(src)))
+    marked = [i for u, i in built.items() if weakref.ref(u) in _grad_data]
+    outs = []
+    for target, g in grads.items():
+        i = position.get(g.uop)
+        outs.append((position[target], built[g.uop] if i is None else i, g.device, g.requires_grad))
+    if len(_cache) >= MAX_ENTRIES:
+        del _cache[next(iter(_cache))]
+    _cache[key] = Template(entries, marked, outs)
