@@ -16,6 +16,7 @@ gradient rule, a sharded leaf, a Variable, or whose gradient builds a BUFFER or 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -64,13 +65,11 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
     if type(root_grad.device) is not str or _tensor_of[0] is None:
         return None
     symbols, custom = variable.in_use, bool(_custom_data)  # (a lookup per node only once one can be found)
-    nodes = list(topo)
-    nodes += root_grad.uop.toposort()  # (few nodes: those already met are skipped below)
     position: dict[UOp, int] = {}
     key: list[tuple] = []
     n_assign = 0
-    ref = weakref.ref
-    for u in nodes:
+    ref, grad_data = weakref.ref, _grad_data
+    for u in itertools.chain(topo, root_grad.uop.toposort()):  # (root_grad's few: those met already are skipped)
         if u in position:
             continue
         if (op := u.op) is _BUFFER:
@@ -85,8 +84,14 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
                 arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
         if custom and ref(u) in _custom_data:  # (a rule of its own, which may read more than the structure)
             return None
+        if len(src := u.src) == 1:  # (the common cases without a list)
+            srcs: tuple[int, ...] = (position[src[0]],)
+        elif len(src) == 2:
+            srcs = (position[src[0]], position[src[1]])
+        else:
+            srcs = tuple([position[s] for s in src])
         position[u] = len(position)
-        key.append((op, u.dtype, arg, tuple([position[s] for s in u.src]), ref(u) in _grad_data))
+        key.append((op, u.dtype, arg, srcs, ref(u) in grad_data))
     schedule_cache.knob_values()
     extra = (
         tuple(sorted(position[t] for t in targets if t in position)),
