@@ -20,6 +20,7 @@ import itertools
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from zeptograd.dtype import dtypes
 from zeptograd.helpers import ContextVar
 from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, _arg_key
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
 
 GRADIENT_CACHE = ContextVar("GRADIENT_CACHE", 1)
-MAX_ENTRIES = 256  # oldest dropped first
+MAX_ENTRIES = 32  # oldest dropped first (a key holds a tuple per node: a few hundred KiB for a large model's graph)
 
 
 @dataclasses.dataclass
@@ -133,19 +134,21 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
     built: dict[UOp, int] = {}
     entries: list[tuple[Ops, DType, Any, tuple[int, ...]]] = []
     n_old = len(nodes)
-    for g in grads.values():
-        for u in g.uop.toposort(stops=position):
-            if u in position or u in built:
-                continue
-            if u.op in _UNCACHED_OPS or isinstance(u.arg, UOp) or (variable.in_use and variable._arg_has_uop(u)):
-                return  # a node whose identity is more than its structure
-            src = []
-            for s in u.src:
-                if (i := position.get(s)) is None:
-                    i = built[s]
-                src.append(i)
-            built[u] = n_old + len(entries)
-            entries.append((u.op, u.dtype, u.arg, tuple(src)))
+    # one walk over every gradient's graph (they share most of their nodes), down to the forward graph's nodes
+    if (sink := UOp(Ops.SINK, dtypes.void, tuple([g.uop for g in grads.values()]))) in position:
+        return
+    for u in sink.toposort(stops=position):
+        if u is sink or u in position:
+            continue
+        if u.op in _UNCACHED_OPS or isinstance(u.arg, UOp) or (variable.in_use and variable._arg_has_uop(u)):
+            return  # a node whose identity is more than its structure
+        src = []
+        for s in u.src:
+            if (i := position.get(s)) is None:
+                i = built[s]
+            src.append(i)
+        built[u] = n_old + len(entries)
+        entries.append((u.op, u.dtype, u.arg, tuple(src)))
     marked = [i for u, i in built.items() if weakref.ref(u) in _grad_data]
     outs = []
     for target, g in grads.items():
