@@ -8,25 +8,31 @@ forward node its op, dtype, arg (a BUFFER's size, not its identity; an ASSIGN's 
 positions of its sources, plus which nodes are targets, which require grad (Tensor._new marks the nodes built on
 them), whether `no_grad` is on, and the value of every knob. A template stores the nodes the rules built, with their
 sources as positions among the forward graph's nodes and the earlier built ones; a hit builds them with UOp (interned:
-the very nodes the rules would build) and marks as requiring grad those that were. Graphs with a node of a custom
-gradient rule, a sharded leaf, a Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached.
-`GRADIENT_CACHE=0` turns it off.
+the very nodes the rules would build) and marks as requiring grad those that were. Graphs with a sharded leaf, a
+Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached.
+
+A node with a rule of its own (gradient.py's `with_gradient`) is keyed by the rule's identity: its code and the values
+it closes over (and its defaults), which with the structure of its inputs are all the graph it builds can depend on.
+A rule that closes over anything else (a Tensor, a list of them, an object) leaves its graph uncached. A built node
+that has a rule of its own (the gradient of a matmul is a matmul) gets it again on a hit, for a gradient of the
+gradient. `GRADIENT_CACHE=0` turns it off.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import DType, dtypes
 from zeptograd.helpers import ContextVar
 from zeptograd.uop import variable
 from zeptograd.uop.ops import Ops, UOp, _arg_key
 
 if TYPE_CHECKING:
-    from zeptograd.dtype import DType
     from zeptograd.tensor import Tensor
 
 GRADIENT_CACHE = ContextVar("GRADIENT_CACHE", 1)
@@ -37,6 +43,8 @@ MAX_ENTRIES = 32  # oldest dropped first (a key holds a tuple per node: a few hu
 class Template:
     nodes: list[tuple[Ops, DType, Any, tuple[int, ...]]]  # per built node: op, dtype, arg, its sources' positions
     marked: list[int]  # the positions of the built nodes that require grad
+    rules: list[tuple[int, tuple[int, ...], Callable]]  # per built node with a rule of its own: its position, its
+    # inputs' and the rule (closing over plain values only: the same function serves every hit)
     outs: list[tuple[int, int, Any, Any]]  # per target: its position, its gradient's, the gradient Tensor's device
     # and requires_grad
 
@@ -54,6 +62,60 @@ _VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
 
 def clear():
     _cache.clear()
+
+
+_codes: dict[int, types.CodeType] = {}  # the code of every rule keyed (kept: a key holds its id, not its hash)
+_FunctionType = types.FunctionType
+_PLAIN = frozenset((int, str, bool, type(None)))
+MAX_RULE_DEPTH = 4  # functions inside a rule's closure, keyed in turn (a closure over itself is refused)
+
+
+def _value_key(v: Any, depth: int) -> Any:
+    """A value a rule closes over as a key (its type too: 1, 1.0 and True build different graphs), or None where it
+    is no plain value (a Tensor, an object: what the rule builds from it is not known from the value)."""
+    if (t := type(v)) in _PLAIN:
+        return (t, v)
+    if t is float:
+        return (t, _arg_key(v))
+    if t is tuple or t is list:
+        if all(type(x) is int for x in v):
+            return (t, tuple(v))
+        items = [_value_key(x, depth) for x in v]
+        return None if None in items else (t, tuple(items))
+    if t is _FunctionType:
+        return rule_key(v, depth + 1)
+    if isinstance(v, DType):  # (unique instances)
+        return v
+    return None
+
+
+def rule_key(rule: Callable, depth: int = 0) -> Any:
+    """A custom gradient rule's identity: equal for rules that build the same graph from the same inputs (the code,
+    the values it closes over, its defaults), None where that is not known (see _value_key)."""
+    if type(rule) is not _FunctionType or depth > MAX_RULE_DEPTH:
+        return None
+    code = rule.__code__
+    if (cid := id(code)) not in _codes:
+        _codes[cid] = code
+    cells, defaults, kwdefaults = rule.__closure__, rule.__defaults__, rule.__kwdefaults__
+    if cells is None and defaults is None and kwdefaults is None:
+        return cid
+    values = []
+    for cell in cells or ():
+        try:
+            v = cell.cell_contents
+        except ValueError:  # (a name not bound yet)
+            return None
+        if (k := _value_key(v, depth)) is None:
+            return None
+        values.append(k)
+    if defaults is not None and (k := _value_key(defaults, depth)) is None:
+        return None
+    values.append(None if defaults is None else k)
+    if kwdefaults is not None and (k := _value_key(tuple(sorted(kwdefaults.items())), depth)) is None:
+        return None
+    values.append(None if kwdefaults is None else k)
+    return (cid, tuple(values))
 
 
 def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tuple, list[UOp], dict[UOp, int]] | None:
@@ -83,8 +145,11 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
             arg = u.arg
             if isinstance(arg, float):
                 arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
-        if custom and ref(u) in _custom_data:  # (a rule of its own, which may read more than the structure)
-            return None
+        if custom and (rule := _custom_data.get(ref(u))) is not None:  # a rule of its own: keyed by its identity
+            if (rk := rule_key(rule[1])) is None or None in (ins := tuple([position.get(s) for s in rule[0]])):
+                return None
+        else:
+            rk = None
         if len(src := u.src) == 1:  # (the common cases without a list)
             srcs: tuple[int, ...] = (position[src[0]],)
         elif len(src) == 2:
@@ -92,7 +157,10 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
         else:
             srcs = tuple([position[s] for s in src])
         position[u] = len(position)
-        key.append((op, u.dtype, arg, srcs, ref(u) in grad_data))
+        if rk is None:
+            key.append((op, u.dtype, arg, srcs, ref(u) in grad_data))
+        else:
+            key.append((op, u.dtype, arg, srcs, ref(u) in grad_data, rk, ins))
     schedule_cache.knob_values()
     extra = (
         tuple(sorted(position[t] for t in targets if t in position)),
@@ -108,7 +176,7 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
 
 def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tensor]:
     """compute_gradient's result from the template of an equal-structure graph, over this graph's `nodes`."""
-    from zeptograd.gradient import _tensor_of
+    from zeptograd.gradient import _custom_rules, _tensor_of
     from zeptograd.tensor.live import _grad_data, _grad_remove
 
     tensor_of = _tensor_of[0]
@@ -118,6 +186,8 @@ def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tenso
         at.append(UOp(op, dtype, tuple([at[i] for i in src]), arg))
     for i in t.marked:
         _grad_data.add(weakref.ref(at[i], _grad_remove))
+    for i, ins, rule in t.rules:
+        _custom_rules[at[i]] = (tuple([at[j] for j in ins]), rule)
     out = {}
     for target, grad, device, requires_grad in t.outs:
         g = tensor_of(at[grad], device)
@@ -128,6 +198,7 @@ def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tenso
 
 def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> None:
     """Store the template of compute_gradient's result `grads` for a graph of `key` (nodes, position: structure's)."""
+    from zeptograd.gradient import _custom_data
     from zeptograd.tensor.live import _grad_data
 
     Stats.misses += 1
@@ -150,10 +221,17 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
         built[u] = n_old + len(entries)
         entries.append((u.op, u.dtype, u.arg, tuple(src)))
     marked = [i for u, i in built.items() if weakref.ref(u) in _grad_data]
+    rules = []
+    for u, i in built.items():
+        if (rule := _custom_data.get(weakref.ref(u))) is not None:
+            ins = [position.get(s, built.get(s)) for s in rule[0]]
+            if None in ins or rule_key(rule[1]) is None:
+                return
+            rules.append((i, tuple(ins), rule[1]))
     outs = []
     for target, g in grads.items():
         i = position.get(g.uop)
         outs.append((position[target], built[g.uop] if i is None else i, g.device, g.requires_grad))
     if len(_cache) >= MAX_ENTRIES:
         del _cache[next(iter(_cache))]
-    _cache[key] = Template(entries, marked, outs)
+    _cache[key] = Template(entries, marked, rules, outs)

@@ -2,6 +2,7 @@
 gradient graph from a template instead of running the gradient rules, and builds the very nodes they would build."""
 
 import numpy as np
+import pytest
 
 from zeptograd import Tensor, gradient_cache
 from zeptograd.engine.realize import tensor_clock
@@ -86,3 +87,162 @@ def test_cached_gradients_have_the_values_of_computed_ones():
         _, expected = _grads(x2, y2, ws2)
     for g, e in zip(second, expected):
         np.testing.assert_array_equal(g.numpy(), e.numpy())
+
+
+# ***** graphs with rules of their own (gradient.py's with_gradient) *****
+
+
+def _leaves(shapes, seed, dtype=np.float32):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype(dtype) for s in shapes]
+
+
+def _relu_mlp(x, w, b):
+    return ((x @ w) + b).relu().sum()
+
+
+def _gelu(x, w, b):
+    return ((x @ w) + b).gelu().square().mean()
+
+
+def _log_softmax(x, w, b):
+    return -((x @ w).log_softmax(1) * b).sum()
+
+
+def _cross_entropy(x, w, b):
+    return ((x @ w) + b).cross_entropy(b.softmax(-1).expand(x.shape[0], -1))
+
+
+def _conv(x, w, b):
+    return x.conv2d(w, b, stride=2, padding=1).relu().sum()
+
+
+def _attention(x, w, b):
+    q = (x @ w).reshape(1, 1, 40, 5).expand(1, 2, 40, 5)
+    return q.scaled_dot_product_attention(q * 0.5, q + b, is_causal=True).sum()
+
+
+_GRAPHS = {  # the loss, its leaves' shapes (x, w, b)
+    "relu": (_relu_mlp, ((8, 6), (6, 5), (5,))),
+    "gelu": (_gelu, ((8, 6), (6, 5), (5,))),
+    "log_softmax": (_log_softmax, ((8, 6), (6, 5), (8, 5))),
+    "cross_entropy": (_cross_entropy, ((8, 6), (6, 5), (5,))),
+    "matmul": (lambda x, w, b: (x @ w).square().sum() + b.sum(), ((300, 70), (70, 7), (7,))),
+    "conv": (_conv, ((2, 2, 6, 6), (5, 2, 3, 3), (5,))),
+    "attention": (_attention, ((40, 6), (6, 5), (5,))),
+}
+
+
+def _torch_grads(loss, arrays):
+    import torch
+
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    ops = {  # the zeptograd loss's ops, spelled in torch
+        "relu": lambda x, w, b: torch.relu(x @ w + b).sum(),
+        "gelu": lambda x, w, b: torch.nn.functional.gelu(x @ w + b, approximate="tanh").square().mean(),
+        "log_softmax": lambda x, w, b: -(torch.log_softmax(x @ w, 1) * b).sum(),
+        "cross_entropy": lambda x, w, b: torch.nn.functional.cross_entropy(
+            x @ w + b, b.softmax(-1).expand(x.shape[0], -1)
+        ),
+        "matmul": lambda x, w, b: (x @ w).square().sum() + b.sum(),
+        "conv": lambda x, w, b: torch.relu(torch.nn.functional.conv2d(x, w, b, stride=2, padding=1)).sum(),
+        "attention": lambda x, w, b: torch.nn.functional.scaled_dot_product_attention(
+            (x @ w).reshape(1, 1, 40, 5).expand(1, 2, 40, 5),
+            (x @ w).reshape(1, 1, 40, 5).expand(1, 2, 40, 5) * 0.5,
+            (x @ w).reshape(1, 1, 40, 5).expand(1, 2, 40, 5) + b,
+            is_causal=True,
+        ).sum(),
+    }
+    ops[loss](*ts).backward()
+    return [t.grad.numpy() for t in ts]
+
+
+def _backward(loss_fn, arrays, requires=(True, True, True)):
+    ts = [Tensor(a, requires_grad=r).realize() for a, r in zip(arrays, requires)]
+    loss = loss_fn(*ts)
+    loss.backward()
+    return loss, ts
+
+
+def _rules_in(grads):
+    """The nodes of the gradients' graphs that carry a rule of their own (a gradient of the gradient reads them)."""
+    from zeptograd.gradient import _custom_rules
+    from zeptograd.uop.ops import Ops, UOp
+
+    sink = UOp(Ops.SINK, src=tuple(g.uop for g in grads))
+    return {u: _custom_rules[u][0] for u in sink.toposort() if u in _custom_rules}
+
+
+@pytest.mark.parametrize("name", list(_GRAPHS))
+def test_rules_of_their_own_hit_and_build_the_nodes_the_rules_build(name):
+    """A graph with relu's, GELU's, log_softmax's, a matmul's, a conv's or causal attention's own rule, built again
+    over new buffers, hits the cache: its gradients are the very nodes the rules build (GRADIENT_CACHE=0), require
+    grad as they do, carry the same rules of their own, and have torch's values."""
+    loss_fn, shapes = _GRAPHS[name]
+    _backward(loss_fn, _leaves(shapes, 0))  # (a miss: its template stored)
+    arrays = _leaves(shapes, 1)
+    hits = gradient_cache.Stats.hits
+    loss, ts = _backward(loss_fn, arrays)
+    assert gradient_cache.Stats.hits > hits
+    assert name == "log_softmax" or _rules_in([loss]), "the graph has a rule of its own"  # (log_softmax: primitives)
+    cached = [(t.grad.uop, t.grad.requires_grad) for t in ts]
+    rules = _rules_in([t.grad for t in ts])
+    for t in ts:
+        t.grad = None
+    with Context(GRADIENT_CACHE=0):
+        loss.backward()
+    assert [(t.grad.uop, t.grad.requires_grad) for t in ts] == cached
+    assert _rules_in([t.grad for t in ts]) == rules
+    for t, e in zip(ts, _torch_grads(name, arrays)):
+        np.testing.assert_allclose(t.grad.numpy(), e, rtol=2e-4, atol=2e-5)
+
+
+def _misses(loss_fn, arrays, **kw):
+    misses = gradient_cache.Stats.misses
+    _backward(loss_fn, arrays, **kw)
+    return gradient_cache.Stats.misses - misses
+
+
+def test_what_shapes_the_gradient_graph_is_in_the_key():
+    """Another requires_grad, dtype, shape, constant or rule is another graph: a miss, then a hit."""
+    from zeptograd.gradient import with_gradient
+
+    shapes = ((8, 6), (6, 5), (5,))
+    gradient_cache.clear()
+    assert _misses(_gelu, _leaves(shapes, 0)) == 1
+    assert _misses(_gelu, _leaves(shapes, 1)) == 0
+    assert _misses(_gelu, _leaves(shapes, 1), requires=(False, True, True)) == 1
+    assert _misses(_gelu, _leaves(shapes, 1, np.float16)) == 1
+    assert _misses(_gelu, _leaves(((9, 6), (6, 5), (5,)), 1)) == 1
+    assert _misses(lambda x, w, b: _gelu(x * 2, w, b), _leaves(shapes, 1)) == 1
+    assert _misses(lambda x, w, b: _gelu(x * 3, w, b), _leaves(shapes, 1)) == 1
+    assert _misses(lambda x, w, b: _gelu(x * 3, w, b), _leaves(shapes, 2)) == 0
+
+    def loss_of(c):  # the same forward graph, a rule of another constant
+        return lambda x, w, b: with_gradient(x * 1.0, (x,), lambda g, out, x: (g * c,)).sum() + w.sum() + b.sum()
+
+    assert _misses(loss_of(2.0), _leaves(shapes, 1)) == 1
+    assert _misses(loss_of(3.0), _leaves(shapes, 1)) == 1
+    assert _misses(loss_of(3.0), _leaves(shapes, 2)) == 0
+    _, ts = _backward(loss_of(2.0), _leaves(shapes, 3))
+    np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], 2.0, np.float32))
+    _, ts = _backward(loss_of(3.0), _leaves(shapes, 3))
+    np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], 3.0, np.float32))
+
+
+def test_a_rule_closing_over_a_tensor_is_not_cached():
+    """What a rule builds from a Tensor it closes over is not known from its key: such a graph is not cached (each
+    backward runs the rules), and its gradient reads the tensor of its own step."""
+    from zeptograd.gradient import with_gradient
+
+    shapes = ((8, 6), (6, 5), (5,))
+    for seed in (0, 1):
+        scale = Tensor(np.full(shapes[0], seed + 2.0, np.float32))
+
+        def loss(x, w, b, s=scale):
+            return with_gradient(x * 1.0, (x,), lambda g, out, x: (g * s,)).sum() + w.sum() + b.sum()
+
+        hits, misses = gradient_cache.Stats.hits, gradient_cache.Stats.misses
+        _, ts = _backward(loss, _leaves(shapes, seed))
+        assert (gradient_cache.Stats.hits, gradient_cache.Stats.misses) == (hits, misses)
+        np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], seed + 2.0, np.float32))
