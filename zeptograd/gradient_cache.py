@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from zeptograd.dtype import DType, dtypes
 from zeptograd.helpers import ContextVar
 from zeptograd.uop import variable
-from zeptograd.uop.ops import Ops, UOp, _arg_key
+from zeptograd.uop.ops import Ops, UOp, _arg_key, interned_uop
 
 if TYPE_CHECKING:
     from zeptograd.tensor import Tensor
@@ -41,7 +41,8 @@ MAX_ENTRIES = 32  # oldest dropped first (a key holds a tuple per node: a few hu
 
 @dataclasses.dataclass
 class Template:
-    nodes: list[tuple[Ops, DType, Any, tuple[int, ...]]]  # per built node: op, dtype, arg, its sources' positions
+    # per built node: op, dtype, arg, the arg as UOps are interned by it (_arg_key), its sources' positions, its shape
+    nodes: list[tuple[Ops, DType, Any, Any, tuple[int, ...], tuple | None]]
     marked: list[int]  # the positions of the built nodes that require grad
     rules: list[tuple[int, tuple[int, ...], Callable]]  # per built node with a rule of its own: its position, its
     # inputs' and the rule (closing over plain values only: the same function serves every hit)
@@ -145,7 +146,8 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
             arg = u.arg
             if isinstance(arg, float):
                 arg = _arg_key(arg)  # as UOp interning tells args apart: -0.0 is not 0.0
-        if custom and (rule := _custom_data.get(ref(u))) is not None:  # a rule of its own: keyed by its identity
+        r = ref(u)
+        if custom and (rule := _custom_data.get(r)) is not None:  # a rule of its own: keyed by its identity
             if (rk := rule_key(rule[1])) is None or None in (ins := tuple([position.get(s) for s in rule[0]])):
                 return None
         else:
@@ -158,9 +160,9 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
             srcs = tuple([position[s] for s in src])
         position[u] = len(position)
         if rk is None:
-            key.append((op, u.dtype, arg, srcs, ref(u) in grad_data))
+            key.append((op, u.dtype, arg, srcs, r in grad_data))
         else:
-            key.append((op, u.dtype, arg, srcs, ref(u) in grad_data, rk, ins))
+            key.append((op, u.dtype, arg, srcs, r in grad_data, rk, ins))
     schedule_cache.knob_values()
     extra = (
         tuple(sorted(position[t] for t in targets if t in position)),
@@ -182,8 +184,14 @@ def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tenso
     tensor_of = _tensor_of[0]
     Stats.hits += 1
     at = list(nodes)
-    for op, dtype, arg, src in t.nodes:
-        at.append(UOp(op, dtype, tuple([at[i] for i in src]), arg))
+    for op, dtype, arg, key_arg, src, shape in t.nodes:  # (UOp(op, dtype, sources, arg), its shape known)
+        if len(src) == 1:
+            srcs: tuple[UOp, ...] = (at[src[0]],)
+        elif len(src) == 2:
+            srcs = (at[src[0]], at[src[1]])
+        else:
+            srcs = tuple([at[i] for i in src])
+        at.append(interned_uop(op, dtype, srcs, arg, key_arg, shape))
     for i in t.marked:
         _grad_data.add(weakref.ref(at[i], _grad_remove))
     for i, ins, rule in t.rules:
@@ -203,7 +211,7 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
 
     Stats.misses += 1
     built: dict[UOp, int] = {}
-    entries: list[tuple[Ops, DType, Any, tuple[int, ...]]] = []
+    entries: list[tuple[Ops, DType, Any, Any, tuple[int, ...], tuple | None]] = []
     n_old = len(nodes)
     # one walk over every gradient's graph (they share most of their nodes), down to the forward graph's nodes
     if (sink := UOp(Ops.SINK, dtypes.void, tuple([g.uop for g in grads.values()]))) in position:
@@ -219,7 +227,8 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
                 i = built[s]
             src.append(i)
         built[u] = n_old + len(entries)
-        entries.append((u.op, u.dtype, u.arg, tuple(src)))
+        arg = u.arg
+        entries.append((u.op, u.dtype, arg, _arg_key(arg) if isinstance(arg, float) else arg, tuple(src), u.shape))
     marked = [i for u, i in built.items() if weakref.ref(u) in _grad_data]
     rules = []
     for u, i in built.items():
