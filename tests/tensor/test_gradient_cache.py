@@ -160,7 +160,9 @@ def _torch_grads(loss, arrays):
 def _backward(loss_fn, arrays, requires=(True, True, True)):
     ts = [Tensor(a, requires_grad=r).realize() for a, r in zip(arrays, requires)]
     loss = loss_fn(*ts)
+    before = tensor_clock()
     loss.backward()
+    _backward.made = tensor_clock() - before - 1  # (tensor_clock's own number)
     return loss, ts
 
 
@@ -184,6 +186,7 @@ def test_rules_of_their_own_hit_and_build_the_nodes_the_rules_build(name):
     hits = gradient_cache.Stats.hits
     loss, ts = _backward(loss_fn, arrays)
     assert gradient_cache.Stats.hits > hits
+    assert _backward.made <= 1 + 2 * len(ts), _backward.made  # root gradient, one per gradient and its detached copy
     assert name == "log_softmax" or _rules_in([loss]), "the graph has a rule of its own"  # (log_softmax: primitives)
     cached = [(t.grad.uop, t.grad.requires_grad) for t in ts]
     rules = _rules_in([t.grad for t in ts])
