@@ -230,11 +230,15 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
         arg = u.arg
         entries.append((u.op, u.dtype, arg, _arg_key(arg) if isinstance(arg, float) else arg, tuple(src), u.shape))
     marked = [i for u, i in built.items() if weakref.ref(u) in _grad_data]
-    rules = []
+    rules: list[tuple[int, tuple[int, ...], Callable]] = []
     for u, i in built.items():
         if (rule := _custom_data.get(weakref.ref(u))) is not None:
-            ins = [position.get(s, built.get(s)) for s in rule[0]]
-            if None in ins or rule_key(rule[1]) is None:
+            ins = []
+            for s in rule[0]:
+                if (j := position.get(s, built.get(s))) is None:
+                    return  # (an input outside the graphs: not rebuilt)
+                ins.append(j)
+            if rule_key(rule[1]) is None:
                 return
             rules.append((i, tuple(ins), rule[1]))
     outs = []
