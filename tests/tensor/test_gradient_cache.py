@@ -249,3 +249,23 @@ def test_a_rule_closing_over_a_tensor_is_not_cached():
         _, ts = _backward(loss, _leaves(shapes, seed))
         assert (gradient_cache.Stats.hits, gradient_cache.Stats.misses) == (hits, misses)
         np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], seed + 2.0, np.float32))
+
+
+def test_a_gradient_of_a_cached_gradient_is_the_one_of_the_computed_gradient():
+    """The gradient of a conv's input gradient goes through the rules the first backward registered on the nodes it
+    built (a conv's gradient is a conv): a hit registers them again on its nodes, so the second-order gradient is
+    the same graph as without the cache."""
+    shapes = ((2, 2, 6, 6), (5, 2, 3, 3), (5,))
+
+    def second_order(x, w, b):
+        (gx,) = _conv(x, w, b).gradient(x)
+        return gx.square().sum().gradient(w)[0]
+
+    second_order(*[Tensor(a, requires_grad=True).realize() for a in _leaves(shapes, 0)])
+    leaves = [Tensor(a, requires_grad=True).realize() for a in _leaves(shapes, 1)]
+    hits = gradient_cache.Stats.hits
+    cached = second_order(*leaves)
+    assert gradient_cache.Stats.hits > hits
+    with Context(GRADIENT_CACHE=0):
+        expected = second_order(*leaves)
+    assert cached.uop is expected.uop
