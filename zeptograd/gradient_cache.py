@@ -56,7 +56,7 @@ class Stats:
 
 
 _cache: dict[tuple, Template] = {}
-_BUFFER, _ASSIGN = Ops.BUFFER, Ops.ASSIGN
+_BUFFER, _ASSIGN, _MULTI = Ops.BUFFER, Ops.ASSIGN, Ops.MULTI  # (globals: Ops.X is a metaclass hook on 3.11)
 _UNCACHED_OPS = frozenset((Ops.BUFFER, Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR, Ops.MULTI))
 _VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
 
@@ -140,7 +140,7 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
             arg: Any = u.arg[1]
         elif op is _ASSIGN:
             arg, n_assign = n_assign, n_assign + 1
-        elif op is Ops.MULTI or (symbols and (op in _VARIABLE_OPS or variable._arg_has_uop(u))):
+        elif op is _MULTI or (symbols and (op in _VARIABLE_OPS or variable._arg_has_uop(u))):
             return None
         else:
             arg = u.arg
