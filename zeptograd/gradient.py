@@ -220,7 +220,9 @@ def compute_gradient(
     cached = None  # (the gradient graph of an equal-structure graph: zeptograd/gradient_cache.py)
     if GRADIENT_CACHE.value and not stops:
         if (cached := gradient_cache.structure(topo, root_grad, targets)) is not None:
-            if (template := gradient_cache._cache.get(cached[0])) is not None:
+            if (template := gradient_cache._cache.get(cached[0])) is gradient_cache.REFUSED:
+                cached = None  # (the rules run, as the first time: nothing to store)
+            elif template is not None:
                 return gradient_cache.rebuild(template, cached[1], root_grad)
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:

@@ -9,7 +9,8 @@ positions of its sources, plus which nodes are targets, which require grad (Tens
 them), whether `no_grad` is on, and the value of every knob. A template stores the nodes the rules built, with their
 sources as positions among the forward graph's nodes and the earlier built ones; a hit builds them with UOp (interned:
 the very nodes the rules would build) and marks as requiring grad those that were. Graphs with a sharded leaf, a
-Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached.
+Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached (the last noted under their key:
+a later graph of it runs the rules without looking for a template again).
 
 A node with a rule of its own (gradient.py's `with_gradient`) is keyed by the rule's identity: its code and the values
 it closes over (and its defaults), which with the structure of its inputs are all the graph it builds can depend on.
@@ -56,6 +57,7 @@ class Stats:
 
 
 _cache: dict[tuple, Template] = {}
+REFUSED = Template([], [], [], [])  # the entry of a graph whose gradient graph is not rebuilt from a template
 _BUFFER, _ASSIGN, _MULTI = Ops.BUFFER, Ops.ASSIGN, Ops.MULTI  # (globals: Ops.X is a metaclass hook on 3.11)
 _UNCACHED_OPS = frozenset((Ops.BUFFER, Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR, Ops.MULTI))
 _VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
@@ -205,22 +207,30 @@ def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tenso
 
 
 def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> None:
-    """Store the template of compute_gradient's result `grads` for a graph of `key` (nodes, position: structure's)."""
+    """Store the template of compute_gradient's result `grads` for a graph of `key` (nodes, position: structure's),
+    or REFUSED where it has none: the next graph of that key runs the rules without trying again."""
+    Stats.misses += 1
+    if len(_cache) >= MAX_ENTRIES:
+        del _cache[next(iter(_cache))]
+    _cache[key] = REFUSED if (t := _template(nodes, position, grads)) is None else t
+
+
+def _template(nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> Template | None:
     from zeptograd.gradient import _custom_data
     from zeptograd.tensor.live import _grad_data
 
-    Stats.misses += 1
     built: dict[UOp, int] = {}
     entries: list[tuple[Ops, DType, Any, Any, tuple[int, ...], tuple | None]] = []
     n_old = len(nodes)
     # one walk over every gradient's graph (they share most of their nodes), down to the forward graph's nodes
     if (sink := UOp(Ops.SINK, dtypes.void, tuple([g.uop for g in grads.values()]))) in position:
-        return
+        return None
     for u in sink.toposort(stops=position):
         if u is sink or u in position:
             continue
         if u.op in _UNCACHED_OPS or isinstance(u.arg, UOp) or (variable.in_use and variable._arg_has_uop(u)):
-            return  # a node whose identity is more than its structure
+            return None  # a node whose identity is more than its structure (a BUFFER the rules made: the all-reduce
+            # of distributed.py's sum_over_ranks, which must run at every backward)
         src = []
         for s in u.src:
             if (i := position.get(s)) is None:
@@ -236,15 +246,13 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
             ins = []
             for s in rule[0]:
                 if (j := position.get(s, built.get(s))) is None:
-                    return  # (an input outside the graphs: not rebuilt)
+                    return None  # (an input outside the graphs: not rebuilt)
                 ins.append(j)
             if rule_key(rule[1]) is None:
-                return
+                return None
             rules.append((i, tuple(ins), rule[1]))
     outs = []
     for target, g in grads.items():
         i = position.get(g.uop)
         outs.append((position[target], built[g.uop] if i is None else i, g.device, g.requires_grad))
-    if len(_cache) >= MAX_ENTRIES:
-        del _cache[next(iter(_cache))]
-    _cache[key] = Template(entries, marked, rules, outs)
+    return Template(entries, marked, rules, outs)

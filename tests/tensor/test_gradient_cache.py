@@ -270,3 +270,28 @@ def test_a_gradient_of_a_cached_gradient_is_the_one_of_the_computed_gradient():
     with Context(GRADIENT_CACHE=0):
         expected = second_order(*leaves)
     assert cached.uop is expected.uop
+
+
+def test_a_graph_whose_rules_make_a_buffer_is_refused_once():
+    """A rule that makes a buffer (data, or an all-reduce's result: distributed.py's sum_over_ranks) must run at
+    every backward: the graph's entry says so, and a later graph of its key runs the rules without walking their
+    gradient graph again for a template."""
+    from zeptograd.gradient import with_gradient
+
+    shapes = ((8, 6), (6, 5), (5,))
+    for seed in range(3):
+        value = float(seed + 2)
+
+        def loss(x, w, b):  # (the rule closes over nothing: the same key every time)
+            return with_gradient(x * 1.0, (x,), _times_new_buffer).sum() + w.sum() + b.sum()
+
+        _times_new_buffer.value = value
+        hits, misses = gradient_cache.Stats.hits, gradient_cache.Stats.misses
+        _, ts = _backward(loss, _leaves(shapes, seed))
+        assert gradient_cache.Stats.hits == hits
+        assert gradient_cache.Stats.misses == misses + (seed == 0)
+        np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], value, np.float32))
+
+
+def _times_new_buffer(g, out, x):
+    return (g * Tensor(np.full(g.shape, _times_new_buffer.value, np.float32)),)
