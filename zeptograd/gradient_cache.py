@@ -22,6 +22,7 @@ gradient. `GRADIENT_CACHE=0` turns it off.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import types
 import weakref
@@ -85,7 +86,7 @@ def _value_key(v: Any, depth: int) -> Any:
             return (t, tuple(v))
         items = [_value_key(x, depth) for x in v]
         return None if None in items else (t, tuple(items))
-    if t is _FunctionType:
+    if t is _FunctionType or t is functools.partial:
         return rule_key(v, depth + 1)
     if isinstance(v, DType):  # (unique instances)
         return v
@@ -94,8 +95,16 @@ def _value_key(v: Any, depth: int) -> Any:
 
 def rule_key(rule: Callable, depth: int = 0) -> Any:
     """A custom gradient rule's identity: equal for rules that build the same graph from the same inputs (the code,
-    the values it closes over, its defaults), None where that is not known (see _value_key)."""
-    if type(rule) is not _FunctionType or depth > MAX_RULE_DEPTH:
+    the values it closes over, its defaults; a functools.partial's function and arguments), None where that is not
+    known (see _value_key)."""
+    if depth > MAX_RULE_DEPTH:
+        return None
+    if type(rule) is functools.partial:
+        if (f := rule_key(rule.func, depth + 1)) is None or (args := _value_key(rule.args, depth)) is None:
+            return None
+        kw = _value_key(tuple(sorted(rule.keywords.items())), depth)
+        return None if kw is None else ("partial", f, args, kw)
+    if type(rule) is not _FunctionType:
         return None
     code = rule.__code__
     if (cid := id(code)) not in _codes:

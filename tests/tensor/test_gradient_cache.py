@@ -1,6 +1,8 @@
 """The gradient cache (zeptograd/gradient_cache.py): a backward over a graph of a structure met before rebuilds the
 gradient graph from a template instead of running the gradient rules, and builds the very nodes they would build."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -231,6 +233,29 @@ def test_what_shapes_the_gradient_graph_is_in_the_key():
     _, ts = _backward(loss_of(2.0), _leaves(shapes, 3))
     np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], 2.0, np.float32))
     _, ts = _backward(loss_of(3.0), _leaves(shapes, 3))
+    np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], 3.0, np.float32))
+
+
+def _scaled(g, out, x, c):
+    return (g * c,)
+
+
+def test_a_partial_rule_is_keyed_by_its_function_and_arguments():
+    """functools.partial(rule, c=...) (causal attention's gradient takes its scale so): the same function with
+    another argument is another key, with the same one the same."""
+    from zeptograd.gradient import with_gradient
+
+    def loss_of(c):
+        rule = functools.partial(_scaled, c=c)
+        return lambda x, w, b: with_gradient(x * 1.0, (x,), rule).sum() + w.sum() + b.sum()
+
+    shapes = ((8, 6), (6, 5), (5,))
+    gradient_cache.clear()
+    assert _misses(loss_of(2.0), _leaves(shapes, 1)) == 1
+    assert _misses(loss_of(3.0), _leaves(shapes, 1)) == 1
+    hits = gradient_cache.Stats.hits
+    _, ts = _backward(loss_of(3.0), _leaves(shapes, 2))
+    assert gradient_cache.Stats.hits == hits + 1
     np.testing.assert_array_equal(ts[0].grad.numpy(), np.full(shapes[0], 3.0, np.float32))
 
 
