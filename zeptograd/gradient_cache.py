@@ -130,13 +130,32 @@ def rule_key(rule: Callable, depth: int = 0) -> Any:
     return (cid, tuple(values))
 
 
+# (bound by _bind at the first call: read from modules that import this one, without a function-level import per
+# call, ~1 us each)
+_schedule_cache: Any = None
+_custom_data: Any = None  # gradient.py's _custom_rules' own dict
+_custom_rules: Any = None
+_tensor_of: Any = None
+_grad_data: Any = None  # tensor/live.py's
+_grad_remove: Any = None
+
+
+def _bind() -> None:
+    global _schedule_cache, _custom_data, _custom_rules, _tensor_of, _grad_data, _grad_remove
+    from zeptograd import gradient
+    from zeptograd.engine import schedule_cache
+    from zeptograd.tensor import live
+
+    _custom_data, _custom_rules, _tensor_of = gradient._custom_data, gradient._custom_rules, gradient._tensor_of
+    _grad_data, _grad_remove = live._grad_data, live._grad_remove
+    _schedule_cache = schedule_cache
+
+
 def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tuple, list[UOp], dict[UOp, int]] | None:
     """(the key of compute_gradient's inputs, the forward graph's nodes then root_grad's, each node's position), or
     None where the graph is not cached here."""
-    from zeptograd.engine import schedule_cache
-    from zeptograd.gradient import _custom_data, _tensor_of
-    from zeptograd.tensor.live import _grad_data
-
+    if _schedule_cache is None:
+        _bind()
     if type(root_grad.device) is not str or _tensor_of[0] is None:
         return None
     symbols, custom = variable.in_use, bool(_custom_data)  # (a lookup per node only once one can be found)
@@ -174,13 +193,13 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
             key.append((op, u.dtype, arg, srcs, r in grad_data))
         else:
             key.append((op, u.dtype, arg, srcs, r in grad_data, rk, ins))
-    schedule_cache.knob_values()
+    _schedule_cache.knob_values()
     extra = (
         tuple(sorted(position[t] for t in targets if t in position)),
         position.get(root_grad.uop),
         root_grad.device,
         type(root_grad)._grad_off,
-        schedule_cache._knobs[2],
+        _schedule_cache._knobs[2],
     )
     if extra[1] is None:
         return None
@@ -189,9 +208,6 @@ def structure(topo: list[UOp], root_grad: Tensor, targets: set[UOp]) -> tuple[tu
 
 def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tensor]:
     """compute_gradient's result from the template of an equal-structure graph, over this graph's `nodes`."""
-    from zeptograd.gradient import _custom_rules, _tensor_of
-    from zeptograd.tensor.live import _grad_data, _grad_remove
-
     tensor_of = _tensor_of[0]
     Stats.hits += 1
     at = list(nodes)
@@ -225,9 +241,6 @@ def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict
 
 
 def _template(nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> Template | None:
-    from zeptograd.gradient import _custom_data
-    from zeptograd.tensor.live import _grad_data
-
     built: dict[UOp, int] = {}
     entries: list[tuple[Ops, DType, Any, Any, tuple[int, ...], tuple | None]] = []
     n_old = len(nodes)
