@@ -320,9 +320,9 @@ def test_the_input_gradient_stores_a_computed_output_gradient_padded_once():
 
 
 def test_the_input_gradient_reads_a_stored_output_gradient_in_place():
-    """Given a stored output gradient (a buffer on the CPU), the input gradient's transposed conv reads it in place
-    through its pad's gates, as the forward conv reads its input (tensor/conv_layout.py: _stored_on_cpu): no padded
-    copy (on 1 AVX-512 core (8,64,56,56)x(64,64,3,3) pad 1: the conv 8.5 -> 7.8 ms, and the copy's 0.5 ms gone).
+    """Given a stored output gradient (a buffer on the CPU), a small conv's input gradient reads it in place through
+    its transposed conv's pad's gates, as the forward conv reads its input (tensor/conv_layout.py:
+    _output_gradient_read_in_place): no padded copy, one kernel less.
     Values against torch."""
     import torch
 
@@ -351,9 +351,10 @@ def test_the_input_gradient_reads_a_stored_output_gradient_in_place_where_it_pay
     """A large conv's input gradient whose transposed conv vectorizes its columns (the lanes divide them: its weight
     is not stored channels-last) reads a stored output gradient from a padded copy: its register tile takes whole
     rows, no border is peeled off them and each column vector's load is masked in the inner loop (on 1 AVX-512 core
-    (32,64,32,32)x(64,64,3,3) pad 1, the conv 11.5 -> 9.5 ms and the copy 1.1). Where the lanes do not divide the
-    columns (12: the vector goes along the output channels), or below CHANNELS_LAST_MIN_MACS ((2,64,16,16)), it
-    reads it in place (tensor/conv_layout.py: _output_gradient_read_in_place). The lanes of AVX2 and AVX-512."""
+    (32,64,32,32)x(64,64,3,3) pad 1, its kernels 12.1 -> 10.7 ms, the copy's included). Where the lanes do not
+    divide the columns (12: the vector goes along the output channels), or below CHANNELS_LAST_MIN_MACS
+    ((2,64,16,16)), it reads it in place (tensor/conv_layout.py: _output_gradient_read_in_place). The lanes of AVX2
+    and AVX-512. Values against torch."""
     from zeptograd.tensor import matmul_layout, nn_ops
 
     lanes = simd_bytes // 4

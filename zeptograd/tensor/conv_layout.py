@@ -258,9 +258,10 @@ def _output_gradient_read_in_place(x: Tensor, w: Tensor, groups: int, dilation: 
     output loops and the inner loops have no gate (on 1 AVX-512 core, (8,64,56,56)x(64,64,3,3) pad 1 read in place
     7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel). Where the vector goes along the columns, the
     register tile takes whole rows (or most of one), no border is peeled off them, and every load of a column
-    vector is masked in the inner loop: the copy is never slower, often faster (1 core, kernel in place -> copy
-    + its kernel, ms: (32,64,32,32)x(64,64,3,3) 16 lanes 11.5 -> 9.5 + 1.1, 8 lanes 21.6 -> 19.3 + 1.0;
-    (16,64,16,16) 1.36 -> 1.33 + 0.05, 2.72 -> 2.64 + 0.05; (8,64,56,56) 8 lanes 17.5 -> 16.8 + 0.6). Below
+    vector is masked in the inner loop: the copy pays at 32 columns and is even (within noise) at 16 and 56 (on 1
+    core, all the input gradient's kernels, read in place -> from the copy, ms, 16 lanes / 8 lanes:
+    (32,64,32,32)x(64,64,3,3) 12.1 -> 10.7 / 21.5 -> 20.5; (8,128,32,32)x(128,128,3,3) 10.5 -> 9.9 / 21.0 -> 20.0;
+    (16,64,16,16) 1.37 -> 1.41 / 2.80 -> 2.79; (8,64,56,56) 8 lanes 17.6 -> 17.6). Below
     CHANNELS_LAST_MIN_MACS multiply-adds the two take the same time and the copy would be one more kernel."""
     if not _stored_on_cpu(x):
         return False
