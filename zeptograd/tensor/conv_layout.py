@@ -246,11 +246,31 @@ def _a_stored_buffer(x: Tensor) -> bool:
 
 def _stored_on_cpu(x: Tensor) -> bool:
     """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
-    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
-    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
-    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
-    (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
+    stored: the next layer's input gradient, or a given one)."""
     return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
+
+
+def _output_gradient_read_in_place(x: Tensor, w: Tensor, groups: int, dilation: tuple, pads: list) -> bool:
+    """Whether the transposed conv of a conv's input gradient, x.conv2d(w, groups, dilation, padding=pads) with x
+    the output's gradient, reads a stored x (`_stored_on_cpu`) in place through its pad's gates rather than from a
+    padded copy. Where its weight is stored channels-last (`_conv_stores_weight_channels_last`), codegen's vector
+    goes along the output channels, each input value one broadcast load: codegen/peel.py peels the borders off the
+    output loops and the inner loops have no gate (on 1 AVX-512 core, (8,64,56,56)x(64,64,3,3) pad 1 read in place
+    7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel). Where the vector goes along the columns, the
+    register tile takes whole rows (or most of one), no border is peeled off them, and every load of a column
+    vector is masked in the inner loop: the copy pays at 32 columns and is even (within noise) at 16 and 56 (on 1
+    core, all the input gradient's kernels, read in place -> from the copy, ms, 16 lanes / 8 lanes:
+    (32,64,32,32)x(64,64,3,3) 12.1 -> 10.7 / 21.5 -> 20.5; (8,128,32,32)x(128,128,3,3) 10.5 -> 9.9 / 21.0 -> 20.0;
+    (16,64,16,16) 1.37 -> 1.41 / 2.80 -> 2.79; (8,64,56,56) 8 lanes 17.6 -> 17.6). Below
+    CHANNELS_LAST_MIN_MACS multiply-adds the two take the same time and the copy would be one more kernel."""
+    if not _stored_on_cpu(x):
+        return False
+    grouped = flat_to_grouped(pads)
+    oyx = [i + pb + pa - d * (k - 1) for i, (pb, pa), d, k in zip(x.shape[2:], grouped, dilation, w.shape[2:])]
+    sizes = (x.shape[0], *oyx, *w.shape)
+    if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
+        return True
+    return _conv_stores_weight_channels_last(x, w, groups, dilation, pads)
 
 
 def _transposed_conv(
@@ -267,9 +287,9 @@ def _transposed_conv(
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
-    already (`_stored_on_cpu`: read in place) or `padded_store` (the weight gradient's padded store of it, with the
-    transposed conv's pads in it: `_stored_padded_output_gradient`)."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless a stored buffer on the CPU that
+    pays to read in place (`_output_gradient_read_in_place`), or `padded_store` (the weight gradient's padded store
+    of it, with the transposed conv's pads in it: `_stored_padded_output_gradient`)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
@@ -281,7 +301,8 @@ def _transposed_conv(
     ]
     strides = make_tuple(stride, len(hw))
     unit_strides = all(s == 1 for s in strides)
-    if weight_copy and unit_strides and not (padded_store or _stored_on_cpu(x)):
+    padded_copy = weight_copy and unit_strides and not padded_store
+    if padded_copy and not _output_gradient_read_in_place(x, w, groups, dil, pads):
         x, pads = x.pad(pads).contiguous(), [0] * len(pads)
     elif weight_copy and not unit_strides:
         x = x.contiguous()
