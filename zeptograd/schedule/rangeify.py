@@ -18,7 +18,7 @@ from zeptograd.buffers import buffer_under, buffers, new_buffer_uop, reshape_uop
 from zeptograd.device import Buffer
 from zeptograd.dtype import dtypes
 from zeptograd.helpers import prod
-from zeptograd.schedule.bufferize import bufferize, bufferize_folds, contiguous_aliases, stored_size
+from zeptograd.schedule.bufferize import bufferize, bufferize_folds, stored_size
 from zeptograd.schedule.copy import copy_item
 from zeptograd.schedule.fold import tensor_fold, uniform_const
 from zeptograd.schedule.indexing import Rangeify
@@ -61,9 +61,7 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     rf.assign_ranges(policy.realized_up_front(outputs), row_groups.realizing(policy.must_realize))
     keep = outputs | {x for x in rf.realize if x.op in (Ops.CONTIGUOUS, Ops.ASSIGN)}
     keep |= {x.src[0] for x in rf.realize if x.op is Ops.COPY}  # a copy moves its source's whole buffer
-    aliases = contiguous_aliases(rf, outputs)
-    keep = (keep - aliases.keys()) | set(aliases.values())
-    graph = bufferize(rf, keep, aliases)
+    graph = bufferize(rf, keep)
     check_rangeified(graph, "bufferize")
     stored = {b.arg.node: b for b in graph.toposort() if b.op is Ops.BUFFERIZE and not b.arg.row}
     if not all(b.arg.keep for b in stored.values()):  # the foldings remove or shrink only what is not kept
@@ -106,9 +104,6 @@ def create_schedule(outs: list[UOp]) -> tuple[list[ScheduleItem], dict[UOp, UOp]
     shared = plan_memory(items, intermediates)  # dead intermediates lend their memory to later ones
     reused = set(shared) | set(shared.values())
     becomes = {x: v for x, v in becomes.items() if x not in bufs or bufs[x] not in reused}
-    for c, x in aliases.items():  # a CONTIGUOUS stored in its value's buffer: remembered as that buffer
-        if x in becomes and (base := buffer_under(becomes[x])) is not None:
-            becomes[c] = reshape_uop(base, c.tensor_shape)
     result = {old: becomes.get(new, new) for old, new in folded.items()}
     for x, v in becomes.items():
         if not layout_copy(x):

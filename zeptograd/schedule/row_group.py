@@ -69,25 +69,39 @@ class RowGroups:
         else the max's, where the reduce's kernel reads nothing stored between them; neither where a kernel between
         them writes memory (an ASSIGN, a COPY)."""
         where = {k: i for i, k in enumerate(order)}
+        # a kernel that moves (a member of any group) between a pair could end up on either side of the pair's kernel:
+        # two pairs that each read the other's max would read each other's output (a cycle), so none may lie between
+        moving = set(taken) | set(self.sum_of) | {s for sums in self.sum_of.values() for s in sums}
         out: dict[UOp, list[UOp]] = {}
         for m, sums in self.sum_of.items():
             for s in sums:
-                if (members := self.members(m, s, stored, order, where, taken | out)) is not None:
+                if (members := self.members(m, s, stored, order, where, taken | out, moving)) is not None:
                     out[m] = out[s] = members
                     break
         return out
 
     def members(
-        self, m: UOp, s: UOp, stored: dict[UOp, UOp], order: list[UOp], where: dict[UOp, int], taken: dict
+        self,
+        m: UOp,
+        s: UOp,
+        stored: dict[UOp, UOp],
+        order: list[UOp],
+        where: dict[UOp, int],
+        taken: dict,
+        moving: set[UOp],
     ) -> list[UOp] | None:
-        """[max, reduce] or [reduce, max] (`groups`), or None where they can't be one kernel."""
+        """[max, reduce] or [reduce, max] (`groups`), or None where they can't be one kernel: the reduce's kernel must
+        read the max only where it computes it (at its own row: a read of another row would load a row the kernel has
+        not stored yet), and no kernel between them may move (`moving`) or write memory."""
         if m not in stored or s not in stored or m in taken or s in taken:
             return None
         bm, bs = stored[m], stored[s]
         if bm.src[1:] != bs.src[1:] or bm.src[0] not in kernel_value_nodes(bs.src[0]) or where[m] > where[s]:
             return None
+        if _reads(bs, bm):
+            return None
         between = order[where[m] + 1 : where[s]]
-        if any(k.op in (Ops.ASSIGN, Ops.COPY) or k not in stored for k in between):
+        if any(k.op in (Ops.ASSIGN, Ops.COPY) or k not in stored or k in moving for k in between):
             return None
         if not any(_reads(stored[k], bm) for k in between):
             return [m, s]
