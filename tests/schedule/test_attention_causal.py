@@ -219,8 +219,12 @@ def test_a_triangular_sum_over_the_rows_starts_at_its_column(n):
     x = rng.standard_normal((n, n)).astype(np.float32)
     seen = Tensor.arange(n).reshape(1, n) < Tensor.arange(n).reshape(n, 1) + 1
     out = seen.where(Tensor(x), 0).sum(0)
-    loops = [r for u in kernel_uops(out) for r in key_loops_bounded_by_the_query(u)]
+    kernels = kernel_uops(out)
+    loops = [r for u in kernels for r in key_loops_bounded_by_the_query(u)]
     assert loops and sum(end_at(r, True) for r in loops) * 2 <= sum(end_at(r, False) for r in loops)
+    for uops in kernels:  # the reversed loop and its tail loop numbered apart (one id per loop: the linearizer's order)
+        ranges = [u for u in uops if u.op is Ops.RANGE]
+        assert len({r.arg[0] for r in ranges}) == len(ranges), [r.arg for r in ranges]
     np.testing.assert_allclose(out.numpy(), np.tril(x).sum(0), rtol=1e-5, atol=1e-4)
 
 

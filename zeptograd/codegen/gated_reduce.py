@@ -210,8 +210,9 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
         return None
     for form in gate_forms(gv[0]):
         if (found := loop_end(red, form)) is None:
-            if not filled and (reversed_red := _reversed(sink, red, form)) is not None:
-                return gated_end(sink, reversed_red) or None
+            reversed_red = None if filled else _reversed(sink, red, form)
+            if reversed_red is not None and (ended := gated_end(sink, reversed_red)) is not None:
+                return ended
             continue
         r, end, full = found
         # each row buffer filled: its gate is a function of the slot, index + rest, and read only under it
@@ -255,7 +256,8 @@ def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:
     from zeptograd.codegen.opt import pm_fix_range_lists
     from zeptograd.codegen.opt.tail import bound_ranges
 
-    next_id = max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1
+    # red may not be in sink yet (`_reversed` made it, with a range numbered past sink's): number past both
+    next_id = max(u.arg[0] for u in (*sink.toposort(), *red.toposort()) if u.op is Ops.RANGE) + 1
     fresh: dict[UOp, UOp] = {}
     for s in bound_ranges(red, r):
         if s is not r:

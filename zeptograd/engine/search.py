@@ -86,12 +86,13 @@ def _expanded(ast: UOp) -> int:
 
 @functools.cache
 def codegen_fingerprint() -> str:
-    """A hash of the code generator's sources: the actions of a choice are applied by codegen's passes, so a choice
-    made by another version of them (a pass added before the actions, an action's meaning changed) may not be the
-    kernel it was timed as. Read once per process, and only when BEAM looks up a choice."""
+    """A hash of the code generator's sources (codegen's passes, the rewrite rules of uop/ they run, the renderers):
+    a choice's actions are applied by them, so a choice made by another version (a pass added before the actions, an
+    action's meaning changed) may not be the kernel it was timed as. Read once per process, and only when BEAM looks
+    up a choice."""
     root = pathlib.Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for f in sorted((root / "codegen").rglob("*.py")):
+    for f in sorted(f for part in ("codegen", "uop", "renderer") for f in (root / part).rglob("*.py")):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 

@@ -103,8 +103,9 @@ def holding_gil(runner: Any) -> Callable[[Any], None]:
 SPIN_WAIT = "zg_spin_wait"
 # polls with a pause instruction (~25 ns each on this AMD VM: about 100 us), then polls that each yield the core
 # (sched_yield, 0.4-1.2 us when nothing else is runnable), before the caller gives up and sleeps on the worker's lock
-# (about 0.5 ms in all). A pause keeps a spinning core from flooding the memory system with loads while the other
-# streams; a yield hands the core to a runnable thread (the worker waited on, where both share a core)
+# (about 0.5 ms in all on an idle machine; under load each yield may run another thread for a slice, so longer in
+# wall time but not in this core's time). A pause keeps a spinning core from flooding the memory system with loads
+# while the other streams; a yield hands the core to a runnable thread (the worker waited on, where both share a core)
 SPIN_PAUSES = 1 << 12
 SPIN_LIMIT = SPIN_PAUSES + (1 << 9)
 
