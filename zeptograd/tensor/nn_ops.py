@@ -239,7 +239,8 @@ class NNMixin:
             ]
             # d/dx: a stride over 1 (no dilation) runs one conv per phase of the input (each reads the gradient at
             # the taps that reach it: no inserted zeros); otherwise the transposed conv, which reads a gradient
-            # stored on a CPU in place through the pad's gates and stores a computed one padded first (windows over
+            # stored on a CPU in place through the pad's gates where that pays (conv_layout.py:
+            # _output_gradient_read_in_place) and otherwise, or for a computed one, a padded copy (windows over
             # computed values would recompute them per window position)
             if any(s > 1 for s in strides) and all(d == 1 for d in dils) and all(isinstance(v, int) for v in out_pad):
                 dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
