@@ -1,7 +1,7 @@
 """Short reduced rows computed several at once (codegen/opt/heuristic.py: take_interleaved_rows). Where every reduce's
 axis is taken whole in vectors (rows of 16-64 floats: softmax, layernorm, a max, gpt_tiny's exp(scores - max) over 32
-keys), the rows' loop is UPCAST, so several rows' horizontal reductions are independent chains in one body; a row sum
-of a buffer, a longer row (its reduce loop left) and a matmul's rows (an operand shared along them) are not."""
+keys), the rows' loop is UPCAST, so several rows' horizontal reductions are independent chains in one body; a lone row
+sum, a longer row (its reduce loop left) and a matmul's rows (an operand shared along them) are not."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ OPS = {
     "softmax": (lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)),
     "log_softmax": (lambda t: t.log_softmax(-1), lambda t: torch.log_softmax(t, -1)),
     "layernorm": (lambda t: t.layernorm(), lambda t: torch.nn.functional.layer_norm(t, t.shape[-1:])),
+    "rmsnorm": (lambda t: t * (t.square().mean(-1, keepdim=True) + 1e-6).rsqrt(), None),
     "max": (lambda t: t.max(-1), lambda t: t.max(-1).values),
     "numerator": (lambda t: (t - t.max(-1, keepdim=True)).exp(), lambda t: (t - t.max(-1, keepdim=True).values).exp()),
 }
@@ -59,17 +60,20 @@ def test_gpt_tiny_attention_numerator_is_interleaved():
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: Tensor.empty(256, 32).sum(-1),  # a row sum of a buffer: its rows stream at the cache's bandwidth
+        lambda: Tensor.empty(256, 32).sum(-1),  # a row sum: its adds' chain is short, its rows stream from the cache
+        lambda: Tensor.empty(256, 32).exp().sum(-1),
+        lambda: (Tensor.empty(64, 64, 64) + Tensor.empty(1, 64, 1)).sum(2),
         lambda: Tensor.empty(64, 1024).softmax(-1),  # a long row: its reduce loop is the work
         lambda: Tensor.empty(64, 256).max(-1),
         lambda: Tensor.empty(64, 16) @ Tensor.empty(16, 64),  # a matmul's rows share w: its register tile is the rows
+        lambda: Tensor.empty(16, 4, 32, 16) @ Tensor.empty(16, 4, 16, 32),  # ... and its heads none of them
         lambda: Tensor.empty(32, 256).softmax(0),  # along a strided axis: vectors of columns, a loop over the rows
     ],
 )
 def test_other_rows_are_not(build, simd_bytes, monkeypatch):
     kernels = [actions_kernel(it.ast, Device["CPU"].renderer) for it in build().schedule() if it.ast.op is Ops.SINK]
     chosen = [hand_coded_optimizations(ast, simd_bytes, threads=1)[1] for ast in kernels]
-    monkeypatch.setattr(heuristic, "take_interleaved_rows", lambda plan, simd_bytes: None)
+    monkeypatch.setattr(heuristic, "take_interleaved_rows", lambda plan, simd_bytes: None, raising=False)
     assert [hand_coded_optimizations(ast, simd_bytes, threads=1)[1] for ast in kernels] == chosen
 
 
@@ -90,7 +94,8 @@ def special_rows(rows: int, n: int) -> np.ndarray:
 @pytest.mark.parametrize("noopt", [0, 1])
 def test_values_match_torch(rows, n, op, noopt):
     x = special_rows(rows, n)
-    want = OPS[op][1](torch.from_numpy(x)).numpy()
+    t = torch.from_numpy(x)
+    want = (OPS[op][1] or OPS[op][0])(t).numpy()
     with Context(NOOPT=noopt):
         got = OPS[op][0](Tensor(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
