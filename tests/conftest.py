@@ -47,6 +47,15 @@ SLOW_MODULES = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _fresh_gradient_cache():
+    """Each test starts without the gradient cache's templates (zeptograd/gradient_cache.py): a test may patch a
+    module's constant that a gradient rule reads (a vector width, a size threshold), which no template's key holds."""
+    from zeptograd import gradient_cache
+
+    gradient_cache.clear()
+
+
 # a parameter naming one of these devices (or "DEVICE-..."): the inner loop runs the default CPU only
 SLOW_DEVICES = ("PYTHON", "CL", "CPU:C", "CUDA")
 

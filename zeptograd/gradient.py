@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from zeptograd import gradient_cache
 from zeptograd.dtype import dtypes, sum_acc_dtype
 from zeptograd.helpers import argsort
 from zeptograd.schedule.copy import tensor_device
@@ -202,6 +203,9 @@ _NO_GRAD = {
 }
 
 
+GRADIENT_CACHE = gradient_cache.GRADIENT_CACHE
+
+
 def compute_gradient(
     root: UOp,
     root_grad: Tensor,
@@ -213,6 +217,13 @@ def compute_gradient(
     passes nothing on to its sources: the parts of a sharded leaf are independent variables even where one is a copy
     of another (tensor/multi.py). `nodes`: root.toposort(), where the caller has it."""
     topo = list(root.toposort() if nodes is None else nodes)
+    cached = None  # (the gradient graph of an equal-structure graph: zeptograd/gradient_cache.py)
+    if GRADIENT_CACHE.value and not stops:
+        if (cached := gradient_cache.structure(topo, root_grad, targets)) is not None:
+            if (template := gradient_cache._cache.get(cached[0])) is gradient_cache.REFUSED:
+                cached = None  # (the rules run, as the first time: nothing to store)
+            elif template is not None:
+                return gradient_cache.rebuild(template, cached[1], root_grad)
     on_path: set[UOp] = set()  # nodes through which a target reaches the root
     for u in topo:
         if u in targets:
@@ -243,4 +254,7 @@ def compute_gradient(
             if sg.uop.shape != s.shape:
                 raise RuntimeError(f"gradient of {u.op} has shape {sg.shape}, its source {s.shape}")
             grads[s] = sg if (known := grads.get(s)) is None else known + sg
-    return {t: grads[t] for t in targets if t in grads}
+    result = {t: grads[t] for t in targets if t in grads}
+    if cached is not None:
+        gradient_cache.remember(cached[0], cached[1], cached[2], result)
+    return result

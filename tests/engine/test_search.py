@@ -56,6 +56,15 @@ def test_cached_choice_is_keyed_by_target_not_device_index(monkeypatch):
     assert search._cache_name("CPU", item.ast, 2) != name
 
 
+def test_cached_choice_is_keyed_by_the_code_generator(monkeypatch):
+    """A choice made by another version of codegen's passes (which apply its actions) is searched again."""
+    (item,) = Tensor(np.ones((8, 16), np.float32)).sum(axis=1).schedule()
+    name = search._cache_name("CPU", item.ast, 2)
+    assert len(search.codegen_fingerprint()) == 16 and search.codegen_fingerprint() == search.codegen_fingerprint()
+    monkeypatch.setattr(search, "codegen_fingerprint", lambda: "another codegen")
+    assert search._cache_name("CPU", item.ast, 2) != name
+
+
 @pytest.mark.slow
 def test_beam_on_a_kernel_whose_loops_the_range_rewrites_merge(monkeypatch, tmp_path):
     """A 3-D softmax's kernel has its row loops merged by the range rewrites before the optimizer numbers its axes:

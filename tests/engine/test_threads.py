@@ -235,6 +235,21 @@ def test_spin_wait_returns_once_the_flag_is_set_or_after_its_polls(dev):
     wait(ctypes.addressof(flag), 1 << 62)  # set: returns at its first poll (a hang fails the test's timeout)
 
 
+def test_spin_wait_pauses_between_polls_and_then_yields_the_core():
+    # a caller waiting for a worker neither floods the memory system with loads while the other core streams nor
+    # keeps a core a runnable thread (the worker, where both share a core) waits for
+    import platform
+
+    from zeptograd.runtime import call_table
+
+    ir = call_table.spin_llvm_source()
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "call void @llvm.x86.sse2.pause()" in ir
+    assert "call i32 @sched_yield()" in ir
+    assert "sched_yield()" in call_table.spin_c_source() and "pause" in call_table.spin_c_source()
+    assert call_table.SPIN_PAUSES < call_table.SPIN_LIMIT < 1 << 16
+
+
 def test_threaded_kernel_caller_polls_each_workers_flag_before_it_sleeps(monkeypatch):
     # a threaded kernel's caller, its own core done, polls each worker's done-flag in native code (the device's
     # spin wait) rather than sleeping on the worker's lock at once: a wake-up from sleep costs tens of us on a VM

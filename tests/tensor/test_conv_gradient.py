@@ -18,8 +18,21 @@ rng = np.random.default_rng(0)
 
 
 def iterations(item) -> int:
-    """A kernel's loop iterations: the product of its RANGE sizes."""
-    return prod(u.src[0].arg for u in item.ast.toposort() if u.op is Ops.RANGE and u.src[0].op is Ops.CONST)
+    """A kernel's loop iterations: its output loops times, for each reduce, its loops and those of the reduces it is
+    inside, those whose loops its value varies along (two reduces one after the other, a max and the count of its
+    maxima, add up; nested ones multiply)."""
+
+    def trips(ranges) -> int:
+        return prod(r.src[0].arg for r in ranges if r.op is Ops.RANGE and r.src[0].op is Ops.CONST)
+
+    nodes = item.ast.toposort()
+    reduces = [u for u in nodes if u.op is Ops.REDUCE]
+    inside = {
+        r: [o for o in reduces if o is not r and r in o.src[0].toposort() and set(o.src[1:]) & set(r.ranges)]
+        for r in reduces
+    }
+    outer = trips(r for u in nodes if u.op is Ops.END for r in u.src[1:])
+    return outer * max(1, sum(trips(r.src[1:]) * prod(trips(o.src[1:]) for o in inside[r]) for r in reduces))
 
 
 # the inner loop runs the first four (~1 s each: a backward's kernels), the full run all
@@ -89,7 +102,8 @@ def test_non_overlapping_pool_gradient_works_on_the_input():
     x.max_pool2d(2).sum().backward()
     items = x.grad.schedule()
     assert max(item.bufs[0].size for item in items) <= 64 * 16 * 8 * 8
-    assert max(iterations(item) for item in items) <= 64 * 16 * 8 * 8
+    # (the windows' max and the count of their maxima are one kernel: schedule/row_group.py; two passes over x)
+    assert max(iterations(item) for item in items) <= 2 * 64 * 16 * 8 * 8
 
 
 def test_a_large_conv_weight_gradient_reads_a_padded_copy_of_the_input():
@@ -155,7 +169,9 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     _output_gradient_channels_last): codegen's vector goes along the output channels, loaded whole from the copy,
     the input one broadcast value per input channel of the tile. Before, a tile of dot products along the 28
     columns, a tail of every row (on 1 AVX-512 core (8,128,28,28)x(128,128,3,3)'s weight gradient 54 -> 9.3 ms,
-    torch 8.4)."""
+    torch 8.4). With stride 1 that copy takes the pad (_weight_gradient_from_padded_output_gradient): it writes the
+    gradient padded, and the input is read in place with no gate, where before the input had a padded copy of its
+    own (one kernel and a pass over the input less)."""
     from zeptograd.codegen.opt import OptOps
     from zeptograd.codegen.opt.access import stride
     from zeptograd.codegen.opt.heuristic import hand_coded_optimizations, kernel_axes
@@ -167,10 +183,12 @@ def test_a_conv_weight_gradient_reads_the_output_gradient_channels_last(monkeypa
     g = Tensor.empty(8, 128, 28, 28)
     (gw,) = x.conv2d(w, padding=1).gradient(w, gradient=g)
     items = [it for it in gw.schedule() if it.ast.op is Ops.SINK]
-    # the input's padded copy, the gradient's channels-last copy, dw summed per part (2 images), dw
-    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, g.numel(), 4 * w.numel(), w.numel()]
-    ast = simplify_ranges(items[2].ast)
-    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == g.numel()]
+    # the gradient's padded channels-last copy, dw summed per part (2 images), dw: no padded copy of the input
+    assert [it.bufs[0].size for it in items] == [8 * 128 * 30 * 30, 4 * w.numel(), w.numel()]
+    ast = simplify_ranges(items[1].ast)
+    (g_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == 8 * 128 * 30 * 30]
+    (x_read,) = [u for u in ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == x.numel()]
+    assert len(g_read.src) == len(x_read.src) == 2  # neither read through a gate: the input in place
     _, opts = hand_coded_optimizations(ast, simd_bytes, threads=1)
     assert opts[0].op is OptOps.UPCAST and opts[0].arg == lanes  # an output loop, not the reduce's columns
     assert stride(g_read.src[1], kernel_axes(ast)[opts[0].axis]) == 1  # the output channels, contiguous in the copy
@@ -191,6 +209,11 @@ def test_a_conv_weight_gradient_from_the_channels_last_output_gradient_matches_t
         ((1, 4, 11, 11), (32, 4, 3, 3), dict(dilation=2, padding=2)),  # 1 image: one reduce
         ((4, 3, 40), (32, 3, 3), dict(padding=1, stride=2)),
         ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1, stride=2)),
+        # stride 1: the pad written by the gradient's channels-last copy, the input read in place
+        ((2, 6, 9, 9), (64, 3, 3, 3), dict(groups=2, padding=1)),
+        ((2, 4, 9, 8), (32, 4, 3, 2), dict(padding=(2, 1))),  # a pad of the kernel's reach: no pad before the taps
+        ((2, 3, 13), (32, 3, 5), dict(padding=3, dilation=2)),
+        ((2, 2, 5, 6, 7), (32, 2, 3, 3, 3), dict(padding=1)),
     ]
     conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
     for xshape, wshape, kw in cases:
@@ -206,6 +229,30 @@ def test_a_conv_weight_gradient_from_the_channels_last_output_gradient_matches_t
         conv[len(xshape)](tx, tw, **kw).backward(torch.from_numpy(gn))
         np.testing.assert_allclose(gw.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_computed_output_gradient_is_stored_once_for_both_gradients_with_its_padded_channels_last_copy(monkeypatch):
+    """(8,64,56,56)x(64,64,3,3) pad 1 with a batchnorm's gradient as the output gradient: its 56 columns take the
+    channels-last copy (_output_gradient_channels_last), padded, which both gradients read: the gradient stored once
+    unpadded (computed into the padded channels-last copy, its operands read transposed and through the gates, that
+    kernel takes 1.5 ms, the store and the copy 0.4), the copy, and neither the input's padded copy nor a padded
+    store of the gradient for the input gradient (before: four stores of 56x56 or 58x58 planes, now two). Only the
+    schedule: the values are checked against torch above. 16 vector lanes, as on an AVX-512 host (with 8, 56
+    columns need no channels-last copy)."""
+    from zeptograd.tensor import nn_ops
+
+    monkeypatch.setattr(nn_ops, "_vector_lanes", lambda device, itemsize: 16)
+    x, w = Tensor.empty(8, 64, 56, 56), Tensor.empty(64, 64, 3, 3)
+    a, dy, m = Tensor.empty(8, 64, 56, 56), Tensor.empty(8, 64, 56, 56), Tensor.empty(1, 64, 1, 1)
+    xhat = a - a.mean(axis=(0, 2, 3), keepdim=True)
+    g = (dy - dy.mean(axis=(0, 2, 3), keepdim=True) - xhat * (dy * xhat).mean(axis=(0, 2, 3), keepdim=True)) * m
+    gx, gw = x.conv2d(w, padding=1).gradient(x, w, gradient=g)
+    items = [it for it in Tensor.schedule(gx, gw) if it.ast.op is Ops.SINK]
+    planes = [it.bufs[0].size for it in items if it.bufs[0].size in (8 * 64 * 56 * 56, 8 * 64 * 58 * 58)]
+    assert planes == [8 * 64 * 56 * 56, 8 * 64 * 58 * 58, 8 * 64 * 56 * 56]  # g, its padded copy, dx
+    dx = next(it for it in items if it.bufs[0].size == x.numel() and any(b.size == w.numel() for b in it.bufs))
+    reads = [u for u in dx.ast.toposort() if u.op is Ops.INDEX and u.src[0].dtype.size == 8 * 64 * 58 * 58]
+    assert reads and all(len(u.src) == 2 for u in reads)  # dx reads the padded copy, with no gate
 
 
 def nn_ops_lanes(x: Tensor) -> int:
@@ -273,9 +320,9 @@ def test_the_input_gradient_stores_a_computed_output_gradient_padded_once():
 
 
 def test_the_input_gradient_reads_a_stored_output_gradient_in_place():
-    """Given a stored output gradient (a buffer on the CPU), the input gradient's transposed conv reads it in place
-    through its pad's gates, as the forward conv reads its input (tensor/conv_layout.py: _stored_on_cpu): no padded
-    copy (on 1 AVX-512 core (8,64,56,56)x(64,64,3,3) pad 1: the conv 8.5 -> 7.8 ms, and the copy's 0.5 ms gone).
+    """Given a stored output gradient (a buffer on the CPU), a small conv's input gradient reads it in place through
+    its transposed conv's pad's gates, as the forward conv reads its input (tensor/conv_layout.py:
+    _output_gradient_read_in_place): no padded copy, one kernel less.
     Values against torch."""
     import torch
 
@@ -291,6 +338,41 @@ def test_the_input_gradient_reads_a_stored_output_gradient_in_place():
     tx = torch.from_numpy(xn).requires_grad_()
     torch.nn.functional.conv2d(tx, torch.from_numpy(wn), padding=1).backward(torch.from_numpy(gn))
     np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("simd_bytes", [32, 64])
+@pytest.mark.parametrize(
+    "bs, size, pad, padded_copy",
+    [(32, 32, 1, True), (16, 16, 1, True), (16, 12, 0, False), (2, 16, 1, False)],
+)
+def test_the_input_gradient_reads_a_stored_output_gradient_in_place_where_it_pays(
+    monkeypatch, simd_bytes, bs, size, pad, padded_copy
+):
+    """A large conv's input gradient whose transposed conv vectorizes its columns (the lanes divide them: its weight
+    is not stored channels-last) reads a stored output gradient from a padded copy: its register tile takes whole
+    rows, no border is peeled off them and each column vector's load is masked in the inner loop (on 1 AVX-512 core
+    (32,64,32,32)x(64,64,3,3) pad 1, its kernels 12.1 -> 10.7 ms, the copy's included). Where the lanes do not
+    divide the columns (12: the vector goes along the output channels), or below CHANNELS_LAST_MIN_MACS
+    ((2,64,16,16)), it reads it in place (tensor/conv_layout.py: _output_gradient_read_in_place). The lanes of AVX2
+    and AVX-512. Values against torch."""
+    from zeptograd.tensor import matmul_layout, nn_ops
+
+    lanes = simd_bytes // 4
+    for module in (matmul_layout, nn_ops):
+        monkeypatch.setattr(module, "_vector_lanes", lambda device, itemsize: lanes)
+    import torch
+
+    xn = rng.standard_normal((bs, 64, size, size), dtype=np.float32)
+    wn = rng.standard_normal((64, 64, 3, 3), dtype=np.float32)
+    gn = rng.standard_normal((bs, 64, size + 2 * pad - 2, size + 2 * pad - 2), dtype=np.float32)
+    x, w, g = Tensor(xn, requires_grad=True), Tensor(wn), Tensor(gn).realize()
+    (gx,) = x.conv2d(w, padding=pad).gradient(x, gradient=g)
+    sizes = [it.bufs[0].size for it in gx.schedule() if it.ast.op is Ops.SINK]
+    # the flipped weight (or its channels-last copy), dx, and maybe g's copy padded as the transposed conv reads it
+    assert sorted(sizes) == sorted([w.numel(), x.numel(), *([bs * 64 * (size + 2) ** 2] if padded_copy else [])])
+    tx = torch.from_numpy(xn).requires_grad_()
+    torch.nn.functional.conv2d(tx, torch.from_numpy(wn), padding=pad).backward(torch.from_numpy(gn))
+    np.testing.assert_allclose(gx.numpy(), tx.grad.numpy(), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("stride, pad, size", [(2, 1, 56), (2, 1, 57), (3, 1, 20), ((2, 1), 1, 16)])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.helpers import prod
 from zeptograd.uop.ops import AxisType, Ops, UOp, trip_count
-from zeptograd.uop.symbolic import build_sum, simplify, split_sum
+from zeptograd.uop.symbolic import and_terms, build_sum, simplify, split_sum
 from zeptograd.uop.upat import PatternMatcher, UPat
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
@@ -302,7 +302,10 @@ class Expander:
         if valid is not None and valid.op is Ops.CONST and valid.arg is True:
             valid = None
         elif valid is not None and v in valid.toposort():
+            shared = [t for t in and_terms(valid) if v not in t.toposort()]
             valid = self.vectorize_expr(valid, v)
+            base = self.substitute(idx, (), (), lane=0, v=v)
+            return UOp(Ops.INDEX, index.dtype, (self.pointer(index), in_buffer_base(base, shared), valid))
         base = self.substitute(idx, (), (), lane=0, v=v)
         return UOp(Ops.INDEX, index.dtype, (self.pointer(index), base) + ((valid,) if valid is not None else ()))
 
@@ -331,7 +334,9 @@ class Expander:
             elif all(g is gates[0] for g in gates):  # one gate for every lane: a gated vector load
                 src = (buf, i, gates[0])
             else:
-                src = (buf, i, UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(gates)))
+                held = [g for g in gates if not (g.op is Ops.CONST and g.arg is False)]
+                shared = [t for t in and_terms(held[0]) if all(t in and_terms(g) for g in held[1:])] if held else []
+                src = (buf, in_buffer_base(i, shared), UOp(Ops.VECTORIZE, dtypes.bool.vec(w), tuple(gates)))
             return UOp(Ops.LOAD, dtype.vec(w), (UOp(Ops.INDEX, index.dtype, src),))
 
         a, b = load(0), load(w - 1)
@@ -350,6 +355,20 @@ class Expander:
                 srcs = tuple(done[s] if done[s].dtype.count > 1 else self.broadcast(done[s], v) for s in u.src)
                 done[u] = UOp(u.op, u.dtype.vec(range_lanes(v)), srcs, u.arg)
         return done[x]
+
+
+def in_buffer_base(base: UOp, shared: list[UOp]) -> UOp:
+    """# masked access at base, every lane's gate holding g (not varying across the lanes) -> at g ? base : 0
+    Where g fails every lane is masked off, but the address is still used: a cat's part read at the other part's
+    positions points outside its buffer, and a masked vector load whose masked-off lanes fall on an unmapped page
+    costs a microcode assist (a cat of two (64, 55, 55) convs max-pooled in one kernel: 15x the stored cat's time).
+    The buffer's first element is always mapped: its lanes, all masked off there, read nothing."""
+    if not shared:
+        return base
+    gate = shared[0]
+    for t in shared[1:]:
+        gate = gate & t
+    return gate.where(base, UOp.const(base.dtype, 0))
 
 
 # ***** the expansion of each op: (UPat, fn) rules over the Expander (ctx), which holds the sources' copies *****

@@ -7,7 +7,9 @@ kernel's ranges: a loop around the reduce (a fixed value in it) counts at its va
 and the reduce's other ranges at their smallest term, so an iteration past the bound gives every lane the identity
 and skipping it changes no bit of the result. The gate stays: the last iterations before the bound are partial
 (some lanes or rows of a tile still gated). Causal attention (`tensor/attention.py: _causal_attention`): the key loops
-of a tile of 4 query rows q..q+3 stop after key q+3, not at the row's end.
+of a tile of 4 query rows q..q+3 stop after key q+3, not at the row's end. A gate that bounds r from below (a < 0)
+runs the loop reversed, r -> n-1 - r', which makes the bound an end (`_reversed`): causal attention's dk and dv sum
+over the queries from the key tile's first key on.
 
 Such a reduce may also fill a row buffer (a DEFINE_REG it stores to in its loop, read by later loops): a skipped
 iteration leaves its slot unwritten, so the pass ends the loop only where every other read of that buffer is itself
@@ -208,6 +210,8 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
         return None
     for form in gate_forms(gv[0]):
         if (found := loop_end(red, form)) is None:
+            if not filled and (reversed_red := _reversed(sink, red, form)) is not None:
+                return gated_end(sink, reversed_red) or None
             continue
         r, end, full = found
         # each row buffer filled: its gate is a function of the slot, index + rest, and read only under it
@@ -228,6 +232,22 @@ def gated_end(sink: UOp, red: UOp) -> UOp | None:
             return red.substitute({r: UOp(Ops.RANGE, r.dtype, (end,), r.arg)})
         return _peeled(sink, red, r, end, full, gv[0])
     return None
+
+
+def _reversed(sink: UOp, red: UOp, form: Linear) -> UOp | None:
+    """# REDUCE(where(a*r + rest < 0, x, id), r) with a < 0 -> the same over r = n-1 - r': the gate holds from a bound
+    on r on (a lower bound: causal attention's dk and dv sum over the queries from the key on), so on r' below one,
+    which `loop_end` ends the loop at. Only where red's only reduce range is r and its trip count n is constant; the
+    sum runs in the other order (its rounding is another, no inf or nan is)."""
+    terms = form[0]
+    own = [r for r in red.src[1:] if r.op is Ops.RANGE and r.arg[1] is AxisType.REDUCE]
+    if len(own) != 1 or terms.get(own[0], 0) >= 0 or not isinstance(n := trip_count(r := own[0]), int):
+        return None
+    from zeptograd.codegen.opt import pm_fix_range_lists
+
+    flipped = UOp.range(n, max(u.arg[0] for u in sink.toposort() if u.op is Ops.RANGE) + 1, AxisType.REDUCE)
+    new = graph_rewrite(graph_substitute(red, {r: flipped * -1 + (n - 1)}), pm_fix_range_lists)
+    return new if any(u is flipped for u in new.src[1:]) else None
 
 
 def _peeled(sink: UOp, red: UOp, r: UOp, end: UOp, full: UOp, gate: UOp) -> UOp:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import hashlib
 import json
 import multiprocessing
 import os
+import pathlib
 import time
 
 import numpy as np
@@ -82,12 +84,25 @@ def _expanded(ast: UOp) -> int:
     )
 
 
+@functools.cache
+def codegen_fingerprint() -> str:
+    """A hash of the code generator's sources: the actions of a choice are applied by codegen's passes, so a choice
+    made by another version of them (a pass added before the actions, an action's meaning changed) may not be the
+    kernel it was timed as. Read once per process, and only when BEAM looks up a choice."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted((root / "codegen").rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _target(device: str) -> str:
     """What a BEAM choice depends on besides the kernel: the backend, its compiler (name, version, flags; for LLVM
-    the host CPU and its features) and the renderer's vector width. Not the device's index: CPU:0 and CPU:1 share a
-    choice, while the same cache directory on a host with other vector registers searches again."""
+    the host CPU and its features), the renderer's vector width and the code generator's version. Not the device's
+    index: CPU:0 and CPU:1 share a choice, while the same cache directory on a host with other vector registers
+    searches again."""
     dev = Device[device]
-    return f"{type(dev).__name__}\0{dev.compiler.key}\0{dev.renderer.simd_bytes}"
+    return f"{type(dev).__name__}\0{dev.compiler.key}\0{dev.renderer.simd_bytes}\0{codegen_fingerprint()}"
 
 
 def _cache_name(device: str, ast: UOp, width: int) -> str:

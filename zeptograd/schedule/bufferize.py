@@ -40,16 +40,50 @@ class Stored:
 
 
 @named_pass("bufferize", "the kept nodes -> BUFFERIZE over their loops, the others inlined into their readers")
-def bufferize(rf: Rangeify, keep: set[UOp]) -> UOp:
-    """SINK of the kept BUFFERIZEs; the others are reached through the INDEX reads of their consumers."""
+def bufferize(rf: Rangeify, keep: set[UOp], aliases: dict[UOp, UOp] | None = None) -> UOp:
+    """SINK of the kept BUFFERIZEs; the others are reached through the INDEX reads of their consumers. A node of
+    `aliases` (a CONTIGUOUS of a value stored anyway: `contiguous_aliases`) is its value's BUFFERIZE."""
     made: dict[UOp, UOp] = {}
     for x in rf.nodes:  # producers first: every BUFFERIZE a value reads is built before it
-        if x in rf.realize and x.op is not Ops.COPY:
+        if aliases and x in aliases:
+            made[x] = made[aliases[x]]
+        elif x in rf.realize and x.op is not Ops.COPY:
             rngs = rf.kernel_ranges[x]
             made[x] = UOp(Ops.BUFFERIZE, x.dtype, (lower_value(rf, x, made), *rngs), Stored(x, x in keep))
         elif x in rf.row_buffered:
             made[x] = row_buffer(rf, x, made)
-    return UOp(Ops.SINK, dtypes.void, tuple(b for b in made.values() if b.arg.keep))
+    return UOp(Ops.SINK, dtypes.void, tuple(dict.fromkeys(b for b in made.values() if b.arg.keep)))
+
+
+def contiguous_aliases(rf: Rangeify, outputs: set[UOp]) -> dict[UOp, UOp]:
+    """# CONTIGUOUS(x) where x is stored in this schedule anyway -> x's buffer, not a copy of it
+    A CONTIGUOUS inside the graph (not an output: nothing outside can write into it) asks for x computed once into
+    memory, so that every reader sees the same bits (a max's gradient compares x with its max: tensor/reduce.py);
+    x's own buffer, which the walk kept for its other readers, already is that. x may be under reshapes that add or
+    drop dimensions of size 1 (a matmul's keepdim reduce). x is kept too (no folding inlines or shrinks it) and the
+    CONTIGUOUS's node is remembered as x's buffer (schedule/rangeify.py)."""
+    aliases = {}
+    for c in rf.realize:
+        if c.op is not Ops.CONTIGUOUS or c in outputs:
+            continue
+        x = c.src[0]
+        while x.op is Ops.RESHAPE and x not in rf.realize:
+            x = x.src[0]
+        if (
+            x in rf.realize
+            and x.op not in (Ops.COPY, Ops.ASSIGN, Ops.BUFFER)
+            and x not in rf.row_buffered
+            and all(isinstance(s, int) for s in (*x.tensor_shape, *c.tensor_shape))
+            and [s for s in x.tensor_shape if s != 1] == [s for s in c.tensor_shape if s != 1]
+        ):
+            aliases[c] = x
+    return aliases
+
+
+def unit_dims_index(idx: tuple[UOp, ...], shape: tuple, stored: tuple) -> tuple[UOp, ...]:
+    """An index into `shape` as an index into `stored`, the same dimensions but for those of size 1 (read at 0)."""
+    big = iter(i for i, s in zip(idx, shape) if s != 1)
+    return tuple(UOp.const(dtypes.index, 0) if s == 1 else next(big) for s in stored)
 
 
 def row_buffer(rf: Rangeify, x: UOp, made: dict[UOp, UOp]) -> UOp:
@@ -89,6 +123,8 @@ def lower_leaf(rf: Rangeify, x: UOp, req: Request, made: dict[UOp, UOp]) -> UOp 
     if x in made and made[x].arg.row:  # a row buffer: read along the row, in the row its reader is in
         return UOp(Ops.INDEX, x.dtype, (made[x], idx[-1]))
     if x in made:
+        if (node := made[x].arg.node) is not x and node.tensor_shape != x.tensor_shape:  # a CONTIGUOUS's alias
+            idx = unit_dims_index(idx, x.tensor_shape, node.tensor_shape)
         return UOp(Ops.INDEX, x.dtype, (made[x], *idx) + ((valid,) if valid is not None else ()))
     if x.op is Ops.BUFFER or x.op is Ops.COPY:  # memory the schedule does not compute in a kernel
         return UOp(Ops.INDEX, x.dtype, (x, flat_index(idx, x.tensor_shape)) + ((valid,) if valid is not None else ()))

@@ -3,6 +3,7 @@ from a copy in column panels."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING
 
@@ -20,20 +21,27 @@ if TYPE_CHECKING:
 CAUSAL_SKIP_MIN_KEYS = 32
 
 
-def _causal_attention(x: Tensor, value: Tensor, dropout_p: float) -> Tensor:
+def _causal_attention(
+    x: Tensor, value: Tensor, dropout_p: float, q: Tensor | None = None, key: Tensor | None = None, scale: float = 1.0
+) -> Tensor:
     """softmax(x) @ value over the keys torch's tril(ones(L, S)) keeps (key j <= query i), every step gated by the
     mask itself: the scores' max reduces where(seen, x, -inf), the exp's sum where(seen, e, 0), the product with value
     where(seen, e * v, 0). A masked key's contribution is so the reduce's identity whatever x and v hold (torch skips
     those keys: an inf or nan in them changes nothing), and codegen ends each key loop of a tile of query rows at the
     tile's last seen key (`codegen/gated_reduce.py`): half the work of the full rows. Key 0 is seen by every row, so the
-    max is never -inf from the mask alone."""
+    max is never -inf from the mask alone. Given the scores' operands (x = (q @ key.T) * scale), the gradient goes to
+    them directly, gated as the forward (`_causal_attention_grad_qkv`)."""
     seen = _causal_mask(x)
     s = seen.where(x, -math.inf)
     e = seen.where((s - s.detach()._max(-1, keepdim=True)).exp(), 0)
     total = e.sum(-1, keepdim=True)
     products = e.dropout(dropout_p).unsqueeze(-1) * value.unsqueeze(-3)  # (..., L, S, D): a matmul's broadcast product
     out = seen.unsqueeze(-1).where(products, 0).sum(-2) / total
-    return out if dropout_p > 0 else with_gradient(out, (x, value), _causal_attention_grad)
+    if dropout_p > 0:
+        return out
+    if q is not None and key is not None and q.shape[:-2] == key.shape[:-2] == value.shape[:-2] == x.shape[:-2]:
+        return with_gradient(out, (x, q, key, value), functools.partial(_causal_attention_grad_qkv, scale=scale))
+    return with_gradient(out, (x, value), _causal_attention_grad)
 
 
 def _causal_mask(x: Tensor) -> Tensor:
@@ -43,12 +51,33 @@ def _causal_mask(x: Tensor) -> Tensor:
 
 
 def _causal_attention_grad(g: Tensor, out: Tensor, x: Tensor, value: Tensor) -> tuple[Tensor, ...]:
-    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v: its backward
-    is the plain attention's kernels (the gated forms' would gate every product of dO @ v.T and e.T @ dO). Equal
+    """The gradient of the same attention with an additive mask, x + mask.where(0, -inf), and e @ v, to x and value:
+    where q, key and value broadcast along a batch dimension (`_causal_attention_grad_qkv` sums over none). Equal
     where the gated forward is: every row sees key 0, so its max is finite and a masked key's e is 0."""
     y = x + _causal_mask(x).where(0, -math.inf).cast(x.dtype)
     e = (y - y.detach()._max(-1, keepdim=True)).exp()
     return tuple((e @ value / e.sum(-1, keepdim=True)).gradient(x, value, gradient=g))
+
+
+def _causal_attention_grad_qkv(
+    g: Tensor, out: Tensor, x: Tensor, q: Tensor, key: Tensor, value: Tensor, scale: float
+) -> tuple[Tensor | None, ...]:
+    """The gradient of causal attention out = P @ v, P = softmax over the seen keys of x = (q @ key.T) * scale, to
+    q, key and value (none to x): dS = P * (dO @ v.T - rowsum(dO * out)) (the softmax's), dq = dS @ key * scale,
+    dk = dS.T @ q * scale, dv = P.T @ dO, each a sum whose every product is gated by the mask as the forward's. A
+    masked (query, key) pair adds the identity, so codegen runs each loop only over the seen pairs
+    (`codegen/gated_reduce.py`: the key loops of dq end at the tile's last query, the query loops of dk and dv start
+    at the tile's first key): half the work of the full N x N products. The rows' max and sum are the forward's."""
+    seen = _causal_mask(x)
+    y = x + seen.where(0, -math.inf).cast(x.dtype)
+    e = (y - y.detach()._max(-1, keepdim=True)).exp()
+    p = e / e.sum(-1, keepdim=True)
+    d_scores = p * ((g @ value.transpose(-2, -1)) - (g * out).sum(-1, keepdim=True)) * scale
+    gate = seen.unsqueeze(-1)
+    dq = gate.where(d_scores.unsqueeze(-1) * key.unsqueeze(-3), 0).sum(-2)
+    dk = gate.where(d_scores.unsqueeze(-1) * q.unsqueeze(-2), 0).sum(-3)
+    dv = gate.where(p.unsqueeze(-1) * g.unsqueeze(-2), 0).sum(-3)
+    return None, dq.cast(q.dtype), dk.cast(key.dtype), dv.cast(value.dtype)
 
 
 def _keys_in_panels(q: Tensor, keys_t: Tensor, causal: bool = False) -> bool:

@@ -1,6 +1,7 @@
 """The layouts a convolution reads its operands in (a channels-last weight, in blocks of a register tile's output
-channels; a strided 1x1 conv's subsampled input; a padded input for the weight gradient), its weight gradient summed
-in parts of the batch, and conv_transpose2d as a conv2d: tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
+channels; a strided 1x1 conv's subsampled input; a padded input, or a padded channels-last output gradient, for the
+weight gradient), its weight gradient summed in parts of the batch, and conv_transpose2d as a conv2d:
+tensor/nn_ops.py's conv2d and conv_transpose2d use these."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def _padded_input_for_weight_gradient(x: Tensor, pads: list, wshape: tuple, out_
     lanes walk the output columns, and no border of an output loop can be peeled off: codegen/peel.py), and its
     register tile's masks spill. The copy costs one pass over the input; on the CPU backends, for convs large enough
     that it is noise ((8,64,56,56)x(64,64,3,3) pad 1 on one core of an AVX2 host: the weight gradient's kernel
-    75 -> 41 ms, the copy ~2 ms)."""
+    75 -> 41 ms, the copy ~2 ms). At stride 1 with the output gradient copied channels-last, that copy takes the pad
+    instead and the input needs none (`_weight_gradient_from_padded_output_gradient`)."""
     if not any(pads) or not isinstance(x.device, str) or x.device.split(":")[0] != "CPU":
         return False
     sizes = (*out_shape, *wshape[1:])
@@ -158,6 +160,47 @@ def _weight_gradient_in_batch_parts(
     return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
 
 
+def _output_gradient_pads(weight: Tensor, pads: list, dilation) -> list:
+    """The pads of a stride-1 conv's output gradient as its transposed conv reads it: d * (K - 1) - pad before and
+    after each dimension (flat, last dimension first, as `pads`)."""
+    hw = weight.shape[2:]
+    dil = make_tuple(dilation, len(hw))
+    grouped = flat_to_grouped(pads)
+    return [p for k, d, (pb, pa) in reversed(list(zip(hw, dil, grouped))) for p in (d * (k - 1) - pb, d * (k - 1) - pa)]
+
+
+def _stored_padded_output_gradient(g: Tensor, weight: Tensor, pads: list, dilation) -> Tensor:
+    """A stride-1 conv's output gradient padded by `_output_gradient_pads` and stored channels-last, where the weight
+    gradient reads it so (`_output_gradient_channels_last`): that copy takes the pad the input would otherwise get
+    for its weight gradient (`_weight_gradient_from_padded_output_gradient`), and the input gradient's transposed
+    conv reads it too, with no pad of its own (as fast as the gradient read in place through the pad's gates:
+    (8,64,56,56)x(64,64,3,3) on 1 AVX-512 core 7.4-7.6 ms either way). A computed gradient is stored first, unpadded:
+    the copy computing it reads its operands transposed and through the gates, no vector (a batchnorm's gradient
+    at (8,64,56,56): that kernel 1.5 ms, the store and the copy 0.4)."""
+    stored = g if _a_stored_buffer(g) else g.contiguous()
+    return _stored_channels_last(stored.pad(_output_gradient_pads(weight, pads, dilation)))
+
+
+def _weight_gradient_from_padded_output_gradient(
+    x: Tensor, g_pad: Tensor, weight: Tensor, groups: int, dilation, parts: int
+) -> Tensor:
+    """A stride-1 conv's weight gradient as a sum over the input's positions (not the output's): dw[o, c, k] =
+    sum_{b, i} x[b, c, i] * g_pad[b, o, i + d * (K - 1 - k)], g_pad the output gradient padded as its transposed conv
+    reads it, in its channels-last copy (`_stored_padded_output_gradient`), so the input is read in place, with no
+    gate and no padded copy of its own (`_padded_input_for_weight_gradient`): one kernel and a pass over the input
+    less ((8,64,56,56)x(64,64,3,3) pad 1 on 1 AVX-512 core: the weight gradient's kernel 7.4-7.9 ms either way; both
+    gradients, CPU time of the whole call, 17.8 -> 16.9 ms). Summed in `parts` parts of the batch as
+    `_weight_gradient_in_batch_parts`."""
+    hw = weight.shape[2:]
+    bs, (cout, cin), nd = x.shape[0], weight.shape[:2], len(hw)
+    win = g_pad._pool(hw, 1, dilation).flip(*range(2 + nd, 2 + 2 * nd))
+    positions = win.shape[2 : 2 + nd]  # (bs, cout, *in, *hw): tap k reads g at i + d * (K - 1 - k), the flip
+    win = win.reshape(parts, bs // parts, groups, cout // groups, 1, *positions, *hw)
+    xi = x.reshape(parts, bs // parts, groups, 1, cin, *positions, *[1] * nd)
+    part_sums = (win * xi).sum((1, *range(5, 5 + nd)))  # (parts, groups, cout / groups, cin, *hw)
+    return (part_sums.sum(0) if parts > 1 else part_sums).reshape(weight.shape)
+
+
 OUTPUT_CHANNEL_BLOCK_VECTORS = 4  # a conv's register tile takes up to 4 vectors of output channels
 WEIGHT_BLOCK_MAX_BYTES = 1 << 19  # a block's weight: half of a 1 MiB L2 per core
 
@@ -203,20 +246,50 @@ def _a_stored_buffer(x: Tensor) -> bool:
 
 def _stored_on_cpu(x: Tensor) -> bool:
     """Whether x is a buffer on a CPU device seen through reshapes only (a conv's output gradient that a kernel
-    stored: the next layer's input gradient, or a given one). The transposed conv of the input's gradient then reads
-    it in place through its pad's gates, as the forward conv reads its input (codegen/peel.py peels the borders off
-    the output loops, so the inner loops have no gate), rather than from a padded copy: on 1 AVX-512 core,
-    (8,64,56,56)x(64,64,3,3) pad 1 read in place 7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel."""
+    stored: the next layer's input gradient, or a given one)."""
     return _a_stored_buffer(x) and isinstance(x.device, str) and x.device.split(":")[0] == "CPU"
 
 
+def _output_gradient_read_in_place(x: Tensor, w: Tensor, groups: int, dilation: tuple, pads: list) -> bool:
+    """Whether the transposed conv of a conv's input gradient, x.conv2d(w, groups, dilation, padding=pads) with x
+    the output's gradient, reads a stored x (`_stored_on_cpu`) in place through its pad's gates rather than from a
+    padded copy. Where its weight is stored channels-last (`_conv_stores_weight_channels_last`), codegen's vector
+    goes along the output channels, each input value one broadcast load: codegen/peel.py peels the borders off the
+    output loops and the inner loops have no gate (on 1 AVX-512 core, (8,64,56,56)x(64,64,3,3) pad 1 read in place
+    7.8 ms, from the 58x58 copy 8.5 ms and the copy's own kernel). Where the vector goes along the columns, the
+    register tile takes whole rows (or most of one), no border is peeled off them, and every load of a column
+    vector is masked in the inner loop: the copy pays at 32 columns and is even (within noise) at 16 and 56 (on 1
+    core, all the input gradient's kernels, read in place -> from the copy, ms, 16 lanes / 8 lanes:
+    (32,64,32,32)x(64,64,3,3) 12.1 -> 10.7 / 21.5 -> 20.5; (8,128,32,32)x(128,128,3,3) 10.5 -> 9.9 / 21.0 -> 20.0;
+    (16,64,16,16) 1.37 -> 1.41 / 2.80 -> 2.79; (8,64,56,56) 8 lanes 17.6 -> 17.6). Below
+    CHANNELS_LAST_MIN_MACS multiply-adds the two take the same time and the copy would be one more kernel."""
+    if not _stored_on_cpu(x):
+        return False
+    grouped = flat_to_grouped(pads)
+    oyx = [i + pb + pa - d * (k - 1) for i, (pb, pa), d, k in zip(x.shape[2:], grouped, dilation, w.shape[2:])]
+    sizes = (x.shape[0], *oyx, *w.shape)
+    if not all(isinstance(v, int) for v in sizes) or math.prod(sizes) < CHANNELS_LAST_MIN_MACS:
+        return True
+    return _conv_stores_weight_channels_last(x, w, groups, dilation, pads)
+
+
 def _transposed_conv(
-    x: Tensor, weight: Tensor, bias, groups, stride, dilation, padding, output_padding, weight_copy: bool = False
+    x: Tensor,
+    weight: Tensor,
+    bias,
+    groups,
+    stride,
+    dilation,
+    padding,
+    output_padding,
+    weight_copy: bool = False,
+    padded_store: bool = False,
 ) -> Tensor:
     """conv_transpose2d as a conv2d; weight_copy: conv2d's gradient, the flipped weight stored first, since its
     index through the flip and the group transpose is divmods the simplifier keeps in the reduce's inner loop, and
-    x (the output's gradient) stored, padded already where the stride is 1, unless it is a stored buffer on the CPU
-    already (`_stored_on_cpu`: read in place)."""
+    x (the output's gradient) stored, padded already where the stride is 1, unless a stored buffer on the CPU that
+    pays to read in place (`_output_gradient_read_in_place`), or `padded_store` (the weight gradient's padded store
+    of it, with the transposed conv's pads in it: `_stored_padded_output_gradient`)."""
     hw = weight.shape[2:]
     w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1)).flatten(end_dim=1)
     dil, out_pad = make_tuple(dilation, len(hw)), make_tuple(output_padding, len(hw))
@@ -228,7 +301,8 @@ def _transposed_conv(
     ]
     strides = make_tuple(stride, len(hw))
     unit_strides = all(s == 1 for s in strides)
-    if weight_copy and unit_strides and not _stored_on_cpu(x):
+    padded_copy = weight_copy and unit_strides and not padded_store
+    if padded_copy and not _output_gradient_read_in_place(x, w, groups, dil, pads):
         x, pads = x.pad(pads).contiguous(), [0] * len(pads)
     elif weight_copy and not unit_strides:
         x = x.contiguous()

@@ -27,10 +27,12 @@ from zeptograd.tensor.conv_layout import (
     _padded_input_for_weight_gradient,
     _stored_channels_last,
     _stored_output_channels_last,
+    _stored_padded_output_gradient,
     _subsampled_pointwise_input,
     _transposed_conv,
     _transposed_conv_in_phases,
     _weight_gradient_batch_parts,
+    _weight_gradient_from_padded_output_gradient,
     _weight_gradient_in_batch_parts,
 )
 from zeptograd.tensor.helpers import argfix, argsort, flat_to_grouped, make_tuple, normalize_axis, resolve_pool_pads
@@ -217,6 +219,19 @@ class NNMixin:
             from zeptograd.gradient import compute_gradient
 
             strides, dils = make_tuple(stride, len(hw)), make_tuple(dilation, len(hw))
+            xw, xw_pads = x.detach(), pads
+            padded = _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape)
+            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
+            lanes = _vector_lanes(x.device, x.dtype.itemsize)
+            channels_last = _output_gradient_channels_last(g, weight, groups, strides, lanes)
+            if padded and channels_last and all(s == 1 for s in strides):
+                # the output gradient's channels-last copy stored padded: the weight gradient reads the input in place
+                # and the input gradient's transposed conv reads that copy with no pad of its own
+                g_pad = _stored_padded_output_gradient(g, weight, pads, dilation)
+                dw = _weight_gradient_from_padded_output_gradient(xw, g_pad, weight, groups, dilation, parts)
+                reach, zeros = [d * (k - 1) for k, d in zip(hw, dils)], [0] * len(hw)
+                dx = _transposed_conv(g_pad, weight, None, groups, 1, dilation, reach, zeros, True, True)
+                return dx.cast(x.dtype), dw
             grouped = flat_to_grouped(pads)
             out_pad = [
                 i + pb + pa - d * (k - 1) - 1 - (o - 1) * s
@@ -230,16 +245,11 @@ class NNMixin:
                 dx = _transposed_conv_in_phases(g, weight, groups, strides, grouped, x.shape[2:])
             else:
                 dx = _transposed_conv(g, weight, None, groups, stride, dilation, pads, out_pad, True)
-            xw, xw_pads = x.detach(), pads
-            if _padded_input_for_weight_gradient(xw, pads, weight.shape, out.shape):
+            if padded:
                 xw, xw_pads = xw.pad(pads).contiguous(), [0] * len(pads)
-            parts = _weight_gradient_batch_parts(xw, g, weight, out.shape)
-            lanes = _vector_lanes(x.device, x.dtype.itemsize)
-            if _output_gradient_channels_last(g, weight, groups, strides, lanes):
-                g_last = _stored_channels_last(g)
-                dw = _weight_gradient_in_batch_parts(xw, g_last, weight, xw_pads, groups, stride, dilation, parts)
-            elif parts > 1:
-                dw = _weight_gradient_in_batch_parts(xw, g, weight, xw_pads, groups, stride, dilation, parts)
+            if channels_last or parts > 1:
+                gw = _stored_channels_last(g) if channels_last else g
+                dw = _weight_gradient_in_batch_parts(xw, gw, weight, xw_pads, groups, stride, dilation, parts)
             else:
                 dw = compute_gradient(forward(xw, weight, xw_pads).uop, g, {weight.uop})[weight.uop]
             return dx.cast(x.dtype), dw
@@ -460,12 +470,13 @@ class NNMixin:
                 return out.contiguous()[..., : self.shape[-2], :]
             key, value = _keys_padded_to_panels(key, value)
             keys_t = _stored_in_column_panels(key.transpose(-2, -1))
-        qk = self.matmul(keys_t) * (1 / math.sqrt(self.shape[-1]) if scale is None else scale)
+        scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
+        qk = self.matmul(keys_t) * scale
         qk = _padded_keys_masked(qk, keys)
         if is_causal and attn_mask is not None:
             raise ArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
         if is_causal and keys > CAUSAL_SKIP_MIN_KEYS:
-            return _causal_attention(qk._float(), value, dropout_p).cast(self.dtype)
+            return _causal_attention(qk._float(), value, dropout_p, self, key, scale).cast(self.dtype)
         masked_rows = attn_mask is not None  # (is_causal's tril keeps key 0 in every row)
         if is_causal:  # keys in one panel: no key loop to end early, and the additive mask's kernels are fewer
             attn_mask = qk.ones_like(dtype=dtypes.bool).tril()

@@ -77,7 +77,8 @@ class ReduceMixin:
             return self
         if op is Ops.MAX and self.requires_grad and dtypes.is_float(self.dtype) and _recompute_may_differ(self.uop):
             # the gradient compares x with its max (`x == max`): x is stored once, so that the backward's x has the
-            # very bits the max was taken of (recomputed in another kernel, one ulp off, it matched no element)
+            # very bits the max was taken of (recomputed in another kernel, one ulp off, it matched no element); where
+            # the schedule stores x anyway (a matmul's output), that buffer is the copy (bufferize.contiguous_aliases)
             self = self.contiguous()
         ret = self._new(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
         return ret if keepdim else ret.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))

@@ -322,6 +322,26 @@ def fresh_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, shape: tupl
     return ret
 
 
+def interned_uop(op: Ops, dtype: DType, src: tuple[UOp, ...], arg: Any, key_arg: Any, shape: tuple | None) -> UOp:
+    """UOp(op, dtype, src, arg) where its `shape` is known (a gradient-cache template's, zeptograd/gradient_cache.py)
+    and `key_arg` is arg as the cache keys it (_arg_key): the live node of that key, else a new one published as
+    UOpMeta.__call__ does, without its shape inference."""
+    key = (op, dtype, src, key_arg)
+    if (ref := _uop_cache.get(key)) is not None and (ret := ref()) is not None:
+        return ret
+    ret = _object_new(UOp)
+    ret.op, ret.dtype, ret.src, ret.arg, ret.shape = op, dtype, src, arg, shape
+    ret._vrange = ret._cache_key = ret._mems = None
+    ret._clean = -1
+    ref = _CacheRef(ret, _uncache)
+    ref.key = key
+    while (known_ref := _uop_cache.setdefault(key, ref)) is not ref:  # (UOpMeta.__call__'s publication)
+        if (known := known_ref()) is not None:
+            return known
+        _remove_dead_weakref(_uop_cache, key)
+    return ret
+
+
 class UOp(MathMixin, metaclass=UOpMeta):
     """A node of every graph zeptograd builds. Equal UOps are the same object, so `is` is equality."""
 
