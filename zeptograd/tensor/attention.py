@@ -80,7 +80,7 @@ def _causal_attention_grad_qkv(
     return None, dq.cast(q.dtype), dk.cast(key.dtype), dv.cast(value.dtype)
 
 
-def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
+def _keys_in_panels(q: Tensor, keys_t: Tensor, causal: bool = False) -> bool:
     """Whether attention reads its keys, k.T of shape (..., d, N), from a copy stored in panels of PANEL keys (d x 32
     each, contiguous): where its scores are computed in one kernel with no N x N buffer (schedule/cost.py:
     row_buffer_is_cheaper, over ROW_TILED_BUFFER_BYTES of scores), codegen's score tile (codegen/opt/heuristic.py:
@@ -88,8 +88,10 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
     8 scalar loads and shuffles of keys 4*d bytes apart ((1, 1, 2048, 64) on 2 AVX2 cores, median kernel CPU time:
     0.72x the stored scores' kernels in panels, 1.05x gathered). The copy is O(N*d) memory and one small kernel.
     Float32 on the CPU backends (a GPU computes the scores in several kernels), and not where x @ k.T packs them
-    already (`_packs_right_operand`). Keys not a multiple of PANEL are padded to one (`_keys_padded_to_panels`) where
-    that adds at most a PANEL_PAD_MAX_FRACTION of them."""
+    already (`_packs_right_operand`). Keys not a multiple of PANEL are padded to one (`_keys_padded_to_panels`): the
+    panels are taken where their cost over the padded keys is below the stored scores' over the keys
+    (`_panels_cost_less`)."""
+    from zeptograd.device import Device
     from zeptograd.schedule import cost  # (the bound is read at the call: tests lower it)
 
     if keys_t.ndim < 2 or not isinstance(keys_t.device, str) or keys_t.device.split(":")[0] != "CPU":
@@ -100,17 +102,38 @@ def _keys_in_panels(q: Tensor, keys_t: Tensor) -> bool:
     batch = [max(a, b) for a, b in zip(q.shape[-3::-1], keys_t.shape[-3::-1])]
     if not all(isinstance(v, int) for v in (m, d, n, *batch)) or m * n <= (m + n) * d:
         return False  # (scores no larger than q and k: stored, schedule/cost.py: expands)
-    if math.prod(batch) * m * n * q.dtype.itemsize <= cost.ROW_TILED_BUFFER_BYTES:
+    score_bytes = math.prod(batch) * m * n * q.dtype.itemsize
+    if score_bytes <= cost.ROW_TILED_BUFFER_BYTES:
         return False
-    if (-n % PANEL) > n * PANEL_PAD_MAX_FRACTION:
+    if not _panels_cost_less(n, d, causal, Device[keys_t.device].renderer.simd_bytes, score_bytes > cost.CACHE_BYTES):
         return False
     return not _packs_right_operand(q, keys_t)
 
 
-# keys padded to whole panels: the padded keys' scores are computed and masked, so at most this fraction more of them.
-# (1, 1, 2000, 64) padded to 2016, one core's CPU time, stored scores -> panels: AVX2 kernels (SIMD_BYTES=32) 15.7 ->
-# 12.8 ms, causal 11.7 -> 6.8; AVX-512 6.8 -> 7.1, causal 6.0 -> 4.2 (as a multiple of 32 keys takes the panels there)
-PANEL_PAD_MAX_FRACTION = 0.25
+# One score's cost on one core in ns (kernel CPU time, all the path's kernels) as a + b * d for head dim d, by vector
+# width: with the keys in panels (their copy, then the one attention kernel and its score tile) and with the scores
+# stored (their matmul, then softmax and the product with v), each (a, b), then the share of it causal attention
+# costs (panels: each key loop ends at its query tile's last key; stored: the scores' matmul is full, the rest gated).
+# Measured at (1, 16, N, d), d = 32, 64, 128, N = 96-512 (AVX-512: the mean over the multiples of 32; AVX2, 8-lane
+# code for 16 registers: N = 512). Panels / stored at a multiple of 32: AVX-512 0.84-0.88x at d = 32, 0.93-1.02x at
+# 64, 0.92-1.10x at 128; AVX2 0.75-0.8x; causal 0.45-0.72x from 160 keys on. Padded to a multiple of PANEL, so,
+# (1, 16, 200, 64) on AVX-512: stored 0.98 ms, panels of 224 keys 1.08 (d = 32: 0.69, 0.65); with AVX2's 2.79, 2.62.
+SCORE_COST = {
+    64: ((0.34, 0.0179), (0.54, 0.0165), (0.56, 0.9)),  # AVX-512
+    32: ((0.46, 0.041), (0.57, 0.054), (0.53, 0.75)),  # AVX2 (also the cost taken for narrower vectors)
+}
+# stored scores over the cache (schedule/cost.py: CACHE_BYTES) are written to memory and read back: 1.8 ns per element
+# for both against 0.24 in the cache (x + 1 over 2^24 floats)
+SCORE_MEMORY_COST = 1.5
+
+
+def _panels_cost_less(keys: int, d: int, causal: bool, simd_bytes: int, scores_out_of_cache: bool) -> bool:
+    """Whether a query row's scores cost less over the keys padded to whole panels than stored over the keys
+    (SCORE_COST: per score, so the rows and heads cancel)."""
+    (pa, pb), (sa, sb), (p_share, s_share) = SCORE_COST[64 if simd_bytes >= 64 else 32]
+    panels = (keys + -keys % PANEL) * (pa + pb * d) * (p_share if causal else 1)
+    stored = keys * ((sa + sb * d) * (s_share if causal else 1) + (SCORE_MEMORY_COST if scores_out_of_cache else 0))
+    return panels < stored
 
 
 def _keys_padded_to_panels(key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:

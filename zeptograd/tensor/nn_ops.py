@@ -464,7 +464,7 @@ class NNMixin:
             value = value.repeat_interleave(self.shape[-3] // value.shape[-3], dim=-3)
         keys = key.shape[-2]
         keys_t = key.transpose(-2, -1)
-        if _keys_in_panels(self, keys_t):
+        if _keys_in_panels(self, keys_t, is_causal):
             if self.shape[-2] % 2:  # (the score tile takes query rows in pairs: one row more, its output dropped)
                 q, mask = _one_query_row_more(self, attn_mask)
                 out = q.scaled_dot_product_attention(key, value, mask, dropout_p, is_causal, scale)
