@@ -10,6 +10,16 @@ Run after the expander, for renderers with `has_local`:
   group from shared memory (every thread reads all of them); only local id 0 of each GROUP range stores outputs.
 
     REDUCE(x, r, g)  ->  acc = reduce(x over r); temp[lid] = acc; barrier; REDUCE(temp.after(barrier)[lid|g->q], q)
+
+- a row kernel (a reduce hoisted out of an output loop: softmax's max and sum, computed once per row before the
+  loop along the row that reads them; schedule/policy.py, hoistable) -> one work-group per row (`split_rows`): the
+  row's loops, the reduces' and the output's, are shared by the group's threads, each taking every L-th element,
+  the reduces combined through shared memory as GROUP reduces are. A row buffer filled in such a reduce
+  (schedule/kernel.py: a DEFINE_REG of the row's length) becomes a DEFINE_LOCAL: each thread stores the elements
+  it computes, and the reads after the reduce (after its BARRIER) load any of them.
+
+    for i: { m = max_r x[i, r]; for j: out[i, j] = f(x[i, j], m) }
+      -> i = gidx0, lane = lidx0: { m = max over lanes q of (max_k x[i, k*L + lane]); for k: out[i, k*L + lane] = ... }
 """
 
 from __future__ import annotations
@@ -19,9 +29,9 @@ import itertools
 from dataclasses import dataclass, field
 
 from zeptograd.codegen.accumulator import AccContext, range_scopes, reduce_to_acc
-from zeptograd.codegen.opt import OptError
+from zeptograd.codegen.opt import OptError, pm_fix_range_lists
 from zeptograd.codegen.opt.access import stride
-from zeptograd.dtype import dtypes
+from zeptograd.dtype import PtrDType, dtypes
 from zeptograd.helpers import prod
 from zeptograd.renderer import Renderer
 from zeptograd.uop.ops import AxisType, Ops, UOp, const_trip_count
@@ -30,6 +40,7 @@ from zeptograd.uop.upat import PatternMatcher, UPat, graph_rewrite, graph_substi
 from zeptograd.viz.hook import named_pass  # VIZ=1: this pass is a named step of the trace
 
 REG_BASE = 1 << 20  # register ids of the partial accumulators made here (the accumulator pass counts from 0)
+ROW_THREADS = 256  # threads of the work-group that shares a row kernel's row (split_rows)
 
 
 def assign_dims(ranges: list[UOp], max_sizes: tuple[int, ...], prefix: str) -> tuple[dict[UOp, UOp], list[int]]:
@@ -77,6 +88,8 @@ def _gate_store(ctx: UOp, st: UOp) -> UOp | None:
     idx = st.src[0]
     if idx.op is not Ops.INDEX or idx.src[0].op is not Ops.DEFINE_GLOBAL or ctx in idx.src[2:]:
         return None
+    if ctx.src[0] in idx.src[1].toposort():  # each thread stores its own elements (a row kernel's output loop)
+        return None
     if len(idx.src) > 2 and idx.src[2].op is Ops.AND and ctx in idx.src[2].src:
         return None
     valid = ctx if len(idx.src) < 3 else UOp(Ops.AND, dtypes.bool, (idx.src[2], ctx))
@@ -120,8 +133,66 @@ pm_strip_ranges = PatternMatcher([(UPat((Ops.END, Ops.REDUCE), name="x"), _strip
 pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
 
 
-@named_pass("add_gpudims", "loops -> GPU thread ids, GROUP reduces through shared memory")
+def row_reduces(sink: UOp) -> tuple[dict[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]]:
+    """The reduces that sit in output loops only (their ranges -> those loops), and the output loops some of them
+    do not sit in: loops that run after a reduce hoisted out of them (a row kernel's loop along the row)."""
+    top = {rs: scope for rs, scope in range_scopes(sink).items() if all(s.arg[1] is AxisType.LOOP for s in scope)}
+    loops = [u for u in sink.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP]
+    return top, [r for r in loops if any(r not in scope for scope in top.values())]
+
+
+def split_rows(sink: UOp, renderer: Renderer) -> UOp:
+    """A row kernel's row shared by the threads of a work-group, or sink unchanged where it is no row kernel or its
+    form is not this one's (which stays correct: every thread then computes the whole reduce itself).
+
+    # RANGE(n) -> RANGE((n - lane + L-1) // L)*L + lane, lane = RANGE(L, GROUP): thread lane takes lane, lane+L, ...
+    for the last range of each reduce that sits in output loops only, and for the innermost output loop such a
+    reduce does not sit in (the loop that reads it). The reduces then are GROUP reduces (`_group_reduce`), the
+    loop's stores each thread's own; a row buffer filled along a split range becomes a DEFINE_LOCAL of its length.
+    Only where every reduce that sits in output loops only sits in the same outer loops (the rows), those loops all
+    become group ids, and the row buffers and the reduces' partials fit the renderer's local memory."""
+    if sink.op is Ops.SINK and len(sink.src) > 1:
+        return sink  # a tail's nest (codegen/opt/tail.py)
+    nodes = list(sink.toposort())
+    if any(u.op is Ops.RANGE and u.arg[1] in (AxisType.LOCAL, AxisType.GROUP) for u in nodes):
+        return sink  # threads chosen by explicit actions
+    loops = [u for u in nodes if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP]
+    top, inner = row_reduces(sink)
+    if not inner or len(set(top.values())) != 1:
+        return sink
+    rows = next(iter(top.values()))
+    if any(const_trip_count(r) is None for r in loops) or len(assign_dims(list(rows), renderer.global_max, "")[0]) != len(rows):
+        return sink
+    split = {rs[-1] for rs in top} | {max(inner, key=lambda r: r.arg[0])}
+    if any(const_trip_count(r) is None for r in split):
+        return sink
+    longest = max(const_trip_count(r) for r in split)
+    lanes = min(ROW_THREADS, renderer.local_threads_max, renderer.local_max[0], 1 << (longest - 1).bit_length())
+    # a row buffer stored along a split range: shared by the group (its reads may be any thread's elements)
+    filled = {
+        u.src[0].src[0]
+        for u in nodes
+        if u.op is Ops.STORE
+        and u.src[0].src[0].op is Ops.DEFINE_REG
+        and isinstance(u.src[0].src[0].dtype, PtrDType)
+        and split & set(u.src[0].src[1].toposort())
+    }
+    partials = sum(lanes * u.dtype.itemsize for u in nodes if u.op is Ops.REDUCE and u.src[1:] in top)
+    if sum(b.dtype.size * b.dtype.base.itemsize for b in filled) + partials > renderer.local_memory_bytes:
+        return sink
+    lane = UOp.range(lanes, max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1, AxisType.GROUP)
+    step = UOp.const(dtypes.index, lanes)
+    mapping = {b: UOp(Ops.DEFINE_LOCAL, b.dtype.base.ptr(b.dtype.size, local=True), (), f"row{b.arg}") for b in filled}
+    for r in split:
+        count = ((UOp.const(dtypes.index, const_trip_count(r) + lanes - 1) - lane) // step).simplify()
+        one = count.op is Ops.CONST and count.arg == 1  # a row of L or fewer: one element per thread
+        mapping[r] = lane if one else UOp.range(count, r.arg[0], r.arg[1]) * step + lane
+    return graph_rewrite(graph_substitute(sink, mapping), pm_fix_range_lists)
+
+
+@named_pass("add_gpudims", "loops -> GPU thread ids, GROUP reduces through shared memory, rows to work-groups")
 def add_gpudims(sink: UOp, renderer: Renderer) -> UOp:
+    sink = split_rows(sink, renderer)
     nodes = list(sink.toposort())
     # the loops of the kernel's first loop nest become ids; a tail's nest (codegen/opt/tail.py) stays loops and is
     # run by thread 0 only (step 4)

@@ -129,6 +129,9 @@ class GPURenderer(CFamilyRenderer):
     global_max: tuple[int, ...] = (2**31 - 1, 65535, 65535)  # group counts per id
     local_max: tuple[int, ...] = (1024, 1024, 64)  # threads per work-group per id
     local_threads_max = 1024  # threads per work-group
+    # OpenCL's least CL_DEVICE_LOCAL_MEM_SIZE (a full-profile device has at least this; CUDA's static __shared__ is
+    # 48 KiB): the row buffers and reduce partials one work-group keeps (codegen/gpudims.py: split_rows) fit any GPU
+    local_memory_bytes = 32 << 10
     string_rewrite = PatternMatcher(gpu_rules + cfamily_rules)
     code_for_op = gpu_code_for_op("f")
     # dialect

@@ -30,6 +30,9 @@ MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied a
 # a row buffer (a stack array in the kernel) at most this long: every float32 row MAX_HOISTED_ROW keeps in a kernel
 # (measured: a (64, 32768) softmax takes 1.84x x.exp()'s kernel time row-buffered, 3.6x exp stored, 2.6x recomputed)
 ROW_BUFFER_BYTES = 128 << 10
+# on a GPU a row buffer is a work-group's local memory (codegen/gpudims.py: split_rows); this much of it is left for
+# the row's reduces' partials (256 threads' partials of four float32 reduces)
+GPU_ROW_BUFFER_RESERVE = 4 << 10
 
 
 class MaterializationPolicy:
@@ -135,8 +138,6 @@ class MaterializationPolicy:
             return False  # a row longer than a core's cache holds (or of unknown length): read from memory again
         if any(r.arg[1] is not AxisType.LOOP for r in used):
             return False  # read inside a reduce loop it varies along: every output loop is outside that one
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return False  # a GPU's output loops are threads: each would compute the whole reduce
         inner_used = max((r.arg[0] for r in used), default=-1)
         return all(r.arg[0] > inner_used for r in unused if r.arg[1] is AxisType.LOOP)
 
@@ -154,10 +155,8 @@ class MaterializationPolicy:
         loop of the row's length, and where the cost model finds the recomputation dearer than the buffer."""
         if len(reqs) < 2 or not self.cost.static(x) or not x.tensor_shape:
             return None
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return None
         n = x.tensor_shape[-1]
-        if n < 2 or n * x.dtype.itemsize > ROW_BUFFER_BYTES or any(valid is not None for _, valid in reqs):
+        if n < 2 or n * x.dtype.itemsize > self.row_buffer_bytes(x) or any(valid is not None for _, valid in reqs):
             return None
         if len({idx[:-1] for idx, _ in reqs}) != 1 or len({idx[-1] for idx, _ in reqs}) != len(reqs):
             return None  # not one row, or two reads at one element
@@ -178,6 +177,13 @@ class MaterializationPolicy:
             return None
         self.row_fill_reduces |= below
         return fill
+
+    def row_buffer_bytes(self, x: UOp) -> int:
+        """The longest row buffer x's kernel may keep: ROW_BUFFER_BYTES on a CPU's stack; on a GPU, a work-group's
+        local memory less GPU_ROW_BUFFER_RESERVE (codegen/gpudims.py: split_rows)."""
+        if (dev := self.rf.device.get(x)) and (ren := Device[dev].renderer).has_local:
+            return ren.local_memory_bytes - GPU_ROW_BUFFER_RESERVE
+        return ROW_BUFFER_BYTES
 
     def reduces_below(self, x: UOp, fill: Request) -> set[UOp]:
         """The reduces x's value at its fill reads through elementwise and view ops only (not through a materialized
