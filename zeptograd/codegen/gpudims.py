@@ -141,16 +141,27 @@ def row_reduces(sink: UOp) -> tuple[dict[tuple[UOp, ...], tuple[UOp, ...]], list
     return top, [r for r in loops if any(r not in scope for scope in top.values())]
 
 
+def is_row_kernel(sink: UOp) -> bool:
+    """Whether a reduce in output loops only is hoisted out of a loop: an output loop (softmax's division along the
+    row) or another such reduce's loop (logsumexp's max, read in the sum's loop): `split_rows` shares the row."""
+    top, inner = row_reduces(sink)
+    if inner:
+        return True
+    reduces = [u for u in sink.toposort() if u.op is Ops.REDUCE and u.src[1:] in top]
+    return any(a is not b and a in b.src[0].toposort() for a in reduces for b in reduces)
+
+
 def split_rows(sink: UOp, renderer: Renderer) -> UOp:
     """A row kernel's row shared by the threads of a work-group, or sink unchanged where it is no row kernel or its
     form is not this one's (which stays correct: every thread then computes the whole reduce itself).
 
     # RANGE(n) -> RANGE((n - lane + L-1) // L)*L + lane, lane = RANGE(L, GROUP): thread lane takes lane, lane+L, ...
-    for the last range of each reduce that sits in output loops only, and for the innermost output loop such a
-    reduce does not sit in (the loop that reads it). The reduces then are GROUP reduces (`_group_reduce`), the
-    loop's stores each thread's own; a row buffer filled along a split range becomes a DEFINE_LOCAL of its length.
-    Only where every reduce that sits in output loops only sits in the same outer loops (the rows), those loops all
-    become group ids, and the row buffers and the reduces' partials fit the renderer's local memory."""
+    for the last range of each reduce that sits in the row's loops only (the outermost loops, which every reduce in
+    output loops only sits in), and for the innermost output loop such a reduce does not sit in (the loop that reads
+    it). Those reduces then are GROUP reduces (`_group_reduce`), the loop's stores each thread's own; a row buffer
+    filled along a split range becomes a DEFINE_LOCAL of its length. A reduce that sits in the split loop too
+    (attention's product with v, per output column) is each thread's own, for its columns. Only where the row's
+    loops all become group ids, and the row buffers and the reduces' partials fit the renderer's local memory."""
     if sink.op is Ops.SINK and len(sink.src) > 1:
         return sink  # a tail's nest (codegen/opt/tail.py)
     nodes = list(sink.toposort())
@@ -158,12 +169,19 @@ def split_rows(sink: UOp, renderer: Renderer) -> UOp:
         return sink  # threads chosen by explicit actions
     loops = [u for u in nodes if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP]
     top, inner = row_reduces(sink)
-    if not inner or len(set(top.values())) != 1:
+    if not is_row_kernel(sink) or any(const_trip_count(r) is None for r in loops):
         return sink
-    rows = next(iter(top.values()))
-    if any(const_trip_count(r) is None for r in loops) or len(assign_dims(list(rows), renderer.global_max, "")[0]) != len(rows):
+    rows = min(top.values(), key=len)
+    if any(not set(rows) <= set(scope) for scope in top.values()):
         return sink
-    split = {rs[-1] for rs in top} | {max(inner, key=lambda r: r.arg[0])}
+    if len(assign_dims(list(rows), renderer.global_max, "")[0]) != len(rows):
+        return sink  # a row loop stays a loop: the next row would write the shared memory while this one reads it
+    grouped = [rs for rs, scope in top.items() if scope == rows]
+    # the loop along the row: inside every reduce that is not the row's (each thread computes those for its part)
+    along = [r for r in inner if all(r in scope for scope in top.values() if scope != rows)]
+    if inner and not along:
+        return sink
+    split = {rs[-1] for rs in grouped} | ({max(along, key=lambda r: r.arg[0])} if along else set())
     if any(const_trip_count(r) is None for r in split):
         return sink
     longest = max(const_trip_count(r) for r in split)
@@ -177,7 +195,7 @@ def split_rows(sink: UOp, renderer: Renderer) -> UOp:
         and isinstance(u.src[0].src[0].dtype, PtrDType)
         and split & set(u.src[0].src[1].toposort())
     }
-    partials = sum(lanes * u.dtype.itemsize for u in nodes if u.op is Ops.REDUCE and u.src[1:] in top)
+    partials = sum(lanes * u.dtype.itemsize for u in nodes if u.op is Ops.REDUCE and u.src[1:] in grouped)
     if sum(b.dtype.size * b.dtype.base.itemsize for b in filled) + partials > renderer.local_memory_bytes:
         return sink
     lane = UOp.range(lanes, max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1, AxisType.GROUP)

@@ -114,8 +114,6 @@ class MaterializationPolicy:
         #   -> lse[i] = f(max, sum) (one kernel); loss = sum_i lse[i] (one kernel), not three kernels"""
         if not any(r.arg[1] is not AxisType.LOOP for req in reqs for r in read_ranges(*req)):
             return False
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return False  # a GPU does not hoist a reduce into another kernel's loops (hoistable): no kernel saved
         reduces: set[UOp] = set()
         stack, seen = list(x.src), set()
         while stack:

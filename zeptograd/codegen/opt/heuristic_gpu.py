@@ -18,7 +18,7 @@ makes each row a work-group (split_rows).
 from __future__ import annotations
 
 from zeptograd.codegen.accumulator import range_scopes
-from zeptograd.codegen.gpudims import row_reduces
+from zeptograd.codegen.gpudims import is_row_kernel
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.access import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
@@ -41,7 +41,7 @@ def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
         max_trip_count(r) == 0 or r.src[0].op is not Ops.CONST for r in axes
     ):  # LOCAL/GROUP need divisors
         return plan.ast, plan.opts
-    if row_reduces(plan.ast)[1]:  # a row kernel: a work-group per row, its threads along it (gpudims: split_rows)
+    if is_row_kernel(plan.ast):  # a row kernel: a work-group per row, its threads along it (gpudims: split_rows)
         return plan.ast, plan.opts
     loops = [r for r in axes if r.arg[1] is AxisType.LOOP]
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]
