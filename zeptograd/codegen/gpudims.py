@@ -136,7 +136,8 @@ pm_gate_store = PatternMatcher([(UPat(Ops.STORE, name="st"), _gate_store)])
 def row_reduces(sink: UOp) -> tuple[dict[tuple[UOp, ...], tuple[UOp, ...]], list[UOp]]:
     """The reduces that sit in output loops only (their ranges -> those loops), and the output loops some of them
     do not sit in: loops that run after a reduce hoisted out of them (a row kernel's loop along the row)."""
-    top = {rs: scope for rs, scope in range_scopes(sink).items() if all(s.arg[1] is AxisType.LOOP for s in scope)}
+    scopes = range_scopes(sink).items()
+    top = {rs: scope for rs, scope in scopes if rs and all(s.arg[1] is AxisType.LOOP for s in scope)}
     loops = [u for u in sink.toposort() if u.op is Ops.RANGE and u.arg[1] is AxisType.LOOP]
     return top, [r for r in loops if any(r not in scope for scope in top.values())]
 

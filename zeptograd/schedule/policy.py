@@ -88,8 +88,9 @@ class MaterializationPolicy:
         The accumulator is initialised in the loops its value depends on (codegen/accumulator.py: range_scopes) and
         a reduce's loops open before output loops that are ready too (codegen/linearize.py), so a loop the reduce
         does not vary along costs nothing when it is nested inside every loop the reduce does vary along (softmax's
-        and layernorm's row statistics, read across the row), and on a CPU only: a GPU's output loops are threads,
-        each of which would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
+        and layernorm's row statistics, read across the row). On a GPU such a kernel runs a work-group per row, its
+        threads sharing the reduce and the loop along the row (codegen/gpudims.py: split_rows), not a thread per
+        output that would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
         passes over a row after the first read it from a core's cache: softmax reads each row from memory once.
         A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored. A pad's
         gate gates the reduce's loads, so the loops the gate varies along are used too: a cat of row maxes computes
@@ -148,8 +149,8 @@ class MaterializationPolicy:
 
         # out[i, j] = f(x[i, j], reduce_r g(x[i, r]))
         #   -> for i: { for r: buf[r] = x[i, r]; acc = acc op g(buf[r]) }; for j: out[i, j] = f(buf[j], acc) }
-        Only on a CPU (a GPU runs the hoisted reduce per thread: schedule/policy.py, hoistable), for a row within
-        ROW_BUFFER_BYTES, reads at one index of the other dimensions (one row) without a pad's gate, each at a bare
+        For a row within `row_buffer_bytes` (a CPU's stack; a GPU's local memory, shared by the work-group that
+        runs the row: codegen/gpudims.py, split_rows), reads at one index of the other dimensions (one row) without a pad's gate, each at a bare
         loop of the row's length, and where the cost model finds the recomputation dearer than the buffer."""
         if len(reqs) < 2 or not self.cost.static(x) or not x.tensor_shape:
             return None
