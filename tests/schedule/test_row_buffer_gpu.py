@@ -63,14 +63,16 @@ def test_row_ops_are_one_kernel_on_cl(cl, name):
 def test_softmax_keeps_its_exp_row_in_local_memory(cl):
     """One kernel: the row's max and sum each a work-group reduce (a barrier each), exp computed once per element
     and stored to `__local float row0[1000]` in the sum's loop, the output loop reading it back after the sum's
-    barrier; each thread's stores its own (ungated). The same kernel rendered for CUDA: `__shared__` and
-    `__syncthreads()`."""
+    barrier; each thread stores its own (ungated). The same kernel rendered for CUDA: `__shared__` and
+    `__syncthreads()`. On the CPU the row buffer is still a stack array (no local memory, no barrier)."""
     x = Tensor.empty(8, 1000, device="CL")
     (src,) = sources(x.softmax(-1))
     assert "__local float row0[1000];" in src and src.count("barrier(CLK_LOCAL_MEM_FENCE);") == 2
     assert src.count("exp2(") == 1 and "if (" not in src
     (cuda,) = sources(x.softmax(-1), CUDARenderer())
     assert "__shared__ float row0[1000];" in cuda and cuda.count("__syncthreads();") == 2
+    (c,) = sources(Tensor.empty(8, 1000, device="CPU:C").softmax(-1))
+    assert "row0" not in c and "barrier" not in c and "[1000];" in c
 
 
 def test_log_softmax_and_logsumexp_share_the_row(cl):
@@ -105,9 +107,3 @@ def test_a_row_past_local_memory_has_no_row_buffer(cl, monkeypatch):
     monkeypatch.setattr(policy, "GPU_ROW_BUFFER_RESERVE", cl.renderer.local_memory_bytes - 1000 * 4)
     (src,) = sources(Tensor.empty(2, 1000, device="CL").softmax(-1))
     assert "__local float row0[1000];" in src
-
-
-def test_cpu_keeps_its_stack_row():
-    """The CPU's row buffer is still a stack array (no local memory, no barrier)."""
-    (src,) = sources(Tensor.empty(8, 1000, device="CPU:C").softmax(-1))
-    assert "row0" not in src and "barrier" not in src and "[1000];" in src

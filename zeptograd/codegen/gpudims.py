@@ -192,6 +192,7 @@ def split_rows(sink: UOp, renderer: Renderer) -> UOp:
         u.src[0].src[0]
         for u in nodes
         if u.op is Ops.STORE
+        and u.src[0].op is Ops.INDEX
         and u.src[0].src[0].op is Ops.DEFINE_REG
         and isinstance(u.src[0].src[0].dtype, PtrDType)
         and split & set(u.src[0].src[1].toposort())

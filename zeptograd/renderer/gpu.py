@@ -105,6 +105,7 @@ def _holds_scalars(ptr: UOp) -> bool:
     """a local or register array of scalars (a row buffer, schedule/kernel.py), not a vector accumulator"""
     return isinstance(ptr.dtype, PtrDType) and ptr.dtype.base.count == 1
 
+
 # the rules of both GPU dialects, before the C family's shared ones
 gpu_rules: list[tuple[UPat, Callable]] = [
     (UPat(GroupOp.ALU, name="x"), _gpu_alu),

@@ -150,8 +150,9 @@ class MaterializationPolicy:
         # out[i, j] = f(x[i, j], reduce_r g(x[i, r]))
         #   -> for i: { for r: buf[r] = x[i, r]; acc = acc op g(buf[r]) }; for j: out[i, j] = f(buf[j], acc) }
         For a row within `row_buffer_bytes` (a CPU's stack; a GPU's local memory, shared by the work-group that
-        runs the row: codegen/gpudims.py, split_rows), reads at one index of the other dimensions (one row) without a pad's gate, each at a bare
-        loop of the row's length, and where the cost model finds the recomputation dearer than the buffer."""
+        runs the row: codegen/gpudims.py, split_rows), reads at one index of the other dimensions (one row) without
+        a pad's gate, each at a bare loop of the row's length, and where the cost model finds the recomputation
+        dearer than the buffer."""
         if len(reqs) < 2 or not self.cost.static(x) or not x.tensor_shape:
             return None
         n = x.tensor_shape[-1]
