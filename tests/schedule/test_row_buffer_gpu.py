@@ -37,12 +37,16 @@ def cl():
         pytest.skip(f"no OpenCL here: {e}")
 
 
-def sources(t: Tensor, renderer=None) -> list[str]:
-    """The rendered source of each kernel that would realize t (scheduled for t's device)."""
+def specs(t: Tensor, renderer=None) -> list:
+    """The rendered program of each kernel that would realize t (scheduled for t's device)."""
     with Context(**{SCHEDULE_CACHE.key: 0}):  # a patched policy: schedule again
         items = [i for i in t.schedule() if i.ast.op is Ops.SINK]
     renderer = renderer or Device[t.device].renderer
-    return [renderer.render(kernel_name(i.ast), full_rewrite(i.ast, renderer)[0]).src for i in items]
+    return [renderer.render(kernel_name(i.ast), full_rewrite(i.ast, renderer)[0]) for i in items]
+
+
+def sources(t: Tensor, renderer=None) -> list[str]:
+    return [spec.src for spec in specs(t, renderer)]
 
 
 def check_values(ours, theirs, shapes) -> None:
@@ -71,6 +75,10 @@ def test_softmax_keeps_its_exp_row_in_local_memory(cl):
     assert src.count("exp2(") == 1 and "if (" not in src
     (cuda,) = sources(x.softmax(-1), CUDARenderer())
     assert "__shared__ float row0[1000];" in cuda and cuda.count("__syncthreads();") == 2
+    # a work-group per row, of about sqrt(n) threads (each combines every partial): 32 threads for 1024, each
+    # looping over its 32 elements of the row (the loop is no group id)
+    (spec,) = specs(Tensor.empty(8, 1024, device="CL").softmax(-1))
+    assert spec.global_size == (8, 1, 1) and spec.local_size == (32, 1, 1) and "< 32; " in spec.src
     (c,) = sources(Tensor.empty(8, 1000, device="CPU:C").softmax(-1))
     assert "row0" not in c and "barrier" not in c and "[1000];" in c
 
