@@ -191,21 +191,17 @@ def split_rows(sink: UOp, renderer: Renderer) -> tuple[UOp, set[UOp]]:
         ROW_THREADS, renderer.local_threads_max, renderer.local_max[0], 1 << math.isqrt(longest - 1).bit_length()
     )
     # a row buffer stored along a split range: shared by the group (its reads may be any thread's elements)
-    filled = {
-        u.src[0].src[0]
-        for u in nodes
-        if u.op is Ops.STORE
-        and u.src[0].op is Ops.INDEX
-        and u.src[0].src[0].op is Ops.DEFINE_REG
-        and isinstance(u.src[0].src[0].dtype, PtrDType)
-        and split & set(u.src[0].src[1].toposort())
-    }
+    filled: dict[UOp, PtrDType] = {}
+    for u in nodes:
+        if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and (b := u.src[0].src[0]).op is Ops.DEFINE_REG:
+            if isinstance(b.dtype, PtrDType) and split & set(u.src[0].src[1].toposort()):
+                filled[b] = b.dtype
     partials = sum(lanes * u.dtype.itemsize for u in nodes if u.op is Ops.REDUCE and u.src[1:] in grouped)
-    if sum(b.dtype.size * b.dtype.base.itemsize for b in filled) + partials > renderer.local_memory_bytes:
+    if sum(p.size * p.base.itemsize for p in filled.values()) + partials > renderer.local_memory_bytes:
         return sink, set()
     lane = UOp.range(lanes, max(u.arg[0] for u in nodes if u.op is Ops.RANGE) + 1, AxisType.GROUP)
     step = UOp.const(dtypes.index, lanes)
-    mapping = {b: UOp(Ops.DEFINE_LOCAL, b.dtype.base.ptr(b.dtype.size, local=True), (), f"row{b.arg}") for b in filled}
+    mapping = {b: UOp(Ops.DEFINE_LOCAL, p.base.ptr(p.size, local=True), (), f"row{b.arg}") for b, p in filled.items()}
     along_row: set[UOp] = set()
     for r in split:
         count = ((r.src[0] + (lanes - 1) - lane) // step).simplify()
