@@ -6,6 +6,8 @@ On CL (PoCL runs OpenCL on the CPU here); CUDA is rendered only."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -115,3 +117,24 @@ def test_a_row_past_local_memory_has_no_row_buffer(cl, monkeypatch):
     monkeypatch.setattr(policy, "GPU_ROW_BUFFER_RESERVE", cl.renderer.local_memory_bytes - 1000 * 4)
     (src,) = sources(Tensor.empty(2, 1000, device="CL").softmax(-1))
     assert "__local float row0[1000];" in src
+
+
+def test_row_buffers_of_one_kernel_share_local_memory(cl, monkeypatch):
+    """Attention's scores and exp rows fill one kernel's row buffers: together within local memory, or the second
+    is not buffered (here each of 300 floats fits alone, not both; the scores are then stored): one `__local` row
+    and no per-thread array (a kernel whose rows overflow local memory would run a thread per output, each with a
+    private copy of the rows)."""
+    from zeptograd.schedule import cost
+
+    monkeypatch.setattr(cost, "EXPANDED_BUFFER_BYTES", 0)  # the scores in the attention kernel (no stored scores)
+    monkeypatch.setattr(policy, "GPU_ROW_BUFFER_RESERVE", cl.renderer.local_memory_bytes - 400 * 4)
+    arrs = [rng.standard_normal((1, 2, 300, 16)).astype(np.float32) for _ in range(3)]
+    q, k, v = (Tensor(a, device="CL") for a in arrs)
+    srcs = sources(q.scaled_dot_product_attention(k, v, is_causal=True))
+    assert sum(s.count("__local float row") for s in srcs) == 1 and not any(
+        re.search(r"float acc\d+\[", s) for s in srcs
+    )
+    with Context(**{SCHEDULE_CACHE.key: 0}):
+        got = q.scaled_dot_product_attention(k, v, is_causal=True).numpy()
+    want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, arrs), is_causal=True).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)

@@ -172,6 +172,8 @@ class MaterializationPolicy:
         inside = any(req != fill and fill[0][-1] in scope for req, scope in reqs.items())
         if inside or rows & reqs[fill] - {fill[0][-1]}:
             return None
+        if not self.fits_local_memory(x, fill):
+            return None
         below = self.reduces_below(x, fill)
         if not self.cost.row_buffer_is_cheaper(x, reqs, fill, below, self.reads_row_contiguously(x, fill, below)):
             return None
@@ -184,6 +186,14 @@ class MaterializationPolicy:
         if (dev := self.rf.device.get(x)) and (ren := Device[dev].renderer).has_local:
             return ren.local_memory_bytes - GPU_ROW_BUFFER_RESERVE
         return ROW_BUFFER_BYTES
+
+    def fits_local_memory(self, x: UOp, fill: Request) -> bool:
+        """On a GPU, whether x's row buffer and the others of its kernel (filled at the same row, the same outer
+        index: attention's scores and exp rows) fit one work-group's local memory together (`row_buffer_bytes`)."""
+        if not ((dev := self.rf.device.get(x)) and Device[dev].renderer.has_local):
+            return True
+        same_row = [y for y, other in self.rf.row_buffered.items() if other[0][:-1] == fill[0][:-1]]
+        return sum(y.tensor_shape[-1] * y.dtype.itemsize for y in [x, *same_row]) <= self.row_buffer_bytes(x)
 
     def reduces_below(self, x: UOp, fill: Request) -> set[UOp]:
         """The reduces x's value at its fill reads through elementwise and view ops only (not through a materialized
