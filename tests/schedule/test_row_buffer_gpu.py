@@ -92,6 +92,14 @@ def test_log_softmax_and_logsumexp_share_the_row(cl):
     assert "row0" not in src and src.count("barrier(") == 2
     (src,) = sources(Tensor.empty(8, 1000, device="CL").logsumexp(-1))
     assert src.count("barrier(") == 2 and "(lidx0==0)" in src and src.count("if (") == 1
+    # an int scatter's kernel: three row reduces, one read inside another's loop, whose partial then starts after
+    # the first's combine (codegen/gpudims.py: _group_reduce)
+    xn, idx = np.arange(60, dtype=np.int32).reshape(3, 20), rng.integers(0, 20, (3, 16)).astype(np.int32)
+    srcn = np.arange(48, dtype=np.int32).reshape(3, 16) + 100
+    want = xn.copy()
+    np.put_along_axis(want, idx, srcn, 1)  # a repeated index: the last one wins, as ours
+    got = Tensor(xn, device="CL").scatter(1, Tensor(idx, device="CL"), Tensor(srcn, device="CL")).numpy()
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("knob", [{"NOOPT": 1}, {"BEAM": 2, "BEAM_BUDGET": 20}])
