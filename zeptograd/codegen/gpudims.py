@@ -122,7 +122,8 @@ def _group_reduce(ctx: _GroupCtx, red: UOp) -> UOp | None:
     if rest:  # this thread's slice, reduced in a register inside the loops the reduce sits in
         # initialised after the reduces its value reads outside its loop (a row kernel's max in the sum): their
         # combine loops run first, as lower_reduces orders the reduces it lowers
-        hoisted = [u for u in red.src[0].toposort() if u.op is Ops.REDUCE and not set(rest) & set(u.toposort())]
+        reads = red.src[0].toposort(gate=lambda u: u.op is not Ops.REDUCE)  # not the reduces inside those
+        hoisted = [u for u in reads if u.op is Ops.REDUCE and not set(rest) & set(u.toposort())]
         acc_ctx = AccContext({rest: (*ctx.scopes.get(red.src[1:], ()), *hoisted)}, ctx.regs)
         partial = reduce_to_acc(acc_ctx, UOp(Ops.REDUCE, red.dtype, (red.src[0], *rest), red.arg))
     temp = UOp(Ops.DEFINE_LOCAL, red.dtype.ptr(ctx.n_threads, local=True), (), f"temp{next(ctx.names)}")
