@@ -103,6 +103,7 @@ class Renderer:
     global_max: tuple[int, ...] = ()  # has_local: the most groups per id
     local_max: tuple[int, ...] = ()  # has_local: the most threads per work-group per id
     local_threads_max: int = 0  # has_local: the most threads per work-group
+    local_memory_bytes: int = 0  # has_local: the local (shared) memory a work-group's arrays may take
     # the vector exp2/log2/sin/cos/tan written as ALU ops (codegen/transcendental.py): polynomials that stay vectors
     alu_transcendentals: frozenset[Ops] = frozenset()
     alu_trig: bool = False  # float sin/cos/tan as ALU ops also as scalars: the target's own are not within 2 ulp

@@ -100,6 +100,12 @@ def _gpu_store(ctx: RenderContext[GPURenderer], idx: UOp, v: UOp) -> str:
 
 _is_vector = lambda u: u.dtype.count > 1  # noqa: E731
 
+
+def _holds_scalars(ptr: UOp) -> bool:
+    """a local or register array of scalars (a row buffer, schedule/kernel.py), not a vector accumulator"""
+    return isinstance(ptr.dtype, PtrDType) and ptr.dtype.base.count == 1
+
+
 # the rules of both GPU dialects, before the C family's shared ones
 gpu_rules: list[tuple[UPat, Callable]] = [
     (UPat(GroupOp.ALU, name="x"), _gpu_alu),
@@ -129,6 +135,9 @@ class GPURenderer(CFamilyRenderer):
     global_max: tuple[int, ...] = (2**31 - 1, 65535, 65535)  # group counts per id
     local_max: tuple[int, ...] = (1024, 1024, 64)  # threads per work-group per id
     local_threads_max = 1024  # threads per work-group
+    # OpenCL's least CL_DEVICE_LOCAL_MEM_SIZE (a full-profile device has at least this; CUDA's static __shared__ is
+    # 48 KiB): the row buffers and reduce partials one work-group keeps (codegen/gpudims.py: split_rows) fit any GPU
+    local_memory_bytes = 32 << 10
     string_rewrite = PatternMatcher(gpu_rules + cfamily_rules)
     code_for_op = gpu_code_for_op("f")
     # dialect
@@ -217,7 +226,9 @@ class GPURenderer(CFamilyRenderer):
     # ----- memory -----
     def render_load(self, dt: DType, ptr: UOp, addr: str) -> str:
         """A load of dt at addr (a pointer expression) from a global, local or register pointer."""
-        if ptr.op is not Ops.DEFINE_GLOBAL:
+        if ptr.op is not Ops.DEFINE_GLOBAL:  # lanes of an array of scalars (a row buffer), or a value of dt whole
+            if dt.count > 1 and _holds_scalars(ptr):
+                return self.render_vectorize([f"(*({addr}+{i}))" for i in range(dt.count)], dt)
             return f"(*{addr})"
         if dt.count == 1:
             return self.load_scalar(dt, addr)
@@ -227,6 +238,8 @@ class GPURenderer(CFamilyRenderer):
 
     def render_store(self, dt: DType, ptr: UOp, addr: str, val: str) -> list[str]:
         if ptr.op is not Ops.DEFINE_GLOBAL:
+            if dt.count > 1 and _holds_scalars(ptr):
+                return [f"*({addr}+{i}) = {self.render_gep(val, dt, i)};" for i in range(dt.count)]
             return [f"*{addr} = {val};"]
         if dt.count == 1:
             return [self.store_scalar(dt, addr, val)]

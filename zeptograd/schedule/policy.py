@@ -30,6 +30,9 @@ MAX_INLINED_VALUE_NODES = 64  # a value inlined again after the walk is copied a
 # a row buffer (a stack array in the kernel) at most this long: every float32 row MAX_HOISTED_ROW keeps in a kernel
 # (measured: a (64, 32768) softmax takes 1.84x x.exp()'s kernel time row-buffered, 3.6x exp stored, 2.6x recomputed)
 ROW_BUFFER_BYTES = 128 << 10
+# on a GPU a row buffer is a work-group's local memory (codegen/gpudims.py: split_rows); this much of it is left for
+# the row's reduces' partials (256 threads' partials of four float32 reduces)
+GPU_ROW_BUFFER_RESERVE = 4 << 10
 
 
 class MaterializationPolicy:
@@ -85,8 +88,9 @@ class MaterializationPolicy:
         The accumulator is initialised in the loops its value depends on (codegen/accumulator.py: range_scopes) and
         a reduce's loops open before output loops that are ready too (codegen/linearize.py), so a loop the reduce
         does not vary along costs nothing when it is nested inside every loop the reduce does vary along (softmax's
-        and layernorm's row statistics, read across the row), and on a CPU only: a GPU's output loops are threads,
-        each of which would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
+        and layernorm's row statistics, read across the row). On a GPU such a kernel runs a work-group per row, its
+        threads sharing the reduce and the loop along the row (codegen/gpudims.py: split_rows), not a thread per
+        output that would compute the whole reduce again. One output's inputs stay within MAX_HOISTED_ROW, so the
         passes over a row after the first read it from a core's cache: softmax reads each row from memory once.
         A reduce broadcast along an outer loop (column means subtracted from each row) is recomputed: stored. A pad's
         gate gates the reduce's loads, so the loops the gate varies along are used too: a cat of row maxes computes
@@ -111,8 +115,6 @@ class MaterializationPolicy:
         #   -> lse[i] = f(max, sum) (one kernel); loss = sum_i lse[i] (one kernel), not three kernels"""
         if not any(r.arg[1] is not AxisType.LOOP for req in reqs for r in read_ranges(*req)):
             return False
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return False  # a GPU does not hoist a reduce into another kernel's loops (hoistable): no kernel saved
         reduces: set[UOp] = set()
         stack, seen = list(x.src), set()
         while stack:
@@ -135,8 +137,6 @@ class MaterializationPolicy:
             return False  # a row longer than a core's cache holds (or of unknown length): read from memory again
         if any(r.arg[1] is not AxisType.LOOP for r in used):
             return False  # read inside a reduce loop it varies along: every output loop is outside that one
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return False  # a GPU's output loops are threads: each would compute the whole reduce
         inner_used = max((r.arg[0] for r in used), default=-1)
         return all(r.arg[0] > inner_used for r in unused if r.arg[1] is AxisType.LOOP)
 
@@ -149,15 +149,14 @@ class MaterializationPolicy:
 
         # out[i, j] = f(x[i, j], reduce_r g(x[i, r]))
         #   -> for i: { for r: buf[r] = x[i, r]; acc = acc op g(buf[r]) }; for j: out[i, j] = f(buf[j], acc) }
-        Only on a CPU (a GPU runs the hoisted reduce per thread: schedule/policy.py, hoistable), for a row within
-        ROW_BUFFER_BYTES, reads at one index of the other dimensions (one row) without a pad's gate, each at a bare
-        loop of the row's length, and where the cost model finds the recomputation dearer than the buffer."""
+        For a row within `row_buffer_bytes` (a CPU's stack; a GPU's local memory, shared by the work-group that
+        runs the row: codegen/gpudims.py, split_rows), reads at one index of the other dimensions (one row) without
+        a pad's gate, each at a bare loop of the row's length, and where the cost model finds the recomputation
+        dearer than the buffer."""
         if len(reqs) < 2 or not self.cost.static(x) or not x.tensor_shape:
             return None
-        if (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
-            return None
         n = x.tensor_shape[-1]
-        if n < 2 or n * x.dtype.itemsize > ROW_BUFFER_BYTES or any(valid is not None for _, valid in reqs):
+        if n < 2 or n * x.dtype.itemsize > self.row_buffer_bytes(x) or any(valid is not None for _, valid in reqs):
             return None
         if len({idx[:-1] for idx, _ in reqs}) != 1 or len({idx[-1] for idx, _ in reqs}) != len(reqs):
             return None  # not one row, or two reads at one element
@@ -173,11 +172,28 @@ class MaterializationPolicy:
         inside = any(req != fill and fill[0][-1] in scope for req, scope in reqs.items())
         if inside or rows & reqs[fill] - {fill[0][-1]}:
             return None
+        if not self.fits_local_memory(x, fill):
+            return None
         below = self.reduces_below(x, fill)
         if not self.cost.row_buffer_is_cheaper(x, reqs, fill, below, self.reads_row_contiguously(x, fill, below)):
             return None
         self.row_fill_reduces |= below
         return fill
+
+    def row_buffer_bytes(self, x: UOp) -> int:
+        """The longest row buffer x's kernel may keep: ROW_BUFFER_BYTES on a CPU's stack; on a GPU, a work-group's
+        local memory less GPU_ROW_BUFFER_RESERVE (codegen/gpudims.py: split_rows)."""
+        if (dev := self.rf.device.get(x)) and (ren := Device[dev].renderer).has_local:
+            return ren.local_memory_bytes - GPU_ROW_BUFFER_RESERVE
+        return ROW_BUFFER_BYTES
+
+    def fits_local_memory(self, x: UOp, fill: Request) -> bool:
+        """On a GPU, whether x's row buffer and the others of its kernel (filled at the same row, the same outer
+        index: attention's scores and exp rows) fit one work-group's local memory together (`row_buffer_bytes`)."""
+        if not ((dev := self.rf.device.get(x)) and Device[dev].renderer.has_local):
+            return True
+        same_row = [y for y, other in self.rf.row_buffered.items() if other[0][:-1] == fill[0][:-1]]
+        return sum(y.tensor_shape[-1] * y.dtype.itemsize for y in [x, *same_row]) <= self.row_buffer_bytes(x)
 
     def reduces_below(self, x: UOp, fill: Request) -> set[UOp]:
         """The reduces x's value at its fill reads through elementwise and view ops only (not through a materialized

@@ -11,11 +11,14 @@
   kernel with a reduce: 4096 row sums in groups of 256 ran on 16 of the GPU's 132 multiprocessors (3.4x slower).
 
 Every other output loop becomes a group id (codegen/gpudims.py). No UPCAST: vectors come only from explicit opts.
+A row kernel (a reduce hoisted out of the output loop along its row: softmax) takes no action: codegen/gpudims.py
+makes each row a work-group (split_rows).
 """
 
 from __future__ import annotations
 
 from zeptograd.codegen.accumulator import range_scopes
+from zeptograd.codegen.gpudims import is_row_kernel
 from zeptograd.codegen.opt import Opt, OptOps, OptPlan, kernel_axes
 from zeptograd.codegen.opt.access import accesses, largest_divisor, stride
 from zeptograd.helpers import prod
@@ -37,6 +40,8 @@ def gpu_optimizations(ast: UOp, renderer: Renderer) -> tuple[UOp, list[Opt]]:
     if not axes or any(
         max_trip_count(r) == 0 or r.src[0].op is not Ops.CONST for r in axes
     ):  # LOCAL/GROUP need divisors
+        return plan.ast, plan.opts
+    if is_row_kernel(plan.ast):  # a row kernel: a work-group per row, its threads along it (gpudims: split_rows)
         return plan.ast, plan.opts
     loops = [r for r in axes if r.arg[1] is AxisType.LOOP]
     reduces = [r for r in axes if r.arg[1] is AxisType.REDUCE]
