@@ -12,9 +12,11 @@ the very nodes the rules would build) and marks as requiring grad those that wer
 Variable, or whose gradient builds a BUFFER or ASSIGN of its own are not cached (the last noted under their key:
 a later graph of it runs the rules without looking for a template again).
 
-A node with a rule of its own (gradient.py's `with_gradient`) is keyed by the rule's identity: its code and the values
-it closes over (and its defaults), which with the structure of its inputs are all the graph it builds can depend on.
-A rule that closes over anything else (a Tensor, a list of them, an object) leaves its graph uncached. A built node
+A node with a rule of its own (gradient.py's `with_gradient`) is keyed by the rule's identity: its code, the values it
+closes over (and its defaults) and the module-level values it reads (plain values by value; modules, classes,
+functions and knobs by identity), which with the structure of its inputs are all the graph it builds can depend on.
+A rule that reads anything else (a Tensor, a list, an object) leaves its graph uncached. Not keyed: what the functions
+a rule calls read from their own modules. A built node
 that has a rule of its own (the gradient of a matmul is a matmul) gets it again on a hit, for a gradient of the
 gradient. `GRADIENT_CACHE=0` turns it off.
 """
@@ -22,6 +24,7 @@ gradient. `GRADIENT_CACHE=0` turns it off.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import itertools
 import types
@@ -64,14 +67,51 @@ _UNCACHED_OPS = frozenset((Ops.BUFFER, Ops.ASSIGN, Ops.BIND, Ops.DEFINE_VAR, Ops
 _VARIABLE_OPS = frozenset((Ops.BIND, Ops.DEFINE_VAR))
 
 
+_seen: dict[int, None] = {}  # the hashes of keys met once (a template is built at the second)
+MAX_SEEN = 256
+TEMPLATE_AT_SECOND_SIGHT = True  # (tests of the templates themselves build one at the first)
+
+
 def clear():
+    """Forget every template, and the rule code and module objects their keys hold by identity."""
     _cache.clear()
+    _seen.clear()
+    _codes.clear()
+    _global_names.clear()
+    _kept.clear()
 
 
 _codes: dict[int, types.CodeType] = {}  # the code of every rule keyed (kept: a key holds its id, not its hash)
+MAX_CODES = 4096
 _FunctionType = types.FunctionType
 _PLAIN = frozenset((int, str, bool, type(None)))
 MAX_RULE_DEPTH = 4  # functions inside a rule's closure, keyed in turn (a closure over itself is refused)
+
+
+_global_names: dict[int, tuple[str, ...]] = {}  # per rule's code: the names it (and functions defined in it) reads
+_kept: dict[int, Any] = {}  # the module-level objects keyed by identity
+_MISSING = object()
+_FIXED_TYPES = (
+    types.ModuleType,
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    functools.partial,
+    functools._lru_cache_wrapper,  # (a cached module function)
+    ContextVar,
+    enum.Enum,
+)
+
+
+def _names_read(code: types.CodeType) -> tuple[str, ...]:
+    """The global (and attribute: harmless) names code and the code objects defined in it read."""
+    names: dict[str, None] = {}
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(dict.fromkeys(c.co_names))
+        stack.extend(x for x in c.co_consts if isinstance(x, types.CodeType))
+    return tuple(names)
 
 
 def _value_key(v: Any, depth: int) -> Any:
@@ -108,11 +148,25 @@ def rule_key(rule: Callable, depth: int = 0) -> Any:
         return None
     code = rule.__code__
     if (cid := id(code)) not in _codes:
+        if len(_codes) >= MAX_CODES:  # rules made anew each step (exec): start over rather than keep them all alive
+            clear()
         _codes[cid] = code
+        _global_names[cid] = _names_read(code)
+    values = []
+    module = rule.__globals__
+    for name in _global_names[cid]:  # the module-level values it reads (a name not there is a builtin)
+        if (v := module.get(name, _MISSING)) is _MISSING:
+            continue
+        if isinstance(v, _FIXED_TYPES):  # a module, class, function, knob: by identity (kept alive: ids not reused)
+            _kept.setdefault(id(v), v)
+            values.append((name, id(v)))
+        elif (k := _value_key(v, depth)) is not None:
+            values.append((name, k))
+        else:  # a mutable object (a list, an array, a Tensor): what the rule builds from it is not known
+            return None
     cells, defaults, kwdefaults = rule.__closure__, rule.__defaults__, rule.__kwdefaults__
     if cells is None and defaults is None and kwdefaults is None:
-        return cid
-    values = []
+        return (cid, tuple(values))
     for cell in cells or ():
         try:
             v = cell.cell_contents
@@ -233,8 +287,14 @@ def rebuild(t: Template, nodes: list[UOp], root_grad: Tensor) -> dict[UOp, Tenso
 
 def remember(key: tuple, nodes: list[UOp], position: dict[UOp, int], grads: dict[UOp, Tensor]) -> None:
     """Store the template of compute_gradient's result `grads` for a graph of `key` (nodes, position: structure's),
-    or REFUSED where it has none: the next graph of that key runs the rules without trying again."""
+    or REFUSED where it has none: the next graph of that key runs the rules without trying again. Only at a key's
+    second sight: a graph whose key is new each step (dropout's seed is a constant in it) builds no template to drop."""
     Stats.misses += 1
+    if TEMPLATE_AT_SECOND_SIGHT and (h := hash(key)) not in _seen:
+        if len(_seen) >= MAX_SEEN:
+            del _seen[next(iter(_seen))]
+        _seen[h] = None
+        return
     if len(_cache) >= MAX_ENTRIES:
         del _cache[next(iter(_cache))]
     _cache[key] = REFUSED if (t := _template(nodes, position, grads)) is None else t

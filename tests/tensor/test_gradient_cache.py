@@ -13,6 +13,30 @@ from zeptograd.helpers import Context
 from zeptograd.tensor.live import _grad_uops
 
 
+@pytest.fixture(autouse=True)
+def template_at_first_sight(monkeypatch):
+    """The templates of these tests are built at a key's first backward (by default at its second)."""
+    monkeypatch.setattr(gradient_cache, "TEMPLATE_AT_SECOND_SIGHT", False)
+
+
+def test_a_template_is_built_at_a_keys_second_sight(monkeypatch):
+    """A graph whose key is new at every step (dropout's seed is a constant in it) builds no template it would never
+    use; a repeated one hits from its third backward."""
+    monkeypatch.setattr(gradient_cache, "TEMPLATE_AT_SECOND_SIGHT", True)
+    gradient_cache.clear()
+    w = Tensor(np.ones((4, 3), np.float32), requires_grad=True).realize()
+    for step in range(5):  # a constant that differs per step, as dropout's seed
+        ((w * float(step + 2)).relu().sum()).backward()
+        w.grad = None
+    assert len(gradient_cache._cache) == 0
+    hits = gradient_cache.Stats.hits
+    for step in range(3):
+        ((w * 7.0).relu().sum()).backward()
+        np.testing.assert_allclose(w.grad.numpy(), np.full((4, 3), 7.0))
+        w.grad = None
+    assert len(gradient_cache._cache) == 1 and gradient_cache.Stats.hits == hits + 1
+
+
 def _params(seed=0):
     rng = np.random.default_rng(seed)
     x = Tensor(rng.standard_normal((8, 6), dtype=np.float32)).realize()
@@ -320,3 +344,37 @@ def test_a_graph_whose_rules_make_a_buffer_is_refused_once():
 
 def _times_new_buffer(g, out, x):
     return (g * Tensor(np.full(g.shape, _times_new_buffer.value, np.float32)),)
+
+
+RULE_SCALE = 2.0  # read by _scaled_rule: a module-level value a rule reads is part of its key
+RULE_SCALES = [2.0]  # a mutable one: the rule's graph is not cached
+
+
+def _scaled_rule(g, out, x):
+    return (g * RULE_SCALE,)
+
+
+def _listed_rule(g, out, x):
+    return (g * RULE_SCALES[0],)
+
+
+@pytest.mark.parametrize("listed", [False, True])
+def test_a_module_level_value_a_rule_reads_is_in_its_key(monkeypatch, listed):
+    """A rule reading a module constant changed between two backwards gets the new value's gradient (the cache hit the
+    old template when only the rule's code and closure were keyed); one reading a list is not cached."""
+    from zeptograd.gradient import with_gradient
+
+    def grad():
+        x = Tensor(np.ones(3, np.float32), requires_grad=True)
+        y = with_gradient(x * 1.0, (x,), _listed_rule if listed else _scaled_rule)
+        return y.sum().gradient(x)[0].numpy()
+
+    assert grad().tolist() == grad().tolist() == [2.0] * 3
+    if listed:
+        RULE_SCALES[0] = 3.0  # (restored below)
+    else:
+        monkeypatch.setattr(f"{__name__}.RULE_SCALE", 3.0)
+    try:
+        assert grad().tolist() == [3.0] * 3
+    finally:
+        RULE_SCALES[0] = 2.0
