@@ -152,7 +152,7 @@ def rule_key(rule: Callable, depth: int = 0) -> Any:
             clear()
         _codes[cid] = code
         _global_names[cid] = _names_read(code)
-    values = []
+    values: list[Any] = []
     module = rule.__globals__
     for name in _global_names[cid]:  # the module-level values it reads (a name not there is a builtin)
         if (v := module.get(name, _MISSING)) is _MISSING:
