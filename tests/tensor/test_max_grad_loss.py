@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from zeptograd import GlobalCounters, Tensor
+from zeptograd import Device, GlobalCounters, Tensor
 
 ROWS, K, CLASSES = 256, 32, 10
 
@@ -66,7 +66,7 @@ def test_a_contiguous_of_a_stored_value_is_its_own_buffer():
         x.assign(Tensor.zeros(64, 32)).realize()
         (a if target == "a" else c).assign(Tensor.ones(64, 1)).realize()
         kept = c if target == "a" else a
-        np.testing.assert_allclose(kept.numpy(), xn.sum(1, keepdims=True), rtol=1e-5)
+        np.testing.assert_allclose(kept.numpy(), xn.sum(1, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
 def _hand_written_loss(logits, y):
@@ -128,7 +128,8 @@ def test_the_bench_mlp_step_is_seventeen_kernels():
     losses = [step().item()]
     GlobalCounters.reset()
     losses.append(step().item())
-    assert GlobalCounters.kernel_count == 17
+    # 8-lane vectors (AVX2) read the first matmul's 784-deep operand from a panel copy (tensor/matmul_layout.py)
+    assert GlobalCounters.kernel_count == (17 if Device["CPU"].renderer.simd_bytes >= 64 else 18)
     assert losses[1] < losses[0]
 
 
