@@ -146,3 +146,31 @@ def test_row_buffers_of_one_kernel_share_local_memory(cl, monkeypatch):
         got = q.scaled_dot_product_attention(k, v, is_causal=True).numpy()
     want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, arrs), is_causal=True).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("action", ["GROUP", "LOCAL"])
+def test_a_row_buffer_kernel_refuses_threads_given_by_hand(cl, action):
+    """Explicit LOCAL/GROUP actions on a kernel with a row buffer are refused (split_rows would not run, and each
+    thread would read the slots of a private row buffer other threads filled: nan)."""
+    from zeptograd.codegen.opt import Opt, OptError, OptOps
+
+    x = Tensor(rng.standard_normal((8, 300)).astype(np.float32), device="CL")
+    with Context(**{SCHEDULE_CACHE.key: 0}):
+        (item,) = x.softmax(-1).schedule()
+    assert any(u.op is Ops.DEFINE_REG for u in item.ast.toposort())  # the exp row
+    axis = 2 if action == "GROUP" else 0
+    with pytest.raises(OptError, match="row buffer"):
+        full_rewrite(item.ast, cl.renderer, [Opt(OptOps[action], axis, 4)])
+
+
+def test_a_reduce_over_two_axes_keeps_its_own_kernel(cl):
+    """A reduce over two axes that do not merge (a slice of the last) is stored by a kernel of its own: split_rows
+    shares one reduce loop among a row's threads, and the other axis's loop would be work-groups that each computed
+    the whole reduce again."""
+    xn = rng.standard_normal((3, 20, 50)).astype(np.float32)
+    y = Tensor(xn, device="CL")[:, :, :49]
+    GlobalCounters.reset()
+    got = (y / y.sum((1, 2), keepdim=True)).numpy()
+    assert GlobalCounters.kernel_count == 2
+    yn = xn[:, :, :49].astype(np.float64)
+    np.testing.assert_allclose(got, yn / yn.sum((1, 2), keepdims=True), rtol=1e-4, atol=1e-5)

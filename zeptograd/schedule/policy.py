@@ -137,6 +137,8 @@ class MaterializationPolicy:
             return False  # a row longer than a core's cache holds (or of unknown length): read from memory again
         if any(r.arg[1] is not AxisType.LOOP for r in used):
             return False  # read inside a reduce loop it varies along: every output loop is outside that one
+        if len(x.arg[1]) > 1 and (dev := self.rf.device.get(x)) and Device[dev].renderer.has_local:
+            return False  # a GPU's row shares one reduce loop (split_rows): another axis's groups would each redo it
         inner_used = max((r.arg[0] for r in used), default=-1)
         return all(r.arg[0] > inner_used for r in unused if r.arg[1] is AxisType.LOOP)
 

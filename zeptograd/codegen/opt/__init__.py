@@ -249,6 +249,8 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
         # RANGE(n) -> RANGE(n/amt)*amt + RANGE(amt, LOCAL|GROUP): neighbouring threads take neighbouring elements
         if not (kind is AxisType.LOOP if opt.op is OptOps.LOCAL else kind is AxisType.REDUCE):
             raise OptError(f"{opt}: LOCAL splits output loops, GROUP reduce loops; axis {opt.axis} is {kind.name}")
+        if any(u.op is Ops.DEFINE_REG for u in ast.toposort()):  # (before codegen, only a row buffer is one)
+            raise OptError(f"{opt}: a row buffer's kernel takes its threads from its row (codegen/gpudims.py)")
         inner = UOp.range(opt.arg, next_id, AxisType.LOCAL if opt.op is OptOps.LOCAL else AxisType.GROUP)
         new = inner if opt.arg == n else UOp.range(_div(n, opt.arg), r.arg[0], kind) * opt.arg + inner
     else:
