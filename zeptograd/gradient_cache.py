@@ -24,6 +24,7 @@ gradient. `GRADIENT_CACHE=0` turns it off.
 from __future__ import annotations
 
 import dataclasses
+import dis
 import enum
 import functools
 import itertools
@@ -103,13 +104,17 @@ _FIXED_TYPES = (
 )
 
 
+_GLOBAL_LOADS = frozenset(("LOAD_GLOBAL", "LOAD_NAME"))
+
+
 def _names_read(code: types.CodeType) -> tuple[str, ...]:
-    """The global (and attribute: harmless) names code and the code objects defined in it read."""
+    """The global names code and the code objects defined in it load (not its attribute names: `x.shape` does not
+    read a module's `shape`). Once per code object."""
     names: dict[str, None] = {}
     stack = [code]
     while stack:
         c = stack.pop()
-        names.update(dict.fromkeys(c.co_names))
+        names.update(dict.fromkeys(i.argval for i in dis.get_instructions(c) if i.opname in _GLOBAL_LOADS))
         stack.extend(x for x in c.co_consts if isinstance(x, types.CodeType))
     return tuple(names)
 

@@ -150,7 +150,11 @@ def row_reduces(sink: UOp) -> tuple[dict[tuple[UOp, ...], tuple[UOp, ...]], list
 def is_row_kernel(sink: UOp) -> bool:
     """Whether a reduce in output loops only is hoisted out of a loop: an output loop (softmax's division along the
     row) or another such reduce's loop (logsumexp's max, read in the sum's loop): `split_rows` shares the row."""
-    top, inner = row_reduces(sink)
+    return _hoists_a_reduce(sink, *row_reduces(sink))
+
+
+def _hoists_a_reduce(sink: UOp, top: dict[tuple[UOp, ...], tuple[UOp, ...]], inner: list[UOp]) -> bool:
+    """is_row_kernel, given row_reduces(sink)"""
     if inner:
         return True
     reduces = [u for u in sink.toposort() if u.op is Ops.REDUCE and u.src[1:] in top]
@@ -175,7 +179,7 @@ def split_rows(sink: UOp, renderer: Renderer) -> tuple[UOp, set[UOp]]:
     if any(u.op is Ops.RANGE and u.arg[1] in (AxisType.LOCAL, AxisType.GROUP) for u in nodes):
         return sink, set()  # threads chosen by explicit actions
     top, inner = row_reduces(sink)
-    if not is_row_kernel(sink):
+    if not _hoists_a_reduce(sink, top, inner):
         return sink, set()
     rows = min(top.values(), key=len)
     if any(not set(rows) <= set(scope) for scope in top.values()) or any(const_trip_count(r) is None for r in rows):
